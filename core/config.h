@@ -1,0 +1,71 @@
+// Slipstream configuration: every SLIP_* environment variable, validated once.
+//
+// A bad value never aborts the host program: ParseConfig() reports one clear
+// line and the caller disables Slipstream for the process (plain TCP).
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace slip {
+
+enum class LogLevel : uint8_t { kError = 0, kWarn, kInfo, kDebug, kTrace };
+
+// Transports in preference order. kTcp means "plain TCP allowed as fallback".
+enum class TransportKind : uint8_t { kTcp = 0, kShm, kVerbs, kFabric, kDpdk };
+const char* TransportName(TransportKind kind) noexcept;
+
+// An inclusive port range.
+struct PortRange {
+  uint16_t first = 0;
+  uint16_t last = 0;
+};
+
+// An IPv4 or IPv6 prefix. IPv4 prefixes also match v4-mapped IPv6 addresses.
+struct Cidr {
+  int family = AF_INET;  // AF_INET or AF_INET6
+  uint8_t addr[16] = {};
+  uint8_t prefix_len = 0;
+};
+
+struct Config {
+  bool enabled = true;                        // SLIP_ENABLE=0|1
+  std::vector<TransportKind> transports = {TransportKind::kShm, TransportKind::kTcp};  // SLIP_TRANSPORTS
+  uint32_t ring_size = 1u << 20;              // SLIP_RING_SIZE, bytes per direction, power of 2, 4K..256M, K/M/G suffixes
+  uint32_t spin_us = 50;                      // SLIP_SPIN_US, 0..1000000
+  uint32_t handshake_timeout_ms = 2000;       // SLIP_HANDSHAKE_TIMEOUT_MS, 1..600000
+  LogLevel log_level = LogLevel::kWarn;       // SLIP_LOG=error|warn|info|debug|trace
+  std::string log_file;                       // SLIP_LOG_FILE (default: stderr)
+  std::string stats_file;                     // SLIP_STATS_FILE (JSON lines appended at exit)
+  std::vector<PortRange> include_ports;       // SLIP_INCLUDE_PORTS="80,8000-9000" (empty: all)
+  std::vector<PortRange> exclude_ports;       // SLIP_EXCLUDE_PORTS
+  std::vector<Cidr> include_cidrs;            // SLIP_INCLUDE_CIDR="127.0.0.0/8,::1/128" (empty: all)
+  std::vector<Cidr> exclude_cidrs;            // SLIP_EXCLUDE_CIDR
+
+  bool Allows(TransportKind kind) const noexcept;
+};
+
+// Looks a variable up; returns nullptr when unset. Lets tests parse a fake environment.
+using EnvLookup = const char* (*)(const char* name, void* ctx);
+
+// Parses all SLIP_* variables. Returns true on success. On a bad value returns false and
+// sets *error to one line naming the variable, the value and what was expected.
+// `unknown_names`, when set, receives SLIP_* names present in `environ_list` that no
+// option knows (a warning, not an error).
+bool ParseConfig(EnvLookup lookup, void* ctx, Config* out, std::string* error) noexcept;
+
+// Convenience: parses the process environment.
+bool ParseConfigFromEnv(Config* out, std::string* error) noexcept;
+
+// Lists SLIP_* names in `envp` that ParseConfig does not know.
+std::vector<std::string> UnknownSlipVariables(char** envp);
+
+// Policy: may a connection between these addresses be accelerated?
+// `remote` and `local` are AF_INET or AF_INET6 socket addresses.
+bool PolicyAllows(const Config& config, const sockaddr* local, const sockaddr* remote) noexcept;
+
+}  // namespace slip

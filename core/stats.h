@@ -1,0 +1,107 @@
+// Per-connection counters, live in shared memory for slip-stat, and the exit record.
+//
+// Each process under Slipstream owns one file /dev/shm/slipstream-stats.<pid> holding a
+// StatsHeader and a fixed array of ConnSlot. Slots are claimed under a process-local mutex
+// (control path); counters are updated lock-free with relaxed atomics (data path).
+// Readers in other processes (slip-stat) see a consistent-enough snapshot: counters are
+// monotonic, and `state` is published last with release ordering.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/config.h"
+
+namespace slip {
+
+// Why a connection is plain TCP. Values are stable: slip-stat and JSON print the names.
+enum class Reason : uint8_t {
+  kNone = 0,            // accelerated
+  kPeerNotSlipstream,   // no rendezvous for the destination / peer did not register
+  kNotSameHost,         // peer on another host and no cross-host transport available
+  kPolicy,              // excluded by SLIP_*_PORTS / SLIP_*_CIDR / SLIP_TRANSPORTS
+  kDisabled,            // Slipstream disabled for the process (bad config, SLIP_ENABLE=0)
+  kDeclined,            // peer declined the proposal
+  kHandshakeTimeout,    // peer registered but never confirmed in time
+  kResources,           // memfd/mmap/socketpair/fd limit failure
+  kConnectSlow,         // TCP handshake did not complete promptly; registration cancelled
+  kRendezvousBusy,      // rendezvous queue full
+  kNonceMismatch,       // confirm carried the wrong nonce (forged registration)
+  kFailover,            // was accelerated, moved back to TCP mid-stream
+  kUnsupported,         // socket state we do not accelerate (e.g. bound to a device)
+  kCount
+};
+const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
+
+enum class SlotState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
+
+constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
+constexpr uint32_t kStatsVersion = 1;
+constexpr uint32_t kStatsSlots = 8192;
+
+struct alignas(64) ConnSlot {
+  std::atomic<uint32_t> state;      // SlotState
+  uint8_t transport;                // TransportKind
+  uint8_t reason;                   // Reason
+  uint8_t role;                     // 0 client (connect), 1 server (accept)
+  uint8_t pad0;
+  char local[48];                   // "127.0.0.1:5201" or "[::1]:5201"
+  char remote[48];
+  std::atomic<uint64_t> bytes_sent;
+  std::atomic<uint64_t> bytes_received;
+  std::atomic<uint64_t> msgs_sent;
+  std::atomic<uint64_t> msgs_received;
+  uint64_t opened_ns;               // CLOCK_REALTIME
+  std::atomic<uint64_t> closed_ns;
+};
+
+struct StatsHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t pid;
+  uint32_t slot_count;
+  char exe[256];
+  std::atomic<uint32_t> high_water;      // slots ever used (scan bound)
+  std::atomic<uint64_t> dropped;         // connections not recorded (table full)
+  std::atomic<uint64_t> reason_counts[static_cast<int>(Reason::kCount)];
+};
+
+// Opens the process's stats file. Safe to call more than once (after fork: the child
+// calls StatsReinitAfterFork to get its own file). Failure leaves stats disabled.
+void StatsInit() noexcept;
+void StatsReinitAfterFork() noexcept;
+
+// Claims a slot; returns nullptr when stats are disabled or full (counted as dropped).
+ConnSlot* StatsOpen(TransportKind transport, Reason reason, int role, const sockaddr* local,
+                    const sockaddr* remote) noexcept;
+// Changes transport/reason (e.g. failover, decline after an optimistic start).
+void StatsSetTransport(ConnSlot* slot, TransportKind transport, Reason reason) noexcept;
+void StatsClose(ConnSlot* slot) noexcept;
+
+inline void StatsAddSent(ConnSlot* slot, uint64_t bytes) noexcept {
+  if (slot) {
+    slot->bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
+    slot->msgs_sent.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+inline void StatsAddReceived(ConnSlot* slot, uint64_t bytes) noexcept {
+  if (slot) {
+    slot->bytes_received.fetch_add(bytes, std::memory_order_relaxed);
+    slot->msgs_received.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// Appends one JSON line for this process to `path` (O_APPEND, one write):
+// {"pid":N,"exe":"...","connections":[{"local":"..","remote":"..","transport":"shm",
+//  "reason":"..","bytes_sent":N,"bytes_received":N}, ...]}
+// "reason" is "" for accelerated connections. Removes the /dev/shm file afterwards when
+// `unlink_shm` is true.
+void StatsWriteExitRecord(const char* path) noexcept;
+void StatsShutdown() noexcept;  // unlinks /dev/shm file
+
+// Formats an address as "1.2.3.4:80" or "[::1]:80" (v4-mapped shown as IPv4).
+void FormatSockaddr(const sockaddr* sa, char* out, size_t out_len) noexcept;
+
+}  // namespace slip
