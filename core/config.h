@@ -52,10 +52,9 @@ struct Config {
 // Looks a variable up; returns nullptr when unset. Lets tests parse a fake environment.
 using EnvLookup = const char* (*)(const char* name, void* ctx);
 
-// Parses all SLIP_* variables. Returns true on success. On a bad value returns false and
-// sets *error to one line naming the variable, the value and what was expected.
-// `unknown_names`, when set, receives SLIP_* names present in `environ_list` that no
-// option knows (a warning, not an error).
+// Parses all SLIP_* variables. Returns true on success. On a bad value returns false, leaves
+// *out untouched and sets *error (when non-null) to one line naming the variable, the value
+// and what was expected. Unknown SLIP_* names are reported by UnknownSlipVariables().
 bool ParseConfig(EnvLookup lookup, void* ctx, Config* out, std::string* error) noexcept;
 
 // Convenience: parses the process environment.
@@ -63,6 +62,16 @@ bool ParseConfigFromEnv(Config* out, std::string* error) noexcept;
 
 // Lists SLIP_* names in `envp` that ParseConfig does not know.
 std::vector<std::string> UnknownSlipVariables(char** envp);
+
+// A socket address reduced to what policy and stats need. v4-mapped IPv6 addresses
+// (::ffff:a.b.c.d) come out as AF_INET, so IPv4 rules and output apply to them.
+struct IpEndpoint {
+  int family = AF_UNSPEC;  // AF_INET (addr[0..3]) or AF_INET6
+  uint8_t addr[16] = {};
+  uint16_t port = 0;  // host byte order
+};
+// Returns false (and leaves *out alone) for null or non-IP addresses.
+bool DecodeSockaddr(const sockaddr* sa, IpEndpoint* out) noexcept;
 
 // Policy: may a connection between these addresses be accelerated?
 // `remote` and `local` are AF_INET or AF_INET6 socket addresses.

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "core/config.h"
@@ -57,7 +58,8 @@ struct alignas(64) ConnSlot {
   std::atomic<uint64_t> closed_ns;
 };
 
-struct StatsHeader {
+// alignas(64): the ConnSlot array starts at offset sizeof(StatsHeader).
+struct alignas(64) StatsHeader {
   uint32_t magic;
   uint32_t version;
   uint32_t pid;
@@ -70,6 +72,9 @@ struct StatsHeader {
 
 // Opens the process's stats file. Safe to call more than once (after fork: the child
 // calls StatsReinitAfterFork to get its own file). Failure leaves stats disabled.
+// Neither re-init nor StatsShutdown munmaps a table: they replace it with private zero
+// pages, so ConnSlot pointers still held (other threads, inherited across fork) stay safe
+// to update and simply count nowhere.
 void StatsInit() noexcept;
 void StatsReinitAfterFork() noexcept;
 
@@ -94,12 +99,12 @@ inline void StatsAddReceived(ConnSlot* slot, uint64_t bytes) noexcept {
 }
 
 // Appends one JSON line for this process to `path` (O_APPEND, one write):
-// {"pid":N,"exe":"...","connections":[{"local":"..","remote":"..","transport":"shm",
-//  "reason":"..","bytes_sent":N,"bytes_received":N}, ...]}
-// "reason" is "" for accelerated connections. Removes the /dev/shm file afterwards when
-// `unlink_shm` is true.
+// {"pid":N,"exe":"...","dropped":N,"connections":[{"local":"..","remote":"..",
+//  "transport":"shm","reason":"..","bytes_sent":N,"bytes_received":N}, ...]}
+// Lists every open or closed slot; "reason" is "" for accelerated connections. Does not
+// remove the /dev/shm file (StatsShutdown does).
 void StatsWriteExitRecord(const char* path) noexcept;
-void StatsShutdown() noexcept;  // unlinks /dev/shm file
+void StatsShutdown() noexcept;  // unlinks /dev/shm file, drops the table (see StatsInit)
 
 // Formats an address as "1.2.3.4:80" or "[::1]:80" (v4-mapped shown as IPv4).
 void FormatSockaddr(const sockaddr* sa, char* out, size_t out_len) noexcept;

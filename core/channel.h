@@ -1,0 +1,69 @@
+// The transport interface: what a transport provides for one accelerated connection.
+//
+// core/ owns stream semantics (ordering, EOF, blocking, readiness); a Channel only moves
+// bytes between the two rings of one connection and tells the other side about it.
+// Each direction is an SMC-R style ring owned by its receiver and written by its sender:
+// the sender tracks `produced`, the receiver `consumed`, both 64-bit byte counts, and
+// free space is size - (produced - consumed).
+//
+// Contract: a Channel is used by at most one sending thread and one receiving thread at a
+// time (Stream serialises each side); the Rx* and Tx* halves may run concurrently.
+// Nothing here blocks or allocates.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/config.h"
+#include "core/proxy.h"
+
+namespace slip {
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  virtual TransportKind kind() const noexcept = 0;
+  uint32_t ring_size() const noexcept { return ring_size_; }
+
+  // --- receive side: the local ring that the peer writes ---
+  // Bytes the peer has published so far (acquire: the data before it is visible).
+  virtual uint64_t RxProduced() const noexcept = 0;
+  // The receive ring's bytes (ring_size long).
+  virtual const uint8_t* RxData() const noexcept = 0;
+  // Returns credits: the receiver has consumed everything before `consumed`. Wakes a
+  // sender that is waiting for space.
+  virtual void RxConsumed(uint64_t consumed) noexcept = 0;
+  // The peer closed its sending side (after its last publish).
+  virtual bool RxEof() const noexcept = 0;
+  // The local reader is about to sleep: ask for a token on the next publish.
+  virtual WakeState* RxWake() noexcept = 0;
+
+  // --- send side: the peer's ring ---
+  // Credits: the peer has consumed everything before this count.
+  virtual uint64_t TxConsumed() const noexcept = 0;
+  // Copies `len` bytes to ring offset `offset` (already reduced modulo ring_size, and not
+  // crossing the end of the ring: the caller splits at the wrap).
+  virtual void TxCopy(uint32_t offset, const void* src, size_t len) noexcept = 0;
+  // Makes everything before `produced` visible to the peer, waking it if it sleeps.
+  virtual void TxPublish(uint64_t produced) noexcept = 0;
+  // The peer will not read any more (closed): sends fail with EPIPE.
+  virtual bool TxPeerClosed() const noexcept = 0;
+  virtual WakeState* TxWake() noexcept = 0;
+
+  // --- lifetime ---
+  // Marks our sending side finished (EOF for the peer) and wakes the peer.
+  virtual void CloseTx() noexcept = 0;
+  // Marks that we will read no more, and wakes a peer sender that waits for space.
+  virtual void CloseRx() noexcept = 0;
+
+ protected:
+  explicit Channel(uint32_t ring_size) noexcept : ring_size_(ring_size) {}
+
+ private:
+  uint32_t ring_size_;
+};
+
+}  // namespace slip

@@ -1,0 +1,411 @@
+#include "core/config.h"
+
+#include <arpa/inet.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string_view>
+#include <utility>
+
+namespace slip {
+namespace {
+
+using Why = std::string;  // optional detail naming the offending list item
+
+char Lower(char c) {
+  return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+}
+bool IsDigit(char c) {
+  return c >= '0' && c <= '9';
+}
+
+bool IEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (Lower(a[i]) != Lower(b[i])) return false;
+  }
+  return true;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Strict decimal: digits only (no sign, space or base prefix), no overflow.
+bool ParseU64(std::string_view s, uint64_t* out) {
+  if (s.empty()) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (!IsDigit(c)) return false;
+    uint64_t d = static_cast<uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+bool ParseRange(std::string_view s, uint64_t lo, uint64_t hi, uint32_t* out) {
+  uint64_t v;
+  if (!ParseU64(s, &v) || v < lo || v > hi) return false;
+  *out = static_cast<uint32_t>(v);
+  return true;
+}
+
+// "64K", "1MiB", "2g", "4096": binary multiples, suffix case-insensitive.
+bool ParseSize(std::string_view s, uint64_t* out) {
+  size_t n = 0;
+  while (n < s.size() && IsDigit(s[n])) ++n;
+  uint64_t v;
+  if (!ParseU64(s.substr(0, n), &v)) return false;
+  std::string_view suffix = s.substr(n);
+  size_t shift = 0;
+  if (!suffix.empty()) {
+    size_t unit = std::string_view("kmg").find(Lower(suffix[0]));
+    if (unit == std::string_view::npos) return false;
+    shift = 10 * (unit + 1);
+    suffix.remove_prefix(1);
+    if (!suffix.empty() && !IEquals(suffix, "b") && !IEquals(suffix, "ib")) return false;
+  }
+  if (v > (UINT64_MAX >> shift)) return false;
+  *out = v << shift;
+  return true;
+}
+
+// Calls item(trimmed, why) for each comma-separated item; an empty item is an error. A
+// failing item that gave no reason is reported as a bad item.
+template <typename F>
+bool ForEachItem(std::string_view list, Why* why, F item) {
+  while (true) {
+    size_t comma = list.find(',');
+    std::string_view it = Trim(list.substr(0, comma));
+    if (it.empty()) {
+      *why = "empty item";
+      return false;
+    }
+    if (!item(it, why)) {
+      if (why->empty()) *why = "bad item \"" + std::string(it) + "\"";
+      return false;
+    }
+    if (comma == std::string_view::npos) return true;
+    list.remove_prefix(comma + 1);
+  }
+}
+
+constexpr const char* kTransportNames[] = {"tcp", "shm", "verbs", "fabric", "dpdk"};
+constexpr const char* kLevelNames[] = {"error", "warn", "info", "debug", "trace"};
+
+bool ParseEnable(std::string_view v, Config* c, Why*) {
+  static constexpr std::pair<const char*, bool> kWords[] = {
+      {"1", true}, {"true", true}, {"yes", true}, {"0", false}, {"false", false}, {"no", false}};
+  for (const auto& [word, enabled] : kWords) {
+    if (IEquals(v, word)) {
+      c->enabled = enabled;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool ParseTransports(std::string_view v, Config* c, Why* why) {
+  std::vector<TransportKind> list;
+  bool ok = ForEachItem(v, why, [&](std::string_view item, Why* item_why) {
+    for (size_t k = 0; k < std::size(kTransportNames); ++k) {
+      if (!IEquals(item, kTransportNames[k])) continue;
+      auto kind = static_cast<TransportKind>(k);
+      for (TransportKind seen : list) {
+        if (seen == kind) {
+          *item_why = "duplicate \"" + std::string(item) + "\"";
+          return false;
+        }
+      }
+      list.push_back(kind);
+      return true;
+    }
+    *item_why = "unknown transport \"" + std::string(item) + "\"";
+    return false;
+  });
+  if (ok) c->transports = std::move(list);
+  return ok;
+}
+
+bool ParseRingSize(std::string_view v, Config* c, Why*) {
+  uint64_t size;
+  if (!ParseSize(v, &size) || size < (4u << 10) || size > (256u << 20)) return false;
+  if ((size & (size - 1)) != 0) return false;
+  c->ring_size = static_cast<uint32_t>(size);
+  return true;
+}
+
+bool ParseLogLevel(std::string_view v, Config* c, Why*) {
+  for (size_t i = 0; i < std::size(kLevelNames); ++i) {
+    if (IEquals(v, kLevelNames[i])) {
+      c->log_level = static_cast<LogLevel>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool ParsePorts(std::string_view v, std::vector<PortRange>* out, Why* why) {
+  std::vector<PortRange> list;
+  bool ok = ForEachItem(v, why, [&](std::string_view item, Why*) {
+    size_t dash = item.find('-');
+    uint32_t first, last;
+    if (!ParseRange(Trim(item.substr(0, dash)), 1, 65535, &first)) return false;
+    last = first;
+    if (dash != std::string_view::npos &&
+        !ParseRange(Trim(item.substr(dash + 1)), first, 65535, &last)) {
+      return false;
+    }
+    list.push_back({static_cast<uint16_t>(first), static_cast<uint16_t>(last)});
+    return true;
+  });
+  if (ok) *out = std::move(list);
+  return ok;
+}
+
+// ::ffff:a.b.c.d; checked on bytes because Cidr::addr is not an aligned in6_addr.
+bool IsV4Mapped(const uint8_t* a) {
+  static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return memcmp(a, kPrefix, sizeof(kPrefix)) == 0;
+}
+
+// "10.0.0.0/8", "::1/128", "10.1.2.3" (full length). A v4-mapped IPv6 prefix of /96 or
+// longer becomes the equivalent IPv4 prefix, since mapped addresses match as IPv4.
+bool ParseCidr(std::string_view item, Cidr* out) {
+  size_t slash = item.find('/');
+  std::string_view host = item.substr(0, slash);
+  char buf[INET6_ADDRSTRLEN];
+  if (host.empty() || host.size() >= sizeof(buf)) return false;
+  memcpy(buf, host.data(), host.size());
+  buf[host.size()] = '\0';
+  Cidr c;
+  if (inet_pton(AF_INET, buf, c.addr) == 1) {
+    c.family = AF_INET;
+  } else if (inet_pton(AF_INET6, buf, c.addr) == 1) {
+    c.family = AF_INET6;
+  } else {
+    return false;
+  }
+  uint32_t max_len = c.family == AF_INET ? 32 : 128, len = max_len;
+  if (slash != std::string_view::npos && !ParseRange(item.substr(slash + 1), 0, max_len, &len)) {
+    return false;
+  }
+  c.prefix_len = static_cast<uint8_t>(len);
+  if (c.family == AF_INET6 && IsV4Mapped(c.addr) && len >= 96) {
+    c.family = AF_INET;
+    memmove(c.addr, c.addr + 12, 4);
+    memset(c.addr + 4, 0, 12);
+    c.prefix_len = static_cast<uint8_t>(len - 96);
+  }
+  *out = c;
+  return true;
+}
+
+bool ParseCidrs(std::string_view v, std::vector<Cidr>* out, Why* why) {
+  std::vector<Cidr> list;
+  bool ok = ForEachItem(v, why, [&](std::string_view item, Why*) {
+    Cidr c;
+    if (!ParseCidr(item, &c)) return false;
+    list.push_back(c);
+    return true;
+  });
+  if (ok) *out = std::move(list);
+  return ok;
+}
+
+// An empty list means "no restriction", the same as unset.
+bool EmptyList(std::string_view v) {
+  return Trim(v).empty();
+}
+
+constexpr const char* kPortsExpected =
+    "expected ports or ranges within 1-65535, comma-separated (e.g. 80,8000-9000)";
+constexpr const char* kCidrExpected =
+    "expected IPv4/IPv6 addresses with optional /prefix, comma-separated "
+    "(e.g. 127.0.0.0/8,::1/128)";
+
+struct Option {
+  const char* name;
+  const char* expected;
+  bool (*parse)(std::string_view value, Config* c, Why* why);
+};
+
+// The single list of known variables: drives parsing and UnknownSlipVariables().
+constexpr Option kOptions[] = {
+    {"SLIP_ENABLE", "expected 0, 1, true, false, yes or no", ParseEnable},
+    {"SLIP_TRANSPORTS",
+     "expected a comma list of distinct transports from shm, tcp, verbs, fabric, dpdk "
+     "(e.g. shm,tcp)",
+     ParseTransports},
+    {"SLIP_RING_SIZE", "expected a power-of-two size between 4K and 256M (e.g. 1M)", ParseRingSize},
+    {"SLIP_SPIN_US", "expected a decimal integer between 0 and 1000000",
+     [](std::string_view v, Config* c, Why*) { return ParseRange(v, 0, 1000000, &c->spin_us); }},
+    {"SLIP_HANDSHAKE_TIMEOUT_MS", "expected a decimal integer between 1 and 600000",
+     [](std::string_view v, Config* c, Why*) {
+       return ParseRange(v, 1, 600000, &c->handshake_timeout_ms);
+     }},
+    {"SLIP_LOG", "expected error, warn, info, debug or trace", ParseLogLevel},
+    {"SLIP_LOG_FILE", "expected a file path",
+     [](std::string_view v, Config* c, Why*) {
+       c->log_file = v;
+       return true;
+     }},
+    {"SLIP_STATS_FILE", "expected a file path",
+     [](std::string_view v, Config* c, Why*) {
+       c->stats_file = v;
+       return true;
+     }},
+    {"SLIP_INCLUDE_PORTS", kPortsExpected,
+     [](std::string_view v, Config* c, Why* why) {
+       return EmptyList(v) || ParsePorts(v, &c->include_ports, why);
+     }},
+    {"SLIP_EXCLUDE_PORTS", kPortsExpected,
+     [](std::string_view v, Config* c, Why* why) {
+       return EmptyList(v) || ParsePorts(v, &c->exclude_ports, why);
+     }},
+    {"SLIP_INCLUDE_CIDR", kCidrExpected,
+     [](std::string_view v, Config* c, Why* why) {
+       return EmptyList(v) || ParseCidrs(v, &c->include_cidrs, why);
+     }},
+    {"SLIP_EXCLUDE_CIDR", kCidrExpected,
+     [](std::string_view v, Config* c, Why* why) {
+       return EmptyList(v) || ParseCidrs(v, &c->exclude_cidrs, why);
+     }},
+};
+
+// Quotes the value for the one-line error: control characters become '?' so the message
+// stays on one line, and long values are cut.
+std::string Quote(std::string_view v) {
+  constexpr size_t kMax = 64;
+  std::string q = "\"";
+  for (size_t i = 0; i < v.size() && i < kMax; ++i) {
+    unsigned char c = static_cast<unsigned char>(v[i]);
+    q += (c < 0x20 || c == 0x7f) ? '?' : v[i];
+  }
+  q += v.size() > kMax ? "...\"" : "\"";
+  return q;
+}
+
+bool PortIn(const std::vector<PortRange>& ranges, uint16_t port) {
+  for (const PortRange& r : ranges) {
+    if (port >= r.first && port <= r.last) return true;
+  }
+  return false;
+}
+
+bool PrefixMatch(const uint8_t* a, const uint8_t* p, unsigned bits) {
+  unsigned full = bits / 8, rem = bits % 8;
+  if (memcmp(a, p, full) != 0) return false;
+  if (rem == 0) return true;
+  uint8_t mask = static_cast<uint8_t>(0xff << (8 - rem));
+  return (a[full] & mask) == (p[full] & mask);
+}
+
+bool CidrIn(const std::vector<Cidr>& cidrs, const IpEndpoint& ep) {
+  for (const Cidr& c : cidrs) {
+    if (c.family == ep.family && PrefixMatch(ep.addr, c.addr, c.prefix_len)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* TransportName(TransportKind kind) noexcept {
+  auto i = static_cast<size_t>(kind);
+  return i < std::size(kTransportNames) ? kTransportNames[i] : "?";
+}
+
+bool Config::Allows(TransportKind kind) const noexcept {
+  for (TransportKind t : transports) {
+    if (t == kind) return true;
+  }
+  return false;
+}
+
+bool ParseConfig(EnvLookup lookup, void* ctx, Config* out, std::string* error) noexcept {
+  if (lookup == nullptr) return false;
+  try {
+    Config config;
+    for (const Option& opt : kOptions) {
+      const char* value = lookup(opt.name, ctx);
+      Why why;
+      if (value == nullptr || opt.parse(value, &config, &why)) continue;
+      if (error != nullptr) {
+        *error = std::string(opt.name) + "=" + Quote(value) + ": " +
+                 (why.empty() ? "" : why + "; ") + opt.expected;
+      }
+      return false;
+    }
+    if (out == nullptr) return false;
+    *out = std::move(config);
+    return true;
+  } catch (const std::bad_alloc&) {
+    if (error != nullptr) error->clear();  // nothing better to say without memory
+    return false;
+  }
+}
+
+bool ParseConfigFromEnv(Config* out, std::string* error) noexcept {
+  return ParseConfig([](const char* name, void*) -> const char* { return getenv(name); }, nullptr,
+                     out, error);
+}
+
+std::vector<std::string> UnknownSlipVariables(char** envp) {
+  std::vector<std::string> unknown;
+  try {
+    for (char** e = envp; e != nullptr && *e != nullptr; ++e) {
+      std::string_view entry(*e);
+      std::string_view name = entry.substr(0, entry.find('='));
+      if (name.substr(0, 5) != "SLIP_") continue;
+      bool known = false;
+      for (const Option& opt : kOptions) known |= name == opt.name;
+      if (!known) unknown.emplace_back(name);
+    }
+  } catch (const std::bad_alloc&) {
+    // A warning list is best effort: return what fitted.
+  }
+  return unknown;
+}
+
+bool DecodeSockaddr(const sockaddr* sa, IpEndpoint* out) noexcept {
+  if (sa == nullptr) return false;
+  IpEndpoint ep;
+  if (sa->sa_family == AF_INET) {
+    sockaddr_in in;
+    memcpy(&in, sa, sizeof(in));
+    ep.family = AF_INET;
+    memcpy(ep.addr, &in.sin_addr, 4);
+    ep.port = ntohs(in.sin_port);
+  } else if (sa->sa_family == AF_INET6) {
+    sockaddr_in6 in6;
+    memcpy(&in6, sa, sizeof(in6));
+    bool mapped = IsV4Mapped(in6.sin6_addr.s6_addr);
+    ep.family = mapped ? AF_INET : AF_INET6;
+    memcpy(ep.addr, in6.sin6_addr.s6_addr + (mapped ? 12 : 0), mapped ? 4 : 16);
+    ep.port = ntohs(in6.sin6_port);
+  } else {
+    return false;
+  }
+  *out = ep;
+  return true;
+}
+
+bool PolicyAllows(const Config& config, const sockaddr* local, const sockaddr* remote) noexcept {
+  IpEndpoint r, l;
+  if (!DecodeSockaddr(remote, &r)) return false;  // not IP: nothing we accelerate
+  DecodeSockaddr(local, &l);                      // unknown local: port 0 matches no range
+  if (PortIn(config.exclude_ports, r.port) || PortIn(config.exclude_ports, l.port)) return false;
+  if (CidrIn(config.exclude_cidrs, r)) return false;
+  if (!config.include_ports.empty() && !PortIn(config.include_ports, r.port) &&
+      !PortIn(config.include_ports, l.port)) {
+    return false;
+  }
+  return config.include_cidrs.empty() || CidrIn(config.include_cidrs, r);
+}
+
+}  // namespace slip

@@ -1,0 +1,47 @@
+#include "core/proxy.h"
+
+#include <cerrno>
+
+#include "core/sys.h"
+
+namespace slip::proxy {
+
+int CreatePair(int sv[2]) noexcept {
+  if (sys::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return -errno;
+  int one = 1;  // the kernel raises this to its minimum
+  sys::setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &one, sizeof(one));
+  return 0;
+}
+
+void WriteToken(WakeState* wake, int b_fd) noexcept {
+  wake->tokens.fetch_add(1, std::memory_order_relaxed);
+  char token = 't';
+  if (sys::send(b_fd, &token, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1) {
+    // B's queue is full of earlier tokens (A is readable anyway) or the pair is gone.
+    wake->tokens.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+void DrainTokens(WakeState* wake, int a_fd) noexcept {
+  char buf[256];
+  while (wake->tokens.load(std::memory_order_relaxed) != 0) {
+    ssize_t n = sys::recv(a_fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n <= 0) return;
+    wake->tokens.fetch_sub(static_cast<uint32_t>(n), std::memory_order_relaxed);
+  }
+}
+
+void Fill(int a_fd) noexcept {
+  static const char kFill[64] = {};
+  for (int i = 0; i < 64; ++i) {
+    if (sys::send(a_fd, kFill, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1) return;
+  }
+}
+
+void Unfill(int b_fd) noexcept {
+  char buf[512];
+  while (sys::recv(b_fd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+  }
+}
+
+}  // namespace slip::proxy

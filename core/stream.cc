@@ -1,0 +1,370 @@
+#include "core/stream.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <ctime>
+
+#include "core/sys.h"
+
+namespace slip {
+
+namespace {
+
+inline void CpuRelax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
+}
+
+inline uint64_t NowNs() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+size_t IovTotal(const iovec* iov, int iovcnt) noexcept {
+  size_t total = 0;
+  for (int i = 0; i < iovcnt; ++i) {
+    if (iov[i].iov_len > SIZE_MAX / 2 - total) return SIZE_MAX;
+    total += iov[i].iov_len;
+  }
+  return total;
+}
+
+// Walks an iovec array from a byte offset, handing out contiguous pieces.
+class IovCursor {
+ public:
+  IovCursor(const iovec* iov, int iovcnt, size_t skip) noexcept : iov_(iov), left_(iovcnt) {
+    while (left_ > 0 && skip >= iov_->iov_len) {
+      skip -= iov_->iov_len;
+      ++iov_;
+      --left_;
+    }
+    offset_ = skip;
+  }
+  // Returns a piece of at most `max` bytes; *len is 0 when the array is exhausted.
+  uint8_t* Next(size_t max, size_t* len) noexcept {
+    while (left_ > 0 && offset_ == iov_->iov_len) {
+      ++iov_;
+      --left_;
+      offset_ = 0;
+    }
+    if (left_ == 0) {
+      *len = 0;
+      return nullptr;
+    }
+    *len = std::min(max, iov_->iov_len - offset_);
+    uint8_t* base = static_cast<uint8_t*>(iov_->iov_base);
+    uint8_t* p = base ? base + offset_ : nullptr;
+    offset_ += *len;
+    return p;
+  }
+
+ private:
+  const iovec* iov_;
+  int left_;
+  size_t offset_ = 0;
+};
+
+}  // namespace
+
+Stream::Stream(std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
+               StreamOptions options) noexcept
+    : channel_(std::move(channel)),
+      proxy_a_(proxy_a),
+      proxy_b_(proxy_b),
+      options_(options),
+      mask_(channel_->ring_size() - 1) {}
+
+Stream::~Stream() {
+  Close();
+  sys::close(proxy_a_);
+  sys::close(proxy_b_);
+}
+
+bool Stream::HasRxData() const noexcept {
+  return channel_->RxProduced() != consumed_.load(std::memory_order_relaxed);
+}
+
+bool Stream::HasTxSpace() const noexcept {
+  return produced_.load(std::memory_order_relaxed) - channel_->TxConsumed() < channel_->ring_size();
+}
+
+bool Stream::SpinUntil(bool (Stream::*ready)() const) noexcept {
+  if (options_.spin_us == 0) return false;
+  const uint64_t deadline = NowNs() + uint64_t(options_.spin_us) * 1000;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if ((this->*ready)()) return true;
+      CpuRelax();
+    }
+    if (NowNs() >= deadline) return false;
+  }
+}
+
+// ---------------------------------------------------------------------------- send
+
+int Stream::SendError(int flags) noexcept {
+  if (!shut_wr_.load(std::memory_order_relaxed) && !channel_->TxPeerClosed() &&
+      !peer_gone_.load(std::memory_order_acquire))
+    return 0;
+  if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+  return -EPIPE;
+}
+
+ssize_t Stream::Send(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept {
+  if (flags & MSG_OOB) return -EOPNOTSUPP;
+  size_t total = IovTotal(iov, iovcnt);
+  if (total == SIZE_MAX) return -EINVAL;
+  nonblocking = nonblocking || (flags & MSG_DONTWAIT);
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  return SendLocked(iov, iovcnt, total, flags, nonblocking);
+}
+
+ssize_t Stream::SendLocked(const iovec* iov, int iovcnt, size_t total, int flags,
+                           bool nonblocking) noexcept {
+  const uint32_t size = channel_->ring_size();
+  size_t sent = 0;
+  for (;;) {
+    if (int err = SendError(sent ? flags | MSG_NOSIGNAL : flags)) return sent ? ssize_t(sent) : err;
+    if (sent == total) return ssize_t(sent);
+    uint64_t produced = produced_.load(std::memory_order_relaxed);
+    uint64_t space = size - (produced - channel_->TxConsumed());
+    if (space > 0) {
+      size_t n = std::min<uint64_t>(space, total - sent);
+      IovCursor cursor(iov, iovcnt, sent);
+      size_t done = 0;
+      while (done < n) {
+        uint32_t offset = uint32_t((produced + done) & mask_);
+        size_t piece;
+        const uint8_t* src = cursor.Next(std::min<size_t>(n - done, size - offset), &piece);
+        channel_->TxCopy(offset, src, piece);
+        done += piece;
+      }
+      produced += n;
+      produced_.store(produced, std::memory_order_relaxed);
+      channel_->TxPublish(produced);
+      sent += n;
+      continue;
+    }
+    if (nonblocking) {
+      if (sent > 0) return ssize_t(sent);
+      // Make the proxy unwritable before reporting EAGAIN, so that the application's
+      // wait for EPOLLOUT sleeps until the peer frees space (and drains the fill).
+      proxy::Fill(proxy_a_);
+      channel_->TxWake()->writer_waiting.store(1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (HasTxSpace()) {
+        channel_->TxWake()->writer_waiting.store(0, std::memory_order_relaxed);
+        proxy::Unfill(proxy_b_);
+        continue;
+      }
+      return -EAGAIN;
+    }
+    if (SpinUntil(&Stream::HasTxSpace)) continue;
+    if (int rc = WaitWritable(); rc < 0) return sent ? ssize_t(sent) : rc;
+  }
+}
+
+int Stream::WaitWritable() noexcept {
+  proxy::Fill(proxy_a_);
+  channel_->TxWake()->writer_waiting.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (HasTxSpace() || channel_->TxPeerClosed() || peer_gone_.load(std::memory_order_acquire) ||
+      shut_wr_.load(std::memory_order_seq_cst)) {
+    proxy::Unfill(proxy_b_);
+    return 0;
+  }
+  // Sleeps in the kernel until A is writable, with the socket's own timeout and signal
+  // semantics; the byte written is one more harmless fill byte.
+  char fill = 0;
+  if (sys::send(proxy_a_, &fill, 1, MSG_NOSIGNAL) == 1) return 0;
+  return errno == EPIPE ? 0 : -errno;
+}
+
+// ---------------------------------------------------------------------------- receive
+
+size_t Stream::CopyOut(const iovec* iov, int iovcnt, size_t len, uint64_t from) noexcept {
+  const uint8_t* ring = channel_->RxData();
+  const uint32_t size = channel_->ring_size();
+  IovCursor cursor(iov, iovcnt, 0);
+  size_t done = 0;
+  while (done < len) {
+    uint32_t offset = uint32_t((from + done) & mask_);
+    size_t piece;
+    uint8_t* dst = cursor.Next(std::min<size_t>(len - done, size - offset), &piece);
+    if (piece == 0) break;
+    if (dst) std::memcpy(dst, ring + offset, piece);  // null base: MSG_TRUNC discard
+    done += piece;
+  }
+  return done;
+}
+
+int Stream::RecvEndState() noexcept {
+  if (channel_->RxEof()) return HasRxData() ? 1 : 0;
+  if (peer_gone_.load(std::memory_order_acquire)) {
+    if (HasRxData()) return 1;
+    // Like TCP: a peer that died with our bytes unread resets the connection once.
+    bool unread = produced_.load(std::memory_order_relaxed) != channel_->TxConsumed();
+    if (unread && !reset_reported_.exchange(true)) return -ECONNRESET;
+    return 0;
+  }
+  return 1;
+}
+
+ssize_t Stream::Recv(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept {
+  if (flags & MSG_OOB) return -EINVAL;
+  size_t total = IovTotal(iov, iovcnt);
+  if (total == SIZE_MAX) return -EINVAL;
+  nonblocking = nonblocking || (flags & MSG_DONTWAIT);
+  std::lock_guard<std::mutex> lock(rx_mu_);
+  return RecvLocked(iov, iovcnt, total, flags, nonblocking);
+}
+
+ssize_t Stream::RecvLocked(const iovec* iov, int iovcnt, size_t total, int flags,
+                           bool nonblocking) noexcept {
+  const bool peek = flags & MSG_PEEK;
+  const bool waitall = (flags & MSG_WAITALL) && !peek;
+  WakeState* wake = channel_->RxWake();
+  size_t got = 0;
+  for (;;) {
+    if (shut_rd_.load(std::memory_order_relaxed)) return ssize_t(got);
+    uint64_t consumed = consumed_.load(std::memory_order_relaxed);
+    uint64_t avail = channel_->RxProduced() - consumed;
+    if (avail > 0 && total > got) {
+      if (peek) return ssize_t(CopyOut(iov, iovcnt, std::min<uint64_t>(avail, total), consumed));
+      iovec rest[64];
+      const iovec* dst = iov;
+      int dstcnt = iovcnt;
+      if (got > 0) {
+        // Continue a MSG_WAITALL receive where it stopped (rare: rebuild the tail).
+        IovCursor cursor(iov, iovcnt, got);
+        dstcnt = 0;
+        size_t piece;
+        while (dstcnt < 64) {
+          uint8_t* p = cursor.Next(SIZE_MAX, &piece);
+          if (piece == 0) break;
+          rest[dstcnt++] = iovec{p, piece};
+        }
+        dst = rest;
+      }
+      size_t n = CopyOut(dst, dstcnt, std::min<uint64_t>(avail, total - got), consumed);
+      consumed += n;
+      consumed_.store(consumed, std::memory_order_relaxed);
+      channel_->RxConsumed(consumed);
+      got += n;
+      if (got < total && waitall && !nonblocking) continue;
+      if (!HasRxData()) proxy::DrainTokens(wake, proxy_a_);
+      return ssize_t(got);
+    }
+    if (total == 0) return 0;
+    int end = RecvEndState();
+    if (end <= 0) return got ? ssize_t(got) : end;
+    if (nonblocking) {
+      proxy::DrainTokens(wake, proxy_a_);
+      if (HasRxData() || RecvEndState() <= 0) continue;
+      return got ? ssize_t(got) : -EAGAIN;
+    }
+    if (SpinUntil(&Stream::HasRxData)) continue;
+    if (int rc = WaitReadable(); rc < 0) return got ? ssize_t(got) : rc;
+  }
+}
+
+int Stream::WaitReadable() noexcept {
+  WakeState* wake = channel_->RxWake();
+  wake->reader_waiting.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (HasRxData() || RecvEndState() <= 0 || shut_rd_.load(std::memory_order_relaxed)) return 0;
+  // Sleeps in the kernel on the proxy: SO_RCVTIMEO, signals and SA_RESTART behave as on
+  // the TCP socket. A token, EOF (B shut down) or an error ends the sleep.
+  char token;
+  ssize_t n = sys::recv(proxy_a_, &token, 1, 0);
+  if (n == 1) {
+    wake->tokens.fetch_sub(1, std::memory_order_relaxed);
+    return 0;
+  }
+  if (n == 0) return 0;
+  return -errno;
+}
+
+// ---------------------------------------------------------------------------- control
+
+int Stream::ShutdownRead() noexcept {
+  shut_rd_.store(true, std::memory_order_relaxed);
+  // Like TCP: readers wake up and see EOF; pollers see EPOLLIN|EPOLLRDHUP.
+  sys::shutdown(proxy_a_, SHUT_RD);
+  return 0;
+}
+
+int Stream::ShutdownWrite() noexcept {
+  if (shut_wr_.exchange(true)) return 0;
+  proxy::Unfill(proxy_b_);  // a sender asleep on a full ring wakes up and sees EPIPE
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  channel_->CloseTx();
+  sys::shutdown(proxy_a_, SHUT_WR);
+  return 0;
+}
+
+void Stream::Close() noexcept {
+  if (closed_.exchange(true)) return;
+  ShutdownWrite();
+  channel_->CloseRx();
+}
+
+void Stream::MarkPeerGone() noexcept {
+  peer_gone_.store(true, std::memory_order_release);
+  // EOF on A for readers (and pollers: EPOLLIN|EPOLLRDHUP), writable A for writers.
+  sys::shutdown(proxy_b_, SHUT_WR);
+  proxy::Unfill(proxy_b_);
+}
+
+size_t Stream::ReadableBytes() const noexcept {
+  return channel_->RxProduced() - consumed_.load(std::memory_order_relaxed);
+}
+
+size_t Stream::UnconsumedBytes() const noexcept {
+  return produced_.load(std::memory_order_relaxed) - channel_->TxConsumed();
+}
+
+uint32_t Stream::Ready(uint32_t interest) const noexcept {
+  uint32_t ready = 0;
+  bool gone = peer_gone_.load(std::memory_order_acquire);
+  bool eof = channel_->RxEof() || gone;
+  if (HasRxData() || eof || shut_rd_.load(std::memory_order_relaxed)) ready |= EPOLLIN;
+  if (eof) ready |= EPOLLRDHUP;
+  if (HasTxSpace() || gone || channel_->TxPeerClosed() || shut_wr_.load(std::memory_order_relaxed))
+    ready |= EPOLLOUT;
+  if (gone || (eof && shut_wr_.load(std::memory_order_relaxed))) ready |= EPOLLHUP;
+  return ready & (interest | EPOLLHUP | EPOLLERR);
+}
+
+void Stream::PrepareToSleep(uint32_t interest) noexcept {
+  if (interest & (EPOLLIN | EPOLLRDHUP)) {
+    WakeState* wake = channel_->RxWake();
+    wake->reader_waiting.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (HasRxData() && wake->tokens.load(std::memory_order_relaxed) == 0)
+      proxy::WriteToken(wake, proxy_b_);
+  }
+  if (interest & EPOLLOUT) {
+    WakeState* wake = channel_->TxWake();
+    if (!HasTxSpace()) {
+      proxy::Fill(proxy_a_);
+      wake->writer_waiting.store(1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (HasTxSpace()) proxy::Unfill(proxy_b_);
+    } else if (wake->writer_waiting.load(std::memory_order_relaxed) &&
+               wake->writer_waiting.exchange(0)) {
+      proxy::Unfill(proxy_b_);
+    }
+  }
+}
+
+}  // namespace slip

@@ -1,0 +1,95 @@
+// Stream: TCP byte-stream semantics over a Channel and a readiness proxy.
+//
+// This is what an accelerated socket is: ordered bytes each way, EOF after the peer's
+// shutdown or close, half-close, MSG_PEEK/WAITALL/DONTWAIT/NOSIGNAL, blocking with
+// SO_RCVTIMEO/SO_SNDTIMEO and signals (the sleeps are real kernel sleeps on the proxy),
+// and readiness that epoll/poll/select see on the proxy.
+//
+// Thread safety: any number of threads may call Send and Recv concurrently; each side is
+// serialised by its own lock, which is never held while sleeping. MarkPeerGone may be
+// called from the control thread at any time.
+// Errors are returned as -errno; nothing here allocates after construction.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "core/channel.h"
+
+namespace slip {
+
+struct StreamOptions {
+  uint32_t spin_us = 50;
+};
+
+class Stream {
+ public:
+  // Takes ownership of `channel` and of the descriptors `proxy_a` (a duplicate of the
+  // application's end) and `proxy_b` (our end).
+  Stream(std::unique_ptr<Channel> channel, int proxy_a, int proxy_b, StreamOptions options) noexcept;
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // Like sendmsg on a TCP socket: bytes sent, or -errno (-EAGAIN, -EPIPE, -EINTR, ...).
+  // Raises SIGPIPE on EPIPE unless MSG_NOSIGNAL is given.
+  ssize_t Send(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept;
+  // Like recvmsg on a TCP socket: bytes received, 0 at EOF, or -errno.
+  ssize_t Recv(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept;
+
+  int ShutdownRead() noexcept;
+  int ShutdownWrite() noexcept;
+  // Both directions are finished for this process (the last descriptor closed).
+  void Close() noexcept;
+
+  // Bytes ready to read (FIONREAD) and bytes sent but not yet consumed (SIOCOUTQ).
+  size_t ReadableBytes() const noexcept;
+  size_t UnconsumedBytes() const noexcept;
+
+  // Readiness computed from the rings (EPOLLIN/OUT/RDHUP/HUP/ERR bits), without syscalls.
+  uint32_t Ready(uint32_t interest) const noexcept;
+  // A thread is about to sleep in the kernel waiting for `interest` on the proxy: make the
+  // proxy's readiness true now, and arm wake-ups for later changes.
+  void PrepareToSleep(uint32_t interest) noexcept;
+
+  // The peer process is gone (its TCP anchor closed or reset). Wakes every sleeper.
+  void MarkPeerGone() noexcept;
+
+  Channel* channel() noexcept { return channel_.get(); }
+  uint64_t bytes_produced() const noexcept { return produced_.load(std::memory_order_relaxed); }
+
+ private:
+  ssize_t SendLocked(const iovec* iov, int iovcnt, size_t total, int flags, bool nonblocking) noexcept;
+  ssize_t RecvLocked(const iovec* iov, int iovcnt, size_t total, int flags, bool nonblocking) noexcept;
+  size_t CopyOut(const iovec* iov, int iovcnt, size_t len, uint64_t from) noexcept;
+  int SendError(int flags) noexcept;
+  int RecvEndState() noexcept;  // 0 = EOF, -errno, or 1 = nothing yet
+  bool SpinUntil(bool (Stream::*ready)() const) noexcept;
+  bool HasRxData() const noexcept;
+  bool HasTxSpace() const noexcept;
+  int WaitReadable() noexcept;
+  int WaitWritable() noexcept;
+
+  std::unique_ptr<Channel> channel_;
+  const int proxy_a_;
+  const int proxy_b_;
+  const StreamOptions options_;
+  const uint32_t mask_;
+
+  std::mutex tx_mu_;
+  std::mutex rx_mu_;
+  std::atomic<uint64_t> produced_{0};  // written under tx_mu_
+  std::atomic<uint64_t> consumed_{0};  // written under rx_mu_
+  std::atomic<bool> shut_rd_{false};
+  std::atomic<bool> shut_wr_{false};
+  std::atomic<bool> peer_gone_{false};
+  std::atomic<bool> reset_reported_{false};
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace slip

@@ -1,0 +1,86 @@
+// Raw system calls for code that runs inside the shim.
+//
+// libslipstream.so exports libc names (recv, close, ...), so a plain call to recv() from
+// inside the library would re-enter the interposed symbol. Core and transports therefore
+// issue their own system calls through these wrappers: they never re-enter the shim,
+// they set errno like libc, and they keep kernel semantics (blocking, SA_RESTART, timeouts).
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+namespace slip::sys {
+
+inline ssize_t recv(int fd, void* buf, size_t len, int flags) noexcept {
+  return ::syscall(SYS_recvfrom, fd, buf, len, flags, nullptr, nullptr);
+}
+inline ssize_t send(int fd, const void* buf, size_t len, int flags) noexcept {
+  return ::syscall(SYS_sendto, fd, buf, len, flags, nullptr, 0);
+}
+inline ssize_t sendmsg(int fd, const msghdr* msg, int flags) noexcept {
+  return ::syscall(SYS_sendmsg, fd, msg, flags);
+}
+inline ssize_t recvmsg(int fd, msghdr* msg, int flags) noexcept {
+  return ::syscall(SYS_recvmsg, fd, msg, flags);
+}
+inline ssize_t read(int fd, void* buf, size_t len) noexcept { return ::syscall(SYS_read, fd, buf, len); }
+inline ssize_t write(int fd, const void* buf, size_t len) noexcept {
+  return ::syscall(SYS_write, fd, buf, len);
+}
+inline int close(int fd) noexcept { return static_cast<int>(::syscall(SYS_close, fd)); }
+inline int dup3(int oldfd, int newfd, int flags) noexcept {
+  return static_cast<int>(::syscall(SYS_dup3, oldfd, newfd, flags));
+}
+inline int fcntl(int fd, int cmd, long arg = 0) noexcept {
+  return static_cast<int>(::syscall(SYS_fcntl, fd, cmd, arg));
+}
+inline int socket(int domain, int type, int protocol) noexcept {
+  return static_cast<int>(::syscall(SYS_socket, domain, type, protocol));
+}
+inline int socketpair(int domain, int type, int protocol, int sv[2]) noexcept {
+  return static_cast<int>(::syscall(SYS_socketpair, domain, type, protocol, sv));
+}
+inline int connect(int fd, const sockaddr* addr, socklen_t len) noexcept {
+  return static_cast<int>(::syscall(SYS_connect, fd, addr, len));
+}
+inline int bind(int fd, const sockaddr* addr, socklen_t len) noexcept {
+  return static_cast<int>(::syscall(SYS_bind, fd, addr, len));
+}
+inline int listen(int fd, int backlog) noexcept { return static_cast<int>(::syscall(SYS_listen, fd, backlog)); }
+inline int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) noexcept {
+  return static_cast<int>(::syscall(SYS_accept4, fd, addr, len, flags));
+}
+inline int shutdown(int fd, int how) noexcept { return static_cast<int>(::syscall(SYS_shutdown, fd, how)); }
+inline int getsockname(int fd, sockaddr* addr, socklen_t* len) noexcept {
+  return static_cast<int>(::syscall(SYS_getsockname, fd, addr, len));
+}
+inline int getpeername(int fd, sockaddr* addr, socklen_t* len) noexcept {
+  return static_cast<int>(::syscall(SYS_getpeername, fd, addr, len));
+}
+inline int getsockopt(int fd, int level, int name, void* val, socklen_t* len) noexcept {
+  return static_cast<int>(::syscall(SYS_getsockopt, fd, level, name, val, len));
+}
+inline int setsockopt(int fd, int level, int name, const void* val, socklen_t len) noexcept {
+  return static_cast<int>(::syscall(SYS_setsockopt, fd, level, name, val, len));
+}
+inline int poll(pollfd* fds, nfds_t n, int timeout_ms) noexcept {
+  return static_cast<int>(::syscall(SYS_poll, fds, n, timeout_ms));
+}
+inline int epoll_ctl(int epfd, int op, int fd, epoll_event* ev) noexcept {
+  return static_cast<int>(::syscall(SYS_epoll_ctl, epfd, op, fd, ev));
+}
+
+// Moves `fd` to a descriptor number at or above `floor` (close-on-exec) and closes the
+// original. Keeps hidden descriptors out of the low numbers the application expects.
+int MoveHigh(int fd, int floor) noexcept;
+
+// The floor for hidden descriptors, chosen once at start-up.
+int HiddenFdFloor() noexcept;
+void SetHiddenFdFloor(int floor) noexcept;
+
+}  // namespace slip::sys

@@ -1,0 +1,321 @@
+#include "core/wire.h"
+
+#include <netinet/in.h>
+
+#include <cstring>
+
+namespace slip::wire {
+
+namespace {
+
+// Little-endian field access without alignment assumptions.
+class Writer {
+ public:
+  Writer(uint8_t* out, size_t cap) noexcept : out_(out), cap_(cap) {}
+  void U8(uint8_t v) noexcept { Put(&v, 1); }
+  void U16(uint16_t v) noexcept {
+    uint8_t b[2] = {uint8_t(v), uint8_t(v >> 8)};
+    Put(b, 2);
+  }
+  void U32(uint32_t v) noexcept {
+    uint8_t b[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
+    Put(b, 4);
+  }
+  void U64(uint64_t v) noexcept {
+    U32(uint32_t(v));
+    U32(uint32_t(v >> 32));
+  }
+  void Addr(const Endpoint& e) noexcept {
+    U8(e.family);
+    U8(0);
+    U16(e.port);
+    Put(e.addr, 16);
+  }
+  size_t size() const noexcept { return pos_; }
+  bool ok() const noexcept { return ok_; }
+
+ private:
+  void Put(const void* p, size_t n) noexcept {
+    if (pos_ + n > cap_) {
+      ok_ = false;
+      return;
+    }
+    std::memcpy(out_ + pos_, p, n);
+    pos_ += n;
+  }
+  uint8_t* out_;
+  size_t cap_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* in, size_t len) noexcept : in_(in), len_(len) {}
+  uint8_t U8() noexcept {
+    uint8_t v = 0;
+    Get(&v, 1);
+    return v;
+  }
+  uint16_t U16() noexcept {
+    uint8_t b[2] = {};
+    Get(b, 2);
+    return uint16_t(b[0] | (b[1] << 8));
+  }
+  uint32_t U32() noexcept {
+    uint8_t b[4] = {};
+    Get(b, 4);
+    return uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
+  }
+  uint64_t U64() noexcept {
+    uint64_t lo = U32();
+    return lo | uint64_t(U32()) << 32;
+  }
+  bool Addr(Endpoint* e) noexcept {
+    e->family = U8();
+    uint8_t pad = U8();
+    e->port = U16();
+    Get(e->addr, 16);
+    if (pad != 0 || (e->family != 4 && e->family != 6)) return false;
+    if (e->family == 4) {
+      for (int i = 4; i < 16; ++i)
+        if (e->addr[i] != 0) return false;
+    }
+    return true;
+  }
+  bool ok() const noexcept { return ok_; }
+  bool at_end() const noexcept { return pos_ == len_; }
+
+ private:
+  void Get(void* p, size_t n) noexcept {
+    if (pos_ + n > len_) {
+      ok_ = false;
+      std::memset(p, 0, n);
+      return;
+    }
+    std::memcpy(p, in_ + pos_, n);
+    pos_ += n;
+  }
+  const uint8_t* in_;
+  size_t len_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+// Payload length of each type: fixed, so a length field that disagrees is malformed.
+size_t PayloadSize(Type t) noexcept {
+  constexpr size_t kAddr = 20;
+  switch (t) {
+    case Type::kRegister:
+      return 2 * kAddr + 8 + 4 + 4 + 8;
+    case Type::kCancel:
+      return 2 * kAddr + 8;
+    case Type::kConfirm:
+      return 8 + 4 + 4;
+    case Type::kAccept:
+      return 8;
+    case Type::kDecline:
+      return 8 + 4;
+  }
+  return 0;
+}
+
+bool KnownType(uint8_t t) noexcept {
+  return t >= 1 && t <= 5;
+}
+
+bool ValidRingSize(uint32_t size) noexcept {
+  return size >= 4096 && size <= (256u << 20) && (size & (size - 1)) == 0;
+}
+
+bool ParsePayload(Type type, Reader* r, Message* out) noexcept {
+  out->type = type;
+  switch (type) {
+    case Type::kRegister: {
+      Register& m = out->reg;
+      m = Register();
+      if (!r->Addr(&m.client) || !r->Addr(&m.server)) return false;
+      m.nonce = r->U64();
+      m.ring_size = r->U32();
+      m.fd_count = r->U32();
+      m.region_size = r->U64();
+      return ValidRingSize(m.ring_size) && m.fd_count > 0 && m.fd_count <= 8 &&
+             m.region_size >= 2ull * m.ring_size && m.region_size <= (1ull << 30);
+    }
+    case Type::kCancel: {
+      Cancel& m = out->cancel;
+      m = Cancel();
+      if (!r->Addr(&m.client) || !r->Addr(&m.server)) return false;
+      m.nonce = r->U64();
+      return true;
+    }
+    case Type::kConfirm: {
+      out->confirm = Confirm();
+      out->confirm.nonce = r->U64();
+      out->confirm.ring_size = r->U32();
+      uint32_t reserved = r->U32();
+      return reserved == 0 && ValidRingSize(out->confirm.ring_size);
+    }
+    case Type::kAccept:
+      out->accept = Accept();
+      out->accept.nonce = r->U64();
+      return true;
+    case Type::kDecline: {
+      out->decline = Decline();
+      out->decline.nonce = r->U64();
+      uint32_t reason = r->U32();
+      if (reason > static_cast<uint32_t>(DeclineReason::kVersion)) return false;
+      out->decline.reason = static_cast<DeclineReason>(reason);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool Endpoint::operator==(const Endpoint& o) const noexcept {
+  return family == o.family && port == o.port && std::memcmp(addr, o.addr, 16) == 0;
+}
+
+bool EndpointFromSockaddr(const sockaddr* sa, Endpoint* out) noexcept {
+  *out = Endpoint();
+  if (sa->sa_family == AF_INET) {
+    auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    out->family = 4;
+    out->port = ntohs(in->sin_port);
+    std::memcpy(out->addr, &in->sin_addr, 4);
+    return true;
+  }
+  if (sa->sa_family == AF_INET6) {
+    auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    out->port = ntohs(in6->sin6_port);
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      out->family = 4;
+      std::memcpy(out->addr, in6->sin6_addr.s6_addr + 12, 4);
+    } else {
+      out->family = 6;
+      std::memcpy(out->addr, in6->sin6_addr.s6_addr, 16);
+    }
+    return true;
+  }
+  return false;
+}
+
+uint32_t Crc32c(const uint8_t* data, size_t len, uint32_t crc) noexcept {
+  // Bitwise CRC32C (Castagnoli): messages are tiny and on the control path only.
+  crc = ~crc;
+  for (size_t i = 0; i < len; ++i) {
+    crc ^= data[i];
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+const char* ParseStatusName(ParseStatus s) noexcept {
+  switch (s) {
+    case ParseStatus::kOk:
+      return "ok";
+    case ParseStatus::kNeedMore:
+      return "truncated";
+    case ParseStatus::kNotSlipstream:
+      return "not slipstream";
+    case ParseStatus::kBadVersion:
+      return "bad version";
+    case ParseStatus::kBadType:
+      return "bad type";
+    case ParseStatus::kBadLength:
+      return "bad length";
+    case ParseStatus::kBadChecksum:
+      return "bad checksum";
+    case ParseStatus::kBadField:
+      return "bad field";
+  }
+  return "?";
+}
+
+ParseStatus ParseMessage(const uint8_t* data, size_t len, Message* out, size_t* consumed) noexcept {
+  *consumed = 0;
+  // Judge the magic on whatever prefix has arrived: application bytes must be recognised
+  // as such as early as possible, and never be held back waiting for a full header.
+  static const uint8_t kMagicBytes[4] = {uint8_t(kMagic), uint8_t(kMagic >> 8),
+                                         uint8_t(kMagic >> 16), uint8_t(kMagic >> 24)};
+  size_t prefix = len < 4 ? len : 4;
+  // (len == 0 may come with data == nullptr, which memcmp must not be given even for 0 bytes.)
+  if (prefix != 0 && std::memcmp(data, kMagicBytes, prefix) != 0)
+    return ParseStatus::kNotSlipstream;
+  if (len < kHeaderSize) return ParseStatus::kNeedMore;
+
+  Reader hdr(data, kHeaderSize);
+  hdr.U32();  // magic, checked above
+  uint8_t version = hdr.U8();
+  uint8_t type = hdr.U8();
+  uint16_t flags = hdr.U16();
+  uint32_t length = hdr.U32();
+  uint32_t checksum = hdr.U32();
+  if (version != kVersion) return ParseStatus::kBadVersion;
+  if (!KnownType(type)) return ParseStatus::kBadType;
+  if (flags != 0) return ParseStatus::kBadField;
+  Type t = static_cast<Type>(type);
+  if (length != kHeaderSize + PayloadSize(t)) return ParseStatus::kBadLength;
+  if (len < length) return ParseStatus::kNeedMore;
+
+  uint8_t copy[kMaxMessageSize];
+  std::memcpy(copy, data, length);
+  std::memset(copy + 12, 0, 4);
+  if (Crc32c(copy, length) != checksum) return ParseStatus::kBadChecksum;
+
+  Reader body(data + kHeaderSize, length - kHeaderSize);
+  if (!ParsePayload(t, &body, out) || !body.ok() || !body.at_end()) return ParseStatus::kBadField;
+  *consumed = length;
+  return ParseStatus::kOk;
+}
+
+size_t EncodeMessage(const Message& msg, uint8_t* out, size_t cap) noexcept {
+  size_t length = kHeaderSize + PayloadSize(msg.type);
+  if (length > cap || length > kMaxMessageSize || !KnownType(static_cast<uint8_t>(msg.type)))
+    return 0;
+  Writer w(out, cap);
+  w.U32(kMagic);
+  w.U8(kVersion);
+  w.U8(static_cast<uint8_t>(msg.type));
+  w.U16(0);
+  w.U32(static_cast<uint32_t>(length));
+  w.U32(0);  // checksum, filled below
+  switch (msg.type) {
+    case Type::kRegister:
+      w.Addr(msg.reg.client);
+      w.Addr(msg.reg.server);
+      w.U64(msg.reg.nonce);
+      w.U32(msg.reg.ring_size);
+      w.U32(msg.reg.fd_count);
+      w.U64(msg.reg.region_size);
+      break;
+    case Type::kCancel:
+      w.Addr(msg.cancel.client);
+      w.Addr(msg.cancel.server);
+      w.U64(msg.cancel.nonce);
+      break;
+    case Type::kConfirm:
+      w.U64(msg.confirm.nonce);
+      w.U32(msg.confirm.ring_size);
+      w.U32(0);
+      break;
+    case Type::kAccept:
+      w.U64(msg.accept.nonce);
+      break;
+    case Type::kDecline:
+      w.U64(msg.decline.nonce);
+      w.U32(static_cast<uint32_t>(msg.decline.reason));
+      break;
+  }
+  if (!w.ok() || w.size() != length) return 0;
+  uint32_t crc = Crc32c(out, length);
+  out[12] = uint8_t(crc);
+  out[13] = uint8_t(crc >> 8);
+  out[14] = uint8_t(crc >> 16);
+  out[15] = uint8_t(crc >> 24);
+  return length;
+}
+
+}  // namespace slip::wire

@@ -1,0 +1,120 @@
+// Slipstream wire format: the negotiation and control messages (CLC-style).
+//
+// Every message starts with a 16-byte header: magic, version, type, length and a CRC32C
+// over the whole message (with the checksum field zero). All integers are little-endian.
+// ParseMessage() checks every field; anything malformed is reported, never trusted:
+// the caller declines and falls back to plain TCP.
+//
+// Flow on one host (shm):
+//   client -> rendezvous (datagram, out of band, before SYN): REGISTER (+ fds)
+//   client -> server (in band, first bytes):                   CONFIRM (nonce)
+//   server -> client (in band, first bytes):                   ACCEPT | DECLINE(reason)
+//   client -> rendezvous (if the TCP handshake was too slow):  CANCEL
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace slip::wire {
+
+constexpr uint32_t kMagic = 0x50494c53;  // "SLIP" in little-endian byte order
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeaderSize = 16;
+constexpr size_t kMaxMessageSize = 256;
+
+enum class Type : uint8_t {
+  kRegister = 1,
+  kCancel = 2,
+  kConfirm = 3,
+  kAccept = 4,
+  kDecline = 5,
+};
+
+// Decline reasons, carried on the wire; stable values.
+enum class DeclineReason : uint32_t {
+  kUnspecified = 0,
+  kNonceMismatch = 1,
+  kNoRegistration = 2,
+  kBadRegion = 3,
+  kResources = 4,
+  kPolicy = 5,
+  kVersion = 6,
+};
+
+// An endpoint address as carried on the wire. IPv4 and v4-mapped IPv6 both encode as
+// family 4, so the two ends of one connection agree whatever socket family each uses.
+struct Endpoint {
+  uint8_t family = 0;  // 4 or 6
+  uint16_t port = 0;   // host byte order
+  uint8_t addr[16] = {};
+
+  bool operator==(const Endpoint& o) const noexcept;
+};
+
+// Converts a socket address; returns false for anything but AF_INET/AF_INET6.
+bool EndpointFromSockaddr(const sockaddr* sa, Endpoint* out) noexcept;
+
+struct Register {
+  Endpoint client;
+  Endpoint server;
+  uint64_t nonce = 0;
+  uint32_t ring_size = 0;
+  uint32_t fd_count = 0;
+  uint64_t region_size = 0;
+};
+
+struct Cancel {
+  Endpoint client;
+  Endpoint server;
+  uint64_t nonce = 0;
+};
+
+struct Confirm {
+  uint64_t nonce = 0;
+  uint32_t ring_size = 0;
+};
+
+struct Accept {
+  uint64_t nonce = 0;
+};
+
+struct Decline {
+  uint64_t nonce = 0;
+  DeclineReason reason = DeclineReason::kUnspecified;
+};
+
+struct Message {
+  Type type = Type::kConfirm;
+  union {
+    Register reg;
+    Cancel cancel;
+    Confirm confirm;
+    Accept accept;
+    Decline decline;
+  };
+  Message() noexcept : confirm() {}
+};
+
+enum class ParseStatus : uint8_t {
+  kOk = 0,
+  kNeedMore,        // a valid prefix; more bytes needed (in-band reads)
+  kNotSlipstream,   // magic mismatch: these bytes belong to the application
+  kBadVersion,
+  kBadType,
+  kBadLength,
+  kBadChecksum,
+  kBadField,
+};
+const char* ParseStatusName(ParseStatus s) noexcept;
+
+// Parses one message from the front of [data, data+len). On kOk, *consumed is its length.
+ParseStatus ParseMessage(const uint8_t* data, size_t len, Message* out, size_t* consumed) noexcept;
+
+// Encodes `msg` into `out` (capacity `cap`); returns the length, or 0 if it does not fit.
+size_t EncodeMessage(const Message& msg, uint8_t* out, size_t cap) noexcept;
+
+uint32_t Crc32c(const uint8_t* data, size_t len, uint32_t crc = 0) noexcept;
+
+}  // namespace slip::wire

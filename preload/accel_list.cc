@@ -1,0 +1,86 @@
+#include "preload/accel_list.h"
+
+#include <sys/epoll.h>
+
+#include <algorithm>
+#include <atomic>
+#include <ctime>
+#include <mutex>
+#include <vector>
+
+#include "preload/fd_table.h"
+
+namespace slip::preload {
+
+namespace {
+
+struct AccelList {
+  std::mutex mu;
+  std::vector<SlipSocket*> sockets;
+  std::atomic<size_t> count{0};
+};
+
+AccelList& List() noexcept {
+  static AccelList* list = new AccelList();
+  return *list;
+}
+
+uint64_t NowNs() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+}  // namespace
+
+void AccelListAdd(SlipSocket* s) noexcept {
+  AccelList& l = List();
+  std::lock_guard<std::mutex> lock(l.mu);
+  try {
+    l.sockets.push_back(s);
+  } catch (...) {
+    return;
+  }
+  l.count.store(l.sockets.size(), std::memory_order_relaxed);
+}
+
+void AccelListRemove(SlipSocket* s) noexcept {
+  AccelList& l = List();
+  std::lock_guard<std::mutex> lock(l.mu);
+  auto it = std::find(l.sockets.begin(), l.sockets.end(), s);
+  if (it == l.sockets.end()) return;
+  *it = l.sockets.back();
+  l.sockets.pop_back();
+  l.count.store(l.sockets.size(), std::memory_order_relaxed);
+}
+
+bool AccelListNonEmpty() noexcept { return List().count.load(std::memory_order_relaxed) != 0; }
+
+void PrepareAllForSleep() noexcept {
+  AccelList& l = List();
+  // Membership changes take the same lock before a socket is torn down, so every
+  // stream seen here stays valid while the lock is held.
+  std::lock_guard<std::mutex> lock(l.mu);
+  for (SlipSocket* s : l.sockets) {
+    if (s->stream) s->stream->PrepareToSleep(EPOLLIN);
+  }
+}
+
+bool SpinForAnyReadable(uint32_t spin_us) noexcept {
+  AccelList& l = List();
+  const uint64_t deadline = NowNs() + uint64_t(spin_us) * 1000;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(l.mu);
+      for (SlipSocket* s : l.sockets) {
+        if (s->stream && (s->stream->Ready(EPOLLIN) & EPOLLIN)) return true;
+      }
+    }
+    if (NowNs() >= deadline) return false;
+#if defined(__x86_64__)
+    for (int i = 0; i < 32; ++i) __builtin_ia32_pause();
+#endif
+  }
+}
+
+}  // namespace slip::preload

@@ -1,0 +1,259 @@
+// The client side of detect-and-negotiate.
+//
+// Same host only (shm): find the listener's rendezvous, bind the local port, register the
+// 4-tuple, nonce, region and proxies BEFORE the SYN, connect, then send CONFIRM as the
+// first in-band bytes and switch the descriptor to the proxy. The client does not wait
+// for the server's ACCEPT: the server reads the ring once it accepts, and the control
+// thread handles a DECLINE. A plain server has no rendezvous and costs one refused
+// AF_UNIX connect: no round trip, no byte in the stream.
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "core/wire.h"
+#include "preload/fd_table.h"
+#include "preload/handshake.h"
+#include "preload/install.h"
+#include "preload/libc.h"
+#include "preload/runtime.h"
+#include "shm/shm.h"
+
+namespace slip::preload {
+
+namespace {
+
+constexpr int kRoleClient = 0;
+// A loopback handshake completes inside connect(); allow a little scheduling slack before
+// withdrawing the registration and going plain.
+constexpr int kConnectSlackMs = 20;
+
+bool IsLoopback(const wire::Endpoint& ep) noexcept {
+  if (ep.family == 4) return ep.addr[0] == 127;
+  static const uint8_t kLoop6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  return std::memcmp(ep.addr, kLoop6, 16) == 0;
+}
+
+bool IsInterfaceAddress(const wire::Endpoint& ep) noexcept {
+  // getifaddrs is a netlink round trip; cache it for a few seconds.
+  static std::mutex mu;
+  static std::vector<wire::Endpoint> cache;
+  static time_t fetched = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  time_t now = time(nullptr);
+  if (now - fetched > 5) {
+    ifaddrs* list = nullptr;
+    if (getifaddrs(&list) == 0) {
+      try {
+        cache.clear();
+        for (ifaddrs* it = list; it; it = it->ifa_next) {
+          wire::Endpoint e;
+          if (it->ifa_addr && wire::EndpointFromSockaddr(it->ifa_addr, &e)) cache.push_back(e);
+        }
+      } catch (...) {
+      }
+      freeifaddrs(list);
+      fetched = now;
+    }
+  }
+  for (const wire::Endpoint& e : cache) {
+    if (e.family == ep.family && std::memcmp(e.addr, ep.addr, 16) == 0) return true;
+  }
+  return false;
+}
+
+// Binds an unbound socket to an ephemeral port on the address the kernel would pick as
+// source for a local destination (the destination itself), so that the 4-tuple is known
+// before the SYN.
+int BindForRegistration(int fd, const sockaddr* dest, socklen_t len) noexcept {
+  sockaddr_storage local{};
+  socklen_t llen = sizeof(local);
+  if (sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) return -errno;
+  wire::Endpoint ep;
+  if (wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &ep) && ep.port != 0) return 0;
+  sockaddr_storage src{};
+  std::memcpy(&src, dest, len);
+  if (src.ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&src)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(&src)->sin6_port = 0;
+  if (sys::bind(fd, reinterpret_cast<sockaddr*>(&src), len) != 0) return -errno;
+  return 0;
+}
+
+int LocalEndpoint(int fd, wire::Endpoint* ep) noexcept {
+  sockaddr_storage local{};
+  socklen_t llen = sizeof(local);
+  if (sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) return -errno;
+  return wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), ep) ? 0 : -EAFNOSUPPORT;
+}
+
+// Waits for an in-progress connect; true once established.
+bool WaitEstablished(int fd, int timeout_ms) noexcept {
+  pollfd p{fd, POLLOUT, 0};
+  int rc;
+  do {
+    rc = sys::poll(&p, 1, timeout_ms);
+  } while (rc < 0 && errno == EINTR);
+  if (rc != 1 || (p.revents & (POLLERR | POLLHUP))) return false;
+  sockaddr_storage peer;
+  socklen_t plen = sizeof(peer);
+  return sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0;
+}
+
+int SendAll(int fd, const uint8_t* buf, size_t len) noexcept {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = sys::send(fd, buf + done, len - done, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += size_t(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      if (sys::poll(&p, 1, 1000) <= 0) return -ETIMEDOUT;
+      continue;
+    }
+    return n < 0 ? -errno : -EPIPE;
+  }
+  return 0;
+}
+
+int SendConfirm(int fd, const shm::Offer& offer) noexcept {
+  wire::Message msg;
+  msg.type = wire::Type::kConfirm;
+  msg.confirm = wire::Confirm();
+  msg.confirm.nonce = offer.nonce;
+  msg.confirm.ring_size = offer.ring_size;
+  uint8_t buf[wire::kMaxMessageSize];
+  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  return SendAll(fd, buf, len);
+}
+
+// Plain connect for a socket we will not accelerate, recording why.
+int ConnectPlain(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len, Reason reason) noexcept {
+  int rc = Libc().connect(fd, addr, len);
+  int err = errno;
+  if (rc == 0 || err == EINPROGRESS) MarkPlain(s, fd, reason, kRoleClient, addr);
+  errno = err;
+  return rc;
+}
+
+Reason ShmDetect(int fd, const sockaddr* addr, int* rendezvous) noexcept {
+  const Runtime& rt = GetRuntime();
+  wire::Endpoint dest;
+  if (!wire::EndpointFromSockaddr(addr, &dest)) return Reason::kUnsupported;
+  if (!rt.config.Allows(TransportKind::kShm)) return Reason::kPolicy;
+  if (!IsLocalDestination(addr)) return Reason::kNotSameHost;
+  sockaddr_storage local{};
+  socklen_t llen = sizeof(local);
+  sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
+  if (!PolicyAllows(rt.config, reinterpret_cast<sockaddr*>(&local), addr)) return Reason::kPolicy;
+  int rv = shm::FindRendezvous(addr);
+  if (rv == -EAGAIN) return Reason::kRendezvousBusy;
+  if (rv < 0) return Reason::kPeerNotSlipstream;
+  *rendezvous = rv;
+  return Reason::kNone;
+}
+
+}  // namespace
+
+bool IsLocalDestination(const sockaddr* addr) noexcept {
+  wire::Endpoint ep;
+  if (!wire::EndpointFromSockaddr(addr, &ep)) return false;
+  return IsLoopback(ep) || IsInterfaceAddress(ep);
+}
+
+int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noexcept {
+  if (!addr || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) ||
+      len < (addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6)))
+    return Libc().connect(fd, addr, len);
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (s->kind != SockKind::kTcp) return Libc().connect(fd, addr, len);
+
+  int rendezvous = -1;
+  Reason reason = ShmDetect(fd, addr, &rendezvous);
+  if (reason != Reason::kNone) return ConnectPlain(s, fd, addr, len, reason);
+
+  // A Slipstream listener is on this host. Register, then connect.
+  shm::Offer offer;
+  wire::Endpoint client, server;
+  wire::EndpointFromSockaddr(addr, &server);
+  if (int rc = BindForRegistration(fd, addr, len); rc < 0) {
+    reason = Reason::kUnsupported;
+  } else if (LocalEndpoint(fd, &client) < 0) {
+    reason = Reason::kUnsupported;
+  } else if (shm::PrepareOffer(GetRuntime().config.ring_size, &offer) < 0) {
+    reason = Reason::kResources;
+  } else if (int rc = shm::SendRegister(rendezvous, offer, client, server); rc < 0) {
+    reason = rc == -EAGAIN ? Reason::kRendezvousBusy : Reason::kResources;
+  }
+  if (reason != Reason::kNone) {
+    sys::close(rendezvous);
+    SLIP_LOG(kInfo, "fd %d: shm not used (%s)", fd, ReasonName(reason));
+    return ConnectPlain(s, fd, addr, len, reason);
+  }
+
+  int rc = Libc().connect(fd, addr, len);
+  int err = errno;
+  bool established = rc == 0;
+  if (!established && (err == EINPROGRESS || err == EINTR)) established = WaitEstablished(fd, kConnectSlackMs);
+  if (!established) {
+    if (err == EINPROGRESS || err == EINTR) {
+      // Withdraw the registration; the server will see the CANCEL and treat it as plain.
+      shm::SendCancel(rendezvous, offer, client, server);
+      MarkPlain(s, fd, Reason::kConnectSlow, kRoleClient, addr);
+    }
+    sys::close(rendezvous);
+    errno = err;
+    return rc;
+  }
+  sys::close(rendezvous);
+
+  if (int src = SendConfirm(fd, offer); src < 0) {
+    // The connection broke right away; the application will see that on TCP.
+    MarkPlain(s, fd, Reason::kResources, kRoleClient);
+    errno = err;
+    return rc;
+  }
+  int proxy_a = -1, proxy_b = -1;
+  auto channel = shm::MakeClientChannel(&offer, &proxy_a, &proxy_b);
+  if (!channel || InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleClient) < 0) {
+    // CONFIRM is already in the stream, so plain TCP is no longer safe: fail the
+    // connection the way TCP would rather than corrupt it.
+    SLIP_LOG(kError, "fd %d: cannot install the accelerated connection; resetting", fd);
+    linger lg{1, 0};
+    sys::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    sys::shutdown(fd, SHUT_RDWR);
+    MarkPlain(s, fd, Reason::kResources, kRoleClient);
+    errno = ECONNRESET;
+    return -1;
+  }
+  if (rc != 0) {
+    errno = err;  // a non-blocking connect reports EINPROGRESS as the kernel did
+    return -1;
+  }
+  return 0;
+}
+
+void MarkPlain(SlipSocket* s, int fd, Reason reason, int role, const sockaddr* remote) noexcept {
+  sockaddr_storage local{}, peer{};
+  socklen_t llen = sizeof(local), plen = sizeof(peer);
+  sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
+  if (!remote) {
+    if (sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) peer.ss_family = AF_UNSPEC;
+    remote = reinterpret_cast<sockaddr*>(&peer);
+  }
+  s->kind = SockKind::kPlain;
+  if (!s->stats)
+    s->stats = StatsOpen(TransportKind::kTcp, reason, role, reinterpret_cast<sockaddr*>(&local), remote);
+}
+
+}  // namespace slip::preload

@@ -1,0 +1,141 @@
+#include "preload/control.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/epoll.h>
+
+#include <cerrno>
+#include <mutex>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "core/wire.h"
+#include "preload/fd_table.h"
+
+namespace slip::preload {
+
+namespace {
+
+struct ControlState {
+  std::mutex mu;
+  int epfd = -1;
+};
+
+ControlState& State() noexcept {
+  static ControlState* state = new ControlState();
+  return *state;
+}
+
+uint64_t Key(const SlipSocket* s) noexcept {
+  return (uint64_t(s->index) << 32) | s->generation.load(std::memory_order_relaxed);
+}
+
+// Reads the in-band messages that may follow the handshake; consumes only whole ones.
+void HandleAnchor(SlipSocket* s, int epfd) noexcept {
+  uint8_t buf[wire::kMaxMessageSize];
+  for (;;) {
+    ssize_t n = sys::recv(s->anchor_fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) {
+      SLIP_LOG(kDebug, "anchor fd %d: peer gone (%s)", s->anchor_fd, n == 0 ? "EOF" : "error");
+      sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
+      s->stream->MarkPeerGone();
+      return;
+    }
+    wire::Message msg;
+    size_t used = 0;
+    wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
+    if (st == wire::ParseStatus::kNeedMore) return;  // edge-triggered: the rest wakes us
+    if (st != wire::ParseStatus::kOk) {
+      SLIP_LOG(kError, "anchor fd %d: unexpected bytes on the control channel (%s); closing",
+               s->anchor_fd, wire::ParseStatusName(st));
+      sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
+      s->stream->MarkPeerGone();
+      return;
+    }
+    sys::recv(s->anchor_fd, buf, used, MSG_DONTWAIT);
+    if (msg.type == wire::Type::kDecline) {
+      SLIP_LOG(kWarn, "connection declined by the peer after registration (reason %u); reset",
+               unsigned(msg.decline.reason));
+      StatsSetTransport(s->stats, TransportKind::kTcp, Reason::kDeclined);
+      s->stream->MarkPeerGone();
+    }
+  }
+}
+
+void* ControlMain(void* arg) {
+  int epfd = int(reinterpret_cast<intptr_t>(arg));
+  epoll_event events[64];
+  for (;;) {
+    int n = epoll_pwait(epfd, events, 64, -1, nullptr);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      SLIP_LOG(kError, "control thread: epoll_wait failed (errno %d); exiting", errno);
+      return nullptr;
+    }
+    for (int i = 0; i < n; ++i) {
+      uint64_t key = events[i].data.u64;
+      SlipSocket* s = SocketAt(uint32_t(key >> 32));
+      if (!s || !TryAcquire(s, uint32_t(key))) continue;
+      if (s->kind == SockKind::kAccel && s->stream) HandleAnchor(s, epfd);
+      Release(s);
+    }
+  }
+}
+
+int StartLocked(ControlState& st) noexcept {
+  if (st.epfd >= 0) return st.epfd;
+  int epfd = epoll_create1(EPOLL_CLOEXEC);
+  if (epfd < 0) return -1;
+  epfd = sys::MoveHigh(epfd, sys::HiddenFdFloor());
+  // The thread must never take the application's signals.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_t thread;
+  int rc = pthread_create(&thread, &attr, ControlMain, reinterpret_cast<void*>(intptr_t(epfd)));
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (rc != 0) {
+    sys::close(epfd);
+    SLIP_LOG(kError, "cannot start the control thread (error %d)", rc);
+    return -1;
+  }
+  pthread_setname_np(thread, "slipstream-ctl");
+  st.epfd = epfd;
+  return epfd;
+}
+
+}  // namespace
+
+void ControlWatch(SlipSocket* s) noexcept {
+  ControlState& st = State();
+  std::lock_guard<std::mutex> lock(st.mu);
+  int epfd = StartLocked(st);
+  if (epfd < 0) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+  ev.data.u64 = Key(s);
+  if (sys::epoll_ctl(epfd, EPOLL_CTL_ADD, s->anchor_fd, &ev) != 0)
+    SLIP_LOG(kWarn, "control thread: cannot watch fd %d (errno %d)", s->anchor_fd, errno);
+}
+
+void ControlUnwatch(SlipSocket* s) noexcept {
+  ControlState& st = State();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.epfd >= 0 && s->anchor_fd >= 0) sys::epoll_ctl(st.epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
+}
+
+void ControlResetAfterFork() noexcept {
+  ControlState& st = State();
+  // Runs in the single-threaded child: the parent's lock state is meaningless here.
+  new (&st.mu) std::mutex();
+  if (st.epfd >= 0) sys::close(st.epfd);
+  st.epfd = -1;
+}
+
+}  // namespace slip::preload

@@ -1,0 +1,164 @@
+#include "preload/fd_table.h"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <deque>
+#include <vector>
+
+#include "core/sys.h"
+#include "preload/accel_list.h"
+#include "preload/control.h"
+
+namespace slip::preload {
+
+namespace {
+
+// The table is one anonymous mapping sized for the hard descriptor limit; untouched pages
+// cost nothing. Descriptors beyond it are simply never accelerated.
+struct Table {
+  std::atomic<SlipSocket*>* slots = nullptr;
+  size_t size = 0;
+};
+
+Table& GetTable() noexcept {
+  static Table table = [] {
+    Table t;
+    rlimit rl{};
+    size_t n = 1u << 16;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != RLIM_INFINITY) n = rl.rlim_max;
+    if (n > (1u << 20)) n = 1u << 20;
+    void* p = mmap(nullptr, n * sizeof(std::atomic<SlipSocket*>), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) {
+      t.slots = static_cast<std::atomic<SlipSocket*>*>(p);
+      t.size = n;
+    }
+    return t;
+  }();
+  return table;
+}
+
+std::atomic<bool> g_in_use{false};
+
+struct Pool {
+  std::mutex mu;
+  std::deque<SlipSocket> sockets;  // deque: addresses stay stable as it grows
+  std::vector<uint32_t> free_list;
+};
+
+Pool& GetPool() noexcept {
+  static Pool* pool = new Pool();  // never destroyed: sockets may be used during exit
+  return *pool;
+}
+
+void Teardown(SlipSocket* s) noexcept {
+  if (s->kind == SockKind::kAccel) {
+    AccelListRemove(s);
+    ControlUnwatch(s);
+  }
+  if (s->stream) s->stream->Close();
+  s->stream.reset();
+  if (s->anchor_fd >= 0) sys::close(s->anchor_fd);
+  s->anchor_fd = -1;
+  s->rendezvous.reset();
+  if (s->stats) StatsClose(s->stats);
+  s->stats = nullptr;
+}
+
+}  // namespace
+
+void SlipSocket::Reset() noexcept {
+  kind = SockKind::kTcp;
+  family = 0;
+  nonblocking.store(false, std::memory_order_relaxed);
+}
+
+SlipSocket* NewSocket(SockKind kind, int family) noexcept {
+  Pool& pool = GetPool();
+  SlipSocket* s = nullptr;
+  try {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (!pool.free_list.empty()) {
+      s = &pool.sockets[pool.free_list.back()];
+      pool.free_list.pop_back();
+    } else {
+      pool.sockets.emplace_back();
+      s = &pool.sockets.back();
+      s->index = uint32_t(pool.sockets.size() - 1);
+    }
+  } catch (...) {
+    return nullptr;
+  }
+  s->Reset();
+  s->kind = kind;
+  s->family = family;
+  s->generation.fetch_add(1, std::memory_order_relaxed);
+  s->refs.store(1, std::memory_order_release);
+  g_in_use.store(true, std::memory_order_relaxed);
+  return s;
+}
+
+SlipSocket* SocketAt(uint32_t index) noexcept {
+  Pool& pool = GetPool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  return index < pool.sockets.size() ? &pool.sockets[index] : nullptr;
+}
+
+bool TryAcquire(SlipSocket* s, uint32_t gen) noexcept {
+  int r = s->refs.load(std::memory_order_acquire);
+  while (r > 0) {
+    if (s->refs.compare_exchange_weak(r, r + 1, std::memory_order_acq_rel)) {
+      if (s->generation.load(std::memory_order_acquire) == gen) return true;
+      Release(s);
+      return false;
+    }
+  }
+  return false;
+}
+
+void Acquire(SlipSocket* s) noexcept { s->refs.fetch_add(1, std::memory_order_relaxed); }
+
+void Release(SlipSocket* s) noexcept {
+  if (s->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  Teardown(s);
+  Pool& pool = GetPool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  try {
+    pool.free_list.push_back(s->index);
+  } catch (...) {
+    // Losing one pooled slot is harmless.
+  }
+}
+
+SlipSocket* Lookup(int fd) noexcept {
+  Table& t = GetTable();
+  if (fd < 0 || size_t(fd) >= t.size) return nullptr;
+  for (;;) {
+    SlipSocket* s = t.slots[fd].load(std::memory_order_acquire);
+    if (!s) return nullptr;
+    uint32_t gen = s->generation.load(std::memory_order_acquire);
+    if (!TryAcquire(s, gen)) continue;
+    if (t.slots[fd].load(std::memory_order_acquire) == s) return s;
+    Release(s);
+  }
+}
+
+void Install(int fd, SlipSocket* s) noexcept {
+  Table& t = GetTable();
+  if (fd < 0 || size_t(fd) >= t.size) return;
+  Acquire(s);
+  SlipSocket* old = t.slots[fd].exchange(s, std::memory_order_acq_rel);
+  if (old) Release(old);
+}
+
+void Remove(int fd) noexcept {
+  Table& t = GetTable();
+  if (fd < 0 || size_t(fd) >= t.size) return;
+  SlipSocket* old = t.slots[fd].exchange(nullptr, std::memory_order_acq_rel);
+  if (old) Release(old);
+}
+
+bool TableInUse() noexcept { return g_in_use.load(std::memory_order_relaxed); }
+
+}  // namespace slip::preload

@@ -1,0 +1,85 @@
+// The fd table: which application descriptors are Slipstream's business.
+//
+// A flat array indexed by descriptor number, read without locks on every intercepted call.
+// Entries point to SlipSockets, which live in a type-stable pool (never returned to the
+// allocator), so a racing reader may safely try to take a reference on an entry that is
+// being closed: Acquire() fails once the count reached zero or the generation changed.
+//
+// Thread safety: Lookup/Acquire/Release from any thread; Install/Remove serialise per fd
+// through the atomic exchange, which is how the kernel's own fd table behaves for dup2.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "core/stats.h"
+#include "core/stream.h"
+#include "shm/shm.h"
+
+namespace slip::preload {
+
+enum class SockKind : uint8_t {
+  kTcp,        // an AF_INET/AF_INET6 stream socket, not connected yet
+  kListener,   // listening; may publish a rendezvous
+  kPlain,      // a connected TCP socket that stays plain (counted, passed through)
+  kAccel,      // accelerated: the application holds the proxy, the TCP socket is hidden
+};
+
+struct SlipSocket {
+  std::atomic<int> refs{0};
+  std::atomic<uint32_t> generation{0};
+  uint32_t index = 0;
+
+  SockKind kind = SockKind::kTcp;
+  int family = 0;
+  std::atomic<bool> nonblocking{false};
+  std::mutex mu;  // control-path transitions (listen, connect, accept)
+
+  ConnSlot* stats = nullptr;
+  std::unique_ptr<shm::Rendezvous> rendezvous;  // kListener
+  std::unique_ptr<Stream> stream;               // kAccel
+  int anchor_fd = -1;                           // kAccel: the hidden TCP socket
+
+  // Clears everything back to a fresh kTcp socket (called when the last reference goes).
+  void Reset() noexcept;
+};
+
+// Allocates a socket with one reference (the caller's).
+SlipSocket* NewSocket(SockKind kind, int family) noexcept;
+
+// Takes a reference if `s` is still live with generation `gen`.
+bool TryAcquire(SlipSocket* s, uint32_t gen) noexcept;
+void Acquire(SlipSocket* s) noexcept;
+// Drops a reference; the last one tears the socket down.
+void Release(SlipSocket* s) noexcept;
+SlipSocket* SocketAt(uint32_t index) noexcept;
+
+// Returns the socket for `fd` with a reference taken, or nullptr (not ours, or closing).
+SlipSocket* Lookup(int fd) noexcept;
+// Points `fd` at `s` (taking a reference for the table); drops what was there.
+void Install(int fd, SlipSocket* s) noexcept;
+// Forgets `fd`; drops the table's reference.
+void Remove(int fd) noexcept;
+// True if any descriptor may be tracked (cheap pre-check for plain programs).
+bool TableInUse() noexcept;
+
+// RAII reference holder for one intercepted call.
+class SocketRef {
+ public:
+  explicit SocketRef(int fd) noexcept : s_(Lookup(fd)) {}
+  ~SocketRef() {
+    if (s_) Release(s_);
+  }
+  SocketRef(const SocketRef&) = delete;
+  SocketRef& operator=(const SocketRef&) = delete;
+  SlipSocket* get() const noexcept { return s_; }
+  SlipSocket* operator->() const noexcept { return s_; }
+  explicit operator bool() const noexcept { return s_ != nullptr; }
+
+ private:
+  SlipSocket* s_;
+};
+
+}  // namespace slip::preload

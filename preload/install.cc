@@ -1,0 +1,83 @@
+#include "preload/install.h"
+
+#include <cerrno>
+#include <sys/time.h>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "preload/accel_list.h"
+#include "preload/control.h"
+#include "preload/fd_table.h"
+#include "preload/runtime.h"
+
+namespace slip::preload {
+
+namespace {
+
+// Timeouts set before connect/accept completed live on the TCP socket; the proxy must
+// carry them, since blocking calls sleep on it.
+void CopyTimeouts(int from, int to) noexcept {
+  for (int opt : {SO_RCVTIMEO, SO_SNDTIMEO}) {
+    timeval tv{};
+    socklen_t len = sizeof(tv);
+    if (sys::getsockopt(from, SOL_SOCKET, opt, &tv, &len) == 0 && (tv.tv_sec || tv.tv_usec))
+      sys::setsockopt(to, SOL_SOCKET, opt, &tv, sizeof(tv));
+  }
+}
+
+}  // namespace
+
+int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
+                       int proxy_b, int role) noexcept {
+  sockaddr_storage local{}, remote{};
+  socklen_t llen = sizeof(local), rlen = sizeof(remote);
+  sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
+  sys::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen);
+
+  int fd_flags = sys::fcntl(fd, F_GETFD);
+  int fl_flags = sys::fcntl(fd, F_GETFL);
+  int anchor = sys::fcntl(fd, F_DUPFD_CLOEXEC, sys::HiddenFdFloor());
+  if (anchor < 0) anchor = sys::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (anchor < 0 || fd_flags < 0 || fl_flags < 0) {
+    int err = errno;
+    if (anchor >= 0) sys::close(anchor);
+    SLIP_LOG(kWarn, "fd %d: cannot hide the TCP socket (errno %d); staying on TCP", fd, err);
+    return -err;
+  }
+  CopyTimeouts(fd, proxy_a);
+  if (fl_flags & O_NONBLOCK) sys::fcntl(proxy_a, F_SETFL, O_NONBLOCK);
+  // The atomic swap: from here on the application's number refers to the proxy.
+  if (sys::dup3(proxy_a, fd, (fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) {
+    int err = errno;
+    sys::close(anchor);
+    return -err;
+  }
+  sys::fcntl(anchor, F_SETFL, fl_flags | O_NONBLOCK);
+
+  StreamOptions options;
+  options.spin_us = GetRuntime().config.spin_us;
+  auto* stream = new (std::nothrow) Stream(std::move(channel), proxy_a, proxy_b, options);
+  // (A failed allocation here would leave the proxy at fd with nothing behind it; the
+  // anchor is put back so the application keeps a working TCP socket.)
+  if (!stream) {
+    sys::dup3(anchor, fd, (fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0);
+    sys::fcntl(fd, F_SETFL, fl_flags);
+    sys::close(anchor);
+    sys::close(proxy_a);
+    sys::close(proxy_b);
+    return -ENOMEM;
+  }
+  s->stream.reset(stream);
+  s->anchor_fd = anchor;
+  s->nonblocking.store(fl_flags & O_NONBLOCK, std::memory_order_relaxed);
+  s->stats = StatsOpen(s->stream->channel()->kind(), Reason::kNone, role,
+                       reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote));
+  s->kind = SockKind::kAccel;
+  AccelListAdd(s);
+  ControlWatch(s);
+  SLIP_LOG(kDebug, "fd %d accelerated (%s), anchor fd %d", fd,
+           TransportName(s->stream->channel()->kind()), anchor);
+  return 0;
+}
+
+}  // namespace slip::preload

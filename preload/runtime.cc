@@ -1,0 +1,76 @@
+// Start-up and exit of the shim: configuration, logging, stats, fork handling.
+#include "preload/runtime.h"
+
+#include <pthread.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "core/log.h"
+#include "core/stats.h"
+#include "core/sys.h"
+#include "preload/control.h"
+
+extern char** environ;
+
+namespace slip::preload {
+
+namespace {
+
+void AfterForkInChild() noexcept {
+  ControlResetAfterFork();
+  if (GetRuntime().enabled) StatsReinitAfterFork();
+}
+
+// Hidden descriptors go to the upper half of the soft limit, so the numbers the
+// application sees for its own descriptors are those it would get without Slipstream.
+int ChooseHiddenFloor() noexcept {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 512;
+  long floor = long(rl.rlim_cur) / 2;
+  return floor < 64 ? 0 : int(floor);
+}
+
+Runtime Initialise() noexcept {
+  Runtime rt;
+  std::string error;
+  if (!ParseConfigFromEnv(&rt.config, &error)) {
+    LogAlways("%s; Slipstream disabled for this process (plain TCP)", error.c_str());
+    return rt;
+  }
+  rt.enabled = rt.config.enabled;
+  if (!rt.enabled) return rt;
+  LogInit(rt.config.log_level, rt.config.log_file.c_str());
+  try {
+    for (const std::string& name : UnknownSlipVariables(environ))
+      SLIP_LOG(kWarn, "unknown variable %s ignored", name.c_str());
+  } catch (...) {
+  }
+  sys::SetHiddenFdFloor(ChooseHiddenFloor());
+  StatsInit();
+  pthread_atfork(nullptr, nullptr, AfterForkInChild);
+  SLIP_LOG(kInfo, "active: ring %u bytes, spin %u us", rt.config.ring_size, rt.config.spin_us);
+  return rt;
+}
+
+}  // namespace
+
+const Runtime& GetRuntime() noexcept {
+  static const Runtime runtime = Initialise();
+  return runtime;
+}
+
+namespace {
+
+__attribute__((constructor)) void SlipstreamStart() { GetRuntime(); }
+
+__attribute__((destructor)) void SlipstreamExit() {
+  const Runtime& rt = GetRuntime();
+  if (!rt.enabled) return;
+  if (!rt.config.stats_file.empty()) StatsWriteExitRecord(rt.config.stats_file.c_str());
+  StatsShutdown();
+}
+
+}  // namespace
+}  // namespace slip::preload

@@ -1,0 +1,196 @@
+// Interposed socket lifecycle calls: socket, listen, accept, connect, close, shutdown,
+// dup*, fcntl, ioctl, socket options and names. Each is a table lookup and a dispatch;
+// untracked descriptors go straight to libc.
+#include <fcntl.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+
+#include <cerrno>
+#include <cstdarg>
+
+#include "core/sys.h"
+#include "preload/export.h"
+#include "preload/fd_table.h"
+#include "preload/handshake.h"
+#include "preload/libc.h"
+#include "preload/runtime.h"
+
+using namespace slip;
+using namespace slip::preload;
+
+namespace {
+
+bool IsTcpSocket(int domain, int type, int protocol) noexcept {
+  return (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM &&
+         (protocol == 0 || protocol == IPPROTO_TCP);
+}
+
+// The descriptor that socket-level calls should reach: the hidden TCP socket for an
+// accelerated connection, the descriptor itself otherwise.
+int KernelSocket(const SocketRef& ref, int fd) noexcept {
+  return (ref && ref->kind == SockKind::kAccel) ? ref->anchor_fd : fd;
+}
+
+void TrackDup(int oldfd, int newfd) noexcept {
+  if (newfd < 0) return;
+  SocketRef ref(oldfd);
+  if (ref) Install(newfd, ref.get());
+}
+
+}  // namespace
+
+SLIP_EXPORT int socket(int domain, int type, int protocol) {
+  int fd = Libc().socket(domain, type, protocol);
+  if (fd < 0 || !IsTcpSocket(domain, type, protocol) || !Enabled()) return fd;
+  if (SlipSocket* s = NewSocket(SockKind::kTcp, domain)) {
+    s->nonblocking.store(type & SOCK_NONBLOCK, std::memory_order_relaxed);
+    Install(fd, s);
+    Release(s);
+  }
+  return fd;
+}
+
+SLIP_EXPORT int listen(int fd, int backlog) {
+  int rc = Libc().listen(fd, backlog);
+  if (rc != 0 || !TableInUse()) return rc;
+  SocketRef ref(fd);
+  if (ref && (ref->kind == SockKind::kTcp || ref->kind == SockKind::kListener)) SlipListen(ref.get(), fd);
+  return rc;
+}
+
+SLIP_EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
+  SocketRef ref(fd);
+  if (!ref || ref->kind != SockKind::kListener) return Libc().accept4(fd, addr, len, flags);
+  return SlipAccept(ref.get(), fd, addr, len, flags);
+}
+
+SLIP_EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) { return accept4(fd, addr, len, 0); }
+
+SLIP_EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
+  SocketRef ref(fd);
+  if (!ref || ref->kind != SockKind::kTcp) return Libc().connect(fd, addr, len);
+  return SlipConnect(ref.get(), fd, addr, len);
+}
+
+SLIP_EXPORT int close(int fd) {
+  if (TableInUse()) Remove(fd);
+  return Libc().close(fd);
+}
+
+SLIP_EXPORT int shutdown(int fd, int how) {
+  SocketRef ref(fd);
+  if (!ref || ref->kind != SockKind::kAccel) return Libc().shutdown(fd, how);
+  if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
+    errno = EINVAL;
+    return -1;
+  }
+  // The TCP anchor stays open: it is the lifetime signal for the peer, and a half-close
+  // must not look like the peer process going away.
+  if (how != SHUT_WR) ref->stream->ShutdownRead();
+  if (how != SHUT_RD) ref->stream->ShutdownWrite();
+  return 0;
+}
+
+SLIP_EXPORT int dup(int oldfd) {
+  int fd = Libc().dup(oldfd);
+  if (TableInUse()) TrackDup(oldfd, fd);
+  return fd;
+}
+
+SLIP_EXPORT int dup3(int oldfd, int newfd, int flags) {
+  if (TableInUse() && oldfd != newfd) Remove(newfd);
+  int fd = Libc().dup3(oldfd, newfd, flags);
+  if (TableInUse()) TrackDup(oldfd, fd);
+  return fd;
+}
+
+SLIP_EXPORT int dup2(int oldfd, int newfd) {
+  if (oldfd == newfd) return Libc().dup2(oldfd, newfd);
+  if (TableInUse()) Remove(newfd);
+  int fd = Libc().dup2(oldfd, newfd);
+  if (TableInUse()) TrackDup(oldfd, fd);
+  return fd;
+}
+
+namespace {
+
+int FcntlImpl(int fd, int cmd, void* arg) noexcept {
+  int rc = Libc().fcntl(fd, cmd, arg);
+  if (rc < 0 || !TableInUse()) return rc;
+  if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
+    TrackDup(fd, rc);
+  } else if (cmd == F_SETFL) {
+    SocketRef ref(fd);
+    if (ref) ref->nonblocking.store((long(arg) & O_NONBLOCK) != 0, std::memory_order_relaxed);
+  }
+  return rc;
+}
+
+}  // namespace
+
+SLIP_EXPORT int fcntl(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  return FcntlImpl(fd, cmd, arg);
+}
+
+SLIP_EXPORT int fcntl64(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  return FcntlImpl(fd, cmd, arg);
+}
+
+SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
+  va_list ap;
+  va_start(ap, request);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  SocketRef ref(fd);
+  if (!ref) return Libc().ioctl(fd, request, arg);
+  if (ref->kind == SockKind::kAccel) {
+    if (request == FIONREAD) {
+      *static_cast<int*>(arg) = int(ref->stream->ReadableBytes());
+      return 0;
+    }
+    if (request == SIOCOUTQ) {
+      *static_cast<int*>(arg) = int(ref->stream->UnconsumedBytes());
+      return 0;
+    }
+    if (request != FIONBIO && request != FIOCLEX && request != FIONCLEX)
+      return Libc().ioctl(ref->anchor_fd, request, arg);
+  }
+  int rc = Libc().ioctl(fd, request, arg);
+  if (rc == 0 && request == FIONBIO)
+    ref->nonblocking.store(*static_cast<int*>(arg) != 0, std::memory_order_relaxed);
+  return rc;
+}
+
+SLIP_EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
+  SocketRef ref(fd);
+  return Libc().getsockopt(KernelSocket(ref, fd), level, name, val, len);
+}
+
+SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
+  SocketRef ref(fd);
+  int rc = Libc().setsockopt(KernelSocket(ref, fd), level, name, val, len);
+  // Blocking calls of an accelerated socket sleep on the proxy: it carries the timeouts.
+  if (rc == 0 && ref && ref->kind == SockKind::kAccel && level == SOL_SOCKET &&
+      (name == SO_RCVTIMEO || name == SO_SNDTIMEO))
+    sys::setsockopt(fd, level, name, val, len);
+  return rc;
+}
+
+SLIP_EXPORT int getsockname(int fd, sockaddr* addr, socklen_t* len) {
+  SocketRef ref(fd);
+  return Libc().getsockname(KernelSocket(ref, fd), addr, len);
+}
+
+SLIP_EXPORT int getpeername(int fd, sockaddr* addr, socklen_t* len) {
+  SocketRef ref(fd);
+  return Libc().getpeername(KernelSocket(ref, fd), addr, len);
+}

@@ -1,0 +1,125 @@
+// Interposed waits: epoll_wait, epoll_pwait, epoll_pwait2, poll, ppoll, select, pselect.
+//
+// Readiness of accelerated sockets lives in the kernel (their proxies), so these calls
+// are never emulated: before a wait that may sleep, they (1) ask the kernel whether
+// anything is ready already, (2) spin briefly on the rings (a message that arrives within
+// SLIP_SPIN_US costs no sleep), and (3) make every proxy's readiness true and arm
+// wake-ups, then call the real function with the caller's own arguments.
+#include <sys/select.h>
+
+#include <cstring>
+
+#include "preload/accel_list.h"
+#include "preload/export.h"
+#include "preload/libc.h"
+#include "preload/runtime.h"
+
+using namespace slip;
+using namespace slip::preload;
+
+namespace {
+
+// `call(true)` waits with a zero timeout, `call(false)` with the caller's timeout.
+template <typename Call>
+int SleepAware(bool may_sleep, Call&& call) noexcept {
+  if (!AccelListNonEmpty()) return call(false);
+  if (may_sleep) {
+    int n = call(true);
+    if (n != 0) return n;
+    SpinForAnyReadable(GetRuntime().config.spin_us);
+  }
+  PrepareAllForSleep();
+  return call(false);
+}
+
+bool MaySleep(const timespec* ts) noexcept { return !ts || ts->tv_sec != 0 || ts->tv_nsec != 0; }
+bool MaySleep(const timeval* tv) noexcept { return !tv || tv->tv_sec != 0 || tv->tv_usec != 0; }
+
+const timespec kZeroTs{0, 0};
+
+// select() rewrites its sets, so a probe works on copies and only the real call touches
+// the caller's sets.
+struct FdSets {
+  fd_set r, w, e;
+  void From(const fd_set* rs, const fd_set* ws, const fd_set* es) noexcept {
+    if (rs) r = *rs;
+    if (ws) w = *ws;
+    if (es) e = *es;
+  }
+};
+
+}  // namespace
+
+SLIP_EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
+  return SleepAware(timeout != 0, [&](bool probe) {
+    return Libc().epoll_wait(epfd, events, max, probe ? 0 : timeout);
+  });
+}
+
+SLIP_EXPORT int epoll_pwait(int epfd, epoll_event* events, int max, int timeout, const sigset_t* mask) {
+  return SleepAware(timeout != 0, [&](bool probe) {
+    return Libc().epoll_pwait(epfd, events, max, probe ? 0 : timeout, mask);
+  });
+}
+
+SLIP_EXPORT int epoll_pwait2(int epfd, epoll_event* events, int max, const timespec* timeout,
+                             const sigset_t* mask) {
+  return SleepAware(MaySleep(timeout), [&](bool probe) {
+    return Libc().epoll_pwait2(epfd, events, max, probe ? &kZeroTs : timeout, mask);
+  });
+}
+
+SLIP_EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
+  return SleepAware(timeout != 0, [&](bool probe) { return Libc().poll(fds, n, probe ? 0 : timeout); });
+}
+
+SLIP_EXPORT int __poll_chk(pollfd* fds, nfds_t n, int timeout, size_t fdslen) {
+  if (fdslen / sizeof(*fds) < n) __builtin_trap();
+  return poll(fds, n, timeout);
+}
+
+SLIP_EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* timeout, const sigset_t* mask) {
+  return SleepAware(MaySleep(timeout), [&](bool probe) {
+    return Libc().ppoll(fds, n, probe ? &kZeroTs : timeout, mask);
+  });
+}
+
+SLIP_EXPORT int __ppoll_chk(pollfd* fds, nfds_t n, const timespec* timeout, const sigset_t* mask,
+                            size_t fdslen) {
+  if (fdslen / sizeof(*fds) < n) __builtin_trap();
+  return ppoll(fds, n, timeout, mask);
+}
+
+SLIP_EXPORT int select(int nfds, fd_set* rs, fd_set* ws, fd_set* es, timeval* timeout) {
+  return SleepAware(MaySleep(timeout), [&](bool probe) {
+    if (!probe) return Libc().select(nfds, rs, ws, es, timeout);
+    FdSets copy;
+    copy.From(rs, ws, es);
+    timeval zero{0, 0};
+    int n = Libc().select(nfds, rs ? &copy.r : nullptr, ws ? &copy.w : nullptr,
+                          es ? &copy.e : nullptr, &zero);
+    if (n > 0) {
+      if (rs) *rs = copy.r;
+      if (ws) *ws = copy.w;
+      if (es) *es = copy.e;
+    }
+    return n;
+  });
+}
+
+SLIP_EXPORT int pselect(int nfds, fd_set* rs, fd_set* ws, fd_set* es, const timespec* timeout,
+                        const sigset_t* mask) {
+  return SleepAware(MaySleep(timeout), [&](bool probe) {
+    if (!probe) return Libc().pselect(nfds, rs, ws, es, timeout, mask);
+    FdSets copy;
+    copy.From(rs, ws, es);
+    int n = Libc().pselect(nfds, rs ? &copy.r : nullptr, ws ? &copy.w : nullptr,
+                           es ? &copy.e : nullptr, &kZeroTs, mask);
+    if (n > 0) {
+      if (rs) *rs = copy.r;
+      if (ws) *ws = copy.w;
+      if (es) *es = copy.e;
+    }
+    return n;
+  });
+}

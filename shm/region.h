@@ -1,0 +1,57 @@
+// Layout of the shared region of one shm connection (internal to shm/).
+//
+//   page 0:  RegionHeader, then one DirectionControl per direction
+//   then:    the client-to-server ring, then the server-to-client ring (ring_size each)
+//
+// Invariants: `produced` is written only by the direction's sender and `consumed` only by
+// its receiver, each with release ordering after the bytes it covers; they sit on separate
+// cache lines. `eof` is set after the sender's last publish, `reader_closed` when the
+// receiver is gone.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/proxy.h"
+
+namespace slip::shm {
+
+constexpr uint32_t kRegionMagic = 0x4d485350;  // "PSHM"
+constexpr size_t kControlPage = 4096;
+
+struct RegionHeader {
+  uint32_t magic;
+  uint32_t ring_size;
+  uint64_t nonce;
+};
+
+struct DirectionControl {
+  alignas(64) std::atomic<uint64_t> produced;
+  std::atomic<uint32_t> eof;
+  alignas(64) std::atomic<uint64_t> consumed;
+  std::atomic<uint32_t> reader_closed;
+  alignas(64) WakeState wake;
+};
+
+struct alignas(64) RegionControl {
+  RegionHeader header;
+  DirectionControl to_server;
+  DirectionControl to_client;
+};
+static_assert(sizeof(RegionControl) <= kControlPage, "control block must fit its page");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "cursors must be lock-free across processes");
+
+inline size_t RegionSize(uint32_t ring_size) noexcept { return kControlPage + 2 * size_t(ring_size); }
+
+}  // namespace slip::shm
+
+#include <memory>
+
+#include "core/channel.h"
+
+namespace slip::shm {
+// Builds the channel over a mapped region; takes ownership of the mapping and `peer_b`.
+std::unique_ptr<Channel> MakeChannel(void* region, size_t region_size, bool is_client,
+                                     int peer_b) noexcept;
+}  // namespace slip::shm
