@@ -80,6 +80,10 @@ class Reader {
     if (e->family == 4) {
       for (int i = 4; i < 16; ++i)
         if (e->addr[i] != 0) return false;
+    } else {
+      // Senders encode v4-mapped addresses as family 4; anything else cannot match.
+      static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+      if (std::memcmp(e->addr, kMapped, 12) == 0) return false;
     }
     return true;
   }
