@@ -69,6 +69,7 @@ void Teardown(SlipSocket* s) noexcept {
 }  // namespace
 
 void SlipSocket::Reset() noexcept {
+  epoll_regs.clear();
   kind = SockKind::kTcp;
   family = 0;
   nonblocking.store(false, std::memory_order_relaxed);

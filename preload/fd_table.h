@@ -9,10 +9,13 @@
 // through the atomic exchange, which is how the kernel's own fd table behaves for dup2.
 #pragma once
 
+#include <sys/epoll.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "core/stats.h"
 #include "core/stream.h"
@@ -41,6 +44,15 @@ struct SlipSocket {
   std::unique_ptr<shm::Rendezvous> rendezvous;  // kListener
   std::unique_ptr<Stream> stream;               // kAccel
   int anchor_fd = -1;                           // kAccel: the hidden TCP socket
+
+  // epoll registrations made while the socket was still kTcp (under `mu`): when connect()
+  // swaps the descriptor to the proxy they must move with it, or epoll would keep watching
+  // the now hidden TCP socket.
+  struct EpollReg {
+    int epfd;
+    epoll_event event;
+  };
+  std::vector<EpollReg> epoll_regs;
 
   // Clears everything back to a fresh kTcp socket (called when the last reference goes).
   void Reset() noexcept;

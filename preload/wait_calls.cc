@@ -11,6 +11,7 @@
 
 #include "preload/accel_list.h"
 #include "preload/export.h"
+#include "preload/fd_table.h"
 #include "preload/libc.h"
 #include "preload/runtime.h"
 
@@ -49,6 +50,25 @@ struct FdSets {
 };
 
 }  // namespace
+
+SLIP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
+  int rc = Libc().epoll_ctl(epfd, op, fd, event);
+  if (rc != 0 || !TableInUse()) return rc;
+  SocketRef ref(fd);
+  if (!ref || ref->kind != SockKind::kTcp) return rc;
+  // Book-keeping only (the kernel did the work): registrations of a socket that may yet be
+  // swapped to a proxy by connect().
+  std::lock_guard<std::mutex> lock(ref->mu);
+  auto& regs = ref->epoll_regs;
+  std::erase_if(regs, [epfd](const SlipSocket::EpollReg& r) { return r.epfd == epfd; });
+  if (op != EPOLL_CTL_DEL && event) {
+    try {
+      regs.push_back({epfd, *event});
+    } catch (...) {
+    }
+  }
+  return rc;
+}
 
 SLIP_EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
   return SleepAware(timeout != 0, [&](bool probe) {

@@ -1,0 +1,93 @@
+"""Helpers shared by the test programs in this directory (imported from their own folder)."""
+
+import argparse
+import json
+import math
+import selectors
+import socket
+import sys
+
+LOOPBACK = "127.0.0.1"
+MiB = 1 << 20
+
+SELECTORS = {"poll": selectors.PollSelector, "select": selectors.SelectSelector}
+
+
+def random_size(rng, max_size):
+    """A size in 1..max_size, log-uniform: as many tiny writes as huge ones."""
+    return min(max_size, int(2 ** rng.uniform(0, math.log2(max_size) + 1)))
+
+
+def random_chunks(rng, total, max_size):
+    """Yields random bytes in chunks of random_size(), `total` bytes in all."""
+    left = total
+    while left:
+        size = min(left, random_size(rng, max_size))
+        left -= size
+        yield rng.randbytes(size)
+
+
+def listen(port):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK, port))
+    sock.listen(16)
+    return sock
+
+
+def accept_one(port):
+    """Accepts one connection on `port` and closes the listener."""
+    with listen(port) as listener:
+        conn, _ = listener.accept()
+    return conn
+
+
+def connect(port):
+    return socket.create_connection((LOOPBACK, port))
+
+
+def open_connection(role, port):
+    """The server accepts one connection on `port`; the client connects to it."""
+    return accept_one(port) if role == "server" else connect(port)
+
+
+def argument_parser(doc, role=False, impl=False):
+    """The options the programs here share: --port, and where asked the positional role
+    (server or client) and --impl (asyncio, poll or select)."""
+    parser = argparse.ArgumentParser(description=doc)
+    if role:
+        parser.add_argument("role", choices=["server", "client"])
+    parser.add_argument("--port", type=int, required=True)
+    if impl:
+        parser.add_argument("--impl", choices=["asyncio", *SELECTORS], required=True)
+    return parser
+
+
+def report(**fields):
+    """The report line the harness reads: one JSON object on the last line of stdout."""
+    print(json.dumps(fields), flush=True)
+
+
+def mark(marker):
+    """A progress line the harness waits for (e.g. before it kills the peer)."""
+    print(marker, flush=True)
+
+
+class Progress:
+    """Counts bytes; prints `marker` once when the count first reaches `threshold`."""
+
+    def __init__(self, marker, threshold):
+        self.marker = marker
+        self.threshold = threshold
+        self.count = 0
+
+    def add(self, n):
+        before = self.count
+        self.count += n
+        if before < self.threshold <= self.count:
+            mark(self.marker)
+
+
+def fail(message):
+    print(f"{sys.argv[0]}: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
