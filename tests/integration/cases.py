@@ -14,7 +14,7 @@ import signal
 import time
 from pathlib import Path
 
-from harness import LOOPBACK, PAIRINGS, TestFailure, py
+from harness import LOOPBACK, PAIRINGS, TestFailure, pick_port, py
 
 MiB = 1 << 20
 BULK_BYTES = 32 * MiB  # each way
@@ -247,3 +247,37 @@ def badenv(t, variant):
 def test_names():
     return [f"{name}.{variant}" for name, (_, variants) in CASES.items() for variant in variants]
 
+
+
+@case("forged", variants=("slip_client", "plain_client"))
+def forged(t, variant):
+    """A forged registration (wrong nonce) for the exact 4-tuple of the next connection is
+    sent to the Slipstream server's rendezvous first. A Slipstream client's own registration
+    and CONFIRM still win (shm, both streams intact); a plain client's bytes reach the
+    server untouched (tcp), whatever the forger registered."""
+    client_slip = variant == "slip_client"
+    source_port = pick_source_port(t)
+    server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--seed", 100,
+                                  "--total", BULK_BYTES), slip=True)
+    forger = t.start("forger", py("forge_register.py", "--port", t.port,
+                                  "--source-port", source_port))
+    forger.expect_exit(0)
+    t.check(forger.json_output().get("registered") or t.settings.plain,
+            "forger: found no rendezvous to register with")
+    client = t.start("client", py("bulk.py", "client", "--port", t.port, "--seed", 200,
+                                  "--total", BULK_BYTES, "--source-port", source_port),
+                     slip=client_slip)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    server_report, client_report = server.json_output(), client.json_output()
+    t.expect_same_stream("client -> server", client_report, server_report)
+    t.expect_same_stream("server -> client", server_report, client_report)
+    t.expect_pairing(server, client)
+
+
+def pick_source_port(t):
+    """A free port for the client to bind, different from the test port."""
+    while True:
+        port = pick_port()
+        if port != t.port:
+            return port

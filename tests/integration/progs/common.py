@@ -42,13 +42,15 @@ def accept_one(port):
     return conn
 
 
-def connect(port):
-    return socket.create_connection((LOOPBACK, port))
+def connect(port, source_port=0):
+    source = (LOOPBACK, source_port) if source_port else None
+    return socket.create_connection((LOOPBACK, port), source_address=source)
 
 
-def open_connection(role, port):
-    """The server accepts one connection on `port`; the client connects to it."""
-    return accept_one(port) if role == "server" else connect(port)
+def open_connection(role, port, source_port=0):
+    """The server accepts one connection on `port`; the client connects to it (from
+    `source_port` when given)."""
+    return accept_one(port) if role == "server" else connect(port, source_port)
 
 
 def argument_parser(doc, role=False, impl=False):
@@ -58,6 +60,7 @@ def argument_parser(doc, role=False, impl=False):
     if role:
         parser.add_argument("role", choices=["server", "client"])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--source-port", type=int, default=0)
     if impl:
         parser.add_argument("--impl", choices=["asyncio", *SELECTORS], required=True)
     return parser
