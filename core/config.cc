@@ -408,4 +408,9 @@ bool PolicyAllows(const Config& config, const sockaddr* local, const sockaddr* r
   return config.include_cidrs.empty() || CidrIn(config.include_cidrs, r);
 }
 
+bool ListenerPortAllowed(const Config& config, uint16_t port) noexcept {
+  if (PortIn(config.exclude_ports, port)) return false;
+  return config.include_ports.empty() || PortIn(config.include_ports, port);
+}
+
 }  // namespace slip

@@ -77,4 +77,8 @@ bool DecodeSockaddr(const sockaddr* sa, IpEndpoint* out) noexcept;
 // `remote` and `local` are AF_INET or AF_INET6 socket addresses.
 bool PolicyAllows(const Config& config, const sockaddr* local, const sockaddr* remote) noexcept;
 
+// Policy for a listener, before any peer is known: the port rules on its local port.
+// (CIDR rules are applied by the connecting side, which knows the remote address.)
+bool ListenerPortAllowed(const Config& config, uint16_t port) noexcept;
+
 }  // namespace slip

@@ -9,12 +9,15 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/sys.h"
+
 namespace slip {
 namespace {
 
 // Constant-initialised: no static constructor runs in the host program.
 std::atomic<int> g_level{static_cast<int>(LogLevel::kWarn)};
-std::atomic<int> g_fd{STDERR_FILENO};
+std::atomic<int> g_fd{STDERR_FILENO};  // where lines go now
+int g_file_fd = -1;                    // our own log file descriptor, kept across re-inits
 
 constexpr size_t kLineMax = 1024;
 
@@ -41,7 +44,7 @@ void Emit(int fd, const char* label, const char* fmt, va_list args) {
   while (len > 0 && line[len - 1] == '\n') --len;  // the caller's own newline
   line[len++] = '\n';
   for (size_t off = 0; off < len;) {
-    ssize_t w = write(fd, line + off, len - off);
+    ssize_t w = sys::write(fd, line + off, len - off);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) break;
     off += static_cast<size_t>(w);
@@ -49,15 +52,23 @@ void Emit(int fd, const char* label, const char* fmt, va_list args) {
   errno = saved_errno;
 }
 
-// Opens the log file on a descriptor >= 3, so that a host which closed stdio does not
-// later write its own output into our log (or we into its stdout).
+// Opens the log file among the hidden descriptors, and never on 0-2: a host that closed
+// stdio must not later write its own output into our log (or we into its stdout).
 int OpenLogFile(const char* path) {
   int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd >= 0 && fd <= STDERR_FILENO) {
-    int high = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
-    close(fd);
-    fd = high;
+  return fd < 0 ? fd : sys::MoveHigh(fd, std::max(STDERR_FILENO + 1, sys::HiddenFdFloor()));
+}
+
+// Points our one file descriptor at `path`. A re-init keeps the number other threads may
+// be writing to and retargets it with dup3 (atomic): closing it instead could let a late
+// writer hit a descriptor the application has just reused.
+int AttachFile(const char* path) {
+  int fd = OpenLogFile(path);
+  if (fd >= 0 && g_file_fd >= 0 && sys::dup3(fd, g_file_fd, O_CLOEXEC) >= 0) {
+    sys::close(fd);
+    return g_file_fd;
   }
+  if (fd >= 0) g_file_fd = fd;
   return fd;
 }
 
@@ -68,22 +79,14 @@ void LogInit(LogLevel level, const char* path) noexcept {
   g_level.store(static_cast<int>(level), std::memory_order_relaxed);
   int fd = STDERR_FILENO;
   if (path != nullptr && path[0] != '\0') {
-    fd = OpenLogFile(path);
+    fd = AttachFile(path);
     if (fd < 0) {
       LogAlways("warn: cannot open SLIP_LOG_FILE \"%s\": %s; logging to stderr", path,
                 strerror(errno));
       fd = STDERR_FILENO;
     }
   }
-  // A re-init keeps the descriptor number other threads may be writing to, and points it
-  // at the new target with dup3 (atomic); closing it instead could let a writer hit a
-  // descriptor the application has just reused.
-  int old = g_fd.load(std::memory_order_relaxed);
-  if (old != STDERR_FILENO && dup3(fd, old, O_CLOEXEC) >= 0) {
-    if (fd != STDERR_FILENO) close(fd);
-  } else {
-    g_fd.store(fd, std::memory_order_relaxed);
-  }
+  g_fd.store(fd, std::memory_order_relaxed);
   errno = saved_errno;
 }
 

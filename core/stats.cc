@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "core/sys.h"
 
 namespace slip {
 namespace {
@@ -30,10 +31,11 @@ constexpr size_t kFileSize = sizeof(StatsHeader) + kStatsSlots * sizeof(ConnSlot
 // mapping's lifecycle; data-path counter updates never take it.
 pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 std::atomic<StatsHeader*> g_header{nullptr};
-pid_t g_owner = 0;          // pid whose file is mapped
-char g_path[64];            // that file
-size_t g_populated = 0;     // bytes of the mapping known to be backed by tmpfs pages
-uint32_t g_reuse_next = 0;  // where the next search for a closed slot starts
+std::atomic<pid_t> g_owner{0};     // pid whose file is mapped
+std::atomic<bool> g_armed{false};  // StatsInit called: create the file on first StatsOpen
+char g_path[64];                   // that file
+size_t g_populated = 0;            // bytes of the mapping known to be backed by tmpfs pages
+uint32_t g_reuse_next = 0;         // where the next search for a closed slot starts
 
 class Lock {
  public:
@@ -109,6 +111,7 @@ void InitLocked() {
   pid_t pid = getpid();
   int fd = CreateFile(pid);
   if (fd < 0) {
+    g_armed.store(false, std::memory_order_relaxed);  // do not retry on every connection
     SLIP_LOG(kWarn, "stats disabled: cannot create %s: %s", g_path, strerror(errno));
     return;
   }
@@ -119,10 +122,11 @@ void InitLocked() {
   auto* h = static_cast<StatsHeader*>(p);
   bool ok = p != MAP_FAILED && Populate(h, sizeof(StatsHeader));
   int err = errno;
-  close(fd);
+  sys::close(fd);
   if (!ok) {
     if (p != MAP_FAILED) munmap(p, kFileSize);  // never published: nobody holds pointers
     unlink(g_path);
+    g_armed.store(false, std::memory_order_relaxed);
     SLIP_LOG(kWarn, "stats disabled: cannot map %s: %s", g_path, strerror(err));
     return;
   }
@@ -131,8 +135,26 @@ void InitLocked() {
   h->slot_count = kStatsSlots;
   ReadExe(h->exe, sizeof(h->exe));
   std::atomic_ref<uint32_t>(h->magic).store(kStatsMagic, std::memory_order_release);
-  g_owner = pid;
+  g_owner.store(pid, std::memory_order_relaxed);
   g_header.store(h, std::memory_order_release);
+}
+
+// This process's table, created on first use: most processes under the shim (shells,
+// fork-then-exec children) never open a connection, and a file they created would outlive
+// them whenever they leave by _exit() or exec() without running StatsShutdown.
+StatsHeader* TableLocked() {
+  StatsHeader* h = g_header.load(std::memory_order_relaxed);
+  if (h != nullptr && g_owner.load(std::memory_order_relaxed) == getpid()) return h;
+  if (!g_armed.load(std::memory_order_relaxed)) return nullptr;
+  InitLocked();  // retires a table inherited across fork first
+  return g_header.load(std::memory_order_relaxed);
+}
+
+// The table to report from, without locking; none when it belongs to the parent of a
+// forked child that never re-initialised.
+StatsHeader* OwnTable() {
+  StatsHeader* h = g_header.load(std::memory_order_acquire);
+  return h != nullptr && g_owner.load(std::memory_order_relaxed) == getpid() ? h : nullptr;
 }
 
 // Never-used slots first (cheap, keeps history), then closed slots in round-robin order;
@@ -295,13 +317,13 @@ bool AppendToFile(const char* path, const std::string& data) {
   if (fd < 0) return false;
   size_t off = 0;
   while (off < data.size()) {
-    ssize_t w = write(fd, data.data() + off, data.size() - off);
+    ssize_t w = sys::write(fd, data.data() + off, data.size() - off);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) break;
     off += static_cast<size_t>(w);
   }
   int err = errno;
-  close(fd);
+  sys::close(fd);
   errno = err;
   return off == data.size();
 }
@@ -328,9 +350,7 @@ const char* ReasonName(Reason r) noexcept {
 }
 
 void StatsInit() noexcept {
-  KeepErrno keep;
-  Lock lock;
-  if (g_header.load(std::memory_order_relaxed) == nullptr || g_owner != getpid()) InitLocked();
+  g_armed.store(true, std::memory_order_relaxed);
 }
 
 void StatsReinitAfterFork() noexcept {
@@ -339,18 +359,18 @@ void StatsReinitAfterFork() noexcept {
   // would stay locked forever, so start from a fresh one.
   pthread_mutex_init(&g_mu, nullptr);
   Lock lock;
-  InitLocked();
+  RetireLocked();  // the child's own file comes with its first connection
 }
 
 ConnSlot* StatsOpen(TransportKind transport, Reason reason, int role, const sockaddr* local,
                     const sockaddr* remote) noexcept {
   KeepErrno keep;
-  if (g_header.load(std::memory_order_relaxed) == nullptr) return nullptr;
+  if (!g_armed.load(std::memory_order_relaxed)) return nullptr;
   char local_text[sizeof(ConnSlot::local)], remote_text[sizeof(ConnSlot::remote)];
   FormatSockaddr(local, local_text, sizeof(local_text));
   FormatSockaddr(remote, remote_text, sizeof(remote_text));
   Lock lock;
-  StatsHeader* h = g_header.load(std::memory_order_relaxed);
+  StatsHeader* h = TableLocked();
   if (h == nullptr) return nullptr;
   ConnSlot* slot = ClaimLocked(h);
   if (slot == nullptr) {
@@ -378,7 +398,7 @@ void StatsSetTransport(ConnSlot* slot, TransportKind transport, Reason reason) n
   if (LoadByte(slot->reason) == static_cast<uint8_t>(reason)) return;
   StoreByte(slot->reason, static_cast<uint8_t>(reason));
   // Slots inherited across fork belong to the parent's table: not ours to count.
-  StatsHeader* h = g_header.load(std::memory_order_acquire);
+  StatsHeader* h = OwnTable();
   if (OwnsSlot(h, slot)) CountReason(h, reason);
 }
 
@@ -390,11 +410,13 @@ void StatsClose(ConnSlot* slot) noexcept {
 
 void StatsWriteExitRecord(const char* path) noexcept {
   if (path == nullptr || path[0] == '\0') return;
+  // A process that never had a TCP connection (a shell, a helper) writes nothing.
+  if (OwnTable() == nullptr) return;
   KeepErrno keep;
   // No lock: this may run at exit while another thread is stopped inside StatsOpen; the
   // slot states tell us what is complete.
   try {
-    if (!AppendToFile(path, BuildExitRecord(g_header.load(std::memory_order_acquire)))) {
+    if (!AppendToFile(path, BuildExitRecord(OwnTable()))) {
       SLIP_LOG(kWarn, "cannot append stats to %s: %s", path, strerror(errno));
     }
   } catch (const std::bad_alloc&) {
@@ -405,8 +427,9 @@ void StatsWriteExitRecord(const char* path) noexcept {
 void StatsShutdown() noexcept {
   KeepErrno keep;
   Lock lock;
+  g_armed.store(false, std::memory_order_relaxed);
   // A forked child that never re-initialised must not remove its parent's file.
-  if (g_header.load(std::memory_order_relaxed) != nullptr && g_owner == getpid()) unlink(g_path);
+  if (OwnTable() != nullptr) unlink(g_path);
   RetireLocked();
 }
 

@@ -70,11 +70,13 @@ struct alignas(64) StatsHeader {
   std::atomic<uint64_t> reason_counts[static_cast<int>(Reason::kCount)];
 };
 
-// Opens the process's stats file. Safe to call more than once (after fork: the child
-// calls StatsReinitAfterFork to get its own file). Failure leaves stats disabled.
-// Neither re-init nor StatsShutdown munmaps a table: they replace it with private zero
-// pages, so ConnSlot pointers still held (other threads, inherited across fork) stay safe
-// to update and simply count nowhere.
+// Enables stats for the process; the file is created by the first StatsOpen, so processes
+// that never open a connection (shells, fork-then-exec children) leave no file behind.
+// Safe to call more than once. After fork the child calls StatsReinitAfterFork: it drops
+// the parent's table and gets its own file with its own first connection. A failure to
+// create the file disables stats. Neither re-init nor StatsShutdown munmaps a table: they
+// replace it with private zero pages, so ConnSlot pointers still held (other threads,
+// inherited across fork) stay safe to update and simply count nowhere.
 void StatsInit() noexcept;
 void StatsReinitAfterFork() noexcept;
 

@@ -164,7 +164,9 @@ void SlipListen(SlipSocket* s, int fd) noexcept {
   sockaddr_storage local{};
   socklen_t llen = sizeof(local);
   if (sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) return;
-  if (!PolicyAllows(rt.config, reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&local)))
+  wire::Endpoint ep;
+  if (!wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &ep) ||
+      !ListenerPortAllowed(rt.config, ep.port))
     return;
   int reuseport = 0, v6only = 0;
   socklen_t olen = sizeof(int);

@@ -41,16 +41,16 @@ Runtime Initialise() noexcept {
   }
   rt.enabled = rt.config.enabled;
   if (!rt.enabled) return rt;
+  sys::SetHiddenFdFloor(ChooseHiddenFloor());  // first: the log file goes above it
   LogInit(rt.config.log_level, rt.config.log_file.c_str());
   try {
     for (const std::string& name : UnknownSlipVariables(environ))
       SLIP_LOG(kWarn, "unknown variable %s ignored", name.c_str());
   } catch (...) {
   }
-  sys::SetHiddenFdFloor(ChooseHiddenFloor());
   StatsInit();
   pthread_atfork(nullptr, nullptr, AfterForkInChild);
-  SLIP_LOG(kInfo, "active: ring %u bytes, spin %u us", rt.config.ring_size, rt.config.spin_us);
+  SLIP_LOG(kDebug, "active: ring %u bytes, spin %u us", rt.config.ring_size, rt.config.spin_us);
   return rt;
 }
 
