@@ -8,6 +8,7 @@ programs moved, then the transport each Slipstream process reports.
 
 import functools
 import hashlib
+import json
 import random
 import re
 import signal
@@ -281,3 +282,36 @@ def pick_source_port(t):
         port = pick_port()
         if port != t.port:
             return port
+
+
+IDLE_CONNECTIONS = 1000
+IDLE_BYTES_PER_CONNECTION = 64 * 1024  # both processes together; a ring is 1 MiB
+
+
+@case("idle", variants=("both",))
+def idle(t, _):
+    """1,000 idle accelerated connections between two processes stay within the documented
+    bound (two rings each) and in fact touch only a few pages each; closing them releases
+    every region and descriptor."""
+    args = ("--port", t.port, "--count", IDLE_CONNECTIONS)
+    server = t.serve("server", py("many.py", "server", *args), slip=True)
+    client = t.start("client", py("many.py", "client", *args), slip=True)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    reports = [json.loads(line) for line in server.stdout().strip().splitlines()]
+    server_idle, server_closed = reports[-2], reports[-1]
+    client_idle = client.json_output()
+    touched = server_idle["region_bytes"] + client_idle["region_bytes"]
+    if not t.settings.plain:
+        ring = 1 << 20
+        t.check(touched <= IDLE_CONNECTIONS * 2 * ring,
+                f"{touched} bytes for {IDLE_CONNECTIONS} connections exceed two rings each")
+        t.check(touched <= IDLE_CONNECTIONS * IDLE_BYTES_PER_CONNECTION,
+                f"idle connections touched {touched // IDLE_CONNECTIONS} bytes each")
+    t.check(server_closed["region_bytes"] == 0,
+            f"server still maps {server_closed['region_bytes']} bytes of regions after close")
+    t.check(server_closed["fds"] < 32,
+            f"server holds {server_closed['fds']} descriptors after every connection closed")
+    print(f"idle: {touched // IDLE_CONNECTIONS} bytes per connection (both processes), "
+          f"server fds idle {server_idle['fds']}, after close {server_closed['fds']}")
+    t.expect_pairing(server, client, count=IDLE_CONNECTIONS)
