@@ -14,7 +14,7 @@ source "$ROOT/tests/bench/lib.sh"
 BUILD=${1:-build}
 DURATION=${SLIP_DEMO_DURATION:-2}
 PLAIN_ONLY=${SLIP_BENCH_PLAIN_ONLY:-0}
-export SLIP_PAIR_TIMEOUT=60
+PAIR_TIMEOUT=60
 slip_setup "$BUILD" "$PLAIN_ONLY" || exit 2
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/slip-demo.XXXXXX") || exit 2

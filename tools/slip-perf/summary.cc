@@ -1,0 +1,42 @@
+#include "tools/slip-perf/summary.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace slipperf {
+
+uint64_t Histogram::MiddleOf(size_t index) {
+  constexpr size_t kExact = size_t{2} << kSubBits;  // indexes below are the values themselves
+  if (index < kExact) return index;
+  const int shift = static_cast<int>(index >> kSubBits) - 1;
+  const uint64_t mantissa = index - (static_cast<size_t>(shift) << kSubBits);
+  return (mantissa << shift) + ((uint64_t{1} << shift) - 1) / 2;
+}
+
+double Histogram::Mean() const {
+  return count_ == 0 ? 0 : static_cast<double>(sum_) / static_cast<double>(count_);
+}
+
+uint64_t Histogram::Percentile(double p) const {
+  if (count_ == 0) return 0;
+  const auto rank = std::clamp<uint64_t>(
+      static_cast<uint64_t>(std::ceil(p / 100.0 * static_cast<double>(count_))), 1, count_);
+  uint64_t seen = 0;
+  for (size_t i = 0; i < kBuckets; ++i) {
+    seen += counts_[i];
+    if (seen >= rank) return std::clamp(MiddleOf(i), min_, max_);
+  }
+  return max_;
+}
+
+LatencySummary SummarizeRoundTrips(const Histogram& rtt_ns) {
+  constexpr double kOneWayUsPerRttNs = 0.5 / 1000.0;
+  LatencySummary s;
+  s.mean_us = rtt_ns.Mean() * kOneWayUsPerRttNs;
+  s.p50_us = static_cast<double>(rtt_ns.Percentile(50)) * kOneWayUsPerRttNs;
+  s.p99_us = static_cast<double>(rtt_ns.Percentile(99)) * kOneWayUsPerRttNs;
+  s.p999_us = static_cast<double>(rtt_ns.Percentile(99.9)) * kOneWayUsPerRttNs;
+  return s;
+}
+
+}  // namespace slipperf
