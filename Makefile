@@ -6,9 +6,10 @@
 #   make demo     install, build, and show the side-by-side comparison
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build test test-unit test-asan bench demo clean format
+.PHONY: all deps build test test-asan test-tsan bench demo clean format
 
 all: build
 
@@ -25,7 +26,13 @@ test-asan:
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target slip_unit_tests
 	@ASAN_OPTIONS=detect_leaks=1 $(ASAN_BUILD)/bin/slip_unit_tests --gtest_brief=1
 
-test: deps build test-asan
+# And under ThreadSanitizer: the rings, proxies and fd table are shared between threads.
+test-tsan:
+	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIP_TSAN=ON >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target slip_unit_tests
+	@TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/bin/slip_unit_tests --gtest_brief=1
+
+test: deps build test-asan test-tsan
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300
 
 bench: deps build
@@ -38,4 +45,4 @@ format:
 	@clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -97,12 +97,23 @@ bool Stream::HasTxSpace() const noexcept {
   return produced_.load(std::memory_order_relaxed) - channel_->TxConsumed() < channel_->ring_size();
 }
 
-bool Stream::SpinUntil(bool (Stream::*ready)() const) noexcept {
+bool Stream::RxFinished() const noexcept {
+  return channel_->RxEof() || peer_gone_.load(std::memory_order_acquire) ||
+         shut_rd_.load(std::memory_order_relaxed);
+}
+
+bool Stream::TxFinished() const noexcept {
+  return channel_->TxPeerClosed() || peer_gone_.load(std::memory_order_acquire) ||
+         shut_wr_.load(std::memory_order_seq_cst);
+}
+
+template <typename Pred>
+bool Stream::SpinUntil(Pred ready) const noexcept {
   if (options_.spin_us == 0) return false;
   const uint64_t deadline = NowNs() + uint64_t(options_.spin_us) * 1000;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
-      if ((this->*ready)()) return true;
+      if (ready()) return true;
       CpuRelax();
     }
     if (NowNs() >= deadline) return false;
@@ -124,14 +135,23 @@ ssize_t Stream::Send(const iovec* iov, int iovcnt, int flags, bool nonblocking) 
   size_t total = IovTotal(iov, iovcnt);
   if (total == SIZE_MAX) return -EINVAL;
   nonblocking = nonblocking || (flags & MSG_DONTWAIT);
-  std::lock_guard<std::mutex> lock(tx_mu_);
-  return SendLocked(iov, iovcnt, total, flags, nonblocking);
+  size_t sent = 0;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(tx_mu_);
+      ssize_t rc = SendOnce(iov, iovcnt, total, flags, nonblocking, &sent);
+      if (rc != kMustWait) return rc;
+    }
+    // Sleep without the lock: other threads' MSG_DONTWAIT sends must not wait behind us.
+    if (SpinUntil([this] { return HasTxSpace() || TxFinished(); })) continue;
+    if (int rc = WaitWritable(); rc < 0) return sent ? ssize_t(sent) : rc;
+  }
 }
 
-ssize_t Stream::SendLocked(const iovec* iov, int iovcnt, size_t total, int flags,
-                           bool nonblocking) noexcept {
+ssize_t Stream::SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, bool nonblocking,
+                         size_t* done) noexcept {
   const uint32_t size = channel_->ring_size();
-  size_t sent = 0;
+  size_t& sent = *done;
   for (;;) {
     if (int err = SendError(sent ? flags | MSG_NOSIGNAL : flags)) return sent ? ssize_t(sent) : err;
     if (sent == total) return ssize_t(sent);
@@ -140,13 +160,13 @@ ssize_t Stream::SendLocked(const iovec* iov, int iovcnt, size_t total, int flags
     if (space > 0) {
       size_t n = std::min<uint64_t>(space, total - sent);
       IovCursor cursor(iov, iovcnt, sent);
-      size_t done = 0;
-      while (done < n) {
-        uint32_t offset = uint32_t((produced + done) & mask_);
+      size_t copied = 0;
+      while (copied < n) {
+        uint32_t offset = uint32_t((produced + copied) & mask_);
         size_t piece;
-        const uint8_t* src = cursor.Next(std::min<size_t>(n - done, size - offset), &piece);
+        const uint8_t* src = cursor.Next(std::min<size_t>(n - copied, size - offset), &piece);
         channel_->TxCopy(offset, src, piece);
-        done += piece;
+        copied += piece;
       }
       produced += n;
       produced_.store(produced, std::memory_order_relaxed);
@@ -154,22 +174,19 @@ ssize_t Stream::SendLocked(const iovec* iov, int iovcnt, size_t total, int flags
       sent += n;
       continue;
     }
-    if (nonblocking) {
-      if (sent > 0) return ssize_t(sent);
-      // Make the proxy unwritable before reporting EAGAIN, so that the application's
-      // wait for EPOLLOUT sleeps until the peer frees space (and drains the fill).
-      proxy::Fill(proxy_a_);
-      channel_->TxWake()->writer_waiting.store(1, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (HasTxSpace()) {
-        channel_->TxWake()->writer_waiting.store(0, std::memory_order_relaxed);
-        proxy::Unfill(proxy_b_);
-        continue;
-      }
-      return -EAGAIN;
+    if (!nonblocking) return kMustWait;
+    if (sent > 0) return ssize_t(sent);
+    // Make the proxy unwritable before reporting EAGAIN, so that the application's
+    // wait for EPOLLOUT sleeps until the peer frees space (and drains the fill).
+    proxy::Fill(proxy_a_);
+    channel_->TxWake()->writer_waiting.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (HasTxSpace()) {
+      channel_->TxWake()->writer_waiting.store(0, std::memory_order_relaxed);
+      proxy::Unfill(proxy_b_);
+      continue;
     }
-    if (SpinUntil(&Stream::HasTxSpace)) continue;
-    if (int rc = WaitWritable(); rc < 0) return sent ? ssize_t(sent) : rc;
+    return -EAGAIN;
   }
 }
 
@@ -177,8 +194,7 @@ int Stream::WaitWritable() noexcept {
   proxy::Fill(proxy_a_);
   channel_->TxWake()->writer_waiting.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (HasTxSpace() || channel_->TxPeerClosed() || peer_gone_.load(std::memory_order_acquire) ||
-      shut_wr_.load(std::memory_order_seq_cst)) {
+  if (HasTxSpace() || TxFinished()) {
     proxy::Unfill(proxy_b_);
     return 0;
   }
@@ -191,10 +207,11 @@ int Stream::WaitWritable() noexcept {
 
 // ---------------------------------------------------------------------------- receive
 
-size_t Stream::CopyOut(const iovec* iov, int iovcnt, size_t len, uint64_t from) noexcept {
+size_t Stream::CopyOut(const iovec* iov, int iovcnt, size_t skip, size_t len,
+                       uint64_t from) noexcept {
   const uint8_t* ring = channel_->RxData();
   const uint32_t size = channel_->ring_size();
-  IovCursor cursor(iov, iovcnt, 0);
+  IovCursor cursor(iov, iovcnt, skip);
   size_t done = 0;
   while (done < len) {
     uint32_t offset = uint32_t((from + done) & mask_);
@@ -224,64 +241,64 @@ ssize_t Stream::Recv(const iovec* iov, int iovcnt, int flags, bool nonblocking) 
   size_t total = IovTotal(iov, iovcnt);
   if (total == SIZE_MAX) return -EINVAL;
   nonblocking = nonblocking || (flags & MSG_DONTWAIT);
-  std::lock_guard<std::mutex> lock(rx_mu_);
-  return RecvLocked(iov, iovcnt, total, flags, nonblocking);
-}
-
-ssize_t Stream::RecvLocked(const iovec* iov, int iovcnt, size_t total, int flags,
-                           bool nonblocking) noexcept {
-  const bool peek = flags & MSG_PEEK;
-  const bool waitall = (flags & MSG_WAITALL) && !peek;
-  WakeState* wake = channel_->RxWake();
   size_t got = 0;
+  uint64_t seen = 0;
   for (;;) {
-    if (shut_rd_.load(std::memory_order_relaxed)) return ssize_t(got);
-    uint64_t consumed = consumed_.load(std::memory_order_relaxed);
-    uint64_t avail = channel_->RxProduced() - consumed;
-    if (avail > 0 && total > got) {
-      if (peek) return ssize_t(CopyOut(iov, iovcnt, std::min<uint64_t>(avail, total), consumed));
-      iovec rest[64];
-      const iovec* dst = iov;
-      int dstcnt = iovcnt;
-      if (got > 0) {
-        // Continue a MSG_WAITALL receive where it stopped (rare: rebuild the tail).
-        IovCursor cursor(iov, iovcnt, got);
-        dstcnt = 0;
-        size_t piece;
-        while (dstcnt < 64) {
-          uint8_t* p = cursor.Next(SIZE_MAX, &piece);
-          if (piece == 0) break;
-          rest[dstcnt++] = iovec{p, piece};
-        }
-        dst = rest;
-      }
-      size_t n = CopyOut(dst, dstcnt, std::min<uint64_t>(avail, total - got), consumed);
-      consumed += n;
-      consumed_.store(consumed, std::memory_order_relaxed);
-      channel_->RxConsumed(consumed);
-      got += n;
-      if (got < total && waitall && !nonblocking) continue;
-      if (!HasRxData()) proxy::DrainTokens(wake, proxy_a_);
-      return ssize_t(got);
+    {
+      std::lock_guard<std::mutex> lock(rx_mu_);
+      ssize_t rc = RecvOnce(iov, iovcnt, total, flags, nonblocking, &got, &seen);
+      if (rc != kMustWait) return rc;
     }
-    if (total == 0) return 0;
-    int end = RecvEndState();
-    if (end <= 0) return got ? ssize_t(got) : end;
-    if (nonblocking) {
-      proxy::DrainTokens(wake, proxy_a_);
-      if (HasRxData() || RecvEndState() <= 0) continue;
-      return got ? ssize_t(got) : -EAGAIN;
-    }
-    if (SpinUntil(&Stream::HasRxData)) continue;
-    if (int rc = WaitReadable(); rc < 0) return got ? ssize_t(got) : rc;
+    // Sleep without the lock, until bytes beyond `seen` arrive or the stream ends.
+    if (SpinUntil([this, seen] { return channel_->RxProduced() != seen || RxFinished(); })) continue;
+    if (int rc = WaitReadable(seen); rc < 0) return got ? ssize_t(got) : rc;
   }
 }
 
-int Stream::WaitReadable() noexcept {
+ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, bool nonblocking,
+                         size_t* done, uint64_t* seen) noexcept {
+  const bool peek = flags & MSG_PEEK;
+  const bool waitall = (flags & MSG_WAITALL) && !nonblocking;
+  WakeState* wake = channel_->RxWake();
+  size_t& got = *done;
+  if (shut_rd_.load(std::memory_order_relaxed)) return ssize_t(got);
+  if (total == 0) return 0;
+  uint64_t consumed = consumed_.load(std::memory_order_relaxed);
+  uint64_t produced = channel_->RxProduced();
+  uint64_t avail = produced - consumed;
+  if (peek) {
+    // Like TCP, MSG_PEEK|MSG_WAITALL waits until the whole amount is there (or EOF).
+    if (avail > 0 && (avail >= total || !waitall || RxFinished()))
+      return ssize_t(CopyOut(iov, iovcnt, 0, std::min<uint64_t>(avail, total), consumed));
+  } else if (avail > 0) {
+    size_t n = CopyOut(iov, iovcnt, got, std::min<uint64_t>(avail, total - got), consumed);
+    consumed += n;
+    consumed_.store(consumed, std::memory_order_relaxed);
+    channel_->RxConsumed(consumed);
+    got += n;
+    if (got == total || !waitall) {
+      if (!HasRxData()) proxy::DrainTokens(wake, proxy_a_);
+      return ssize_t(got);
+    }
+    produced = consumed;
+  }
+  int end = RecvEndState();
+  if (end <= 0) return got ? ssize_t(got) : end;
+  if (nonblocking) {
+    proxy::DrainTokens(wake, proxy_a_);
+    if (channel_->RxProduced() != produced || RecvEndState() <= 0)
+      return RecvOnce(iov, iovcnt, total, flags, nonblocking, done, seen);
+    return got ? ssize_t(got) : -EAGAIN;
+  }
+  *seen = produced;
+  return kMustWait;
+}
+
+int Stream::WaitReadable(uint64_t seen) noexcept {
   WakeState* wake = channel_->RxWake();
   wake->reader_waiting.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (HasRxData() || RecvEndState() <= 0 || shut_rd_.load(std::memory_order_relaxed)) return 0;
+  if (channel_->RxProduced() != seen || RxFinished()) return 0;
   // Sleeps in the kernel on the proxy: SO_RCVTIMEO, signals and SA_RESTART behave as on
   // the TCP socket. A token, EOF (B shut down) or an error ends the sleep.
   char token;
@@ -338,10 +355,11 @@ uint32_t Stream::Ready(uint32_t interest) const noexcept {
   bool gone = peer_gone_.load(std::memory_order_acquire);
   bool eof = channel_->RxEof() || gone;
   if (HasRxData() || eof || shut_rd_.load(std::memory_order_relaxed)) ready |= EPOLLIN;
-  if (eof) ready |= EPOLLRDHUP;
+  if (eof || shut_rd_.load(std::memory_order_relaxed)) ready |= EPOLLRDHUP;
   if (HasTxSpace() || gone || channel_->TxPeerClosed() || shut_wr_.load(std::memory_order_relaxed))
     ready |= EPOLLOUT;
-  if (gone || (eof && shut_wr_.load(std::memory_order_relaxed))) ready |= EPOLLHUP;
+  // As TCP after a FIN: HUP only once our side has shut down its writes too.
+  if (eof && shut_wr_.load(std::memory_order_relaxed)) ready |= EPOLLHUP;
   return ready & (interest | EPOLLHUP | EPOLLERR);
 }
 
@@ -355,7 +373,9 @@ void Stream::PrepareToSleep(uint32_t interest) noexcept {
   }
   if (interest & EPOLLOUT) {
     WakeState* wake = channel_->TxWake();
-    if (!HasTxSpace()) {
+    if (TxFinished()) {
+      proxy::Unfill(proxy_b_);  // sends fail at once now: writable, as TCP reports it
+    } else if (!HasTxSpace()) {
       proxy::Fill(proxy_a_);
       wake->writer_waiting.store(1, std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -64,15 +64,23 @@ class Stream {
   uint64_t bytes_produced() const noexcept { return produced_.load(std::memory_order_relaxed); }
 
  private:
-  ssize_t SendLocked(const iovec* iov, int iovcnt, size_t total, int flags, bool nonblocking) noexcept;
-  ssize_t RecvLocked(const iovec* iov, int iovcnt, size_t total, int flags, bool nonblocking) noexcept;
-  size_t CopyOut(const iovec* iov, int iovcnt, size_t len, uint64_t from) noexcept;
+  // One attempt under the side's lock. Returns a result (bytes or -errno) or kMustWait,
+  // with progress kept in *done; the caller then sleeps without the lock.
+  static constexpr ssize_t kMustWait = -(1l << 40);
+  ssize_t SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, bool nonblocking,
+                   size_t* done) noexcept;
+  ssize_t RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, bool nonblocking,
+                   size_t* done, uint64_t* seen) noexcept;
+  size_t CopyOut(const iovec* iov, int iovcnt, size_t skip, size_t len, uint64_t from) noexcept;
   int SendError(int flags) noexcept;
   int RecvEndState() noexcept;  // 0 = EOF, -errno, or 1 = nothing yet
-  bool SpinUntil(bool (Stream::*ready)() const) noexcept;
+  template <typename Pred>
+  bool SpinUntil(Pred ready) const noexcept;
   bool HasRxData() const noexcept;
   bool HasTxSpace() const noexcept;
-  int WaitReadable() noexcept;
+  bool RxFinished() const noexcept;  // EOF, peer gone or SHUT_RD: no more bytes will come
+  bool TxFinished() const noexcept;  // sending can only fail now
+  int WaitReadable(uint64_t seen) noexcept;
   int WaitWritable() noexcept;
 
   std::unique_ptr<Channel> channel_;

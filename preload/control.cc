@@ -95,7 +95,6 @@ int StartLocked(ControlState& st) noexcept {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_attr_setstacksize(&attr, 256 * 1024);
   pthread_t thread;
   int rc = pthread_create(&thread, &attr, ControlMain, reinterpret_cast<void*>(intptr_t(epfd)));
   pthread_attr_destroy(&attr);

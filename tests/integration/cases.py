@@ -184,6 +184,41 @@ def et_client(t, pairing):
     t.expect_pairing(server, client, traffic={server: both_ways, client: both_ways})
 
 
+@case("semantics")
+def semantics(t, pairing):
+    """progs/semantics.c: scripted checks that the socket behaves like kernel TCP (MSG_PEEK,
+    MSG_WAITALL, nonblocking modes, FIONREAD, timeouts, half-close, EPIPE/SIGPIPE, options
+    and names, epoll/poll/select, several threads, dup, EINTR/SA_RESTART), with each side in
+    turn as the tester. Each program prints PASS/FAIL per sub-test; both must exit 0."""
+    server_slip, client_slip = PAIRINGS[pairing]
+    path = t.settings.semantics
+    if path is None and t.settings.build_dir is not None:
+        path = t.settings.build_dir / "tests" / "integration" / "slip_it_semantics"
+    t.check(path is not None and path.is_file(),
+            f"semantics binary not found ({path}): build it, or pass --semantics")
+    server = t.serve("server", [path, "server", t.port], slip=server_slip)
+    client = t.start("client", [path, "client", LOOPBACK, t.port], slip=client_slip)
+    statuses = {proc: proc.wait() for proc in (client, server)}
+    failures = [line for proc in (client, server) for line in proc.stdout().splitlines()
+                if line.startswith("FAIL")]
+    t.check(not failures, f"{len(failures)} sub-test(s) failed:\n" + "\n".join(failures))
+    for proc, status in statuses.items():
+        t.check(status == 0, f"{proc.name} exited with status {status}")
+        # The program writes nothing to stderr: anything there is Slipstream's (a warning or
+        # an error it hit on the way, e.g. a control thread that could not start).
+        t.check(not proc.stderr().strip(), f"{proc.name} wrote to stderr: {proc.stderr()[:500]}")
+    reports = {proc: proc.json_output() for proc in (server, client)}
+    for proc, report in reports.items():
+        t.check(report["failed"] == 0 and report["tested"] == report["subtests"] > 0,
+                f"{proc.name}: ran {report['tested']} of {report['subtests']} sub-tests, "
+                f"{report['failed']} failed")
+    connections = reports[client]["connections"]
+    t.check(reports[server]["connections"] == connections,
+            f"the server accepted {reports[server]['connections']} connections, "
+            f"the client opened {connections}")
+    t.expect_pairing(server, client, count=connections)
+
+
 # variant: (server's --do, client's --do, which side is killed). stream.py prints READY on
 # the side that receives (or waits), once data flows (or once it is about to block).
 KILL_SCENARIOS = {

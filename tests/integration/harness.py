@@ -52,6 +52,7 @@ class Settings:
     build_dir: Path | None
     plain: bool
     et_client: Path | None
+    semantics: Path | None = None
 
     @property
     def slip_run(self) -> Path:
@@ -343,11 +344,12 @@ class Test:
         print(f"files kept in {self.dir}")
 
 
-def settings_from(build_dir, et_client):
+def settings_from(build_dir, et_client, semantics=None):
     build = build_dir or os.environ.get("SLIP_BUILD_DIR")
     return Settings(build_dir=Path(build).resolve() if build else None,
                     plain=os.environ.get("SLIP_TEST_PLAIN") == "1",
-                    et_client=Path(et_client).resolve() if et_client else None)
+                    et_client=Path(et_client).resolve() if et_client else None,
+                    semantics=Path(semantics).resolve() if semantics else None)
 
 
 def run_test(settings, name, body):

@@ -18,6 +18,7 @@ def main():
     parser.add_argument("--list", action="store_true", help="list the tests and exit")
     parser.add_argument("--build-dir", help="CMake build directory (default: $SLIP_BUILD_DIR)")
     parser.add_argument("--et-client", help="path of the built et_client program")
+    parser.add_argument("--semantics", help="path of the built semantics program")
     parser.add_argument("case", nargs="?", choices=sorted(CASES))
     parser.add_argument("variant", nargs="?")
     args = parser.parse_args()
@@ -29,7 +30,7 @@ def main():
     function, variants = CASES[args.case]
     if args.variant not in variants:
         parser.error(f"VARIANT of {args.case} must be one of: {', '.join(variants)}")
-    settings = settings_from(args.build_dir, args.et_client)
+    settings = settings_from(args.build_dir, args.et_client, args.semantics)
     return run_test(settings, f"{args.case}.{args.variant}",
                     lambda test: function(test, args.variant))
 
