@@ -322,12 +322,13 @@ TEST_F(StatsTest, ExitRecordIsJson) {
                       "'reason':'peer_not_slipstream','bytes_sent':0,'bytes_received':5}], c\n");
 }
 
+// A process that never had a connection (a shell, a helper) writes no record at all.
 TEST_F(StatsTest, ExitRecordWithoutStats) {
   StatsShutdown();
   EXPECT_EQ(OpenConn(), nullptr);  // disabled: no slot, no crash
   const std::string& path = RecordPath();
   StatsWriteExitRecord(path.c_str());
-  CheckWithPython(path, "assert recs[0]['connections']==[] and recs[0]['dropped']==0\n");
+  EXPECT_NE(access(path.c_str(), F_OK), 0) << "a record was written without any connection";
 }
 
 TEST_F(StatsTest, ExitRecordOfFullTableParses) {
