@@ -223,6 +223,8 @@ size_t Utf8Len(const unsigned char* s, size_t n) {
   return len;
 }
 
+}  // namespace
+
 // Paths are bytes, JSON is UTF-8: invalid sequences become U+FFFD so the line always parses.
 void AppendJsonString(std::string* out, const char* s, size_t n) {
   *out += '"';
@@ -249,6 +251,8 @@ void AppendJsonString(std::string* out, const char* s, size_t n) {
   }
   *out += '"';
 }
+
+namespace {
 
 void AppendField(std::string* out, const char* key, const char* s, size_t n) {
   *out += ",\"";
@@ -369,6 +373,13 @@ ConnSlot* StatsOpen(TransportKind transport, Reason reason, int role, const sock
   char local_text[sizeof(ConnSlot::local)], remote_text[sizeof(ConnSlot::remote)];
   FormatSockaddr(local, local_text, sizeof(local_text));
   FormatSockaddr(remote, remote_text, sizeof(remote_text));
+  return StatsOpenText(transport, reason, role, local_text, remote_text);
+}
+
+ConnSlot* StatsOpenText(TransportKind transport, Reason reason, int role, const char* local,
+                        const char* remote) noexcept {
+  KeepErrno keep;
+  if (!g_armed.load(std::memory_order_relaxed)) return nullptr;
   Lock lock;
   StatsHeader* h = TableLocked();
   if (h == nullptr) return nullptr;
@@ -380,8 +391,8 @@ ConnSlot* StatsOpen(TransportKind transport, Reason reason, int role, const sock
   StoreByte(slot->transport, static_cast<uint8_t>(transport));
   StoreByte(slot->reason, static_cast<uint8_t>(reason));
   slot->role = role == 0 ? 0 : 1;
-  memcpy(slot->local, local_text, sizeof(local_text));
-  memcpy(slot->remote, remote_text, sizeof(remote_text));
+  snprintf(slot->local, sizeof(slot->local), "%s", local);
+  snprintf(slot->remote, sizeof(slot->remote), "%s", remote);
   for (auto* counter : {&slot->bytes_sent, &slot->bytes_received, &slot->msgs_sent,
                         &slot->msgs_received, &slot->closed_ns}) {
     counter->store(0, std::memory_order_relaxed);

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/config.h"
 
@@ -83,6 +84,10 @@ void StatsReinitAfterFork() noexcept;
 // Claims a slot; returns nullptr when stats are disabled or full (counted as dropped).
 ConnSlot* StatsOpen(TransportKind transport, Reason reason, int role, const sockaddr* local,
                     const sockaddr* remote) noexcept;
+// The same, with the addresses already formatted (a forked child re-registers the
+// connections it inherited this way).
+ConnSlot* StatsOpenText(TransportKind transport, Reason reason, int role, const char* local,
+                        const char* remote) noexcept;
 // Changes transport/reason (e.g. failover, decline after an optimistic start).
 void StatsSetTransport(ConnSlot* slot, TransportKind transport, Reason reason) noexcept;
 void StatsClose(ConnSlot* slot) noexcept;
@@ -110,5 +115,9 @@ void StatsShutdown() noexcept;  // unlinks /dev/shm file, drops the table (see S
 
 // Formats an address as "1.2.3.4:80" or "[::1]:80" (v4-mapped shown as IPv4).
 void FormatSockaddr(const sockaddr* sa, char* out, size_t out_len) noexcept;
+
+// Appends s[0, n) to *out as a JSON string literal; any bytes give valid JSON (control
+// characters escaped, invalid UTF-8 as U+FFFD). The exit record and slip-stat --json use it.
+void AppendJsonString(std::string* out, const char* s, size_t n);
 
 }  // namespace slip

@@ -83,8 +83,10 @@ Stream::Stream(std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
       options_(options),
       mask_(channel_->ring_size() - 1) {}
 
+// Destruction only lets go of this process's resources. It tells the peer nothing: after
+// fork another process may still hold the connection, and only the kernel knows when the
+// last holder is gone (it then closes the TCP anchor, whose FIN the peer watches).
 Stream::~Stream() {
-  Close();
   sys::close(proxy_a_);
   sys::close(proxy_b_);
 }
@@ -296,19 +298,29 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
 
 int Stream::WaitReadable(uint64_t seen) noexcept {
   WakeState* wake = channel_->RxWake();
+  rx_sleepers_.fetch_add(1, std::memory_order_relaxed);
   wake->reader_waiting.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (channel_->RxProduced() != seen || RxFinished()) return 0;
-  // Sleeps in the kernel on the proxy: SO_RCVTIMEO, signals and SA_RESTART behave as on
-  // the TCP socket. A token, EOF (B shut down) or an error ends the sleep.
-  char token;
-  ssize_t n = sys::recv(proxy_a_, &token, 1, 0);
-  if (n == 1) {
-    wake->tokens.fetch_sub(1, std::memory_order_relaxed);
-    return 0;
+  int rc = 0;
+  if (channel_->RxProduced() == seen && !RxFinished()) {
+    // Sleeps in the kernel on the proxy: SO_RCVTIMEO, signals and SA_RESTART behave as on
+    // the TCP socket. A token, EOF (B shut down) or an error ends the sleep.
+    char token;
+    ssize_t n = sys::recv(proxy_a_, &token, 1, 0);
+    if (n == 1) {
+      wake->tokens.fetch_sub(1, std::memory_order_relaxed);
+    } else if (n < 0) {
+      rc = -errno;
+    }
   }
-  if (n == 0) return 0;
-  return -errno;
+  // One token wakes one sleeper. If others still sleep, arm again on their behalf (and
+  // wake one now if bytes are already there), so that each of them is woken in turn.
+  if (rx_sleepers_.fetch_sub(1, std::memory_order_relaxed) > 1) {
+    wake->reader_waiting.store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (HasRxData()) proxy::WriteToken(wake, proxy_b_);
+  }
+  return rc;
 }
 
 // ---------------------------------------------------------------------------- control

@@ -44,7 +44,9 @@ class Stream {
 
   int ShutdownRead() noexcept;
   int ShutdownWrite() noexcept;
-  // Both directions are finished for this process (the last descriptor closed).
+  // Both directions are finished for good: EOF for the peer, and its sends fail. For a
+  // connection that only this process can hold. (The destructor, by contrast, tells the
+  // peer nothing; see stream.cc.)
   void Close() noexcept;
 
   // Bytes ready to read (FIONREAD) and bytes sent but not yet consumed (SIOCOUTQ).
@@ -98,6 +100,7 @@ class Stream {
   std::atomic<bool> peer_gone_{false};
   std::atomic<bool> reset_reported_{false};
   std::atomic<bool> closed_{false};
+  std::atomic<int> rx_sleepers_{0};  // threads asleep in WaitReadable
 };
 
 }  // namespace slip

@@ -54,6 +54,10 @@ void AccelListRemove(SlipSocket* s) noexcept {
   l.count.store(l.sockets.size(), std::memory_order_relaxed);
 }
 
+void AccelListForkPrepare() noexcept { List().mu.lock(); }
+void AccelListForkParent() noexcept { List().mu.unlock(); }
+void AccelListForkChild() noexcept { List().mu.unlock(); }
+
 bool AccelListNonEmpty() noexcept { return List().count.load(std::memory_order_relaxed) != 0; }
 
 void PrepareAllForSleep() noexcept {

@@ -21,4 +21,9 @@ bool SpinForAnyReadable(uint32_t spin_us) noexcept;
 // True if there is at least one accelerated socket (cheap pre-check).
 bool AccelListNonEmpty() noexcept;
 
+// fork(): the list lock is taken around fork so that the child never inherits it held.
+void AccelListForkPrepare() noexcept;
+void AccelListForkParent() noexcept;
+void AccelListForkChild() noexcept;
+
 }  // namespace slip::preload

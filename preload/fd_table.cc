@@ -57,7 +57,9 @@ void Teardown(SlipSocket* s) noexcept {
     AccelListRemove(s);
     ControlUnwatch(s);
   }
-  if (s->stream) s->stream->Close();
+  // No Close(): a forked process may still hold this connection. The peer learns that the
+  // last holder is gone from the anchor's FIN, which the kernel sends when the last
+  // descriptor of the TCP socket closes.
   s->stream.reset();
   if (s->anchor_fd >= 0) sys::close(s->anchor_fd);
   s->anchor_fd = -1;
@@ -161,5 +163,17 @@ void Remove(int fd) noexcept {
 }
 
 bool TableInUse() noexcept { return g_in_use.load(std::memory_order_relaxed); }
+
+void ForEachLiveSocket(void (*fn)(SlipSocket* s, void* ctx), void* ctx) noexcept {
+  Pool& pool = GetPool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  for (SlipSocket& s : pool.sockets) {
+    if (s.refs.load(std::memory_order_acquire) > 0) fn(&s, ctx);
+  }
+}
+
+void TableForkPrepare() noexcept { GetPool().mu.lock(); }
+void TableForkParent() noexcept { GetPool().mu.unlock(); }
+void TableForkChild() noexcept { GetPool().mu.unlock(); }  // the forking thread holds it
 
 }  // namespace slip::preload

@@ -77,6 +77,13 @@ void Remove(int fd) noexcept;
 // True if any descriptor may be tracked (cheap pre-check for plain programs).
 bool TableInUse() noexcept;
 
+// Calls `fn` for every socket that is alive (some reference held), under the pool lock.
+void ForEachLiveSocket(void (*fn)(SlipSocket* s, void* ctx), void* ctx) noexcept;
+// fork(): the pool lock is taken around fork so that the child never inherits it held.
+void TableForkPrepare() noexcept;
+void TableForkParent() noexcept;
+void TableForkChild() noexcept;
+
 // RAII reference holder for one intercepted call.
 class SocketRef {
  public:

@@ -11,17 +11,13 @@
 #include "core/stats.h"
 #include "core/sys.h"
 #include "preload/control.h"
+#include "preload/fork.h"
 
 extern char** environ;
 
 namespace slip::preload {
 
 namespace {
-
-void AfterForkInChild() noexcept {
-  ControlResetAfterFork();
-  if (GetRuntime().enabled) StatsReinitAfterFork();
-}
 
 // Hidden descriptors go to the upper half of the soft limit, so the numbers the
 // application sees for its own descriptors are those it would get without Slipstream.
@@ -49,7 +45,7 @@ Runtime Initialise() noexcept {
   } catch (...) {
   }
   StatsInit();
-  pthread_atfork(nullptr, nullptr, AfterForkInChild);
+  InstallForkHandlers();
   SLIP_LOG(kDebug, "active: ring %u bytes, spin %u us", rt.config.ring_size, rt.config.spin_us);
   return rt;
 }

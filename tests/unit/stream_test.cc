@@ -822,7 +822,10 @@ TEST_F(StreamTest, CloseMakesThePeersSendFailWithEpipe) {
   EXPECT_EQ(ev & (POLLIN | POLLRDHUP), uint32_t(POLLIN | POLLRDHUP)) << Bits(ev);
 }
 
-TEST_F(StreamTest, DestroyingOneEndGivesThePeerEofAndEpipe) {
+// Destroying one end only releases that process's resources: after fork another process
+// may still hold the connection. The peer learns of the last holder from the TCP anchor's
+// FIN, which the control thread turns into MarkPeerGone.
+TEST_F(StreamTest, DestroyingOneEndTellsNothingUntilTheAnchorCloses) {
   ASSERT_EQ(SendString(server_, "bye"), 3);
   {
     std::lock_guard<std::mutex> lock(pair_mu_);
@@ -830,8 +833,10 @@ TEST_F(StreamTest, DestroyingOneEndGivesThePeerEofAndEpipe) {
     server_ = nullptr;
   }
   EXPECT_EQ(RecvString(client_, 8), "bye");
+  EXPECT_EQ(RecvString(client_, 8, MSG_DONTWAIT), "<-11>") << "EOF before the anchor closed";
+  client_->MarkPeerGone();
   EXPECT_EQ(RecvString(client_, 8), "");
-  EXPECT_EQ(SendString(client_, "x"), -EPIPE);
+  EXPECT_EQ(SendString(client_, "x", MSG_NOSIGNAL), -EPIPE);
 }
 
 TEST_F(StreamTest, EpipeRaisesSigpipeUnlessNosignal) {
@@ -1078,6 +1083,99 @@ TEST_F(StreamTest, DontWaitSendIsNotHeldUpByABlockedSender) {
   EXPECT_EQ(sleeper->result(), 1);
 }
 
+// Two threads asleep in Recv and one send with a message for each: both wake (as on TCP,
+// where every sleeping reader wakes up on new data).
+TEST_F(StreamTest, TwoBlockedReadersShareOneSend) {
+  auto reader = [this] {
+    char buf[5];
+    ssize_t n = RecvBytes(client_, buf, sizeof(buf), MSG_WAITALL);
+    return n == 5 && (std::string(buf, 5) == "AAAAA" || std::string(buf, 5) == "BBBBB") ? n : -1;
+  };
+  auto first = Start(reader);
+  auto second = Start(reader);
+  ASSERT_TRUE(first->WaitUntilAsleep());
+  ASSERT_TRUE(second->WaitUntilAsleep());
+  ASSERT_EQ(SendString(server_, "AAAAABBBBB"), 10);
+  EXPECT_TRUE(first->WaitFor(seconds(2)));
+  EXPECT_TRUE(second->WaitFor(seconds(2))) << "one reader slept on with a message waiting for it";
+  if (!first->WaitFor(milliseconds(0)) || !second->WaitFor(milliseconds(0))) {
+    client_->ShutdownRead();  // frees the sleeper
+  }
+  ASSERT_TRUE(first->WaitFor(seconds(5)));
+  ASSERT_TRUE(second->WaitFor(seconds(5)));
+  EXPECT_EQ(first->result(), 5);
+  EXPECT_EQ(second->result(), 5);
+}
+
+// Two threads asleep in Recv; the first message wakes one of them, which then leaves; a later
+// message must wake the other.
+TEST_F(StreamTest, SecondBlockedReaderGetsALaterMessage) {
+  auto reader = [this] {
+    char buf[8];
+    ssize_t n = RecvBytes(client_, buf, sizeof(buf));
+    return n == 1 ? ssize_t(buf[0]) : -1;
+  };
+  auto first = Start(reader);
+  auto second = Start(reader);
+  ASSERT_TRUE(first->WaitUntilAsleep());
+  ASSERT_TRUE(second->WaitUntilAsleep());
+  ASSERT_EQ(SendString(server_, "a"), 1);
+  const auto deadline = Clock::now() + seconds(5);
+  while (!first->WaitFor(milliseconds(0)) && !second->WaitFor(milliseconds(5)) &&
+         Clock::now() < deadline) {
+  }
+  Task* woken = first->WaitFor(milliseconds(0)) ? first.get() : second.get();
+  Task* other = woken == first.get() ? second.get() : first.get();
+  ASSERT_TRUE(woken->WaitFor(milliseconds(0))) << "nobody woke for the first message";
+  EXPECT_EQ(woken->result(), 'a');
+  EXPECT_FALSE(other->WaitFor(milliseconds(20)));
+  ASSERT_EQ(SendString(server_, "b"), 1);
+  EXPECT_TRUE(other->WaitFor(seconds(2))) << "the second reader slept through a later message";
+  if (!other->WaitFor(milliseconds(0))) client_->ShutdownRead();  // frees it
+  ASSERT_TRUE(other->WaitFor(seconds(5)));
+  EXPECT_EQ(other->result(), 'b');
+}
+
+TEST_F(StreamTest, TwoBlockedSendersBothWake) {
+  FillRing(client_);
+  std::vector<uint8_t> a(100, 'a'), b(100, 'b');
+  auto first = Start([&] { return SendBytes(client_, a.data(), a.size()); });
+  auto second = Start([&] { return SendBytes(client_, b.data(), b.size()); });
+  ASSERT_TRUE(first->WaitUntilAsleep());
+  ASSERT_TRUE(second->WaitUntilAsleep());
+  std::vector<uint8_t> buf(kSmallRing);
+  ASSERT_EQ(RecvBytes(server_, buf.data(), buf.size(), MSG_WAITALL), ssize_t(kSmallRing));
+  ASSERT_TRUE(first->WaitFor(seconds(5)));
+  ASSERT_TRUE(second->WaitFor(seconds(5)));
+  EXPECT_EQ(first->result(), 100);
+  EXPECT_EQ(second->result(), 100);
+  // Each send's bytes arrive; a send fits the free space in one piece, so they do not mix.
+  ASSERT_EQ(RecvBytes(server_, buf.data(), 200, MSG_WAITALL), 200);
+  std::string got(buf.begin(), buf.begin() + 200);
+  EXPECT_TRUE(got == std::string(100, 'a') + std::string(100, 'b') ||
+              got == std::string(100, 'b') + std::string(100, 'a'))
+      << got;
+}
+
+// Like TCP, MSG_PEEK|MSG_WAITALL waits until the whole amount is there, and consumes nothing.
+TEST_F(StreamTest, PeekWaitAllWaitsForTheWholeAmount) {
+  char buf[10] = {};
+  auto peeker = Start([&] { return RecvBytes(client_, buf, sizeof(buf), MSG_PEEK | MSG_WAITALL); });
+  ASSERT_EQ(SendString(server_, "0123"), 4);
+  EXPECT_FALSE(peeker->WaitFor(milliseconds(50))) << "returned with 4 of 10 bytes";
+  ASSERT_EQ(SendString(server_, "456789"), 6);
+  ASSERT_TRUE(peeker->WaitFor(seconds(5)));
+  EXPECT_EQ(peeker->result(), 10);
+  EXPECT_EQ(std::string(buf, 10), "0123456789");
+  EXPECT_EQ(client_->ReadableBytes(), 10u);
+  // At EOF it returns what there is.
+  ASSERT_EQ(SendString(server_, "ab"), 2);
+  server_->ShutdownWrite();
+  char big[32];
+  EXPECT_EQ(RecvBytes(client_, big, sizeof(big), MSG_PEEK | MSG_WAITALL), 12);
+  EXPECT_EQ(RecvString(client_, 32), "0123456789ab");
+}
+
 // Several threads on each side at once: nothing lost, nothing duplicated, nobody stuck.
 TEST_F(StreamTest, SeveralSendersAndReceiversOnOneDirection) {
   constexpr int kSenders = 3, kReceivers = 2, kRecords = 3000;
@@ -1260,8 +1358,7 @@ TEST_F(StreamTest, ReadyBitsAndProxyAgreeInEveryState) {
        },
        "IN|OUT|RDHUP"},
       // A dead peer's kernel sent FIN: HUP only after we shut down writing, as for TCP.
-      {"peer gone", [](Stream* client, Stream* server) { client->MarkPeerGone(); },
-       "IN|OUT|RDHUP"},
+      {"peer gone", [](Stream* client, Stream* server) { client->MarkPeerGone(); }, "IN|OUT|RDHUP"},
       {"full ring, then peer gone",
        [](Stream* client, Stream* server) {
          FillRing(client);

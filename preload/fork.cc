@@ -1,0 +1,73 @@
+#include "preload/fork.h"
+
+#include <pthread.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/stats.h"
+#include "preload/accel_list.h"
+#include "preload/control.h"
+#include "preload/fd_table.h"
+
+namespace slip::preload {
+
+namespace {
+
+// What a stats slot said, copied out before the child's stats table is replaced.
+struct InheritedSlot {
+  SlipSocket* socket;
+  uint8_t transport, reason, role;
+  char local[sizeof(ConnSlot::local)];
+  char remote[sizeof(ConnSlot::remote)];
+};
+
+void Prepare() {
+  // Lock order: pool, then accelerated list (the order Teardown uses).
+  TableForkPrepare();
+  AccelListForkPrepare();
+}
+
+void Parent() {
+  AccelListForkParent();
+  TableForkParent();
+}
+
+void CollectSlot(SlipSocket* s, void* ctx) {
+  if (!s->stats) return;
+  auto* out = static_cast<std::vector<InheritedSlot>*>(ctx);
+  InheritedSlot slot{s, s->stats->transport, s->stats->reason, s->stats->role, {}, {}};
+  std::memcpy(slot.local, s->stats->local, sizeof(slot.local));
+  std::memcpy(slot.remote, s->stats->remote, sizeof(slot.remote));
+  slot.local[sizeof(slot.local) - 1] = slot.remote[sizeof(slot.remote) - 1] = '\0';
+  try {
+    out->push_back(slot);
+  } catch (...) {
+  }
+}
+
+void RewatchAnchor(SlipSocket* s, void*) {
+  if (s->kind == SockKind::kAccel && s->anchor_fd >= 0) ControlWatch(s);
+}
+
+void Child() {
+  AccelListForkChild();
+  TableForkChild();
+  ControlResetAfterFork();
+  std::vector<InheritedSlot> inherited;
+  ForEachLiveSocket(CollectSlot, &inherited);
+  StatsReinitAfterFork();
+  for (const InheritedSlot& slot : inherited) {
+    slot.socket->stats = StatsOpenText(static_cast<TransportKind>(slot.transport),
+                                       static_cast<Reason>(slot.reason), slot.role, slot.local,
+                                       slot.remote);
+  }
+  // A peer dying must wake the child's sleepers too: the child needs its own watcher.
+  ForEachLiveSocket(RewatchAnchor, nullptr);
+}
+
+}  // namespace
+
+void InstallForkHandlers() noexcept { pthread_atfork(Prepare, Parent, Child); }
+
+}  // namespace slip::preload
