@@ -35,13 +35,14 @@ def case(name, variants=tuple(PAIRINGS)):
     return register
 
 
-def run_bulk(t, server_slip, client_slip, client_env=None):
+def run_bulk(t, server_slip, client_slip, client_env=None, server_args=(), client_args=()):
     """progs/bulk.py both ways at once. Checks both streams; returns the server, the client,
     and the (sent, received) bytes of each, by program."""
     server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--seed", 100,
-                                  "--total", BULK_BYTES), slip=server_slip)
+                                  "--total", BULK_BYTES, *server_args), slip=server_slip)
     client = t.start("client", py("bulk.py", "client", "--port", t.port, "--seed", 200,
-                                  "--total", BULK_BYTES), slip=client_slip, env=client_env)
+                                  "--total", BULK_BYTES, *client_args), slip=client_slip,
+                     env=client_env)
     client.expect_exit(0)
     server.expect_exit(0)
     server_report, client_report = server.json_output(), client.json_output()
@@ -350,3 +351,336 @@ def idle(t, _):
     print(f"idle: {touched // IDLE_CONNECTIONS} bytes per connection (both processes), "
           f"server fds idle {server_idle['fds']}, after close {server_closed['fds']}")
     t.expect_pairing(server, client, count=IDLE_CONNECTIONS)
+
+
+# --- slip-stat and slip-run (tools/) ----------------------------------------------------------
+# Self-contained: everything below is used by these cases only.
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+
+from harness import PYTHON, is_listening, port_of  # noqa: E402
+
+TOOL_TIMEOUT_S = 15  # a tool run that should take milliseconds
+CORE_CONFIG = Path(__file__).resolve().parents[2] / "core" / "config.cc"
+
+# One end of a connection that stays up until SIGTERM. SIGTERM ends it through a normal exit,
+# so Slipstream's exit handlers run: its stats line is written and its /dev/shm file removed.
+# Each side sends "hello", reads the peer's, then prints READY.
+HOLD_PY = r"""
+import signal, socket, sys
+role, port = sys.argv[1], int(sys.argv[2])
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+if role == "server":
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        sock, _ = listener.accept()
+else:
+    sock = socket.create_connection(("127.0.0.1", port))
+sock.sendall(b"hello")
+got = b""
+while len(got) < 5:
+    data = sock.recv(5 - len(got))
+    if not data:
+        sys.exit("EOF before the peer's hello")
+    got += data
+print("READY", flush=True)
+signal.pause()
+"""
+HELLO_BYTES = 5
+
+
+def hold(role, port):
+    return [PYTHON, "-c", HOLD_PY, role, str(port)]
+
+
+def tool_path(t, name):
+    t.check(t.settings.build_dir is not None, "no build directory: pass --build-dir")
+    path = t.settings.build_dir / "bin" / name
+    t.check(path.is_file(), f"{path} not built")
+    return path
+
+
+def tool_env():
+    """The environment without SLIP_* variables: a tool gets the ones a test passes."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLIP_")}
+
+
+def run_tool(t, name, *args, expect=0):
+    """Runs build/bin/NAME ARGS; checks its exit status."""
+    argv = [str(tool_path(t, name)), *map(str, args)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
+                            env=tool_env(), stdin=subprocess.DEVNULL)
+    t.check(result.returncode == expect,
+            f"{' '.join(argv[1:]) or '(no arguments)'}: {name} exited with status "
+            f"{result.returncode}, expected {expect}\nstdout:\n{result.stdout[-2000:]}\n"
+            f"stderr:\n{result.stderr[-2000:]}")
+    return result
+
+
+def parse_json(t, text, what):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TestFailure(f"{what} is not JSON ({e}): {text[:500]!r}")
+
+
+def slip_stat_json(t, *args):
+    listing = parse_json(t, run_tool(t, "slip-stat", "--json", *args).stdout, "slip-stat --json")
+    t.check(isinstance(listing.get("connections"), list),
+            f"slip-stat --json: no connections array in {listing}")
+    return listing
+
+
+def expect_usage_error(t, name, *args):
+    result = run_tool(t, name, *args, expect=2)
+    t.check("usage:" in result.stderr and not result.stdout,
+            f"{name} {' '.join(args)}: expected a usage message on stderr only, got "
+            f"stdout {result.stdout[:300]!r}, stderr {result.stderr[:300]!r}")
+
+
+def wait_listening(proc, port):
+    proc.wait_until(lambda: is_listening(port), f"a listener on port {port}")
+
+
+def other_port(t):
+    while (port := pick_port()) == t.port:
+        pass
+    return port
+
+
+def stop(*procs):
+    for proc in procs:
+        proc.signal(signal.SIGTERM)
+    for proc in procs:
+        proc.expect_exit(0)
+
+
+def slipstat_live(t):
+    """While the connections are up, slip-stat --json lists an accelerated pair (both ends
+    under slip-run) as "shm" in both processes, and the connection of a Slipstream client to
+    a plain server as "tcp"/"peer_not_slipstream", with their bytes; the table, --reasons
+    and -p agree. Once the programs exit, their /dev/shm files are gone, and their exit
+    records say what slip-stat saw."""
+    plain_port = other_port(t)
+    server = t.serve("server", hold("server", t.port), slip=True)
+    client = t.start("client", hold("client", t.port), slip=True)
+    plain_server = t.start("plain_server", hold("server", plain_port), role="server")
+    wait_listening(plain_server, plain_port)
+    slip_client = t.start("slip_client", hold("client", plain_port), slip=True)
+    procs = (server, client, plain_server, slip_client)
+    for proc in procs:
+        proc.wait_output("READY")
+    # Under slip-run without --summary, the program is slip-run's own process (exec).
+    pids = {proc: proc.popen.pid for proc in procs}
+    by_pid = ",".join(str(pid) for pid in pids.values())
+    listed = slip_stat_json(t, "-p", by_pid)["connections"]
+    t.check(all(c.get("pid") in pids.values() for c in listed),
+            f"slip-stat -p {by_pid} listed other processes: {listed}")
+    everything = slip_stat_json(t)["connections"]
+    t.check(all(c in everything for c in listed) or t.settings.plain,
+            "slip-stat without -p lacks connections that -p shows")
+    if t.settings.plain:
+        t.check(not listed, f"plain mode: slip-stat lists {listed}")
+        stop(*procs)
+        return
+
+    def ours(proc, key, port):
+        found = [c for c in listed if c["pid"] == pids[proc] and port_of(c[key]) == port]
+        t.check(len(found) == 1, f"{proc.name} (pid {pids[proc]}): expected one connection "
+                                 f"with {key} port {port}, slip-stat lists {listed}")
+        return found[0]
+
+    expected = [(server, "local", t.port, "shm", ""), (client, "remote", t.port, "shm", ""),
+                (slip_client, "remote", plain_port, "tcp", "peer_not_slipstream")]
+    for proc, key, port, transport, reason in expected:
+        c = ours(proc, key, port)
+        seen = (c["transport"], c["reason"], c["state"], c["bytes_sent"], c["bytes_received"])
+        t.check(seen == (transport, reason, "open", HELLO_BYTES, HELLO_BYTES),
+                f"{proc.name}: slip-stat shows transport/reason/state/sent/received {seen}, "
+                f"expected {(transport, reason, 'open', HELLO_BYTES, HELLO_BYTES)}")
+    t.check(not [c for c in listed if c["pid"] == pids[plain_server]],
+            "slip-stat lists the plain server")
+
+    table = run_tool(t, "slip-stat", "-p", by_pid).stdout.splitlines()
+    for proc, _, _, transport, reason in expected:
+        rows = [row.split() for row in table if row.split()[:1] == [str(pids[proc])]]
+        t.check(len(rows) == 1 and transport in rows[0] and "open" in rows[0] and
+                rows[0][-1] == (reason or "-"),
+                f"{proc.name}: table rows {rows}, expected one {transport} {reason or '-'}")
+    reasons = run_tool(t, "slip-stat", "--reasons", "-p", pids[slip_client]).stdout
+    t.check(re.search(r"^peer_not_slipstream +1$", reasons, re.M) is not None,
+            f"slip-stat --reasons does not count 1 peer_not_slipstream:\n{reasons}")
+
+    stop(slip_client, client, server, plain_server)
+    for proc in (server, client, slip_client):
+        shm_file = Path(f"/dev/shm/slipstream-stats.{pids[proc]}")
+        t.check(not shm_file.exists(), f"{proc.name}: {shm_file} outlives its process")
+    t.check(not slip_stat_json(t, "-a", "-p", by_pid)["connections"],
+            "slip-stat still lists the programs after they exited")
+    hello = (HELLO_BYTES, HELLO_BYTES)
+    t.expect_stats(server, "shm", "", traffic=hello)
+    t.expect_stats(client, "shm", "", traffic=hello)
+    records = slip_client.stats_records()
+    t.check(len(records) == 1 and len(records[0]["connections"]) == 1 and
+            records[0]["connections"][0]["reason"] == "peer_not_slipstream",
+            f"slip_client: exit records {records}")
+
+
+def slipstat_args(t):
+    """Bad arguments give the usage on stderr and status 2; --help gives it on stdout and 0;
+    --json and --json -w (one JSON line per refresh, until SIGINT) parse."""
+    for args in (["--bogus"], ["-x"], ["extra"], ["-p"], ["-p", "abc"], ["-w", "0"],
+                 ["--all=1"], ["--json", "--reasons"]):
+        expect_usage_error(t, "slip-stat", *args)
+    help_text = run_tool(t, "slip-stat", "--help").stdout
+    for word in ("usage:", "--json", "--reasons", "--watch", "--pid", "--all", "--clean",
+                 "peer_not_slipstream"):
+        t.check(word in help_text, f"slip-stat --help does not mention {word}")
+    slip_stat_json(t, "-a")
+    run_tool(t, "slip-stat", "--reasons")
+    watch = subprocess.Popen([str(tool_path(t, "slip-stat")), "--json", "-w", "0.1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=tool_env())
+    try:
+        time.sleep(0.5)
+        watch.send_signal(signal.SIGINT)
+        out, err = watch.communicate(timeout=TOOL_TIMEOUT_S)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    t.check(watch.returncode == 0, f"slip-stat -w exited with {watch.returncode} on SIGINT: "
+                                   f"{err[-500:]}")
+    lines = out.splitlines()
+    t.check(len(lines) >= 2, f"slip-stat --json -w 0.1 printed {len(lines)} lines in 0.5 s")
+    for n, line in enumerate(lines, 1):
+        parse_json(t, line, f"slip-stat --json -w line {n}")
+
+
+SLIPSTAT_TESTS = {"live": slipstat_live, "args": slipstat_args}
+
+
+@case("slipstat", SLIPSTAT_TESTS)
+def slipstat(t, variant):
+    SLIPSTAT_TESTS[variant](t)
+
+
+def sliprun_args(t):
+    """Bad arguments give the usage on stderr and status 2; --help documents every variable
+    the library reads (core/config.cc) with its default, and no other; options reach CMD as
+    those variables; without --summary slip-run execs CMD (same pid) and passes its status."""
+    for args in (["--bogus", "--", "true"], [], ["--"], ["--ring-size"], ["--summary=1", "true"],
+                 ["-x", "true"]):
+        expect_usage_error(t, "slip-run", *args)
+    help_text = run_tool(t, "slip-run", "--help").stdout
+    known = set(re.findall(r'\{"(SLIP_[A-Z_]+)"', CORE_CONFIG.read_text()))
+    t.check(len(known) >= 10, f"found only {sorted(known)} in {CORE_CONFIG}")
+    mentioned = set(re.findall(r"\bSLIP_[A-Z_]+", help_text))
+    t.check(mentioned == known, f"slip-run --help names {sorted(mentioned)}; the library "
+                                f"reads {sorted(known)}")
+    for name in known:
+        t.check(re.search(rf"\b{name}, default \S+", help_text),
+                f"slip-run --help gives no default for {name}")
+    for word in ("usage:", "--summary", "--help"):
+        t.check(word in help_text, f"slip-run --help does not mention {word}")
+
+    env = run_tool(t, "slip-run", "--ring-size", "64K", "--log=info", "--exclude-ports=1-2",
+                   "--", "env")
+    for line in ("SLIP_RING_SIZE=64K", "SLIP_LOG=info", "SLIP_EXCLUDE_PORTS=1-2"):
+        t.check(line in env.stdout.splitlines(), f"CMD's environment lacks {line}")
+    t.check("libslipstream.so" in env.stdout, "CMD's LD_PRELOAD lacks libslipstream.so")
+    t.check(not env.stderr, f"valid options made the library complain: {env.stderr}")
+
+    # Under exec the shell is the very process that was started.
+    shell = subprocess.Popen([str(tool_path(t, "slip-run")), "sh", "-c", "echo $$"],
+                             stdout=subprocess.PIPE, text=True, env=tool_env())
+    out, _ = shell.communicate(timeout=TOOL_TIMEOUT_S)
+    t.check(shell.returncode == 0 and out.strip() == str(shell.pid),
+            f"slip-run without --summary: CMD ran as pid {out.strip()}, slip-run was "
+            f"{shell.pid} (expected exec)")
+    run_tool(t, "slip-run", "sh", "-c", "exit 3", expect=3)
+    run_tool(t, "slip-run", "--", "/nonexistent/program", expect=127)
+
+
+SUMMARY_BYTES = 4 * MiB
+# Exits with status 7 on SIGTERM: slip-run --summary must pass SIGTERM on and CMD's status back.
+TERM_PY = r"""
+import signal, sys
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+print("READY", flush=True)
+signal.pause()
+"""
+
+
+def sliprun_summary(t):
+    """slip-run --summary runs CMD as its child and, once it exits, prints on stderr what its
+    processes accelerated: for a bulk pair both under slip-run, one shm connection each with
+    the bytes moved. It works with a stats file of its own (removed after) and with the
+    user's (--stats, whose record stays), passes SIGTERM on to CMD and CMD's exit status
+    back (128+N for a signal), and 127 for a command that cannot run."""
+    if t.settings.plain:
+        print("plain mode: slip-run --summary is what this test checks; nothing to run")
+        return
+    slip_run = str(tool_path(t, "slip-run"))
+    user_stats = t.dir / "client.jsonl"
+    bulk = ("--total", SUMMARY_BYTES, "--port", t.port)
+    server = t.serve("server", [slip_run, "--summary", "--",
+                                *py("bulk.py", "server", "--seed", 100, *bulk)],
+                     env={"TMPDIR": str(t.dir)})
+    client = t.start("client", [slip_run, "--summary", f"--stats={user_stats}", "--",
+                                *py("bulk.py", "client", "--seed", 200, *bulk)])
+    client.expect_exit(0)
+    server.expect_exit(0)
+    server_report, client_report = server.json_output(), client.json_output()
+    t.expect_same_stream("client -> server", client_report, server_report)
+    t.expect_same_stream("server -> client", server_report, client_report)
+    moved = "4.0 MiB sent, 4.0 MiB received"
+    for proc in (server, client):
+        stderr = proc.stderr()
+        t.check(f"slip-run: summary: 1 process, 1 connection: 1 shm; {moved}" in stderr and
+                re.search(rf"slip-run: summary:   pid \d+ python3\S*: 1 connection: 1 shm; "
+                          rf"{moved}", stderr),
+                f"{proc.name}: no summary of one shm connection moving {moved} on stderr:\n"
+                f"{stderr}")
+    t.check(not list(t.dir.glob("slip-run-summary.*")),
+            "slip-run left its temporary stats file behind")
+    records = [parse_json(t, line, "stats line") for line in user_stats.read_text().splitlines()]
+    t.check(len(records) == 1 and [c["transport"] for c in records[0]["connections"]] == ["shm"],
+            f"--stats with --summary: records {records}")
+
+    run_tool(t, "slip-run", "--summary", "sh", "-c", "exit 3", expect=3)
+    killed = run_tool(t, "slip-run", "--summary", "sh", "-c", "kill -TERM $$", expect=143)
+    t.check("no process opened a TCP connection" in killed.stderr,
+            f"summary without connections: {killed.stderr!r}")
+    run_tool(t, "slip-run", "--summary", "/nonexistent/program", expect=127)
+    term = t.start("term", [slip_run, "--summary", "--", PYTHON, "-c", TERM_PY])
+    term.wait_output("READY")
+    os.kill(term.popen.pid, signal.SIGTERM)  # slip-run alone, not its process group
+    term.expect_exit(7)
+
+
+SLIPRUN_TESTS = {"args": sliprun_args, "summary": sliprun_summary}
+
+
+@case("sliprun", SLIPRUN_TESTS)
+def sliprun(t, variant):
+    SLIPRUN_TESTS[variant](t)
+
+
+# (server bind address, client destination): what gRPC and Gloo do is the "mapped" row,
+# an AF_INET6 socket connecting to a v4-mapped loopback address.
+IPV6_ADDRESSES = {
+    "v6": ("::", "::1"),
+    "mapped": ("::", "::ffff:127.0.0.1"),
+    "v4_to_dual_stack": ("::", "127.0.0.1"),
+    "v6_to_v6": ("::1", "::1"),
+}
+
+
+@case("ipv6", variants=tuple(IPV6_ADDRESSES))
+def ipv6(t, variant):
+    """Bulk transfer over IPv6, v4-mapped and dual-stack listeners, both under Slipstream."""
+    bind, host = IPV6_ADDRESSES[variant]
+    server, client, traffic = run_bulk(t, True, True, server_args=("--bind", bind),
+                                       client_args=("--host", host))
+    t.expect_pairing(server, client, traffic=traffic)

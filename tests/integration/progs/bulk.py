@@ -112,7 +112,7 @@ def main():
     parser.add_argument("--total", type=int, default=32 * MiB)
     args = parser.parse_args()
 
-    sock = open_connection(args.role, args.port, args.source_port)
+    sock = open_connection(args.role, args.port, args.source_port, args.bind, args.host)
     sent, received = Digest(), Digest()
     errors = []
 

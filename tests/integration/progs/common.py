@@ -27,30 +27,34 @@ def random_chunks(rng, total, max_size):
         yield rng.randbytes(size)
 
 
-def listen(port):
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def listen(port, address=LOOPBACK):
+    """A listener on `address` (IPv4, or IPv6 dual-stack when the address has a colon)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((LOOPBACK, port))
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind((address, port))
     sock.listen(16)
     return sock
 
 
-def accept_one(port):
+def accept_one(port, address=LOOPBACK):
     """Accepts one connection on `port` and closes the listener."""
-    with listen(port) as listener:
+    with listen(port, address) as listener:
         conn, _ = listener.accept()
     return conn
 
 
-def connect(port, source_port=0):
-    source = (LOOPBACK, source_port) if source_port else None
-    return socket.create_connection((LOOPBACK, port), source_address=source)
+def connect(port, source_port=0, host=LOOPBACK):
+    source = (host, source_port) if source_port else None
+    return socket.create_connection((host, port), source_address=source)
 
 
-def open_connection(role, port, source_port=0):
-    """The server accepts one connection on `port`; the client connects to it (from
-    `source_port` when given)."""
-    return accept_one(port) if role == "server" else connect(port, source_port)
+def open_connection(role, port, source_port=0, bind=LOOPBACK, host=LOOPBACK):
+    """The server accepts one connection on `port` at `bind`; the client connects to it at
+    `host` (from `source_port` when given)."""
+    return accept_one(port, bind) if role == "server" else connect(port, source_port, host)
 
 
 def argument_parser(doc, role=False, impl=False):
@@ -61,6 +65,8 @@ def argument_parser(doc, role=False, impl=False):
         parser.add_argument("role", choices=["server", "client"])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--source-port", type=int, default=0)
+    parser.add_argument("--bind", default=LOOPBACK, help="server: address to listen on")
+    parser.add_argument("--host", default=LOOPBACK, help="client: address to connect to")
     if impl:
         parser.add_argument("--impl", choices=["asyncio", *SELECTORS], required=True)
     return parser
