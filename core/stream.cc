@@ -9,6 +9,8 @@
 #include <cstring>
 #include <ctime>
 
+#include <sched.h>
+
 #include "core/sys.h"
 
 namespace slip {
@@ -119,6 +121,9 @@ bool Stream::SpinUntil(Pred ready) const noexcept {
       CpuRelax();
     }
     if (NowNs() >= deadline) return false;
+    // The peer may be runnable on this very CPU (few cores, wake-affine scheduling):
+    // spinning without yielding would only delay the bytes we wait for.
+    sched_yield();
   }
 }
 

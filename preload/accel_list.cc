@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <ctime>
+
+#include <sched.h>
 #include <mutex>
 #include <vector>
 
@@ -81,9 +83,7 @@ bool SpinForAnyReadable(uint32_t spin_us) noexcept {
       }
     }
     if (NowNs() >= deadline) return false;
-#if defined(__x86_64__)
-    for (int i = 0; i < 32; ++i) __builtin_ia32_pause();
-#endif
+    sched_yield();  // let a peer on this CPU run (see Stream::SpinUntil)
   }
 }
 
