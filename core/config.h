@@ -33,18 +33,20 @@ struct Cidr {
 };
 
 struct Config {
-  bool enabled = true;                        // SLIP_ENABLE=0|1
-  std::vector<TransportKind> transports = {TransportKind::kShm, TransportKind::kTcp};  // SLIP_TRANSPORTS
-  uint32_t ring_size = 1u << 20;              // SLIP_RING_SIZE, bytes per direction, power of 2, 4K..256M, K/M/G suffixes
-  uint32_t spin_us = 50;                      // SLIP_SPIN_US, 0..1000000
-  uint32_t handshake_timeout_ms = 2000;       // SLIP_HANDSHAKE_TIMEOUT_MS, 1..600000
-  LogLevel log_level = LogLevel::kWarn;       // SLIP_LOG=error|warn|info|debug|trace
-  std::string log_file;                       // SLIP_LOG_FILE (default: stderr)
-  std::string stats_file;                     // SLIP_STATS_FILE (JSON lines appended at exit)
-  std::vector<PortRange> include_ports;       // SLIP_INCLUDE_PORTS="80,8000-9000" (empty: all)
-  std::vector<PortRange> exclude_ports;       // SLIP_EXCLUDE_PORTS
-  std::vector<Cidr> include_cidrs;            // SLIP_INCLUDE_CIDR="127.0.0.0/8,::1/128" (empty: all)
-  std::vector<Cidr> exclude_cidrs;            // SLIP_EXCLUDE_CIDR
+  bool enabled = true;  // SLIP_ENABLE=0|1
+  std::vector<TransportKind> transports = {TransportKind::kShm,
+                                           TransportKind::kTcp};  // SLIP_TRANSPORTS
+  uint32_t ring_size =
+      1u << 20;  // SLIP_RING_SIZE, bytes per direction, power of 2, 4K..256M, K/M/G suffixes
+  uint32_t spin_us = 50;                 // SLIP_SPIN_US, 0..1000000
+  uint32_t handshake_timeout_ms = 2000;  // SLIP_HANDSHAKE_TIMEOUT_MS, 1..600000
+  LogLevel log_level = LogLevel::kWarn;  // SLIP_LOG=error|warn|info|debug|trace
+  std::string log_file;                  // SLIP_LOG_FILE (default: stderr)
+  std::string stats_file;                // SLIP_STATS_FILE (JSON lines appended at exit)
+  std::vector<PortRange> include_ports;  // SLIP_INCLUDE_PORTS="80,8000-9000" (empty: all)
+  std::vector<PortRange> exclude_ports;  // SLIP_EXCLUDE_PORTS
+  std::vector<Cidr> include_cidrs;       // SLIP_INCLUDE_CIDR="127.0.0.0/8,::1/128" (empty: all)
+  std::vector<Cidr> exclude_cidrs;       // SLIP_EXCLUDE_CIDR
 
   bool Allows(TransportKind kind) const noexcept;
 };

@@ -19,7 +19,8 @@ void LogAlways(const char* fmt, ...) noexcept __attribute__((format(printf, 1, 2
 
 }  // namespace slip
 
-#define SLIP_LOG(level, ...)                                      \
-  do {                                                            \
-    if (::slip::LogEnabled(::slip::LogLevel::level)) ::slip::LogWrite(::slip::LogLevel::level, __VA_ARGS__); \
+#define SLIP_LOG(level, ...)                                  \
+  do {                                                        \
+    if (::slip::LogEnabled(::slip::LogLevel::level))          \
+      ::slip::LogWrite(::slip::LogLevel::level, __VA_ARGS__); \
   } while (0)

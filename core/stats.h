@@ -20,19 +20,19 @@ namespace slip {
 
 // Why a connection is plain TCP. Values are stable: slip-stat and JSON print the names.
 enum class Reason : uint8_t {
-  kNone = 0,            // accelerated
-  kPeerNotSlipstream,   // no rendezvous for the destination / peer did not register
-  kNotSameHost,         // peer on another host and no cross-host transport available
-  kPolicy,              // excluded by SLIP_*_PORTS / SLIP_*_CIDR / SLIP_TRANSPORTS
-  kDisabled,            // Slipstream disabled for the process (bad config, SLIP_ENABLE=0)
-  kDeclined,            // peer declined the proposal
-  kHandshakeTimeout,    // peer registered but never confirmed in time
-  kResources,           // memfd/mmap/socketpair/fd limit failure
-  kConnectSlow,         // TCP handshake did not complete promptly; registration cancelled
-  kRendezvousBusy,      // rendezvous queue full
-  kNonceMismatch,       // confirm carried the wrong nonce (forged registration)
-  kFailover,            // was accelerated, moved back to TCP mid-stream
-  kUnsupported,         // socket state we do not accelerate (e.g. bound to a device)
+  kNone = 0,           // accelerated
+  kPeerNotSlipstream,  // no rendezvous for the destination / peer did not register
+  kNotSameHost,        // peer on another host and no cross-host transport available
+  kPolicy,             // excluded by SLIP_*_PORTS / SLIP_*_CIDR / SLIP_TRANSPORTS
+  kDisabled,           // Slipstream disabled for the process (bad config, SLIP_ENABLE=0)
+  kDeclined,           // peer declined the proposal
+  kHandshakeTimeout,   // peer registered but never confirmed in time
+  kResources,          // memfd/mmap/socketpair/fd limit failure
+  kConnectSlow,        // TCP handshake did not complete promptly; registration cancelled
+  kRendezvousBusy,     // rendezvous queue full
+  kNonceMismatch,      // confirm carried the wrong nonce (forged registration)
+  kFailover,           // was accelerated, moved back to TCP mid-stream
+  kUnsupported,        // socket state we do not accelerate (e.g. bound to a device)
   kCount
 };
 const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
@@ -44,18 +44,18 @@ constexpr uint32_t kStatsVersion = 1;
 constexpr uint32_t kStatsSlots = 8192;
 
 struct alignas(64) ConnSlot {
-  std::atomic<uint32_t> state;      // SlotState
-  uint8_t transport;                // TransportKind
-  uint8_t reason;                   // Reason
-  uint8_t role;                     // 0 client (connect), 1 server (accept)
+  std::atomic<uint32_t> state;  // SlotState
+  uint8_t transport;            // TransportKind
+  uint8_t reason;               // Reason
+  uint8_t role;                 // 0 client (connect), 1 server (accept)
   uint8_t pad0;
-  char local[48];                   // "127.0.0.1:5201" or "[::1]:5201"
+  char local[48];  // "127.0.0.1:5201" or "[::1]:5201"
   char remote[48];
   std::atomic<uint64_t> bytes_sent;
   std::atomic<uint64_t> bytes_received;
   std::atomic<uint64_t> msgs_sent;
   std::atomic<uint64_t> msgs_received;
-  uint64_t opened_ns;               // CLOCK_REALTIME
+  uint64_t opened_ns;  // CLOCK_REALTIME
   std::atomic<uint64_t> closed_ns;
 };
 
@@ -66,8 +66,8 @@ struct alignas(64) StatsHeader {
   uint32_t pid;
   uint32_t slot_count;
   char exe[256];
-  std::atomic<uint32_t> high_water;      // slots ever used (scan bound)
-  std::atomic<uint64_t> dropped;         // connections not recorded (table full)
+  std::atomic<uint32_t> high_water;  // slots ever used (scan bound)
+  std::atomic<uint64_t> dropped;     // connections not recorded (table full)
   std::atomic<uint64_t> reason_counts[static_cast<int>(Reason::kCount)];
 };
 

@@ -1,5 +1,6 @@
 #include "core/stream.h"
 
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
@@ -8,8 +9,6 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
-
-#include <sched.h>
 
 #include "core/sys.h"
 
@@ -257,7 +256,8 @@ ssize_t Stream::Recv(const iovec* iov, int iovcnt, int flags, bool nonblocking) 
       if (rc != kMustWait) return rc;
     }
     // Sleep without the lock, until bytes beyond `seen` arrive or the stream ends.
-    if (SpinUntil([this, seen] { return channel_->RxProduced() != seen || RxFinished(); })) continue;
+    if (SpinUntil([this, seen] { return channel_->RxProduced() != seen || RxFinished(); }))
+      continue;
     if (int rc = WaitReadable(seen); rc < 0) return got ? ssize_t(got) : rc;
   }
 }

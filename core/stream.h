@@ -31,7 +31,8 @@ class Stream {
  public:
   // Takes ownership of `channel` and of the descriptors `proxy_a` (a duplicate of the
   // application's end) and `proxy_b` (our end).
-  Stream(std::unique_ptr<Channel> channel, int proxy_a, int proxy_b, StreamOptions options) noexcept;
+  Stream(std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
+         StreamOptions options) noexcept;
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;

@@ -28,11 +28,15 @@ inline ssize_t sendmsg(int fd, const msghdr* msg, int flags) noexcept {
 inline ssize_t recvmsg(int fd, msghdr* msg, int flags) noexcept {
   return ::syscall(SYS_recvmsg, fd, msg, flags);
 }
-inline ssize_t read(int fd, void* buf, size_t len) noexcept { return ::syscall(SYS_read, fd, buf, len); }
+inline ssize_t read(int fd, void* buf, size_t len) noexcept {
+  return ::syscall(SYS_read, fd, buf, len);
+}
 inline ssize_t write(int fd, const void* buf, size_t len) noexcept {
   return ::syscall(SYS_write, fd, buf, len);
 }
-inline int close(int fd) noexcept { return static_cast<int>(::syscall(SYS_close, fd)); }
+inline int close(int fd) noexcept {
+  return static_cast<int>(::syscall(SYS_close, fd));
+}
 inline int dup3(int oldfd, int newfd, int flags) noexcept {
   return static_cast<int>(::syscall(SYS_dup3, oldfd, newfd, flags));
 }
@@ -51,11 +55,15 @@ inline int connect(int fd, const sockaddr* addr, socklen_t len) noexcept {
 inline int bind(int fd, const sockaddr* addr, socklen_t len) noexcept {
   return static_cast<int>(::syscall(SYS_bind, fd, addr, len));
 }
-inline int listen(int fd, int backlog) noexcept { return static_cast<int>(::syscall(SYS_listen, fd, backlog)); }
+inline int listen(int fd, int backlog) noexcept {
+  return static_cast<int>(::syscall(SYS_listen, fd, backlog));
+}
 inline int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) noexcept {
   return static_cast<int>(::syscall(SYS_accept4, fd, addr, len, flags));
 }
-inline int shutdown(int fd, int how) noexcept { return static_cast<int>(::syscall(SYS_shutdown, fd, how)); }
+inline int shutdown(int fd, int how) noexcept {
+  return static_cast<int>(::syscall(SYS_shutdown, fd, how));
+}
 inline int getsockname(int fd, sockaddr* addr, socklen_t* len) noexcept {
   return static_cast<int>(::syscall(SYS_getsockname, fd, addr, len));
 }

@@ -99,8 +99,8 @@ struct Message {
 
 enum class ParseStatus : uint8_t {
   kOk = 0,
-  kNeedMore,        // a valid prefix; more bytes needed (in-band reads)
-  kNotSlipstream,   // magic mismatch: these bytes belong to the application
+  kNeedMore,       // a valid prefix; more bytes needed (in-band reads)
+  kNotSlipstream,  // magic mismatch: these bytes belong to the application
   kBadVersion,
   kBadType,
   kBadLength,

@@ -1,12 +1,11 @@
 #include "preload/accel_list.h"
 
+#include <sched.h>
 #include <sys/epoll.h>
 
 #include <algorithm>
 #include <atomic>
 #include <ctime>
-
-#include <sched.h>
 #include <mutex>
 #include <vector>
 
@@ -56,11 +55,19 @@ void AccelListRemove(SlipSocket* s) noexcept {
   l.count.store(l.sockets.size(), std::memory_order_relaxed);
 }
 
-void AccelListForkPrepare() noexcept { List().mu.lock(); }
-void AccelListForkParent() noexcept { List().mu.unlock(); }
-void AccelListForkChild() noexcept { List().mu.unlock(); }
+void AccelListForkPrepare() noexcept {
+  List().mu.lock();
+}
+void AccelListForkParent() noexcept {
+  List().mu.unlock();
+}
+void AccelListForkChild() noexcept {
+  List().mu.unlock();
+}
 
-bool AccelListNonEmpty() noexcept { return List().count.load(std::memory_order_relaxed) != 0; }
+bool AccelListNonEmpty() noexcept {
+  return List().count.load(std::memory_order_relaxed) != 0;
+}
 
 void PrepareAllForSleep() noexcept {
   AccelList& l = List();

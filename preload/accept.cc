@@ -122,10 +122,11 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
   wire::ParseStatus st =
       ReadConfirm(fd, listener->rendezvous.get(), client, server, regs, &confirm, &cancelled);
   if (st != wire::ParseStatus::kOk) {
-    Reason why = cancelled ? Reason::kConnectSlow
+    Reason why = cancelled                            ? Reason::kConnectSlow
                  : st == wire::ParseStatus::kNeedMore ? Reason::kHandshakeTimeout
                                                       : Reason::kPeerNotSlipstream;
-    if (!cancelled) SLIP_LOG(kInfo, "fd %d: registered client sent no CONFIRM (%s); plain", fd, ReasonName(why));
+    if (!cancelled)
+      SLIP_LOG(kInfo, "fd %d: registered client sent no CONFIRM (%s); plain", fd, ReasonName(why));
     MarkPlain(s, fd, why, kRoleServer);
     return Outcome::kPlain;
   }
@@ -180,7 +181,8 @@ void SlipListen(SlipSocket* s, int fd) noexcept {
   if (local.ss_family == AF_INET6) sys::getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &olen);
   int err = 0;
   s->rendezvous = shm::Rendezvous::Publish(reinterpret_cast<sockaddr*>(&local), v6only != 0, &err);
-  if (!s->rendezvous) SLIP_LOG(kInfo, "fd %d: no rendezvous (errno %d); connections stay plain", fd, -err);
+  if (!s->rendezvous)
+    SLIP_LOG(kInfo, "fd %d: no rendezvous (errno %d); connections stay plain", fd, -err);
 }
 
 int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int flags) noexcept {
@@ -194,8 +196,9 @@ int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int
     if (listener->rendezvous) {
       outcome = Negotiate(listener, s, cfd);
     } else {
-      MarkPlain(s, cfd, GetRuntime().config.Allows(TransportKind::kShm) ? Reason::kPeerNotSlipstream
-                                                                        : Reason::kPolicy,
+      MarkPlain(s, cfd,
+                GetRuntime().config.Allows(TransportKind::kShm) ? Reason::kPeerNotSlipstream
+                                                                : Reason::kPolicy,
                 1);
     }
     if (outcome == Outcome::kDropped) {

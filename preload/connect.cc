@@ -76,7 +76,8 @@ int BindForRegistration(int fd, const sockaddr* dest, socklen_t len) noexcept {
   socklen_t llen = sizeof(local);
   if (sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) return -errno;
   wire::Endpoint ep;
-  if (wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &ep) && ep.port != 0) return 0;
+  if (wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &ep) && ep.port != 0)
+    return 0;
   sockaddr_storage src{};
   std::memcpy(&src, dest, len);
   if (src.ss_family == AF_INET)
@@ -138,7 +139,8 @@ int SendConfirm(int fd, const shm::Offer& offer) noexcept {
 }
 
 // Plain connect for a socket we will not accelerate, recording why.
-int ConnectPlain(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len, Reason reason) noexcept {
+int ConnectPlain(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len,
+                 Reason reason) noexcept {
   int rc = Libc().connect(fd, addr, len);
   int err = errno;
   if (rc == 0 || err == EINPROGRESS) MarkPlain(s, fd, reason, kRoleClient, addr);
@@ -204,7 +206,8 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
   int rc = Libc().connect(fd, addr, len);
   int err = errno;
   bool established = rc == 0;
-  if (!established && (err == EINPROGRESS || err == EINTR)) established = WaitEstablished(fd, kConnectSlackMs);
+  if (!established && (err == EINPROGRESS || err == EINTR))
+    established = WaitEstablished(fd, kConnectSlackMs);
   if (!established) {
     if (err == EINPROGRESS || err == EINTR) {
       // Withdraw the registration; the server will see the CANCEL and treat it as plain.
@@ -225,7 +228,8 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
   }
   int proxy_a = -1, proxy_b = -1;
   auto channel = shm::MakeClientChannel(&offer, &proxy_a, &proxy_b);
-  if (!channel || InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleClient) < 0) {
+  if (!channel ||
+      InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleClient) < 0) {
     // CONFIRM is already in the stream, so plain TCP is no longer safe: fail the
     // connection the way TCP would rather than corrupt it.
     SLIP_LOG(kError, "fd %d: cannot install the accelerated connection; resetting", fd);
@@ -248,12 +252,14 @@ void MarkPlain(SlipSocket* s, int fd, Reason reason, int role, const sockaddr* r
   socklen_t llen = sizeof(local), plen = sizeof(peer);
   sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
   if (!remote) {
-    if (sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) peer.ss_family = AF_UNSPEC;
+    if (sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0)
+      peer.ss_family = AF_UNSPEC;
     remote = reinterpret_cast<sockaddr*>(&peer);
   }
   s->kind = SockKind::kPlain;
   if (!s->stats)
-    s->stats = StatsOpen(TransportKind::kTcp, reason, role, reinterpret_cast<sockaddr*>(&local), remote);
+    s->stats =
+        StatsOpen(TransportKind::kTcp, reason, role, reinterpret_cast<sockaddr*>(&local), remote);
 }
 
 }  // namespace slip::preload

@@ -126,7 +126,8 @@ void ControlWatch(SlipSocket* s) noexcept {
 void ControlUnwatch(SlipSocket* s) noexcept {
   ControlState& st = State();
   std::lock_guard<std::mutex> lock(st.mu);
-  if (st.epfd >= 0 && s->anchor_fd >= 0) sys::epoll_ctl(st.epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
+  if (st.epfd >= 0 && s->anchor_fd >= 0)
+    sys::epoll_ctl(st.epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
 }
 
 void ControlResetAfterFork() noexcept {

@@ -120,7 +120,9 @@ bool TryAcquire(SlipSocket* s, uint32_t gen) noexcept {
   return false;
 }
 
-void Acquire(SlipSocket* s) noexcept { s->refs.fetch_add(1, std::memory_order_relaxed); }
+void Acquire(SlipSocket* s) noexcept {
+  s->refs.fetch_add(1, std::memory_order_relaxed);
+}
 
 void Release(SlipSocket* s) noexcept {
   if (s->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
@@ -162,7 +164,9 @@ void Remove(int fd) noexcept {
   if (old) Release(old);
 }
 
-bool TableInUse() noexcept { return g_in_use.load(std::memory_order_relaxed); }
+bool TableInUse() noexcept {
+  return g_in_use.load(std::memory_order_relaxed);
+}
 
 void ForEachLiveSocket(void (*fn)(SlipSocket* s, void* ctx), void* ctx) noexcept {
   Pool& pool = GetPool();
@@ -172,8 +176,14 @@ void ForEachLiveSocket(void (*fn)(SlipSocket* s, void* ctx), void* ctx) noexcept
   }
 }
 
-void TableForkPrepare() noexcept { GetPool().mu.lock(); }
-void TableForkParent() noexcept { GetPool().mu.unlock(); }
-void TableForkChild() noexcept { GetPool().mu.unlock(); }  // the forking thread holds it
+void TableForkPrepare() noexcept {
+  GetPool().mu.lock();
+}
+void TableForkParent() noexcept {
+  GetPool().mu.unlock();
+}
+void TableForkChild() noexcept {
+  GetPool().mu.unlock();
+}  // the forking thread holds it
 
 }  // namespace slip::preload

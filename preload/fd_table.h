@@ -24,10 +24,10 @@
 namespace slip::preload {
 
 enum class SockKind : uint8_t {
-  kTcp,        // an AF_INET/AF_INET6 stream socket, not connected yet
-  kListener,   // listening; may publish a rendezvous
-  kPlain,      // a connected TCP socket that stays plain (counted, passed through)
-  kAccel,      // accelerated: the application holds the proxy, the TCP socket is hidden
+  kTcp,       // an AF_INET/AF_INET6 stream socket, not connected yet
+  kListener,  // listening; may publish a rendezvous
+  kPlain,     // a connected TCP socket that stays plain (counted, passed through)
+  kAccel,     // accelerated: the application holds the proxy, the TCP socket is hidden
 };
 
 struct SlipSocket {
@@ -84,10 +84,11 @@ void TableForkPrepare() noexcept;
 void TableForkParent() noexcept;
 void TableForkChild() noexcept;
 
-// RAII reference holder for one intercepted call.
+// RAII reference holder for one intercepted call. Costs one load for a program that has
+// no tracked socket at all.
 class SocketRef {
  public:
-  explicit SocketRef(int fd) noexcept : s_(Lookup(fd)) {}
+  explicit SocketRef(int fd) noexcept : s_(TableInUse() ? Lookup(fd) : nullptr) {}
   ~SocketRef() {
     if (s_) Release(s_);
   }
@@ -96,6 +97,8 @@ class SocketRef {
   SlipSocket* get() const noexcept { return s_; }
   SlipSocket* operator->() const noexcept { return s_; }
   explicit operator bool() const noexcept { return s_ != nullptr; }
+  bool accelerated() const noexcept { return s_ && s_->kind == SockKind::kAccel; }
+  bool counted() const noexcept { return s_ && s_->stats; }
 
  private:
   SlipSocket* s_;

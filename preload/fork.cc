@@ -58,9 +58,9 @@ void Child() {
   ForEachLiveSocket(CollectSlot, &inherited);
   StatsReinitAfterFork();
   for (const InheritedSlot& slot : inherited) {
-    slot.socket->stats = StatsOpenText(static_cast<TransportKind>(slot.transport),
-                                       static_cast<Reason>(slot.reason), slot.role, slot.local,
-                                       slot.remote);
+    slot.socket->stats =
+        StatsOpenText(static_cast<TransportKind>(slot.transport), static_cast<Reason>(slot.reason),
+                      slot.role, slot.local, slot.remote);
   }
   // A peer dying must wake the child's sleepers too: the child needs its own watcher.
   ForEachLiveSocket(RewatchAnchor, nullptr);
@@ -68,6 +68,8 @@ void Child() {
 
 }  // namespace
 
-void InstallForkHandlers() noexcept { pthread_atfork(Prepare, Parent, Child); }
+void InstallForkHandlers() noexcept {
+  pthread_atfork(Prepare, Parent, Child);
+}
 
 }  // namespace slip::preload

@@ -19,7 +19,8 @@ void SlipListen(SlipSocket* s, int fd) noexcept;
 
 // Records a connection that stays plain.
 // `remote` may be null: then it is read from the socket.
-void MarkPlain(SlipSocket* s, int fd, Reason reason, int role, const sockaddr* remote = nullptr) noexcept;
+void MarkPlain(SlipSocket* s, int fd, Reason reason, int role,
+               const sockaddr* remote = nullptr) noexcept;
 
 // Loopback or an address of a local interface.
 bool IsLocalDestination(const sockaddr* addr) noexcept;

@@ -50,11 +50,13 @@ int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
   if (fl_flags & O_NONBLOCK) sys::fcntl(proxy_a, F_SETFL, O_NONBLOCK);
   // epoll keys registrations on (file, number): take them off the TCP socket's file
   // before the number moves, and put them back on the proxy's.
-  for (const SlipSocket::EpollReg& reg : s->epoll_regs) sys::epoll_ctl(reg.epfd, EPOLL_CTL_DEL, fd, nullptr);
+  for (const SlipSocket::EpollReg& reg : s->epoll_regs)
+    sys::epoll_ctl(reg.epfd, EPOLL_CTL_DEL, fd, nullptr);
   // The atomic swap: from here on the application's number refers to the proxy.
   if (sys::dup3(proxy_a, fd, (fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) {
     int err = errno;
-    for (SlipSocket::EpollReg& reg : s->epoll_regs) sys::epoll_ctl(reg.epfd, EPOLL_CTL_ADD, fd, &reg.event);
+    for (SlipSocket::EpollReg& reg : s->epoll_regs)
+      sys::epoll_ctl(reg.epfd, EPOLL_CTL_ADD, fd, &reg.event);
     sys::close(anchor);
     return -err;
   }

@@ -17,24 +17,8 @@ using namespace slip::preload;
 
 namespace {
 
-inline SlipSocket* DataLookup(int fd) noexcept { return TableInUse() ? Lookup(fd) : nullptr; }
-
-// Holds the reference taken by DataLookup for the length of one call.
-class DataRef {
- public:
-  explicit DataRef(int fd) noexcept : s_(DataLookup(fd)) {}
-  ~DataRef() {
-    if (s_) Release(s_);
-  }
-  DataRef(const DataRef&) = delete;
-  DataRef& operator=(const DataRef&) = delete;
-  SlipSocket* get() const noexcept { return s_; }
-  bool accelerated() const noexcept { return s_ && s_->kind == SockKind::kAccel; }
-  bool counted() const noexcept { return s_ && s_->stats; }
-
- private:
-  SlipSocket* s_;
-};
+// Each call holds a reference on its socket (if tracked) for its whole length.
+using DataRef = SocketRef;
 
 ssize_t AccelRecv(SlipSocket* s, const iovec* iov, int iovcnt, int flags) noexcept {
   ssize_t n = s->stream->Recv(iov, iovcnt, flags, s->nonblocking.load(std::memory_order_relaxed));
@@ -99,7 +83,8 @@ SLIP_EXPORT ssize_t __recv_chk(int fd, void* buf, size_t n, size_t buflen, int f
   return recv(fd, buf, n, flags);
 }
 
-SLIP_EXPORT ssize_t recvfrom(int fd, void* buf, size_t n, int flags, sockaddr* addr, socklen_t* len) {
+SLIP_EXPORT ssize_t recvfrom(int fd, void* buf, size_t n, int flags, sockaddr* addr,
+                             socklen_t* len) {
   DataRef ref(fd);
   if (ref.accelerated()) {
     iovec iov{buf, n};
@@ -190,7 +175,8 @@ SLIP_EXPORT int sendmmsg(int fd, mmsghdr* msgs, unsigned vlen, int flags) {
   if (!ref.accelerated()) return Libc().sendmmsg(fd, msgs, vlen, flags);
   unsigned i = 0;
   for (; i < vlen; ++i) {
-    ssize_t n = AccelSend(ref.get(), msgs[i].msg_hdr.msg_iov, int(msgs[i].msg_hdr.msg_iovlen), flags);
+    ssize_t n =
+        AccelSend(ref.get(), msgs[i].msg_hdr.msg_iov, int(msgs[i].msg_hdr.msg_iovlen), flags);
     if (n < 0) return i > 0 ? int(i) : -1;
     msgs[i].msg_len = unsigned(n);
   }

@@ -59,7 +59,9 @@ const Runtime& GetRuntime() noexcept {
 
 namespace {
 
-__attribute__((constructor)) void SlipstreamStart() { GetRuntime(); }
+__attribute__((constructor)) void SlipstreamStart() {
+  GetRuntime();
+}
 
 __attribute__((destructor)) void SlipstreamExit() {
   const Runtime& rt = GetRuntime();

@@ -13,6 +13,8 @@ struct Runtime {
 };
 
 const Runtime& GetRuntime() noexcept;
-inline bool Enabled() noexcept { return GetRuntime().enabled; }
+inline bool Enabled() noexcept {
+  return GetRuntime().enabled;
+}
 
 }  // namespace slip::preload

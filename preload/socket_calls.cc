@@ -55,7 +55,8 @@ SLIP_EXPORT int listen(int fd, int backlog) {
   int rc = Libc().listen(fd, backlog);
   if (rc != 0 || !TableInUse()) return rc;
   SocketRef ref(fd);
-  if (ref && (ref->kind == SockKind::kTcp || ref->kind == SockKind::kListener)) SlipListen(ref.get(), fd);
+  if (ref && (ref->kind == SockKind::kTcp || ref->kind == SockKind::kListener))
+    SlipListen(ref.get(), fd);
   return rc;
 }
 
@@ -65,7 +66,9 @@ SLIP_EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
   return SlipAccept(ref.get(), fd, addr, len, flags);
 }
 
-SLIP_EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) { return accept4(fd, addr, len, 0); }
+SLIP_EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
+  return accept4(fd, addr, len, 0);
+}
 
 SLIP_EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
   SocketRef ref(fd);

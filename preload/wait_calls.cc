@@ -33,8 +33,12 @@ int SleepAware(bool may_sleep, Call&& call) noexcept {
   return call(false);
 }
 
-bool MaySleep(const timespec* ts) noexcept { return !ts || ts->tv_sec != 0 || ts->tv_nsec != 0; }
-bool MaySleep(const timeval* tv) noexcept { return !tv || tv->tv_sec != 0 || tv->tv_usec != 0; }
+bool MaySleep(const timespec* ts) noexcept {
+  return !ts || ts->tv_sec != 0 || ts->tv_nsec != 0;
+}
+bool MaySleep(const timeval* tv) noexcept {
+  return !tv || tv->tv_sec != 0 || tv->tv_usec != 0;
+}
 
 const timespec kZeroTs{0, 0};
 
@@ -76,7 +80,8 @@ SLIP_EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) 
   });
 }
 
-SLIP_EXPORT int epoll_pwait(int epfd, epoll_event* events, int max, int timeout, const sigset_t* mask) {
+SLIP_EXPORT int epoll_pwait(int epfd, epoll_event* events, int max, int timeout,
+                            const sigset_t* mask) {
   return SleepAware(timeout != 0, [&](bool probe) {
     return Libc().epoll_pwait(epfd, events, max, probe ? 0 : timeout, mask);
   });
@@ -90,7 +95,8 @@ SLIP_EXPORT int epoll_pwait2(int epfd, epoll_event* events, int max, const times
 }
 
 SLIP_EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
-  return SleepAware(timeout != 0, [&](bool probe) { return Libc().poll(fds, n, probe ? 0 : timeout); });
+  return SleepAware(timeout != 0,
+                    [&](bool probe) { return Libc().poll(fds, n, probe ? 0 : timeout); });
 }
 
 SLIP_EXPORT int __poll_chk(pollfd* fds, nfds_t n, int timeout, size_t fdslen) {

@@ -86,7 +86,8 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
   if (fd < 0) return -errno;
   offer->memfd = sys::MoveHigh(fd, sys::HiddenFdFloor());
   if (ftruncate(offer->memfd, off_t(offer->region_size)) != 0) return -errno;
-  void* region = mmap(nullptr, offer->region_size, PROT_READ | PROT_WRITE, MAP_SHARED, offer->memfd, 0);
+  void* region =
+      mmap(nullptr, offer->region_size, PROT_READ | PROT_WRITE, MAP_SHARED, offer->memfd, 0);
   if (region == MAP_FAILED) return -errno;
   offer->region = region;
   auto* control = new (region) RegionControl();
@@ -105,38 +106,37 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
   return 0;
 }
 
+namespace {
+
+int EncodeAndSend(int rendezvous, const wire::Message& msg, const int* fds, int nfds) noexcept {
+  uint8_t buf[wire::kMaxMessageSize];
+  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  if (len == 0) return -EINVAL;
+  return SendWithFds(rendezvous, buf, len, fds, nfds);
+}
+
+}  // namespace
+
 int SendRegister(int rendezvous, const Offer& offer, const wire::Endpoint& client,
                  const wire::Endpoint& server) noexcept {
   wire::Message msg;
   msg.type = wire::Type::kRegister;
-  msg.reg = wire::Register();
-  msg.reg.client = client;
-  msg.reg.server = server;
-  msg.reg.nonce = offer.nonce;
-  msg.reg.ring_size = offer.ring_size;
-  msg.reg.fd_count = 4;
-  msg.reg.region_size = offer.region_size;
-  uint8_t buf[wire::kMaxMessageSize];
-  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  msg.reg = wire::Register{client, server, offer.nonce, offer.ring_size, 4, offer.region_size};
   const int fds[4] = {offer.memfd, offer.server_a, offer.server_b, offer.client_b};
-  return SendWithFds(rendezvous, buf, len, fds, 4);
+  return EncodeAndSend(rendezvous, msg, fds, 4);
 }
 
 int SendCancel(int rendezvous, const Offer& offer, const wire::Endpoint& client,
                const wire::Endpoint& server) noexcept {
   wire::Message msg;
   msg.type = wire::Type::kCancel;
-  msg.cancel = wire::Cancel();
-  msg.cancel.client = client;
-  msg.cancel.server = server;
-  msg.cancel.nonce = offer.nonce;
-  uint8_t buf[wire::kMaxMessageSize];
-  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
-  return SendWithFds(rendezvous, buf, len, nullptr, 0);
+  msg.cancel = wire::Cancel{client, server, offer.nonce};
+  return EncodeAndSend(rendezvous, msg, nullptr, 0);
 }
 
 std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int* proxy_a, int* proxy_b) noexcept {
-  auto channel = MakeChannel(offer->region, offer->region_size, /*is_client=*/true, offer->server_b);
+  auto channel =
+      MakeChannel(offer->region, offer->region_size, /*is_client=*/true, offer->server_b);
   if (!channel) return nullptr;
   offer->region = nullptr;  // owned by the channel now
   offer->server_b = -1;

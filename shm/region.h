@@ -40,9 +40,12 @@ struct alignas(64) RegionControl {
   DirectionControl to_client;
 };
 static_assert(sizeof(RegionControl) <= kControlPage, "control block must fit its page");
-static_assert(std::atomic<uint64_t>::is_always_lock_free, "cursors must be lock-free across processes");
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "cursors must be lock-free across processes");
 
-inline size_t RegionSize(uint32_t ring_size) noexcept { return kControlPage + 2 * size_t(ring_size); }
+inline size_t RegionSize(uint32_t ring_size) noexcept {
+  return kControlPage + 2 * size_t(ring_size);
+}
 
 }  // namespace slip::shm
 

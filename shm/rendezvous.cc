@@ -48,7 +48,8 @@ void CloseFds(int* fds, int n) noexcept {
 
 }  // namespace
 
-bool RendezvousNameFor(const sockaddr* local, bool v6only, sockaddr_un* out, socklen_t* len) noexcept {
+bool RendezvousNameFor(const sockaddr* local, bool v6only, sockaddr_un* out,
+                       socklen_t* len) noexcept {
   wire::Endpoint ep;
   if (!wire::EndpointFromSockaddr(local, &ep)) return false;
   char scope[INET6_ADDRSTRLEN + 4];
@@ -78,7 +79,9 @@ int RendezvousNamesFor(const sockaddr* dest, sockaddr_un out[3], socklen_t lens[
 
 // ---------------------------------------------------------------------------- Registration
 
-Registration::~Registration() { CloseFds(fds, 4); }
+Registration::~Registration() {
+  CloseFds(fds, 4);
+}
 
 Registration::Registration(Registration&& o) noexcept
     : msg(o.msg), received_ns(o.received_ns), cancelled(o.cancelled) {
@@ -199,7 +202,8 @@ void Rendezvous::DrainLocked() noexcept {
 }
 
 void Rendezvous::ExpireLocked(uint64_t now) noexcept {
-  std::erase_if(pending_, [now](const Registration& r) { return now - r.received_ns > kRegistrationTtlNs; });
+  std::erase_if(pending_,
+                [now](const Registration& r) { return now - r.received_ns > kRegistrationTtlNs; });
   while (pending_conns_.size() > kMaxPending) {
     sys::close(pending_conns_.front());
     pending_conns_.erase(pending_conns_.begin());
@@ -249,9 +253,11 @@ std::unique_ptr<Channel> AcceptRegistration(Registration* reg, const wire::Confi
     *reason = wire::DeclineReason::kNonceMismatch;
     return nullptr;
   }
-  if (confirm.ring_size != msg.ring_size || msg.region_size != RegionSize(msg.ring_size)) return nullptr;
+  if (confirm.ring_size != msg.ring_size || msg.region_size != RegionSize(msg.ring_size))
+    return nullptr;
   struct stat st;
-  if (fstat(reg->fds[0], &st) != 0 || !S_ISREG(st.st_mode) || uint64_t(st.st_size) != msg.region_size)
+  if (fstat(reg->fds[0], &st) != 0 || !S_ISREG(st.st_mode) ||
+      uint64_t(st.st_size) != msg.region_size)
     return nullptr;
   for (int i = 1; i < 4; ++i) {
     if (fstat(reg->fds[i], &st) != 0 || !S_ISSOCK(st.st_mode)) return nullptr;
@@ -262,7 +268,8 @@ std::unique_ptr<Channel> AcceptRegistration(Registration* reg, const wire::Confi
     return nullptr;
   }
   const RegionHeader& header = static_cast<RegionControl*>(region)->header;
-  if (header.magic != kRegionMagic || header.ring_size != msg.ring_size || header.nonce != msg.nonce) {
+  if (header.magic != kRegionMagic || header.ring_size != msg.ring_size ||
+      header.nonce != msg.nonce) {
     munmap(region, msg.region_size);
     return nullptr;
   }

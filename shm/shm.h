@@ -78,7 +78,8 @@ class Rendezvous {
  public:
   // Publishes the rendezvous for a listening socket bound to `local`. Returns nullptr
   // (and *error = -errno) when it cannot (e.g. the name is taken).
-  static std::unique_ptr<Rendezvous> Publish(const sockaddr* local, bool v6only, int* error) noexcept;
+  static std::unique_ptr<Rendezvous> Publish(const sockaddr* local, bool v6only,
+                                             int* error) noexcept;
   ~Rendezvous();
 
   int fd() const noexcept { return fd_; }
@@ -88,7 +89,8 @@ class Rendezvous {
   size_t Take(const wire::Endpoint& client, const wire::Endpoint& server,
               std::vector<Registration>* out) noexcept;
   // True if a CANCEL for (client, server, nonce) has arrived (drains the socket).
-  bool Cancelled(const wire::Endpoint& client, const wire::Endpoint& server, uint64_t nonce) noexcept;
+  bool Cancelled(const wire::Endpoint& client, const wire::Endpoint& server,
+                 uint64_t nonce) noexcept;
   // Reads whatever arrived (keeps the queue short between accepts).
   void Drain() noexcept;
 

@@ -1,46 +1,156 @@
 // slip-run: runs a program with Slipstream preloaded (like smc_run).
 //
-//   slip-run [OPTIONS] -- CMD [ARGS...]
+//   slip-run [OPTIONS] [--] CMD [ARGS...]
 //
 // Finds libslipstream.so relative to itself (../lib/), prepends it to LD_PRELOAD, turns
 // options into SLIP_* variables and execs CMD. Options are validated by the library
 // itself at start-up, exactly as if they had been set in the environment.
+//
+// --summary cannot exec: the counters of CMD's processes die with them, and only their
+// exit records (SLIP_STATS_FILE) outlive them. So slip-run then runs CMD as its child,
+// waits, and reads the records CMD's processes appended.
+#include <arpa/inet.h>
 #include <limits.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/config.h"
+#include "tools/slip-stat/exit_records.h"
+#include "tools/slip-stat/summary.h"
+
+extern char** environ;
 
 namespace {
 
+using slip::Config;
+
+// By slip::LogLevel, the names SLIP_LOG takes.
+constexpr const char* kLevelNames[] = {"error", "warn", "info", "debug", "trace"};
+
+std::string TransportsText(const Config& c) {
+  std::string text;
+  for (slip::TransportKind kind : c.transports) {
+    text += (text.empty() ? "" : ",") + std::string(slip::TransportName(kind));
+  }
+  return text;
+}
+
+// 1048576 -> "1M": the form SLIP_RING_SIZE takes.
+std::string SizeText(uint64_t bytes) {
+  static constexpr std::pair<char, int> kUnits[] = {{'G', 30}, {'M', 20}, {'K', 10}};
+  for (auto [unit, shift] : kUnits) {
+    if (bytes != 0 && bytes % (uint64_t{1} << shift) == 0) {
+      return std::to_string(bytes >> shift) + unit;
+    }
+  }
+  return std::to_string(bytes);
+}
+
+// An empty list means no restriction: `when_empty` says which way.
+std::string PortsText(const std::vector<slip::PortRange>& ports, const char* when_empty) {
+  std::string text;
+  for (const slip::PortRange& r : ports) {
+    text += (text.empty() ? "" : ",") + std::to_string(r.first);
+    if (r.last != r.first) text += "-" + std::to_string(r.last);
+  }
+  return text.empty() ? when_empty : text;
+}
+
+std::string CidrsText(const std::vector<slip::Cidr>& cidrs, const char* when_empty) {
+  std::string text;
+  for (const slip::Cidr& c : cidrs) {
+    char host[INET6_ADDRSTRLEN] = "?";
+    inet_ntop(c.family, c.addr, host, sizeof(host));
+    text += (text.empty() ? "" : ",") + std::string(host) + "/" + std::to_string(c.prefix_len);
+  }
+  return text.empty() ? when_empty : text;
+}
+
+std::string PathText(const std::string& path, const char* when_empty) {
+  return path.empty() ? when_empty : path;
+}
+
 struct Option {
-  const char* flag;  // "--name"
-  const char* env;   // SLIP_* variable it sets
+  const char* flag;   // takes a value: --flag=VALUE or --flag VALUE
+  const char* value;  // what VALUE looks like
+  const char* env;    // the SLIP_* variable it sets
   const char* help;
+  std::string (*default_of)(const Config&);  // the library's default, from Config{}
 };
 
-constexpr Option kOptions[] = {
-    {"--transports", "SLIP_TRANSPORTS", "transports in preference order (default shm,tcp)"},
-    {"--stats", "SLIP_STATS_FILE", "append one JSON line of per-connection stats at exit"},
-    {"--ring-size", "SLIP_RING_SIZE", "ring bytes per direction, power of two (default 1M)"},
-    {"--spin-us", "SLIP_SPIN_US", "busy-poll before sleeping, microseconds (default 50)"},
-    {"--log", "SLIP_LOG", "error|warn|info|debug|trace (default warn)"},
-    {"--log-file", "SLIP_LOG_FILE", "log file (default stderr)"},
-    {"--include-ports", "SLIP_INCLUDE_PORTS", "only these ports, e.g. 80,8000-9000"},
-    {"--exclude-ports", "SLIP_EXCLUDE_PORTS", "never these ports"},
-    {"--include-cidr", "SLIP_INCLUDE_CIDR", "only these remote prefixes, e.g. 127.0.0.0/8"},
-    {"--exclude-cidr", "SLIP_EXCLUDE_CIDR", "never these remote prefixes"},
-    {"--handshake-timeout-ms", "SLIP_HANDSHAKE_TIMEOUT_MS", "negotiation timeout (default 2000)"},
+// Every variable the library reads (core/config.cc), one option each.
+const Option kOptions[] = {
+    {"--transports", "LIST", "SLIP_TRANSPORTS", "transports in preference order", TransportsText},
+    {"--ring-size", "SIZE", "SLIP_RING_SIZE",
+     "ring bytes per direction: a power of two from 4K to 256M (K, M, G suffixes)",
+     [](const Config& c) { return SizeText(c.ring_size); }},
+    {"--spin-us", "N", "SLIP_SPIN_US", "busy-poll before sleeping, in microseconds (0..1000000)",
+     [](const Config& c) { return std::to_string(c.spin_us); }},
+    {"--handshake-timeout-ms", "N", "SLIP_HANDSHAKE_TIMEOUT_MS",
+     "negotiation timeout in milliseconds (1..600000)",
+     [](const Config& c) { return std::to_string(c.handshake_timeout_ms); }},
+    {"--include-ports", "PORTS", "SLIP_INCLUDE_PORTS",
+     "accelerate only these ports (local or remote), e.g. 80,8000-9000",
+     [](const Config& c) { return PortsText(c.include_ports, "all"); }},
+    {"--exclude-ports", "PORTS", "SLIP_EXCLUDE_PORTS", "never accelerate these ports",
+     [](const Config& c) { return PortsText(c.exclude_ports, "none"); }},
+    {"--include-cidr", "PREFIXES", "SLIP_INCLUDE_CIDR",
+     "accelerate only these remote prefixes, e.g. 127.0.0.0/8,::1/128",
+     [](const Config& c) { return CidrsText(c.include_cidrs, "all"); }},
+    {"--exclude-cidr", "PREFIXES", "SLIP_EXCLUDE_CIDR", "never accelerate these remote prefixes",
+     [](const Config& c) { return CidrsText(c.exclude_cidrs, "none"); }},
+    {"--log", "LEVEL", "SLIP_LOG", "error, warn, info, debug or trace",
+     [](const Config& c) { return std::string(kLevelNames[static_cast<int>(c.log_level)]); }},
+    {"--log-file", "PATH", "SLIP_LOG_FILE", "where log lines go",
+     [](const Config& c) { return PathText(c.log_file, "stderr"); }},
+    {"--stats", "PATH", "SLIP_STATS_FILE",
+     "each process appends one JSON line of per-connection stats at exit",
+     [](const Config& c) { return PathText(c.stats_file, "none"); }},
+    {"--enable", "0|1", "SLIP_ENABLE", "0 runs CMD with Slipstream inert (plain TCP)",
+     [](const Config& c) { return std::string(c.enabled ? "1" : "0"); }},
 };
 
 void Usage(FILE* out) {
-  std::fprintf(out, "usage: slip-run [OPTIONS] -- CMD [ARGS...]\n\n"
-                    "Runs CMD with Slipstream preloaded: its TCP connections to other Slipstream\n"
-                    "processes move to faster transports; all others stay plain TCP.\n\noptions:\n");
-  for (const Option& o : kOptions) std::fprintf(out, "  %s=VALUE\n      %s (%s)\n", o.flag, o.help, o.env);
-  std::fprintf(out, "  --help\n      this text\n");
+  std::fprintf(out,
+               "usage: slip-run [OPTIONS] [--] CMD [ARGS...]\n\n"
+               "Runs CMD with Slipstream preloaded: its TCP connections to other Slipstream\n"
+               "processes on this host move to shared memory; all others stay plain TCP.\n"
+               "See them live with slip-stat.\n\n"
+               "Each option sets the SLIP_* variable named after it, and setting that variable\n"
+               "instead has the same effect; these are all the variables the library reads.\n"
+               "A bad value is reported on stderr and leaves that process on plain TCP.\n\n");
+  const Config defaults;
+  for (const Option& o : kOptions) {
+    std::fprintf(out, "  %s=%s  %s, default %s\n      %s\n", o.flag, o.value, o.env,
+                 o.default_of(defaults).c_str(), o.help);
+  }
+  std::fprintf(out,
+               "  --summary\n"
+               "      when CMD exits, print on stderr what its processes accelerated:\n"
+               "      connections by transport and fallback reason, and bytes. CMD then runs\n"
+               "      as a child of slip-run, which passes SIGINT, SIGTERM and SIGHUP on to\n"
+               "      it and exits with its status (128+N if it was killed by signal N)\n"
+               "  -h, --help\n"
+               "      this text\n\n"
+               "Exit status: CMD's; 2 for a bad command line, 127 if CMD cannot be run.\n");
+}
+
+[[noreturn]] void UsageError(const std::string& message) {
+  std::fprintf(stderr, "slip-run: %s\n\n", message.c_str());
+  Usage(stderr);
+  std::exit(2);
 }
 
 // The library sits in ../lib relative to this executable (build/bin -> build/lib).
@@ -57,41 +167,154 @@ std::string LibraryPath() {
   return real;
 }
 
-bool ApplyOption(const char* arg) {
+const Option* FindOption(std::string_view flag) {
   for (const Option& o : kOptions) {
-    size_t len = std::strlen(o.flag);
-    if (std::strncmp(arg, o.flag, len) == 0 && arg[len] == '=') {
-      setenv(o.env, arg + len + 1, 1);
-      return true;
+    if (flag == o.flag) return &o;
+  }
+  return nullptr;
+}
+
+struct CommandLine {
+  bool summary = false;
+  char** command = nullptr;  // CMD and its arguments, null-terminated (argv's tail)
+};
+
+// Applies the options to the environment; the first argument that is not an option, or
+// the one after "--", starts CMD.
+CommandLine Parse(int argc, char** argv) {
+  CommandLine line;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.empty() || arg[0] != '-') break;
+    if (arg == "--help" || arg == "-h") {
+      Usage(stdout);
+      std::exit(0);
+    }
+    if (arg == "--summary") {
+      line.summary = true;
+      continue;
+    }
+    size_t eq = arg.find('=');
+    const Option* o = FindOption(arg.substr(0, eq));
+    if (o == nullptr) UsageError("unknown option '" + std::string(arg) + "'");
+    if (eq == std::string_view::npos && i + 1 >= argc) {
+      UsageError(std::string(arg) + " needs a value (" + o->value + ")");
+    }
+    std::string value(eq == std::string_view::npos ? argv[++i] : arg.substr(eq + 1));
+    setenv(o->env, value.c_str(), 1);
+  }
+  if (i >= argc) UsageError("no command given");
+  line.command = argv + i;
+  return line;
+}
+
+// --summary: the child's pid, for the signal handler.
+volatile sig_atomic_t g_child = 0;
+
+// A terminal's ^C, ^\ and hangup (si_code SI_KERNEL) already reach CMD, which shares our
+// foreground process group; passing them on would deliver them twice.
+void PassOn(int sig, siginfo_t* info, void*) {
+  if (info->si_code != SI_KERNEL && g_child > 0) kill(g_child, sig);
+}
+
+constexpr int kPassedSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+// Where CMD's processes append their exit records, and where ours start.
+struct StatsTarget {
+  std::string path;
+  uint64_t offset = 0;     // the file's size before CMD ran
+  bool temporary = false;  // ours to remove
+};
+
+// The user's SLIP_STATS_FILE (from --stats or the environment), or a temporary file.
+bool ChooseStatsFile(StatsTarget* target) {
+  const char* given = getenv("SLIP_STATS_FILE");
+  if (given != nullptr && *given != '\0') {
+    target->path = given;
+    struct stat st;
+    if (stat(given, &st) == 0) target->offset = static_cast<uint64_t>(st.st_size);
+    return true;
+  }
+  const char* tmp = getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/slip-run-summary.XXXXXX";
+  int fd = mkstemp(pattern.data());
+  if (fd < 0) {
+    std::fprintf(stderr, "slip-run: cannot create %s: %s\n", pattern.c_str(), strerror(errno));
+    return false;
+  }
+  close(fd);
+  target->path = pattern;
+  target->temporary = true;
+  setenv("SLIP_STATS_FILE", pattern.c_str(), 1);
+  return true;
+}
+
+// Spawns CMD with the signal mask and dispositions slip-run was given, waits for it and
+// returns its status as an exit code; -1 if it could not be started.
+int SpawnAndWait(char** command) {
+  sigset_t passed, original;
+  sigemptyset(&passed);
+  for (int sig : kPassedSignals) sigaddset(&passed, sig);
+  // Blocked until g_child is set, so that no signal arrives with nobody to pass it to.
+  sigprocmask(SIG_BLOCK, &passed, &original);
+  struct sigaction action = {};
+  action.sa_sigaction = PassOn;
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  for (int sig : kPassedSignals) {
+    struct sigaction old;
+    // An ignored signal stays ignored, for CMD too (nohup, background jobs).
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler != SIG_IGN) {
+      sigaction(sig, &action, nullptr);
     }
   }
-  return false;
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setsigmask(&attr, &original);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid;
+  int err = posix_spawnp(&pid, command[0], nullptr, &attr, command, environ);
+  posix_spawnattr_destroy(&attr);
+  if (err != 0) {
+    sigprocmask(SIG_SETMASK, &original, nullptr);
+    std::fprintf(stderr, "slip-run: cannot run '%s': %s\n", command[0], std::strerror(err));
+    return -1;
+  }
+  g_child = pid;
+  sigprocmask(SIG_SETMASK, &original, nullptr);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  g_child = 0;  // reaped: the pid may be reused
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+int RunWithSummary(char** command) {
+  StatsTarget stats;
+  if (!ChooseStatsFile(&stats)) return 127;
+  int code = SpawnAndWait(command);
+  slipstat::ExitRecords records;
+  std::string error;
+  if (!slipstat::ReadExitRecords(stats.path, stats.offset, &records, &error)) {
+    std::fprintf(stderr, "slip-run: summary: cannot read %s\n", error.c_str());
+  } else if (code >= 0) {
+    std::string summary = slipstat::RenderSummary(records, "slip-run: summary: ");
+    std::fputs(summary.c_str(), stderr);
+  }
+  if (stats.temporary) unlink(stats.path.c_str());
+  return code < 0 ? 127 : code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int i = 1;
-  for (; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--") == 0) {
-      ++i;
-      break;
-    }
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      Usage(stdout);
-      return 0;
-    }
-    if (!ApplyOption(argv[i])) {
-      std::fprintf(stderr, "slip-run: unknown option '%s'\n\n", argv[i]);
-      Usage(stderr);
-      return 2;
-    }
-  }
-  if (i >= argc) {
-    std::fprintf(stderr, "slip-run: no command given\n\n");
-    Usage(stderr);
-    return 2;
-  }
+  CommandLine line = Parse(argc, argv);
   std::string lib = LibraryPath();
   if (lib.empty()) {
     std::fprintf(stderr, "slip-run: cannot find libslipstream.so next to %s\n", argv[0]);
@@ -100,7 +323,8 @@ int main(int argc, char** argv) {
   const char* old = getenv("LD_PRELOAD");
   std::string preload = old && *old ? lib + ":" + old : lib;
   setenv("LD_PRELOAD", preload.c_str(), 1);
-  execvp(argv[i], argv + i);
-  std::fprintf(stderr, "slip-run: cannot run '%s': %s\n", argv[i], std::strerror(errno));
+  if (line.summary) return RunWithSummary(line.command);
+  execvp(line.command[0], line.command);
+  std::fprintf(stderr, "slip-run: cannot run '%s': %s\n", line.command[0], std::strerror(errno));
   return 127;
 }
