@@ -684,3 +684,200 @@ def ipv6(t, variant):
     server, client, traffic = run_bulk(t, True, True, server_args=("--bind", bind),
                                        client_args=("--host", host))
     t.expect_pairing(server, client, traffic=traffic)
+
+
+# --- slip-perf, the measuring tool: its command line, its output formats, a short compare.
+
+import csv as _csv  # noqa: E402  (this block is self-contained)
+import io as _io  # noqa: E402
+import subprocess as _subprocess  # noqa: E402
+import xml.etree.ElementTree as _xml  # noqa: E402
+
+PERF_RUN = ("--sizes", "64,4K", "--duration", "0.05", "--repeat", "2")
+PERF_SOCKET_TESTS = ("tcp_lat", "tcp_bw", "tcp_rr", "tcp_crr")
+PERF_NATIVE_TESTS = ("shm_lat", "shm_bw", "shm_rr")
+PERF_SIZES = (64, 4096)
+# Each bad command line must end with status 2 and the usage on stderr.
+PERF_BAD_ARGS = (
+    (),
+    ("bogus",),
+    ("client",),
+    ("client", "127.0.0.1"),
+    ("client", "127.0.0.1", "tcp_nope"),
+    ("client", "127.0.0.1", "tcp_lat", "--bogus"),
+    ("client", "127.0.0.1", "tcp_lat", "--size", "0"),
+    ("client", "127.0.0.1", "tcp_lat", "--size", "65M"),
+    ("client", "127.0.0.1", "tcp_lat", "--sizes", "4M:1"),
+    ("client", "127.0.0.1", "tcp_lat", "--duration", "1", "--iters", "5"),
+    ("client", "127.0.0.1", "tcp_lat", "--duration", "-1"),
+    ("client", "127.0.0.1", "tcp_bw", "--streams", "0"),
+    ("client", "127.0.0.1", "tcp_lat", "--format", "xml"),
+    ("client", "127.0.0.1", "tcp_lat", "--port"),
+    ("server", "--port", "70000"),
+    ("server", "--once", "--count", "2"),
+    ("server", "extra"),
+    ("native",),
+    ("native", "shm_crr"),
+    ("native", "tcp_lat"),
+    ("native", "shm_lat", "--cpus", "1"),
+    ("compare", "--tests", "lat,nope"),
+    ("compare", "--transports", "tcp,ib"),
+    ("compare", "--remote", "example.org", "--transports", "tcp,shm-native"),
+    ("compare", "--repeat", "0"),
+    ("memcpy", "--size", "x"),
+)
+
+
+def slip_perf_path(t):
+    t.check(t.settings.build_dir is not None, "no build directory: pass --build-dir")
+    path = t.settings.build_dir / "bin" / "slip-perf"
+    t.check(path.is_file(), f"{path} not built")
+    return path
+
+
+def perf_number(t, row, column, where):
+    """A numeric cell of a slip-perf CSV row (or JSON result), as a float."""
+    value = row.get(column)
+    t.check(value not in (None, ""), f"{where}: no {column}")
+    try:
+        return float(value)
+    except ValueError:
+        raise TestFailure(f"{where}: {column}={value!r} is not a number") from None
+
+
+def check_perf_rows(t, rows, tests, where):
+    """One row per test and size; every figure is there and consistent; repeats are 2."""
+    seen = sorted((row["test"], int(row["size"])) for row in rows)
+    expected = sorted((test, size) for test in tests for size in PERF_SIZES)
+    t.check(seen == expected, f"{where}: rows for {seen}, expected {expected}")
+    for row in rows:
+        at = f"{where} {row['test']} {row['size']}"
+        kind = row["test"].split("_", 1)[1]
+        figure = {"lat": "p50_us", "bw": "gbit_s", "rr": "trans_s", "crr": "trans_s"}[kind]
+        t.check(row["metric"] == figure, f"{at}: main figure {row['metric']!r}, expected {figure}")
+        low, median, high = (perf_number(t, row, c, at) for c in ("min", "median", "max"))
+        t.check(0 < low <= median <= high, f"{at}: min {low}, median {median}, max {high}")
+        t.check(perf_number(t, row, "repeats", at) == 2, f"{at}: repeats {row['repeats']}, not 2")
+        t.check(perf_number(t, row, "iters", at) > 0, f"{at}: no iterations")
+        t.check(perf_number(t, row, figure, at) > 0, f"{at}: {figure} is not positive")
+        for side in ("cpu_client", "cpu_server"):
+            t.check(perf_number(t, row, side, at) >= 0, f"{at}: negative {side}")
+        if kind != "bw":
+            for column in ("mean_us", "p50_us", "p99_us", "p999_us"):
+                perf_number(t, row, column, at)
+
+
+def parse_perf_output(t, proc, output_format):
+    """The rows of a slip-perf client or native run, from CSV or JSON; both must parse."""
+    text = proc.stdout()
+    if output_format == "csv":
+        rows = list(_csv.DictReader(_io.StringIO(text)))
+        t.check(rows, f"{proc.name}: no CSV rows in {text[:300]!r}")
+        return rows
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TestFailure(f"{proc.name}: stdout is not one JSON document ({e})")
+    return [{k: ("" if v is None else str(v)) for k, v in result.items()}
+            for result in document["results"]]
+
+
+@case("perf_args", variants=("usage",))
+def perf_args(t, _):
+    """Bad command lines end with status 2 and the usage on stderr; --help with status 0 and
+    the usage on stdout."""
+    perf = slip_perf_path(t)
+    for args in PERF_BAD_ARGS:
+        done = _subprocess.run([str(perf), *args], capture_output=True, text=True, timeout=10)
+        t.check(done.returncode == 2 and "usage:" in done.stderr and not done.stdout,
+                f"slip-perf {' '.join(args)}: status {done.returncode}, expected 2 with the "
+                f"usage on stderr; stderr {done.stderr[:200]!r}, stdout {done.stdout[:200]!r}")
+    for args in (("--help",), ("client", "--help"), ("compare", "-h")):
+        done = _subprocess.run([str(perf), *args], capture_output=True, text=True, timeout=10)
+        t.check(done.returncode == 0 and done.stdout.startswith("usage:"),
+                f"slip-perf {' '.join(args)}: status {done.returncode}, expected 0 with the "
+                f"usage on stdout")
+
+
+@case("perf_formats", variants=("tcp", "shm"))
+def perf_formats(t, variant):
+    """Every socket test against a slip-perf server, at two sizes with two repeats, in CSV
+    and in JSON: both parse and hold every figure. Under slip-run ("shm") every connection,
+    control and data, must have used shm."""
+    perf = slip_perf_path(t)
+    slip = variant == "shm"
+    server = t.serve("server", [perf, "server", "--bind", LOOPBACK, "-p", t.port, "--count", 2],
+                     slip=slip)
+    clients = []
+    for output_format in ("csv", "json"):
+        client = t.start(f"client_{output_format}",
+                         [perf, "client", LOOPBACK, "-p", t.port, *PERF_SOCKET_TESTS, *PERF_RUN,
+                          "--conns", 2, "--streams", 2, "--format", output_format,
+                          "--label", variant], slip=slip)
+        client.expect_exit(0)
+        rows = parse_perf_output(t, client, output_format)
+        check_perf_rows(t, rows, PERF_SOCKET_TESTS, client.name)
+        clients.append(client)
+    server.expect_exit(0)
+    for proc in (server, *clients):
+        if not proc.slip:
+            t.expect_no_stats(proc)
+            continue
+        records = proc.stats_records()
+        t.check(len(records) == 1, f"{proc.name}: {len(records)} stats lines, expected 1")
+        connections = records[0].get("connections", [])
+        t.check(connections, f"{proc.name}: no connections in its stats")
+        t.check(records[0].get("dropped") == 0, f"{proc.name}: stats dropped records")
+        others = [c for c in connections if c.get("transport") != "shm"]
+        t.check(not others, f"{proc.name}: connections not on shm: {others[:3]}")
+
+
+@case("perf_native", variants=("csv", "json"))
+def perf_native(t, output_format):
+    """The native shm tests (a forked pair on the library's rings) in both formats."""
+    perf = slip_perf_path(t)
+    native = t.start("native", [perf, "native", *PERF_NATIVE_TESTS, *PERF_RUN, "--conns", 2,
+                                "--format", output_format])
+    native.expect_exit(0)
+    check_perf_rows(t, parse_perf_output(t, native, output_format), PERF_NATIVE_TESTS,
+                    native.name)
+
+
+@case("perf_compare", variants=("short",))
+def perf_compare(t, _):
+    """A short `slip-perf compare`: two sizes, two runs each, plain, under slip-run and
+    native. It must exit 0 (every connection under slip-run used shm), and its CSV, JSON
+    and SVG must parse, with one row per transport, test and size."""
+    perf = slip_perf_path(t)
+    out = t.dir / "compare"
+    transports = ["tcp", "shm-native"] if t.settings.plain else ["tcp", "shm", "shm-native"]
+    started = time.monotonic()
+    compare = t.start("compare", [perf, "compare", "--tests", "lat,bw", "--sizes", "64,64K",
+                                  "--duration", "0.05", "--repeat", 2, "--out", out,
+                                  "--transports", ",".join(transports)])
+    compare.expect_exit(0)
+    elapsed = time.monotonic() - started
+    t.check(elapsed < 60, f"compare took {elapsed:.0f} s")
+    with open(out / "compare.csv", newline="") as f:
+        rows = list(_csv.DictReader(f))
+    keys = sorted((row["transport"], row["test"], int(row["size"])) for row in rows)
+    expected = sorted((tr, test, size) for tr in transports for test in ("lat", "bw")
+                      for size in (64, 65536))
+    t.check(keys == expected, f"compare.csv rows {keys}, expected {expected}")
+    for row in rows:
+        at = f"compare.csv {row['transport']} {row['test']} {row['size']}"
+        low, median, high = (perf_number(t, row, c, at) for c in ("min", "median", "max"))
+        t.check(0 < low <= median <= high, f"{at}: min {low}, median {median}, max {high}")
+    document = json.loads((out / "compare.json").read_text())
+    t.check(len(document["results"]) == len(rows),
+            f"compare.json has {len(document['results'])} results, compare.csv {len(rows)} rows")
+    t.check(not document["warnings"], f"compare.json warnings: {document['warnings']}")
+    svg = _xml.parse(out / "compare.svg").getroot()
+    t.check(svg.tag.endswith("svg"), f"compare.svg root is {svg.tag}")
+    lines = svg.findall(".//{http://www.w3.org/2000/svg}polyline")
+    t.check(len(lines) == 2 * len(transports),
+            f"compare.svg has {len(lines)} lines, expected one per transport in each panel")
+    table = compare.stdout()
+    for title in ("lat: one-way latency", "bw: bandwidth"):
+        t.check(title in table, f"the printed comparison has no table {title!r}")
+    print(f"compare ran in {elapsed:.1f} s")

@@ -1,0 +1,105 @@
+#include "tools/slip-stat/exit_records.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "tools/slip-stat/json_reader.h"
+
+namespace slipstat {
+namespace {
+
+bool StringField(const JsonValue& object, const char* key, std::string* out) {
+  const JsonValue* v = object.Find(key);
+  if (v == nullptr || v->type != JsonValue::Type::kString) return false;
+  *out = v->text;
+  return true;
+}
+
+bool UintField(const JsonValue& object, const char* key, uint64_t* out) {
+  const JsonValue* v = object.Find(key);
+  return v != nullptr && v->AsUint(out);
+}
+
+bool ToConnection(const JsonValue& v, Connection* c) {
+  return v.type == JsonValue::Type::kObject && StringField(v, "local", &c->local) &&
+         StringField(v, "remote", &c->remote) && StringField(v, "transport", &c->transport) &&
+         StringField(v, "reason", &c->reason) && UintField(v, "bytes_sent", &c->bytes_sent) &&
+         UintField(v, "bytes_received", &c->bytes_received);
+}
+
+// Appends everything in fd from `offset` on to *out.
+bool ReadFrom(int fd, uint64_t offset, std::string* out) {
+  char buf[64 * 1024];
+  auto at = static_cast<off_t>(offset);
+  while (true) {
+    ssize_t n = pread(fd, buf, sizeof(buf), at);
+    if (n == 0) return true;
+    if (n < 0 && errno != EINTR) return false;
+    if (n > 0) {
+      out->append(buf, static_cast<size_t>(n));
+      at += n;
+    }
+  }
+}
+
+}  // namespace
+
+bool ParseExitRecord(std::string_view line, Process* out, std::string* error) {
+  JsonValue record;
+  if (!ParseJson(line, &record, error)) return false;
+  Process p;
+  uint64_t pid = 0;
+  const JsonValue* connections = record.Find("connections");
+  if (record.type != JsonValue::Type::kObject || !UintField(record, "pid", &pid) ||
+      pid > INT32_MAX || !StringField(record, "exe", &p.exe) ||
+      !UintField(record, "dropped", &p.dropped) || connections == nullptr ||
+      connections->type != JsonValue::Type::kArray) {
+    *error = "not an exit record (pid, exe, dropped, connections)";
+    return false;
+  }
+  p.pid = static_cast<pid_t>(pid);
+  for (const JsonValue& item : connections->items) {
+    Connection c;
+    if (!ToConnection(item, &c)) {
+      *error = "a connection lacks local, remote, transport, reason or byte counts";
+      return false;
+    }
+    p.connections.push_back(std::move(c));
+  }
+  *out = std::move(p);
+  return true;
+}
+
+bool ReadExitRecords(const std::string& path, uint64_t offset, ExitRecords* out,
+                     std::string* error) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) return true;
+  std::string text;
+  bool ok = fd >= 0 && ReadFrom(fd, offset, &text);
+  int err = errno;
+  if (fd >= 0) close(fd);
+  if (!ok) {
+    *error = path + ": " + strerror(err);
+    return false;
+  }
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    size_t end = rest.find('\n');
+    std::string_view line = rest.substr(0, end);
+    rest.remove_prefix(end == std::string_view::npos ? rest.size() : end + 1);
+    Process p;
+    std::string why;
+    if (ParseExitRecord(line, &p, &why)) {
+      out->processes.push_back(std::move(p));
+    } else if (!line.empty()) {
+      ++out->bad_lines;
+    }
+  }
+  return true;
+}
+
+}  // namespace slipstat
