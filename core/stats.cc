@@ -347,7 +347,8 @@ const char* ReasonName(Reason r) noexcept {
                                            "rendezvous_busy",
                                            "nonce_mismatch",
                                            "failover",
-                                           "unsupported"};
+                                           "unsupported",
+                                           "reuseport"};
   static_assert(std::size(kNames) == static_cast<size_t>(Reason::kCount));
   auto i = static_cast<size_t>(r);
   return i < std::size(kNames) ? kNames[i] : "unknown";

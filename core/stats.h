@@ -33,6 +33,7 @@ enum class Reason : uint8_t {
   kNonceMismatch,      // confirm carried the wrong nonce (forged registration)
   kFailover,           // was accelerated, moved back to TCP mid-stream
   kUnsupported,        // socket state we do not accelerate (e.g. bound to a device)
+  kReusePort,          // accepted on an SO_REUSEPORT listener (publishes no rendezvous)
   kCount
 };
 const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
@@ -40,7 +41,7 @@ const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
 enum class SlotState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
 
 constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
-constexpr uint32_t kStatsVersion = 1;
+constexpr uint32_t kStatsVersion = 2;         // 2: reason kReusePort
 constexpr uint32_t kStatsSlots = 8192;
 
 struct alignas(64) ConnSlot {

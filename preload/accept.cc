@@ -157,32 +157,43 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
 
 }  // namespace
 
-void SlipListen(SlipSocket* s, int fd) noexcept {
+bool SlipListen(SlipSocket* s, int fd) noexcept {
   std::lock_guard<std::mutex> lock(s->mu);
-  s->kind = SockKind::kListener;
-  const Runtime& rt = GetRuntime();
-  if (s->rendezvous || !rt.config.Allows(TransportKind::kShm)) return;
   sockaddr_storage local{};
   socklen_t llen = sizeof(local);
-  if (sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) return;
   wire::Endpoint ep;
-  if (!wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &ep) ||
-      !ListenerPortAllowed(rt.config, ep.port))
-    return;
+  if (sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
+      !wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &ep) || ep.port == 0)
+    return false;  // not bound yet: listen() picks the port, decide after it
+  s->kind = SockKind::kListener;
+  const Runtime& rt = GetRuntime();
+  if (s->rendezvous) return true;
+  s->no_rendezvous = Reason::kPolicy;
+  if (!rt.config.Allows(TransportKind::kShm) || !ListenerPortAllowed(rt.config, ep.port))
+    return true;
   int reuseport = 0, v6only = 0;
   socklen_t olen = sizeof(int);
   sys::getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &reuseport, &olen);
   if (reuseport) {
     // Several processes may share the port: a registration could reach the wrong one.
     SLIP_LOG(kInfo, "fd %d: SO_REUSEPORT listener stays plain", fd);
-    return;
+    s->no_rendezvous = Reason::kReusePort;
+    return true;
   }
+  s->no_rendezvous = Reason::kPeerNotSlipstream;
   olen = sizeof(int);
   if (local.ss_family == AF_INET6) sys::getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &olen);
   int err = 0;
   s->rendezvous = shm::Rendezvous::Publish(reinterpret_cast<sockaddr*>(&local), v6only != 0, &err);
   if (!s->rendezvous)
     SLIP_LOG(kInfo, "fd %d: no rendezvous (errno %d); connections stay plain", fd, -err);
+  return true;
+}
+
+void SlipUnlisten(SlipSocket* s) noexcept {
+  std::lock_guard<std::mutex> lock(s->mu);
+  s->rendezvous.reset();
+  s->kind = SockKind::kTcp;
 }
 
 int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int flags) noexcept {
@@ -196,10 +207,7 @@ int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int
     if (listener->rendezvous) {
       outcome = Negotiate(listener, s, cfd);
     } else {
-      MarkPlain(s, cfd,
-                GetRuntime().config.Allows(TransportKind::kShm) ? Reason::kPeerNotSlipstream
-                                                                : Reason::kPolicy,
-                1);
+      MarkPlain(s, cfd, listener->no_rendezvous, kRoleServer);
     }
     if (outcome == Outcome::kDropped) {
       Release(s);

@@ -143,7 +143,14 @@ int ConnectPlain(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len,
                  Reason reason) noexcept {
   int rc = Libc().connect(fd, addr, len);
   int err = errno;
-  if (rc == 0 || err == EINPROGRESS) MarkPlain(s, fd, reason, kRoleClient, addr);
+  if (rc == 0) {
+    MarkPlain(s, fd, reason, kRoleClient, addr);
+  } else if (err == EINPROGRESS) {
+    // Not a connection yet (it may be refused): recorded once it carries data.
+    s->kind = SockKind::kPlain;
+    s->pending_reason = reason;
+    s->stats_pending.store(true, std::memory_order_release);
+  }
   errno = err;
   return rc;
 }
@@ -245,6 +252,15 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
     return -1;
   }
   return 0;
+}
+
+void RecordPendingPlain(SlipSocket* s, int fd) noexcept {
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (!s->stats_pending.exchange(false, std::memory_order_acq_rel)) return;
+  sockaddr_storage peer{};
+  socklen_t plen = sizeof(peer);
+  if (sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0)
+    MarkPlain(s, fd, s->pending_reason, kRoleClient, reinterpret_cast<sockaddr*>(&peer));
 }
 
 void MarkPlain(SlipSocket* s, int fd, Reason reason, int role, const sockaddr* remote) noexcept {

@@ -72,6 +72,9 @@ void Teardown(SlipSocket* s) noexcept {
 
 void SlipSocket::Reset() noexcept {
   epoll_regs.clear();
+  no_rendezvous = Reason::kPeerNotSlipstream;
+  stats_pending.store(false, std::memory_order_relaxed);
+  pending_reason = Reason::kNone;
   kind = SockKind::kTcp;
   family = 0;
   nonblocking.store(false, std::memory_order_relaxed);

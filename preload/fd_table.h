@@ -41,9 +41,14 @@ struct SlipSocket {
   std::mutex mu;  // control-path transitions (listen, connect, accept)
 
   ConnSlot* stats = nullptr;
-  std::unique_ptr<shm::Rendezvous> rendezvous;  // kListener
-  std::unique_ptr<Stream> stream;               // kAccel
-  int anchor_fd = -1;                           // kAccel: the hidden TCP socket
+  std::unique_ptr<shm::Rendezvous> rendezvous;        // kListener
+  Reason no_rendezvous = Reason::kPeerNotSlipstream;  // kListener without one: why
+  // kPlain after a non-blocking connect: the stats slot is opened only once the connection
+  // proves established (a refused connect is no connection).
+  std::atomic<bool> stats_pending{false};
+  Reason pending_reason = Reason::kNone;
+  std::unique_ptr<Stream> stream;  // kAccel
+  int anchor_fd = -1;              // kAccel: the hidden TCP socket
 
   // epoll registrations made while the socket was still kTcp (under `mu`): when connect()
   // swaps the descriptor to the proxy they must move with it, or epoll would keep watching

@@ -14,13 +14,20 @@ struct SlipSocket;
 int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noexcept;
 // The interposed accept4() for a tracked listener. Returns like accept4(2).
 int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int flags) noexcept;
-// Publishes the shm rendezvous of a listener, if policy allows.
-void SlipListen(SlipSocket* s, int fd) noexcept;
+// Makes a bound socket a listener and publishes its shm rendezvous, if policy allows.
+// Returns false (and does nothing) while the socket has no port yet.
+bool SlipListen(SlipSocket* s, int fd) noexcept;
+// Undoes SlipListen when listen(2) itself failed.
+void SlipUnlisten(SlipSocket* s) noexcept;
 
 // Records a connection that stays plain.
 // `remote` may be null: then it is read from the socket.
 void MarkPlain(SlipSocket* s, int fd, Reason reason, int role,
                const sockaddr* remote = nullptr) noexcept;
+
+// Opens the stats slot of a plain connection whose non-blocking connect has completed
+// (it just moved its first bytes).
+void RecordPendingPlain(SlipSocket* s, int fd) noexcept;
 
 // Loopback or an address of a local interface.
 bool IsLocalDestination(const sockaddr* addr) noexcept;

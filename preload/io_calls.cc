@@ -10,6 +10,7 @@
 #include "core/stats.h"
 #include "preload/export.h"
 #include "preload/fd_table.h"
+#include "preload/handshake.h"
 #include "preload/libc.h"
 
 using namespace slip;
@@ -32,13 +33,22 @@ ssize_t AccelSend(SlipSocket* s, const iovec* iov, int iovcnt, int flags) noexce
   return ToLibc(n);
 }
 
-ssize_t CountReceived(const DataRef& ref, ssize_t n) noexcept {
-  if (n > 0 && ref.counted()) StatsAddReceived(ref.get()->stats, uint64_t(n));
+void RecordIfPending(const DataRef& ref, int fd) noexcept {
+  SlipSocket* s = ref.get();
+  if (s && s->stats_pending.load(std::memory_order_acquire)) RecordPendingPlain(s, fd);
+}
+
+ssize_t CountReceived(const DataRef& ref, int fd, ssize_t n) noexcept {
+  if (n <= 0) return n;
+  RecordIfPending(ref, fd);
+  if (ref.counted()) StatsAddReceived(ref.get()->stats, uint64_t(n));
   return n;
 }
 
-ssize_t CountSent(const DataRef& ref, ssize_t n) noexcept {
-  if (n > 0 && ref.counted()) StatsAddSent(ref.get()->stats, uint64_t(n));
+ssize_t CountSent(const DataRef& ref, int fd, ssize_t n) noexcept {
+  if (n <= 0) return n;
+  RecordIfPending(ref, fd);
+  if (ref.counted()) StatsAddSent(ref.get()->stats, uint64_t(n));
   return n;
 }
 
@@ -55,7 +65,7 @@ SLIP_EXPORT ssize_t read(int fd, void* buf, size_t n) {
     iovec iov{buf, n};
     return AccelRecv(ref.get(), &iov, 1, 0);
   }
-  return CountReceived(ref, Libc().read(fd, buf, n));
+  return CountReceived(ref, fd, Libc().read(fd, buf, n));
 }
 
 SLIP_EXPORT ssize_t __read_chk(int fd, void* buf, size_t n, size_t buflen) {
@@ -66,7 +76,7 @@ SLIP_EXPORT ssize_t __read_chk(int fd, void* buf, size_t n, size_t buflen) {
 SLIP_EXPORT ssize_t readv(int fd, const iovec* iov, int iovcnt) {
   DataRef ref(fd);
   if (ref.accelerated()) return AccelRecv(ref.get(), iov, iovcnt, 0);
-  return CountReceived(ref, Libc().readv(fd, iov, iovcnt));
+  return CountReceived(ref, fd, Libc().readv(fd, iov, iovcnt));
 }
 
 SLIP_EXPORT ssize_t recv(int fd, void* buf, size_t n, int flags) {
@@ -75,7 +85,7 @@ SLIP_EXPORT ssize_t recv(int fd, void* buf, size_t n, int flags) {
     iovec iov{buf, n};
     return AccelRecv(ref.get(), &iov, 1, flags);
   }
-  return CountReceived(ref, Libc().recv(fd, buf, n, flags));
+  return CountReceived(ref, fd, Libc().recv(fd, buf, n, flags));
 }
 
 SLIP_EXPORT ssize_t __recv_chk(int fd, void* buf, size_t n, size_t buflen, int flags) {
@@ -91,7 +101,7 @@ SLIP_EXPORT ssize_t recvfrom(int fd, void* buf, size_t n, int flags, sockaddr* a
     ClearName(addr, len);
     return AccelRecv(ref.get(), &iov, 1, flags);
   }
-  return CountReceived(ref, Libc().recvfrom(fd, buf, n, flags, addr, len));
+  return CountReceived(ref, fd, Libc().recvfrom(fd, buf, n, flags, addr, len));
 }
 
 SLIP_EXPORT ssize_t __recvfrom_chk(int fd, void* buf, size_t n, size_t buflen, int flags,
@@ -108,7 +118,7 @@ SLIP_EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
     msg->msg_flags = 0;
     return AccelRecv(ref.get(), msg->msg_iov, int(msg->msg_iovlen), flags);
   }
-  return CountReceived(ref, Libc().recvmsg(fd, msg, flags));
+  return CountReceived(ref, fd, Libc().recvmsg(fd, msg, flags));
 }
 
 SLIP_EXPORT int recvmmsg(int fd, mmsghdr* msgs, unsigned vlen, int flags, timespec* timeout) {
@@ -136,13 +146,13 @@ SLIP_EXPORT ssize_t write(int fd, const void* buf, size_t n) {
     iovec iov{const_cast<void*>(buf), n};
     return AccelSend(ref.get(), &iov, 1, 0);
   }
-  return CountSent(ref, Libc().write(fd, buf, n));
+  return CountSent(ref, fd, Libc().write(fd, buf, n));
 }
 
 SLIP_EXPORT ssize_t writev(int fd, const iovec* iov, int iovcnt) {
   DataRef ref(fd);
   if (ref.accelerated()) return AccelSend(ref.get(), iov, iovcnt, 0);
-  return CountSent(ref, Libc().writev(fd, iov, iovcnt));
+  return CountSent(ref, fd, Libc().writev(fd, iov, iovcnt));
 }
 
 SLIP_EXPORT ssize_t send(int fd, const void* buf, size_t n, int flags) {
@@ -151,7 +161,7 @@ SLIP_EXPORT ssize_t send(int fd, const void* buf, size_t n, int flags) {
     iovec iov{const_cast<void*>(buf), n};
     return AccelSend(ref.get(), &iov, 1, flags);
   }
-  return CountSent(ref, Libc().send(fd, buf, n, flags));
+  return CountSent(ref, fd, Libc().send(fd, buf, n, flags));
 }
 
 SLIP_EXPORT ssize_t sendto(int fd, const void* buf, size_t n, int flags, const sockaddr* addr,
@@ -161,13 +171,13 @@ SLIP_EXPORT ssize_t sendto(int fd, const void* buf, size_t n, int flags, const s
     iovec iov{const_cast<void*>(buf), n};
     return AccelSend(ref.get(), &iov, 1, flags);
   }
-  return CountSent(ref, Libc().sendto(fd, buf, n, flags, addr, len));
+  return CountSent(ref, fd, Libc().sendto(fd, buf, n, flags, addr, len));
 }
 
 SLIP_EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
   DataRef ref(fd);
   if (ref.accelerated()) return AccelSend(ref.get(), msg->msg_iov, int(msg->msg_iovlen), flags);
-  return CountSent(ref, Libc().sendmsg(fd, msg, flags));
+  return CountSent(ref, fd, Libc().sendmsg(fd, msg, flags));
 }
 
 SLIP_EXPORT int sendmmsg(int fd, mmsghdr* msgs, unsigned vlen, int flags) {
@@ -229,7 +239,7 @@ ssize_t AccelSendfile(SlipSocket* s, int in_fd, off_t* offset, size_t count) noe
 SLIP_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   DataRef ref(out_fd);
   if (ref.accelerated()) return AccelSendfile(ref.get(), in_fd, offset, count);
-  return CountSent(ref, Libc().sendfile(out_fd, in_fd, offset, count));
+  return CountSent(ref, out_fd, Libc().sendfile(out_fd, in_fd, offset, count));
 }
 
 SLIP_EXPORT ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset, size_t count) {

@@ -52,11 +52,18 @@ SLIP_EXPORT int socket(int domain, int type, int protocol) {
 }
 
 SLIP_EXPORT int listen(int fd, int backlog) {
-  int rc = Libc().listen(fd, backlog);
-  if (rc != 0 || !TableInUse()) return rc;
   SocketRef ref(fd);
-  if (ref && (ref->kind == SockKind::kTcp || ref->kind == SockKind::kListener))
-    SlipListen(ref.get(), fd);
+  if (!ref || (ref->kind != SockKind::kTcp && ref->kind != SockKind::kListener))
+    return Libc().listen(fd, backlog);
+  // Publish first: once the kernel answers SYNs, a Slipstream client must find the
+  // rendezvous, or its connection would stay plain for no reason.
+  bool was_listening = ref->kind == SockKind::kListener;
+  bool decided = SlipListen(ref.get(), fd);
+  int rc = Libc().listen(fd, backlog);
+  int err = errno;
+  if (rc != 0 && decided && !was_listening) SlipUnlisten(ref.get());
+  if (rc == 0 && !decided) SlipListen(ref.get(), fd);  // the port was chosen by listen()
+  errno = err;
   return rc;
 }
 

@@ -1171,7 +1171,14 @@ static int reader_run(struct reader* r) {
   for (size_t i = 0;; i++) {
     size_t want = r->sizes[i % r->nsizes];
     if (want > r->cap - r->used) want = r->cap - r->used;
-    CHECK(want > 0, "received more than the whole stream");
+    if (want == 0) {
+      // This thread alone got the whole stream: all that may come now is EOF.
+      uint8_t extra;
+      ssize_t n = recv(r->fd, &extra, 1, 0);
+      if (n < 0 && errno == EINTR) continue;
+      CHECK(n == 0, "received more than the whole stream (%s)", res(n));
+      return 0;
+    }
     ssize_t n = recv(r->fd, r->buf + r->used, want, 0);
     if (n == 0) return 0;
     if (n < 0 && errno == EINTR) continue;
@@ -1365,12 +1372,18 @@ static int t_dup(struct ctx* c) {
 struct kick {
   pthread_t target;
   int after_ms;
+  atomic_int done;
 };
 
+// Signals the target after `after_ms`, then every 50 ms until it is done: on a loaded
+// machine the first signal may land before the target has entered its blocking call.
 static void* kick_main(void* arg) {
   struct kick* k = arg;
   sleep_ms(k->after_ms);
-  pthread_kill(k->target, SIGUSR1);
+  while (!atomic_load(&k->done)) {
+    pthread_kill(k->target, SIGUSR1);
+    sleep_ms(50);
+  }
   return NULL;
 }
 
@@ -1379,13 +1392,14 @@ static ssize_t interrupted_recv(struct ctx* c, int sa_flags, int kick_ms, long* 
   struct sigaction sa = {.sa_handler = on_usr1, .sa_flags = sa_flags};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGUSR1, &sa, NULL);
-  struct kick k = {pthread_self(), kick_ms};
+  struct kick k = {pthread_self(), kick_ms, 0};
   pthread_t thread;
   if (pthread_create(&thread, NULL, kick_main, &k) != 0) fatal("pthread_create");
   long t0 = now_ms();
   ssize_t n = recv(c->fd, scratch, 8, 0);
   *err = errno;
   *ms = now_ms() - t0;
+  atomic_store(&k.done, 1);
   pthread_join(thread, NULL);
   return n;
 }
@@ -1398,8 +1412,8 @@ static int t_eintr(struct ctx* c) {
   // Without SA_RESTART: EINTR (the data sent at 400 ms bound the wait if it is not).
   helper_start(c, "send 8 121 0 1 0 400");
   ssize_t n = interrupted_recv(c, 0, 100, &ms, &err);
-  CHECK(atomic_load(&usr1s) == before + 1, "the handler ran %d times",
-        atomic_load(&usr1s) - before);
+  CHECK(atomic_load(&usr1s) > before, "the handler never ran");
+  before = atomic_load(&usr1s);
   CHECK(n == -1 && err == EINTR && ms < 400,
         "recv hit at 100 ms by a handler without SA_RESTART: %s after %ld ms", res_e(n, err), ms);
   AWAIT_HELPER();
@@ -1408,17 +1422,18 @@ static int t_eintr(struct ctx* c) {
   helper_start(c, "send 8 122 0 1 0 400");
   n = interrupted_recv(c, SA_RESTART, 100, &ms, &err);
   AWAIT_HELPER();
-  CHECK(atomic_load(&usr1s) == before + 2, "the handler ran %d times",
-        atomic_load(&usr1s) - before - 1);
-  CHECK(n == 8 && ms >= 300,
+  // On a loaded machine the data may beat the first signal; then there was nothing to
+  // restart and only the data can be checked.
+  bool signalled = atomic_load(&usr1s) > before;
+  before = atomic_load(&usr1s);
+  CHECK(n == 8 && (ms >= 300 || !signalled),
         "recv hit at 100 ms by a handler with SA_RESTART, data sent at 400 ms: %s after %ld ms",
         res_e(n, err), ms);
   CHECK_DATA(scratch, 8, 122, 0, "received by the restarted recv");
   // With SA_RESTART and SO_RCVTIMEO: never restarted, EINTR (signal(7)).
   CHECK(set_timeout(c->fd, SO_RCVTIMEO, 2000) == 0, "SO_RCVTIMEO: %s", res(-1));
   n = interrupted_recv(c, SA_RESTART, 100, &ms, &err);
-  CHECK(atomic_load(&usr1s) == before + 3, "the handler ran %d times",
-        atomic_load(&usr1s) - before - 2);
+  CHECK(atomic_load(&usr1s) > before, "the handler never ran");
   CHECK(n == -1 && err == EINTR && ms < 1000,
         "recv with a 2 s SO_RCVTIMEO hit at 100 ms by a handler with SA_RESTART: %s after %ld "
         "ms, expected EINTR",
