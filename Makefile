@@ -9,7 +9,7 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build test test-asan test-tsan bench demo clean format
+.PHONY: all deps build test test-asan test-tsan test-workloads bench demo clean format
 
 all: build
 
@@ -33,7 +33,13 @@ test-tsan:
 	@TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/bin/slip_unit_tests --gtest_brief=1
 
 test: deps build test-asan test-tsan
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300 -LE workloads
+
+# Real training stacks under slip-run (gRPC parameter server, PyTorch Gloo, Open MPI):
+# about 200 MB of Debian packages and a few minutes; see tests/workloads/README.md.
+test-workloads: build
+	@scripts/install-deps.sh workloads
+	@cd $(BUILD) && ctest --output-on-failure --timeout 300 -L workloads
 
 bench: deps build
 	@tests/bench/bench.sh $(BUILD)
