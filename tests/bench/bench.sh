@@ -25,6 +25,7 @@ BUILD=${1:-build}
 DURATION=${SLIP_BENCH_DURATION:-5}
 PLAIN_ONLY=${SLIP_BENCH_PLAIN_ONLY:-0}
 RING=${SLIP_RING_SIZE:-1M}
+RR_CONNS=4
 NEXT_PORT=${SLIP_BENCH_PORT:-15301}
 OUT=$BUILD/bench
 RAW=$OUT/raw
@@ -124,6 +125,22 @@ pair() {
   fi
 }
 
+# solo NAME TITLE CMD...: one program on its own (no server pair) under timeout, its
+# output in $RAW/NAME.out and .err. Sets PREFIX; returns its status.
+solo() {
+  local name=$1 title=$2
+  shift 2
+  PREFIX=$RAW/$name
+  printf '  %-5s %-22s ' "-" "$title"
+  if timeout -k 5 "$PAIR_TIMEOUT" "$@" >"$PREFIX.out" 2>"$PREFIX.err"; then
+    echo "ok"
+    return 0
+  fi
+  echo "FAILED: $(tail -n 1 "$PREFIX.err")"
+  FAILURES+=("$title: $(tail -n 1 "$PREFIX.err")")
+  return 1
+}
+
 # value NAME MODE TEXT: stores TEXT as VAL[NAME.MODE] when it is a number.
 value() {
   if [[ $3 =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
@@ -148,6 +165,37 @@ measure_slip_perf() {
     "$SLIP_PERF" client 127.0.0.1 -p '{port}' tcp_bw --size 64K --duration "$DURATION" \
     --format csv --label "$mode"; then
     value bw "$mode" "$(slip_csv_value "$PREFIX.out" tcp_bw gbit_s)"
+  fi
+}
+
+# Request/response rate over several connections, and connection setup (connect, one
+# request and response, close): the shim registers at the listener's rendezvous on every
+# connect, so this is where its setup cost shows.
+measure_slip_perf_rates() {
+  local mode=$1
+  if pair slip-perf-rr "$mode" exits \
+    "$SLIP_PERF" server --bind 127.0.0.1 -p '{port}' --once :: \
+    "$SLIP_PERF" client 127.0.0.1 -p '{port}' tcp_rr --size 64 --conns "$RR_CONNS" \
+    --duration "$DURATION" --format csv --label "$mode"; then
+    value rr "$mode" "$(slip_csv_value "$PREFIX.out" tcp_rr trans_s)"
+  fi
+  if pair slip-perf-crr "$mode" exits \
+    "$SLIP_PERF" server --bind 127.0.0.1 -p '{port}' --once :: \
+    "$SLIP_PERF" client 127.0.0.1 -p '{port}' tcp_crr --size 64 --duration "$DURATION" \
+    --format csv --label "$mode"; then
+    value crr "$mode" "$(slip_csv_value "$PREFIX.out" tcp_crr trans_s)"
+  fi
+}
+
+# The shm transport itself, without sockets or the preload (slip-perf native: a forked
+# pair on the library's rings), so that the cost of the socket layer on top is visible.
+measure_native() {
+  local pin=()
+  [[ -n ${PIN_SERVER:-} && -n ${PIN_CLIENT:-} ]] && pin=(--cpus "$PIN_SERVER,$PIN_CLIENT")
+  if solo native "native shm" "$SLIP_PERF" native shm_lat shm_bw --duration "$DURATION" \
+    "${pin[@]}" --format csv; then
+    value native_lat - "$(slip_csv_value "$PREFIX.out" shm_lat p50_us)"
+    value native_bw - "$(slip_csv_value "$PREFIX.out" shm_bw gbit_s)"
   fi
 }
 
@@ -196,18 +244,12 @@ measure_iperf3() {
 }
 
 measure_memcpy() {
-  PREFIX=$RAW/memcpy
-  printf '  %-5s %-22s ' "-" "memcpy $RING"
   local pin=()
   [[ -n ${PIN_CLIENT:-} ]] && pin=(taskset -c "$PIN_CLIENT")
-  if timeout -k 5 "$PAIR_TIMEOUT" "${pin[@]}" "$SLIP_PERF" memcpy --size "$RING" \
-    --duration "$DURATION" --format csv >"$PREFIX.out" 2>"$PREFIX.err"; then
-    echo "ok"
+  if solo memcpy "memcpy $RING" "${pin[@]}" "$SLIP_PERF" memcpy --size "$RING" \
+    --duration "$DURATION" --format csv; then
     value memcpy_gbit - "$(slip_csv_value "$PREFIX.out" memcpy gbit_s)"
     value memcpy_gb - "$(slip_csv_value "$PREFIX.out" memcpy gb_s)"
-  else
-    echo "FAILED: $(tail -n 1 "$PREFIX.err")"
-    FAILURES+=("memcpy: $(tail -n 1 "$PREFIX.err")")
   fi
 }
 
@@ -248,6 +290,19 @@ row() {
     "${r:+${r}x}" "$target" "$verdict"
 }
 
+# native_line: the transport itself, and how close the socket API over it comes.
+native_line() {
+  local lat=${VAL[native_lat.-]:-} bw=${VAL[native_bw.-]:-} reach=""
+  [[ -n $lat && -n $bw ]] || return 0
+  [[ -n ${VAL[lat_p50.shm]:-} ]] && reach+=$(awk -v a="${VAL[lat_p50.shm]}" -v b="$lat" \
+    'BEGIN { printf " latency %.2fx of it,", a / b }')
+  [[ -n ${VAL[bw.shm]:-} ]] && reach+=$(awk -v a="${VAL[bw.shm]}" -v b="$bw" \
+    'BEGIN { printf " bandwidth %.0f%% of it,", 100 * a / b }')
+  [[ -n $reach ]] && reach=" Through the socket API under slip-run:${reach%,}."
+  echo "The transport itself (slip-perf native, no sockets): 64 B latency p50 $lat us," \
+    "64 KiB bandwidth $bw Gbit/s.${reach}"
+}
+
 # memcpy_line: the physical limit, and how much of it tcp_bw reaches in each column.
 memcpy_line() {
   local limit=${VAL[memcpy_gbit.-]:-} mode bw reach=""
@@ -284,14 +339,17 @@ report() {
   row "sockperf ping-pong 64 B, avg (us)" sockperf lat
   row "slip-perf tcp_bw 64 KiB writes (Gbit/s)" bw bw
   row "iperf3 -l 64K (Gbit/s)" iperf3 bw
+  row "slip-perf tcp_rr 64 B, $RR_CONNS connections (transactions/s)" rr info
+  row "slip-perf tcp_crr 64 B, connect + request + response + close (connections/s)" crr info
   echo
+  native_line
   memcpy_line
   if [[ $PLAIN_ONLY != 1 ]]; then
     echo
     echo "Transports of the connections under slip-run (each end counted by its process):"
     echo
     local name
-    for name in slip-perf-lat slip-perf-bw sockperf iperf3; do
+    for name in slip-perf-lat slip-perf-bw slip-perf-rr slip-perf-crr sockperf iperf3; do
       [[ -n ${TRANSPORT[$name]:-} ]] && echo "- $name: ${TRANSPORT[$name]}"
     done
     if [[ ${#FELL_BACK[@]} -gt 0 ]]; then
@@ -315,8 +373,10 @@ ensure_tools
 pick_cpus
 echo "Slipstream benchmark: ${MODES[*]}, ${DURATION} s per measurement, raw output in $RAW"
 measure_memcpy
+measure_native
 # Each tool over tcp then shm back to back, so that both columns see the same host state.
-for measure in measure_slip_perf measure_slip_perf_one_cpu measure_sockperf measure_iperf3; do
+for measure in measure_slip_perf measure_slip_perf_one_cpu measure_slip_perf_rates \
+  measure_sockperf measure_iperf3; do
   for mode in "${MODES[@]}"; do "$measure" "$mode"; done
 done
 echo

@@ -27,9 +27,11 @@ inline Budget WarmupOf(const Budget& b) {
 
 // Counts the iterations of one phase and says when its budget is spent.
 //   for (Phase p(budget); !p.Done(); p.Tick()) { ... }
+// The threads of one test pass the same `start_ns`, so that they measure one interval.
 class Phase {
  public:
-  explicit Phase(const Budget& budget) : budget_(budget), start_ns_(NowNs()) {}
+  explicit Phase(const Budget& budget, uint64_t start_ns = NowNs())
+      : budget_(budget), start_ns_(start_ns) {}
 
   // `now_ns` lets a caller that has just read the clock pass it on.
   bool Done(uint64_t now_ns = 0) const {

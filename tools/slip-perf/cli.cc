@@ -1,137 +1,11 @@
 #include "tools/slip-perf/cli.h"
 
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
-#include <functional>
+#include <algorithm>
+#include <cstdio>
 #include <string_view>
 
 namespace slipperf {
 namespace {
-
-constexpr const char* kUsage =
-    R"(usage:
-  slip-perf server [-p PORT] [--bind ADDR] [--once | --count N]
-  slip-perf client HOST [-p PORT] TEST... [--size N] [--duration SEC | --iters N]
-                   [--verify sampled|full] [--format table|csv|json] [--label NAME]
-  slip-perf memcpy [--size N] [--duration SEC | --iters N] [--format F] [--label NAME]
-  slip-perf --help
-
-Measures what an unmodified program gets from the ordinary blocking socket API, so it
-runs the same plain or under build/bin/slip-run.
-
-server   serves tests one connection at a time (default port 5301, any address);
-         --once exits after one test, --count N after N; SIGINT/SIGTERM stop it cleanly.
-client   runs each TEST on its own connection to a slip-perf server:
-           tcp_lat  ping-pong of N-byte messages (default 64), TCP_NODELAY; reports
-                    one-way latency = round trip / 2 in microseconds: mean, p50, p99, p99.9
-           tcp_bw   one stream of N-byte writes (default 64K); reports Gbit/s and MB/s;
-                    the server checks the byte count and the content: --verify sampled
-                    (default: the ends of each read and one cache line in four, about a
-                    tenth of the cost of a copy) or full (every byte, about one copy)
-memcpy   copies an N-byte buffer (default 1M) repeatedly: memory bandwidth in GB/s, the
-         physical limit of a shared-memory ring of that size.
-
-  --size N        bytes; K, M, G suffixes are powers of 1024
-  --duration SEC  measured time (default 3); a warm-up of a tenth of it (at most 1 s)
-                  runs first
-  --iters N       measure N iterations instead (warm-up N/10)
-  --format F      table (default), csv (header row) or json (one object)
-  --label NAME    fills the label and transport columns (e.g. tcp, shm)
-)";
-
-// Options of one subcommand: a name, whether it takes a value, what to do with it.
-struct Option {
-  std::string_view name;   // "--size"
-  std::string_view alias;  // "-p" or ""
-  bool takes_value;
-  std::function<void(std::string_view)> apply;
-};
-
-// Walks the arguments: "--name VALUE", "--name=VALUE", "-p VALUE" and positionals.
-void ParseOptions(const std::vector<std::string_view>& args, const std::vector<Option>& options,
-                  const std::function<void(std::string_view)>& positional) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string_view arg = args[i];
-    if (arg.size() < 2 || arg[0] != '-') {
-      positional(arg);
-      continue;
-    }
-    std::string_view inline_value;
-    bool has_inline = false;
-    if (const size_t eq = arg.find('='); arg.starts_with("--") && eq != std::string_view::npos) {
-      inline_value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_inline = true;
-    }
-    const Option* match = nullptr;
-    for (const Option& o : options) {
-      if (arg == o.name || (!o.alias.empty() && arg == o.alias)) match = &o;
-    }
-    if (match == nullptr) throw UsageError("unknown option '" + std::string(arg) + "'");
-    if (!match->takes_value) {
-      if (has_inline) throw UsageError(std::string(arg) + " takes no value");
-      match->apply({});
-    } else if (has_inline) {
-      match->apply(inline_value);
-    } else if (i + 1 < args.size()) {
-      match->apply(args[++i]);
-    } else {
-      throw UsageError(std::string(arg) + " needs a value");
-    }
-  }
-}
-
-[[noreturn]] void Bad(std::string_view what, std::string_view value, std::string_view expected) {
-  throw UsageError("bad " + std::string(what) + " '" + std::string(value) + "': expected " +
-                   std::string(expected));
-}
-
-uint64_t ParseUnsigned(std::string_view what, std::string_view s, uint64_t min, uint64_t max,
-                       bool size_suffix) {
-  const std::string text(s);
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-  const char* expected = size_suffix ? "a byte count like 64, 64K or 1M" : "a whole number";
-  if (text.empty() || text[0] == '-' || end == text.c_str() || errno != 0) Bad(what, s, expected);
-  uint64_t scale = 1;
-  const std::string_view rest(end);
-  if (size_suffix && rest.size() == 1) {
-    switch (rest[0]) {
-      case 'k':
-      case 'K':
-        scale = 1ull << 10;
-        break;
-      case 'm':
-      case 'M':
-        scale = 1ull << 20;
-        break;
-      case 'g':
-      case 'G':
-        scale = 1ull << 30;
-        break;
-      default:
-        Bad(what, s, expected);
-    }
-  } else if (!rest.empty()) {
-    Bad(what, s, expected);
-  }
-  if (v > max / scale || v * scale < min || v * scale > max) {
-    Bad(what, s, "a value in " + std::to_string(min) + ".." + std::to_string(max));
-  }
-  return v * scale;
-}
-
-uint64_t ParseDurationNs(std::string_view s) {
-  const std::string text(s);
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !std::isfinite(v) || v <= 0 || v > 86400) {
-    Bad("--duration", s, "seconds, more than 0 and at most 86400");
-  }
-  return static_cast<uint64_t>(v * 1e9);
-}
 
 Format ParseFormat(std::string_view s) {
   if (s == "table") return Format::kTable;
@@ -140,18 +14,24 @@ Format ParseFormat(std::string_view s) {
   Bad("--format", s, "table, csv or json");
 }
 
-// The options that set how long a test runs; checks that at most one is given.
+// The options that set how long a run lasts; checks that at most one is given.
 void AddBudgetOptions(Budget* budget, std::vector<Option>* options) {
   options->push_back({"--duration", "", true, [budget](std::string_view v) {
                         if (budget->iters != 0)
                           throw UsageError("--duration and --iters exclude each other");
-                        budget->duration_ns = ParseDurationNs(v);
+                        budget->duration_ns = ParseDurationNs("--duration", v);
                       }});
   options->push_back({"--iters", "", true, [budget](std::string_view v) {
                         if (budget->duration_ns != 0)
                           throw UsageError("--duration and --iters exclude each other");
                         budget->iters = ParseUnsigned("--iters", v, 1, UINT64_MAX / 2, false);
                       }});
+}
+
+void DefaultBudget(Budget* budget, double seconds) {
+  if (budget->duration_ns == 0 && budget->iters == 0) {
+    budget->duration_ns = static_cast<uint64_t>(seconds * 1e9);
+  }
 }
 
 void AddOutputOptions(OutputOptions* output, std::vector<Option>* options) {
@@ -163,20 +43,92 @@ void AddOutputOptions(OutputOptions* output, std::vector<Option>* options) {
                       }});
 }
 
-void DefaultBudget(Budget* budget) {
-  if (budget->duration_ns == 0 && budget->iters == 0) {
-    budget->duration_ns = static_cast<uint64_t>(kDefaultDurationS * 1e9);
-  }
+uint32_t ParseCount(std::string_view what, std::string_view v, uint64_t max) {
+  return static_cast<uint32_t>(ParseUnsigned(what, v, 1, max, false));
 }
 
-Option PortOption(uint16_t* port) {
-  return {"--port", "-p", true, [port](std::string_view v) {
-            *port = static_cast<uint16_t>(ParseUnsigned("--port", v, 1, 65535, false));
+void AddSweepOptions(SweepOptions* sweep, std::vector<Option>* options) {
+  auto sizes = [sweep](std::string_view v) { sweep->sizes = ParseSizes(v, kMaxMessageSize); };
+  options->push_back({"--size", "", true, sizes});
+  options->push_back({"--sizes", "", true, sizes});
+  options->push_back({"--repeat", "", true, [sweep](std::string_view v) {
+                        sweep->repeat = ParseCount("--repeat", v, 1000);
+                      }});
+  options->push_back({"--streams", "", true, [sweep](std::string_view v) {
+                        sweep->streams = ParseCount("--streams", v, kMaxLinks);
+                      }});
+  options->push_back({"--conns", "", true, [sweep](std::string_view v) {
+                        sweep->conns = ParseCount("--conns", v, kMaxLinks);
+                      }});
+  options->push_back({"--verify", "", true, [sweep](std::string_view v) {
+                        if (v == "sampled") {
+                          sweep->verify = Verify::kSampled;
+                        } else if (v == "full") {
+                          sweep->verify = Verify::kFull;
+                        } else {
+                          Bad("--verify", v, "sampled or full");
+                        }
+                      }});
+  AddBudgetOptions(&sweep->budget, options);
+}
+
+Option PortOption(uint16_t* port, uint64_t min) {
+  return {"--port", "-p", true, [port, min](std::string_view v) {
+            *port = static_cast<uint16_t>(ParseUnsigned("--port", v, min, 65535, false));
+          }};
+}
+
+Option CpusOption(CpuPair* cpus) {
+  return {"--cpus", "", true, [cpus](std::string_view v) {
+            const size_t comma = v.find(',');
+            if (comma == std::string_view::npos) Bad("--cpus", v, "S,C (two CPU numbers)");
+            cpus->server =
+                static_cast<int>(ParseUnsigned("--cpus", v.substr(0, comma), 0, 4095, false));
+            cpus->client =
+                static_cast<int>(ParseUnsigned("--cpus", v.substr(comma + 1), 0, 4095, false));
           }};
 }
 
 [[noreturn]] void NoPositional(std::string_view arg) {
   throw UsageError("unexpected argument '" + std::string(arg) + "'");
+}
+
+// "tcp_lat" with prefix "tcp" -> kLat; only the kinds in `allowed`.
+std::optional<TestId> TestNamed(std::string_view name, std::string_view prefix,
+                                const std::vector<TestId>& allowed) {
+  if (!name.starts_with(prefix) || name.substr(prefix.size(), 1) != "_") return std::nullopt;
+  const auto test = TestFromKind(name.substr(prefix.size() + 1));
+  if (!test || std::find(allowed.begin(), allowed.end(), *test) == allowed.end()) {
+    return std::nullopt;
+  }
+  return test;
+}
+
+std::string TestNames(std::string_view prefix, const std::vector<TestId>& allowed) {
+  std::string names;
+  for (const TestId t : allowed) {
+    names += (names.empty() ? "" : ", ") + std::string(prefix) + "_" + TestKind(t);
+  }
+  return names;
+}
+
+const std::vector<TestId> kSocketTests = {TestId::kLat, TestId::kBw, TestId::kRr, TestId::kCrr};
+// A native link is built in memory, not connected: connection setup (crr) is not a test.
+const std::vector<TestId> kNativeTests = {TestId::kLat, TestId::kBw, TestId::kRr};
+
+// Positional test names of the client and native subcommands.
+void AddTest(std::string_view arg, std::string_view prefix, const std::vector<TestId>& allowed,
+             SweepOptions* sweep) {
+  const auto test = TestNamed(arg, prefix, allowed);
+  if (!test) Bad("test", arg, TestNames(prefix, allowed));
+  sweep->tests.push_back(*test);
+}
+
+void RequireTests(const SweepOptions& sweep, std::string_view prefix,
+                  const std::vector<TestId>& allowed) {
+  if (sweep.tests.empty()) {
+    throw UsageError("needs at least one TEST (" + TestNames(prefix, allowed) + ")");
+  }
 }
 
 ServerOptions ParseServer(const std::vector<std::string_view>& args) {
@@ -185,10 +137,10 @@ ServerOptions ParseServer(const std::vector<std::string_view>& args) {
   auto set_count = [&](uint64_t n) {
     if (count_given) throw UsageError("--once and --count exclude each other");
     count_given = true;
-    o.max_tests = n;
+    o.max_sessions = n;
   };
   const std::vector<Option> options = {
-      PortOption(&o.port),
+      PortOption(&o.port, 0),
       {"--bind", "", true, [&](std::string_view v) { o.bind = std::string(v); }},
       {"--once", "", false, [&](std::string_view) { set_count(1); }},
       {"--count", "", true,
@@ -200,37 +152,32 @@ ServerOptions ParseServer(const std::vector<std::string_view>& args) {
 
 ClientOptions ParseClient(const std::vector<std::string_view>& args) {
   ClientOptions o;
-  std::vector<Option> options = {
-      PortOption(&o.port),
-      {"--size", "", true,
-       [&](std::string_view v) {
-         o.size = static_cast<uint32_t>(ParseUnsigned("--size", v, 1, kMaxMessageSize, true));
-       }},
-      {"--verify", "", true,
-       [&](std::string_view v) {
-         if (v == "sampled") {
-           o.verify = Verify::kSampled;
-         } else if (v == "full") {
-           o.verify = Verify::kFull;
-         } else {
-           Bad("--verify", v, "sampled or full");
-         }
-       }},
-  };
-  AddBudgetOptions(&o.budget, &options);
+  std::vector<Option> options = {PortOption(&o.port, 1)};
+  AddSweepOptions(&o.sweep, &options);
   AddOutputOptions(&o.output, &options);
   ParseOptions(args, options, [&](std::string_view arg) {
     if (o.host.empty()) {
       o.host = std::string(arg);
-    } else if (const auto test = TestFromName(arg)) {
-      o.tests.push_back(*test);
     } else {
-      Bad("test", arg, "tcp_lat or tcp_bw");
+      AddTest(arg, "tcp", kSocketTests, &o.sweep);
     }
   });
   if (o.host.empty()) throw UsageError("client needs a HOST");
-  if (o.tests.empty()) throw UsageError("client needs at least one TEST (tcp_lat, tcp_bw)");
-  DefaultBudget(&o.budget);
+  RequireTests(o.sweep, "tcp", kSocketTests);
+  DefaultBudget(&o.sweep.budget, kDefaultDurationS);
+  return o;
+}
+
+NativeOptions ParseNative(const std::vector<std::string_view>& args) {
+  NativeOptions o;
+  o.output.meta = {"shm-native", "shm-native"};
+  std::vector<Option> options = {CpusOption(&o.cpus)};
+  AddSweepOptions(&o.sweep, &options);
+  AddOutputOptions(&o.output, &options);
+  ParseOptions(args, options,
+               [&](std::string_view arg) { AddTest(arg, "shm", kNativeTests, &o.sweep); });
+  RequireTests(o.sweep, "shm", kNativeTests);
+  DefaultBudget(&o.sweep.budget, kDefaultDurationS);
   return o;
 }
 
@@ -243,7 +190,55 @@ MemcpyOptions ParseMemcpy(const std::vector<std::string_view>& args) {
   AddBudgetOptions(&o.budget, &options);
   AddOutputOptions(&o.output, &options);
   ParseOptions(args, options, NoPositional);
-  DefaultBudget(&o.budget);
+  DefaultBudget(&o.budget, kDefaultDurationS);
+  return o;
+}
+
+CompareOptions ParseCompare(const std::vector<std::string_view>& args) {
+  CompareOptions o;
+  o.sweep.repeat = kDefaultCompareRepeat;
+  o.sweep.tests = {TestId::kLat, TestId::kBw};
+  o.sweep.sizes = ParseSizes("1:4M", kMaxMessageSize);
+  std::vector<Option> options = {
+      PortOption(&o.port, 1),
+      CpusOption(&o.cpus),
+      {"--tests", "", true,
+       [&](std::string_view v) {
+         o.sweep.tests.clear();
+         for (const std::string_view kind : SplitList(v)) {
+           const auto test = TestFromKind(kind);
+           if (!test) Bad("--tests", v, "a list of lat, bw, rr, crr");
+           o.sweep.tests.push_back(*test);
+         }
+       }},
+      {"--transports", "", true,
+       [&](std::string_view v) {
+         o.transports.clear();
+         for (const std::string_view t : SplitList(v)) {
+           if (t != "tcp" && t != "shm" && t != "shm-native") {
+             Bad("--transports", v, "a list of tcp, shm, shm-native");
+           }
+           o.transports.emplace_back(t);
+         }
+       }},
+      {"--out", "", true,
+       [&](std::string_view v) {
+         if (v.empty()) throw UsageError("--out needs a directory");
+         o.out_dir = std::string(v);
+       }},
+      {"--remote", "", true, [&](std::string_view v) { o.remote = std::string(v); }},
+  };
+  AddSweepOptions(&o.sweep, &options);
+  ParseOptions(args, options, NoPositional);
+  DefaultBudget(&o.sweep.budget, kDefaultCompareDurationS);
+  if (o.transports.empty()) {
+    o.transports = {"tcp", "shm"};
+    if (o.remote.empty()) o.transports.emplace_back("shm-native");
+  }
+  if (!o.remote.empty() &&
+      std::find(o.transports.begin(), o.transports.end(), "shm-native") != o.transports.end()) {
+    throw UsageError("--remote runs no native tests: they need both ends on this host");
+  }
   return o;
 }
 
@@ -259,12 +254,30 @@ Command ParseCommandLine(int argc, char** argv) {
   args.erase(args.begin());
   if (sub == "server") return ParseServer(args);
   if (sub == "client") return ParseClient(args);
+  if (sub == "native") return ParseNative(args);
+  if (sub == "compare") return ParseCompare(args);
   if (sub == "memcpy") return ParseMemcpy(args);
   throw UsageError("unknown subcommand '" + std::string(sub) + "'");
 }
 
-void PrintUsage(FILE* out) {
-  std::fputs(kUsage, out);
+std::vector<std::string> SweepArguments(const SweepOptions& sweep) {
+  std::string sizes;
+  for (const uint32_t size : sweep.sizes)
+    sizes += (sizes.empty() ? "" : ",") + std::to_string(size);
+  std::vector<std::string> args;
+  if (!sizes.empty()) args.insert(args.end(), {"--sizes", sizes});
+  if (sweep.budget.iters != 0) {
+    args.insert(args.end(), {"--iters", std::to_string(sweep.budget.iters)});
+  } else {
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%.9g",
+                  static_cast<double>(sweep.budget.duration_ns) * 1e-9);
+    args.insert(args.end(), {"--duration", seconds});
+  }
+  args.insert(args.end(),
+              {"--repeat", std::to_string(sweep.repeat), "--streams", std::to_string(sweep.streams),
+               "--conns", std::to_string(sweep.conns), "--verify", VerifyName(sweep.verify)});
+  return args;
 }
 
 }  // namespace slipperf

@@ -7,6 +7,8 @@ namespace slipperf {
 
 int RunServer(const ServerOptions& options);
 int RunClient(const ClientOptions& options);
+int RunNative(const NativeOptions& options);
+int RunCompare(const CompareOptions& options);
 int RunMemcpy(const MemcpyOptions& options);
 
 }  // namespace slipperf

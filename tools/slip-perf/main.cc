@@ -1,5 +1,7 @@
-// slip-perf: latency and bandwidth of TCP connections as an unmodified program sees them,
-// plain or under the Slipstream preload, and memcpy bandwidth as the physical limit.
+// slip-perf: latency, bandwidth and connection rates of TCP connections as an unmodified
+// program sees them, plain or under the Slipstream preload; the same tests natively on the
+// transports underneath; a side-by-side comparison of all three; and memcpy bandwidth as
+// the physical limit.
 #include <signal.h>
 
 #include <cstdio>
@@ -18,6 +20,8 @@ struct Dispatch {
   }
   int operator()(const slipperf::ServerOptions& o) const { return slipperf::RunServer(o); }
   int operator()(const slipperf::ClientOptions& o) const { return slipperf::RunClient(o); }
+  int operator()(const slipperf::NativeOptions& o) const { return slipperf::RunNative(o); }
+  int operator()(const slipperf::CompareOptions& o) const { return slipperf::RunCompare(o); }
   int operator()(const slipperf::MemcpyOptions& o) const { return slipperf::RunMemcpy(o); }
 };
 

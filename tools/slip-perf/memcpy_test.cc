@@ -7,6 +7,7 @@
 
 #include "tools/slip-perf/budget.h"
 #include "tools/slip-perf/commands.h"
+#include "tools/slip-perf/sweep.h"
 
 namespace slipperf {
 namespace {
@@ -58,7 +59,7 @@ int RunMemcpy(const MemcpyOptions& options) {
   r.bytes = measure.count() * size;
   r.seconds = static_cast<double>(end - measure.start_ns()) * 1e-9;
   r.bytes_per_s = static_cast<double>(r.bytes) / r.seconds;
-  WriteReport(stdout, options.output.format, options.output.meta, {r});
+  WriteReport(stdout, options.output.format, options.output.meta, {CombineRepeats({r})});
   return 0;
 }
 

@@ -1,14 +1,16 @@
 #include "tools/slip-perf/net.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <system_error>
 
 namespace slipperf {
@@ -16,20 +18,17 @@ namespace {
 
 volatile sig_atomic_t g_stop = 0;
 
+// How often an accept that may give up asks whether it should.
+constexpr int kAcceptPollMs = 20;
+
 [[noreturn]] void ThrowErrno(const std::string& what) {
   throw std::system_error(errno, std::generic_category(), what);
-}
-
-// Called before each blocking call: a stop requested while the process was not blocked
-// (so no call returned EINTR) takes effect at the next call.
-void CheckStop() {
-  if (g_stop) throw Interrupted();
 }
 
 // Whether a call that failed with errno should be retried.
 bool Retry() {
   if (errno != EINTR) return false;
-  if (g_stop) throw Interrupted();
+  CheckStop();
   return true;
 }
 
@@ -70,13 +69,20 @@ std::string AddrToString(const sockaddr_storage& ss) {
   return "[" + std::string(host) + "]:" + std::to_string(port);
 }
 
+// Waits until `fd` is readable or `timeout_ms` passed (-1: no limit).
+void WaitReadable(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) < 0 && !Retry()) ThrowErrno("poll");
+}
+
 }  // namespace
 
 void RequestStop() {
   g_stop = 1;
 }
-bool StopRequested() {
-  return g_stop != 0;
+
+void CheckStop() {
+  if (g_stop) throw Interrupted();
 }
 
 Fd& Fd::operator=(Fd&& other) noexcept {
@@ -91,19 +97,56 @@ Fd::~Fd() {
   if (fd_ >= 0) close(fd_);
 }
 
+size_t SocketLink::SendSome(const void* data, size_t len) {
+  for (;;) {
+    CheckStop();
+    const ssize_t n = send(fd_.get(), data, len, MSG_NOSIGNAL);
+    if (n > 0) return static_cast<size_t>(n);
+    if (n < 0 && !Retry()) ThrowErrno("send");
+  }
+}
+
+size_t SocketLink::RecvSome(void* data, size_t len) {
+  for (;;) {
+    CheckStop();
+    const ssize_t n = recv(fd_.get(), data, len, 0);
+    if (n >= 0) return static_cast<size_t>(n);
+    if (!Retry()) ThrowErrno("recv");
+  }
+}
+
+void SocketLink::ShutdownWrite() {
+  if (shutdown(fd_.get(), SHUT_WR) != 0) ThrowErrno("shutdown");
+}
+
+void SocketLink::SetNoDelay() {
+  const int one = 1;
+  if (setsockopt(fd_.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    ThrowErrno("setsockopt(TCP_NODELAY)");
+  }
+}
+
+void SocketLink::Abort() noexcept {
+  shutdown(fd_.get(), SHUT_RDWR);
+}
+
 Fd Listen(const std::string& bind_addr, uint16_t port) {
   AddrInfoList list;
   Resolve(bind_addr, port, /*passive=*/true, &list);
   int last_errno = EADDRNOTAVAIL;
   for (addrinfo* ai = list.head; ai != nullptr; ai = ai->ai_next) {
-    Fd fd(socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol));
+    Fd fd(socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK, ai->ai_protocol));
     if (fd.get() < 0) {
       last_errno = errno;
       continue;
     }
     const int one = 1;
     setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd.get(), 16) == 0) return fd;
+    // A full backlog would make connections wait (and the shim give up accelerating
+    // them), so tcp_crr with many connecting threads gets the largest one.
+    if (bind(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd.get(), SOMAXCONN) == 0) {
+      return fd;
+    }
     last_errno = errno;
   }
   errno = last_errno;
@@ -111,85 +154,54 @@ Fd Listen(const std::string& bind_addr, uint16_t port) {
              std::to_string(port));
 }
 
-Fd Accept(int listen_fd) {
+std::unique_ptr<Link> SocketAcceptor::Accept(const std::function<bool()>& give_up) {
   for (;;) {
     CheckStop();
-    const int fd = accept(listen_fd, nullptr, nullptr);
-    if (fd >= 0) return Fd(fd);
-    if (!Retry() && errno != ECONNABORTED) ThrowErrno("accept");
+    // Accepted sockets do not inherit the listener's O_NONBLOCK: data links block.
+    const int fd = accept(listen_fd_, nullptr, nullptr);
+    if (fd >= 0) return std::make_unique<SocketLink>(Fd(fd));
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (give_up && give_up()) return nullptr;
+      WaitReadable(listen_fd_, give_up ? kAcceptPollMs : -1);
+    } else if (!Retry() && errno != ECONNABORTED) {
+      ThrowErrno("accept");
+    }
   }
 }
 
-Fd Connect(const std::string& host, uint16_t port) {
+SocketConnector::SocketConnector(const std::string& host, uint16_t port)
+    : name_(host + ":" + std::to_string(port)) {
   AddrInfoList list;
   Resolve(host, port, /*passive=*/false, &list);
-  int last_errno = EHOSTUNREACH;
   for (addrinfo* ai = list.head; ai != nullptr; ai = ai->ai_next) {
-    Fd fd(socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol));
+    sockaddr_storage ss{};
+    std::memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+    addresses_.push_back(ss);
+  }
+}
+
+std::unique_ptr<Link> SocketConnector::Open() {
+  int last_errno = EHOSTUNREACH;
+  for (size_t i = 0; i < addresses_.size(); ++i) {
+    const sockaddr_storage& ss = addresses_[i];
+    const socklen_t len = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    Fd fd(socket(ss.ss_family, SOCK_STREAM, 0));
     if (fd.get() < 0) {
       last_errno = errno;
       continue;
     }
-    // A blocking connect interrupted by a signal completes in the background; this tool
-    // installs no handler on the client side, so EINTR here is simply a failure.
-    if (connect(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0) return fd;
+    // This tool installs no signal handler on the connecting side, so EINTR here is simply
+    // a failure (a blocking connect interrupted by a signal completes in the background).
+    if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&ss), len) == 0) {
+      // Once an address answered, the others are not tried again. The first Open (the
+      // control connection) runs before any thread that opens links at the same time.
+      if (i != 0) addresses_ = {ss};
+      return std::make_unique<SocketLink>(std::move(fd));
+    }
     last_errno = errno;
   }
   errno = last_errno;
-  ThrowErrno("cannot connect to " + host + ":" + std::to_string(port));
-}
-
-void SetNoDelay(int fd) {
-  const int one = 1;
-  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
-    ThrowErrno("setsockopt(TCP_NODELAY)");
-  }
-}
-
-void ShutdownWrite(int fd) {
-  if (shutdown(fd, SHUT_WR) != 0) ThrowErrno("shutdown");
-}
-
-void SendAll(int fd, const void* data, size_t len) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (len > 0) {
-    CheckStop();
-    const ssize_t n = send(fd, p, len, 0);
-    if (n > 0) {
-      p += n;
-      len -= static_cast<size_t>(n);
-    } else if (n < 0 && !Retry()) {
-      ThrowErrno("send");
-    }
-  }
-}
-
-size_t RecvSome(int fd, void* data, size_t len) {
-  for (;;) {
-    CheckStop();
-    const ssize_t n = recv(fd, data, len, 0);
-    if (n >= 0) return static_cast<size_t>(n);
-    if (!Retry()) ThrowErrno("recv");
-  }
-}
-
-bool RecvAll(int fd, void* data, size_t len) {
-  auto* p = static_cast<uint8_t*>(data);
-  size_t got = 0;
-  while (got < len) {
-    const size_t n = RecvSome(fd, p + got, len - got);
-    if (n == 0) {
-      if (got == 0) return false;
-      throw std::runtime_error("peer closed the connection in the middle of a message");
-    }
-    got += n;
-  }
-  return true;
-}
-
-void ExpectEof(int fd) {
-  uint8_t byte;
-  if (RecvSome(fd, &byte, 1) != 0) throw std::runtime_error("unexpected data before close");
+  ThrowErrno("cannot connect to " + name_);
 }
 
 std::string LocalName(int fd) {

@@ -1,37 +1,35 @@
 #include "tools/slip-perf/protocol.h"
 
+#include "tools/slip-perf/codec.h"
+
 namespace slipperf {
 namespace {
 
-template <typename T>
-void Put(uint8_t* p, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i)
-    p[i] = static_cast<uint8_t>(v >> (8 * (sizeof(T) - 1 - i)));
-}
-
-template <typename T>
-T Get(const uint8_t* p) {
-  T v = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) v = static_cast<T>((v << 8) | p[i]);
-  return v;
+bool KnownTest(uint16_t test) {
+  return test >= static_cast<uint16_t>(TestId::kLat) && test <= static_cast<uint16_t>(TestId::kCrr);
 }
 
 }  // namespace
 
-std::optional<TestId> TestFromName(std::string_view name) {
-  if (name == "tcp_lat") return TestId::kTcpLat;
-  if (name == "tcp_bw") return TestId::kTcpBw;
-  return std::nullopt;
-}
-
-const char* TestName(TestId test) {
+const char* TestKind(TestId test) {
   switch (test) {
-    case TestId::kTcpLat:
-      return "tcp_lat";
-    case TestId::kTcpBw:
-      return "tcp_bw";
+    case TestId::kLat:
+      return "lat";
+    case TestId::kBw:
+      return "bw";
+    case TestId::kRr:
+      return "rr";
+    case TestId::kCrr:
+      return "crr";
   }
   return "unknown";
+}
+
+std::optional<TestId> TestFromKind(std::string_view kind) {
+  for (const TestId t : {TestId::kLat, TestId::kBw, TestId::kRr, TestId::kCrr}) {
+    if (kind == TestKind(t)) return t;
+  }
+  return std::nullopt;
 }
 
 const char* StatusText(Status status) {
@@ -39,7 +37,7 @@ const char* StatusText(Status status) {
     case Status::kOk:
       return "ok";
     case Status::kBadMagic:
-      return "not a slip-perf client (bad magic)";
+      return "not a slip-perf peer (bad magic)";
     case Status::kBadVersion:
       return "protocol version mismatch";
     case Status::kUnknownTest:
@@ -50,6 +48,12 @@ const char* StatusText(Status status) {
       return "received bytes differ from what was sent";
     case Status::kBadVerify:
       return "unknown verify mode";
+    case Status::kBadLinks:
+      return "number of links out of range";
+    case Status::kBadJoin:
+      return "a data link did not identify itself";
+    case Status::kTestFailed:
+      return "the test failed on the server";
   }
   return "unknown status";
 }
@@ -58,66 +62,104 @@ const char* VerifyName(Verify verify) {
   return verify == Verify::kFull ? "full" : "sampled";
 }
 
-// Layout: magic u32 | version u16 | test u16 | size u32 | verify u32 | duration_ns u64 |
-// iters u64 | seed u64.
-std::array<uint8_t, kHeaderBytes> EncodeHeader(const TestHeader& h) {
-  std::array<uint8_t, kHeaderBytes> b{};
-  Put<uint32_t>(&b[0], kMagic);
-  Put<uint16_t>(&b[4], kVersion);
-  Put<uint16_t>(&b[6], static_cast<uint16_t>(h.test));
-  Put<uint32_t>(&b[8], h.size);
-  Put<uint32_t>(&b[12], static_cast<uint32_t>(h.verify));
-  Put<uint64_t>(&b[16], h.budget.duration_ns);
-  Put<uint64_t>(&b[24], h.budget.iters);
-  Put<uint64_t>(&b[32], h.seed);
-  return b;
+// magic u32 | version u16 | test u16 | size u32 | verify u32 | duration_ns u64 | iters u64 |
+// seed u64 | links u32 | reserved u32
+std::array<uint8_t, kRequestBytes> EncodeRequest(const TestRequest& r) {
+  return Writer<kRequestBytes>()
+      .Put(kMagic)
+      .Put(kVersion)
+      .Put(static_cast<uint16_t>(r.test))
+      .Put(r.size)
+      .Put(static_cast<uint32_t>(r.verify))
+      .Put(r.budget.duration_ns)
+      .Put(r.budget.iters)
+      .Put(r.seed)
+      .Put(r.links)
+      .bytes();
 }
 
-Status DecodeHeader(const std::array<uint8_t, kHeaderBytes>& b, TestHeader* out) {
-  if (Get<uint32_t>(&b[0]) != kMagic) return Status::kBadMagic;
-  if (Get<uint16_t>(&b[4]) != kVersion) return Status::kBadVersion;
-  const auto test = static_cast<TestId>(Get<uint16_t>(&b[6]));
-  if (test != TestId::kTcpLat && test != TestId::kTcpBw) return Status::kUnknownTest;
-  const uint32_t size = Get<uint32_t>(&b[8]);
-  if (size == 0 || size > kMaxMessageSize) return Status::kBadSize;
-  const auto verify = static_cast<Verify>(Get<uint32_t>(&b[12]));
-  if (verify != Verify::kSampled && verify != Verify::kFull) return Status::kBadVerify;
-  out->test = test;
-  out->verify = verify;
-  out->size = size;
-  out->budget.duration_ns = Get<uint64_t>(&b[16]);
-  out->budget.iters = Get<uint64_t>(&b[24]);
-  out->seed = Get<uint64_t>(&b[32]);
+Status DecodeRequest(const std::array<uint8_t, kRequestBytes>& bytes, TestRequest* out) {
+  Reader in(bytes);
+  if (in.Get<uint32_t>() != kMagic) return Status::kBadMagic;
+  if (in.Get<uint16_t>() != kVersion) return Status::kBadVersion;
+  const auto test = in.Get<uint16_t>();
+  if (!KnownTest(test)) return Status::kUnknownTest;
+  TestRequest r;
+  r.test = static_cast<TestId>(test);
+  r.size = in.Get<uint32_t>();
+  if (r.size == 0 || r.size > kMaxMessageSize) return Status::kBadSize;
+  const auto verify = in.Get<uint32_t>();
+  if (verify > static_cast<uint32_t>(Verify::kFull)) return Status::kBadVerify;
+  r.verify = static_cast<Verify>(verify);
+  r.budget.duration_ns = in.Get<uint64_t>();
+  r.budget.iters = in.Get<uint64_t>();
+  r.seed = in.Get<uint64_t>();
+  r.links = in.Get<uint32_t>();
+  if (r.links == 0 || r.links > kMaxLinks) return Status::kBadLinks;
+  *out = r;
   return Status::kOk;
 }
 
 std::array<uint8_t, kAckBytes> EncodeAck(Status status) {
-  std::array<uint8_t, kAckBytes> b{};
-  Put<uint32_t>(&b[0], kMagic);
-  Put<uint32_t>(&b[4], static_cast<uint32_t>(status));
-  return b;
+  return Writer<kAckBytes>().Put(kMagic).Put(static_cast<uint32_t>(status)).bytes();
 }
 
-Status DecodeAck(const std::array<uint8_t, kAckBytes>& b) {
-  if (Get<uint32_t>(&b[0]) != kMagic) return Status::kBadMagic;
-  return static_cast<Status>(Get<uint32_t>(&b[4]));
+Status DecodeAck(const std::array<uint8_t, kAckBytes>& bytes) {
+  Reader in(bytes);
+  if (in.Get<uint32_t>() != kMagic) return Status::kBadMagic;
+  return static_cast<Status>(in.Get<uint32_t>());
 }
 
-// Layout: status u32 | reserved u32 | bytes u64 | first_bad_offset u64.
-std::array<uint8_t, kReportBytes> EncodeReport(const BwReport& r) {
-  std::array<uint8_t, kReportBytes> b{};
-  Put<uint32_t>(&b[0], static_cast<uint32_t>(r.status));
-  Put<uint64_t>(&b[8], r.bytes);
-  Put<uint64_t>(&b[16], r.first_bad_offset);
-  return b;
+// magic u32 | index u32 | seed u64
+std::array<uint8_t, kJoinBytes> EncodeJoin(const Join& j) {
+  return Writer<kJoinBytes>().Put(kMagic).Put(j.index).Put(j.seed).bytes();
 }
 
-BwReport DecodeReport(const std::array<uint8_t, kReportBytes>& b) {
-  BwReport r;
-  r.status = static_cast<Status>(Get<uint32_t>(&b[0]));
-  r.bytes = Get<uint64_t>(&b[8]);
-  r.first_bad_offset = Get<uint64_t>(&b[16]);
-  return r;
+std::optional<Join> DecodeJoin(const std::array<uint8_t, kJoinBytes>& bytes) {
+  Reader in(bytes);
+  if (in.Get<uint32_t>() != kMagic) return std::nullopt;
+  Join j;
+  j.index = in.Get<uint32_t>();
+  j.seed = in.Get<uint64_t>();
+  return j;
+}
+
+// magic u32 | kind u32 | count u64
+std::array<uint8_t, kMarkBytes> EncodeMark(const Mark& m) {
+  return Writer<kMarkBytes>().Put(kMagic).Put(static_cast<uint32_t>(m.kind)).Put(m.count).bytes();
+}
+
+std::optional<Mark> DecodeMark(const std::array<uint8_t, kMarkBytes>& bytes) {
+  Reader in(bytes);
+  if (in.Get<uint32_t>() != kMagic) return std::nullopt;
+  const auto kind = in.Get<uint32_t>();
+  if (kind != static_cast<uint32_t>(MarkKind::kBegin) &&
+      kind != static_cast<uint32_t>(MarkKind::kEnd)) {
+    return std::nullopt;
+  }
+  Mark m;
+  m.kind = static_cast<MarkKind>(kind);
+  m.count = in.Get<uint64_t>();
+  return m;
+}
+
+std::array<uint8_t, kReportBytes> EncodeVerdict(Status status, uint64_t first, uint64_t second) {
+  return Writer<kReportBytes>()
+      .Put(static_cast<uint32_t>(status))
+      .Put(uint32_t{0})
+      .Put(first)
+      .Put(second)
+      .bytes();
+}
+
+Status DecodeVerdict(const std::array<uint8_t, kReportBytes>& bytes, uint64_t* first,
+                     uint64_t* second) {
+  Reader in(bytes);
+  const auto status = static_cast<Status>(in.Get<uint32_t>());
+  in.Get<uint32_t>();
+  *first = in.Get<uint64_t>();
+  *second = in.Get<uint64_t>();
+  return status;
 }
 
 }  // namespace slipperf

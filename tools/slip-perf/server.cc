@@ -1,4 +1,5 @@
-// slip-perf server: accepts one connection per test and serves the tests one at a time.
+// slip-perf server: accepts one client session at a time on its control connection, and
+// the data connections of each test on the same port.
 #include <signal.h>
 
 #include <cstdio>
@@ -7,7 +8,7 @@
 
 #include "tools/slip-perf/commands.h"
 #include "tools/slip-perf/net.h"
-#include "tools/slip-perf/tests.h"
+#include "tools/slip-perf/session.h"
 
 namespace slipperf {
 namespace {
@@ -18,7 +19,7 @@ void OnStopSignal(int) {
 
 // SIGINT and SIGTERM end the server through a normal return from main (so that exit-time
 // handlers run, e.g. the stats record of a preloaded library). No SA_RESTART: a blocked
-// accept or recv returns EINTR and the server stops.
+// accept, poll or recv returns EINTR and the server stops.
 void InstallStopHandlers() {
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
@@ -27,54 +28,37 @@ void InstallStopHandlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-// Reads the header, answers it, runs the data phase. Returns the log line; throws on failure.
-std::string ServeOne(int fd) {
-  std::array<uint8_t, kHeaderBytes> wire;
-  if (!RecvAll(fd, wire.data(), wire.size())) return "closed before sending a test header";
-  TestHeader h;
-  const Status status = DecodeHeader(wire, &h);
-  const auto ack = EncodeAck(status);
-  SendAll(fd, ack.data(), ack.size());
-  if (status != Status::kOk)
-    throw std::runtime_error(std::string("refused: ") + StatusText(status));
-  const std::string what = std::string(TestName(h.test)) + " size " + std::to_string(h.size) + ": ";
-  switch (h.test) {
-    case TestId::kTcpLat:
-      return what + ServeLatency(fd, h);
-    case TestId::kTcpBw:
-      return what + ServeBandwidth(fd, h);
-  }
-  return what + "unknown test";
-}
-
 }  // namespace
 
 int RunServer(const ServerOptions& options) {
   InstallStopHandlers();
   Fd listener = Listen(options.bind, options.port);
+  // compare (and scripts) read the port from this line when they asked for port 0.
   std::fprintf(stderr, "slip-perf server: listening on %s\n", LocalName(listener.get()).c_str());
-  uint64_t served = 0;
+  SocketAcceptor acceptor(listener.get());
+  uint64_t sessions = 0;
   uint64_t failed = 0;
   try {
-    while (options.max_tests == 0 || served < options.max_tests) {
-      Fd conn = Accept(listener.get());
-      const std::string peer = PeerName(conn.get());
+    while (options.max_sessions == 0 || sessions < options.max_sessions) {
+      std::unique_ptr<Link> control = acceptor.Accept({});
+      const std::string peer =
+          "slip-perf server: " + PeerName(static_cast<SocketLink&>(*control).fd());
       try {
-        const std::string line = ServeOne(conn.get());
-        std::fprintf(stderr, "slip-perf server: %s: %s\n", peer.c_str(), line.c_str());
+        control->SetNoDelay();
+        failed += ServeSession(*control, acceptor, peer, /*verbose=*/true);
       } catch (const Interrupted&) {
         throw;
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "slip-perf server: %s: error: %s\n", peer.c_str(), e.what());
+        std::fprintf(stderr, "%s: error: %s\n", peer.c_str(), e.what());
         ++failed;
       }
-      ++served;
+      ++sessions;
     }
   } catch (const Interrupted&) {
     std::fprintf(stderr, "slip-perf server: stopped by signal\n");
   }
-  std::fprintf(stderr, "slip-perf server: served %llu test(s), %llu failed\n",
-               static_cast<unsigned long long>(served), static_cast<unsigned long long>(failed));
+  std::fprintf(stderr, "slip-perf server: served %llu session(s), %llu failed test(s)\n",
+               static_cast<unsigned long long>(sessions), static_cast<unsigned long long>(failed));
   return failed == 0 ? 0 : 1;
 }
 

@@ -13,6 +13,14 @@ uint64_t Histogram::MiddleOf(size_t index) {
   return (mantissa << shift) + ((uint64_t{1} << shift) - 1) / 2;
 }
 
+void Histogram::Merge(const Histogram& other) {
+  for (size_t i = 0; i < kBuckets; ++i) counts_[i] += other.counts_[i];
+  count_ += other.count_;
+  sum_ += other.sum_;
+  min_ = std::min(min_, other.min_);
+  max_ = std::max(max_, other.max_);
+}
+
 double Histogram::Mean() const {
   return count_ == 0 ? 0 : static_cast<double>(sum_) / static_cast<double>(count_);
 }
@@ -29,13 +37,13 @@ uint64_t Histogram::Percentile(double p) const {
   return max_;
 }
 
-LatencySummary SummarizeRoundTrips(const Histogram& rtt_ns) {
-  constexpr double kOneWayUsPerRttNs = 0.5 / 1000.0;
+LatencySummary Summarize(const Histogram& ns, double scale) {
+  const double us_per_ns = scale / 1000.0;
   LatencySummary s;
-  s.mean_us = rtt_ns.Mean() * kOneWayUsPerRttNs;
-  s.p50_us = static_cast<double>(rtt_ns.Percentile(50)) * kOneWayUsPerRttNs;
-  s.p99_us = static_cast<double>(rtt_ns.Percentile(99)) * kOneWayUsPerRttNs;
-  s.p999_us = static_cast<double>(rtt_ns.Percentile(99.9)) * kOneWayUsPerRttNs;
+  s.mean_us = ns.Mean() * us_per_ns;
+  s.p50_us = static_cast<double>(ns.Percentile(50)) * us_per_ns;
+  s.p99_us = static_cast<double>(ns.Percentile(99)) * us_per_ns;
+  s.p999_us = static_cast<double>(ns.Percentile(99.9)) * us_per_ns;
   return s;
 }
 

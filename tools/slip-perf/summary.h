@@ -1,5 +1,5 @@
-// Latency statistics: a log-linear histogram of round-trip times (constant memory however
-// long the test runs) and the one-way summary taken from it.
+// Latency statistics: a log-linear histogram of times (constant memory however long the
+// test runs) and the summary taken from it.
 #pragma once
 
 #include <array>
@@ -9,7 +9,7 @@
 
 namespace slipperf {
 
-// One-way latency in microseconds, taken as half of each round trip.
+// Latency in microseconds.
 struct LatencySummary {
   double mean_us = 0;
   double p50_us = 0;
@@ -29,6 +29,9 @@ class Histogram {
     if (ns < min_) min_ = ns;
     if (ns > max_) max_ = ns;
   }
+
+  // Adds every value of `other` (the histograms of a test's threads become one).
+  void Merge(const Histogram& other);
 
   uint64_t count() const { return count_; }
   double Mean() const;
@@ -53,7 +56,8 @@ class Histogram {
   uint64_t max_ = 0;
 };
 
-// One-way summary of round-trip times.
-LatencySummary SummarizeRoundTrips(const Histogram& rtt_ns);
+// Summary of the recorded times, each multiplied by `scale` (0.5: one-way latency from
+// round trips).
+LatencySummary Summarize(const Histogram& ns, double scale);
 
 }  // namespace slipperf
