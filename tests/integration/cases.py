@@ -281,10 +281,6 @@ def badenv(t, variant):
     t.expect_stats(server, "tcp", "peer_not_slipstream", traffic=traffic[server])
 
 
-def test_names():
-    return [f"{name}.{variant}" for name, (_, variants) in CASES.items() for variant in variants]
-
-
 
 @case("forged", variants=("slip_client", "plain_client"))
 def forged(t, variant):

@@ -17,6 +17,7 @@ Environment (each also a command-line option of run.py):
 Programs never inherit SLIP_* variables from the harness: a test passes the ones it means.
 """
 
+import argparse
 import dataclasses
 import json
 import os
@@ -373,3 +374,31 @@ def run_test(settings, name, body):
     print(f"PASS {name}")
     shutil.rmtree(test.dir, ignore_errors=True)
     return 0
+
+
+def main(doc, cases, program_options=()):
+    """The command line of a test runner: `--list`, or one CASE VARIANT from `cases` (a map
+    of case name to (function, variants)). `program_options` name extra path options
+    (e.g. "et-client") that are passed to settings_from as keyword arguments."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--list", action="store_true", help="list the tests and exit")
+    parser.add_argument("--build-dir", help="CMake build directory (default: $SLIP_BUILD_DIR)")
+    for option in program_options:
+        parser.add_argument(f"--{option}", help=f"path of the built {option} program")
+    parser.add_argument("case", nargs="?", choices=sorted(cases))
+    parser.add_argument("variant", nargs="?")
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join(f"{c}.{v}" for c, (_, variants) in cases.items() for v in variants))
+        return 0
+    if args.case is None:
+        parser.error("CASE and VARIANT are required")
+    function, variants = cases[args.case]
+    if args.variant not in variants:
+        parser.error(f"VARIANT of {args.case} must be one of: {', '.join(variants)}")
+    paths = {option.replace("-", "_"): getattr(args, option.replace("-", "_"))
+             for option in program_options}
+    settings = settings_from(args.build_dir, paths.get("et_client"), paths.get("semantics"))
+    return run_test(settings, f"{args.case}.{args.variant}",
+                    lambda test: function(test, args.variant))

@@ -10,9 +10,7 @@ Reuses ../integration/harness.py (Test, Proc, run_test, settings; SLIP_BUILD_DIR
 SLIP_TEST_PLAIN=1 work as there: in plain mode the second run is plain too).
 """
 
-import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -20,7 +18,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "integration"))
 
-from harness import PYTHON, LOOPBACK, TestFailure, pick_port, run_test, settings_from  # noqa: E402
+from harness import PYTHON, TestFailure, pick_port  # noqa: E402
+from harness import main as harness_main  # noqa: E402
 
 EXIT_TIMEOUT_S = 150  # per run of a workload (CTest's limit is SLIP_WL_TIMEOUT, 600 s)
 CASES = {}
@@ -287,30 +286,5 @@ def mpi(t, variant):
 # ---------------------------------------------------------------------------------------
 
 
-def test_names():
-    return [f"{c}.{v}" for c, (_, variants) in CASES.items() for v in variants]
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--list", action="store_true")
-    parser.add_argument("--build-dir", help="CMake build directory (default: $SLIP_BUILD_DIR)")
-    parser.add_argument("case", nargs="?", choices=sorted(CASES))
-    parser.add_argument("variant", nargs="?")
-    args = parser.parse_args()
-    if args.list:
-        print("\n".join(test_names()))
-        return 0
-    if args.case is None:
-        parser.error("CASE and VARIANT are required")
-    function, variants = CASES[args.case]
-    if args.variant not in variants:
-        parser.error(f"VARIANT of {args.case} must be one of: {', '.join(variants)}")
-    settings = settings_from(args.build_dir, None)
-    return run_test(settings, f"{args.case}.{args.variant}",
-                    lambda test: function(test, args.variant))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness_main(__doc__, CASES))
