@@ -877,3 +877,21 @@ def perf_compare(t, _):
     for title in ("lat: one-way latency", "bw: bandwidth"):
         t.check(title in table, f"the printed comparison has no table {title!r}")
     print(f"compare ran in {elapsed:.1f} s")
+
+
+FORK_CLIENTS = 3
+
+
+@case("forking")
+def forking(t, pairing):
+    """Python's socketserver.ForkingTCPServer: the parent accepts and closes its copy, a
+    forked child serves. Content checked per connection; both ends report shm when both run
+    Slipstream (the parent's record lists the connections it accepted and handed over)."""
+    server_slip, client_slip = PAIRINGS[pairing]
+    args = ("--port", t.port, "--count", FORK_CLIENTS)
+    server = t.serve("server", py("forking.py", "server", *args), slip=server_slip)
+    client = t.start("client", py("forking.py", "client", *args), slip=client_slip)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    t.check(len(client.json_output()["digests"]) == FORK_CLIENTS, "client: missing digests")
+    t.expect_pairing(server, client, count=FORK_CLIENTS)
