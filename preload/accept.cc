@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/sys.h"
 #include "core/wire.h"
+#include "preload/control.h"
 #include "preload/fd_table.h"
 #include "preload/handshake.h"
 #include "preload/install.h"
@@ -131,6 +132,11 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
     return Outcome::kPlain;
   }
   wire::DeclineReason decline = wire::DeclineReason::kNonceMismatch;
+  if (!ControlReady()) {
+    // Nobody could notice the client's death: decline rather than risk a hang.
+    regs.clear();
+    decline = wire::DeclineReason::kResources;
+  }
   for (shm::Registration& reg : regs) {
     if (reg.msg.nonce != confirm.nonce) continue;
     int proxy_a = -1, proxy_b = -1;

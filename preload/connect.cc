@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "core/sys.h"
 #include "core/wire.h"
+#include "preload/control.h"
 #include "preload/fd_table.h"
 #include "preload/handshake.h"
 #include "preload/install.h"
@@ -161,6 +162,7 @@ Reason ShmDetect(int fd, const sockaddr* addr, int* rendezvous) noexcept {
   if (!wire::EndpointFromSockaddr(addr, &dest)) return Reason::kUnsupported;
   if (!rt.config.Allows(TransportKind::kShm)) return Reason::kPolicy;
   if (!IsLocalDestination(addr)) return Reason::kNotSameHost;
+  if (!ControlReady()) return Reason::kResources;
   sockaddr_storage local{};
   socklen_t llen = sizeof(local);
   sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);

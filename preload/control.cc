@@ -111,6 +111,12 @@ int StartLocked(ControlState& st) noexcept {
 
 }  // namespace
 
+bool ControlReady() noexcept {
+  ControlState& st = State();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return StartLocked(st) >= 0;
+}
+
 void ControlWatch(SlipSocket* s) noexcept {
   ControlState& st = State();
   std::lock_guard<std::mutex> lock(st.mu);

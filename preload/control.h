@@ -11,6 +11,9 @@ namespace slip::preload {
 
 struct SlipSocket;
 
+// Starts the thread if needed; false if it cannot run. Without it nobody would notice a
+// peer's death, so no connection may be accelerated then.
+bool ControlReady() noexcept;
 // Starts watching an accelerated socket's anchor (starts the thread if needed).
 void ControlWatch(SlipSocket* s) noexcept;
 // Stops watching (called before the socket is torn down).
