@@ -895,3 +895,25 @@ def forking(t, pairing):
     server.expect_exit(0)
     t.check(len(client.json_output()["digests"]) == FORK_CLIENTS, "client: missing digests")
     t.expect_pairing(server, client, count=FORK_CLIENTS)
+
+
+SENDFILE_BYTES = 24 * MiB + 12345  # not a multiple of any chunk size
+
+
+@case("sendfile")
+def sendfile(t, pairing):
+    """sendfile(2) from a file into the socket (os.sendfile), checked by SHA-256."""
+    server_slip, client_slip = PAIRINGS[pairing]
+    path = t.dir / "payload.bin"
+    path.write_bytes(random.Random(5).randbytes(SENDFILE_BYTES))
+    server = t.serve("server", py("sendfile_pair.py", "server", "--port", t.port, "--path", path),
+                     slip=server_slip)
+    client = t.start("client", py("sendfile_pair.py", "client", "--port", t.port),
+                     slip=client_slip)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    sent, received = server.json_output(), client.json_output()
+    t.check(sent["sent"] == SENDFILE_BYTES and received["received"] == SENDFILE_BYTES,
+            f"sent {sent['sent']}, received {received['received']}, file {SENDFILE_BYTES}")
+    t.check(sent["sha256"] == received["sha256"], "the bytes received differ from the file")
+    t.expect_pairing(server, client)
