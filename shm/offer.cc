@@ -82,10 +82,14 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
   offer->nonce = RandomNonce();
   offer->ring_size = ring_size;
   offer->region_size = RegionSize(ring_size);
-  int fd = memfd_create("slipstream", MFD_CLOEXEC);
+  int fd = memfd_create("slipstream", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return -errno;
   offer->memfd = sys::MoveHigh(fd, sys::HiddenFdFloor());
   if (ftruncate(offer->memfd, off_t(offer->region_size)) != 0) return -errno;
+  // The server maps this region: sealed, the client can never shrink it under the server
+  // (a SIGBUS there would kill the server process).
+  if (sys::fcntl(offer->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return -errno;
   void* region =
       mmap(nullptr, offer->region_size, PROT_READ | PROT_WRITE, MAP_SHARED, offer->memfd, 0);
   if (region == MAP_FAILED) return -errno;

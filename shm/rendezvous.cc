@@ -170,7 +170,8 @@ void Rendezvous::ReadOne(int conn, uint64_t now) noexcept {
   size_t used;
   wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
   if (st != wire::ParseStatus::kOk || used != size_t(n)) {
-    SLIP_LOG(kWarn, "rendezvous: dropped a malformed message (%s)", wire::ParseStatusName(st));
+    SLIP_LOG(kWarn, "rendezvous: dropped a malformed message (%s)",
+             st == wire::ParseStatus::kOk ? "trailing bytes" : wire::ParseStatusName(st));
     return;
   }
   if (msg.type == wire::Type::kCancel && nfds == 0) {
@@ -259,6 +260,11 @@ std::unique_ptr<Channel> AcceptRegistration(Registration* reg, const wire::Confi
   if (fstat(reg->fds[0], &st) != 0 || !S_ISREG(st.st_mode) ||
       uint64_t(st.st_size) != msg.region_size)
     return nullptr;
+  // Only a region whose size is sealed is safe to map: one the client could still shrink
+  // would turn the server's next access into a SIGBUS.
+  constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+  int seals = sys::fcntl(reg->fds[0], F_GET_SEALS);
+  if (seals < 0 || (seals & kSizeSeals) != kSizeSeals) return nullptr;
   for (int i = 1; i < 4; ++i) {
     if (fstat(reg->fds[i], &st) != 0 || !S_ISSOCK(st.st_mode)) return nullptr;
   }

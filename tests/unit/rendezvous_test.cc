@@ -9,11 +9,14 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -516,12 +519,27 @@ TEST_F(RendezvousRegistrationTest, AcceptRejectsARingSizeOtherThanConfirmed) {
   ExpectRejected(&reg, confirm, wire::DeclineReason::kBadRegion);
 }
 
+// Puts in place of the registration's region a copy of `size` bytes (its header included
+// where it fits), sealed against resizing as a well-behaved client's would be.
+void ReplaceRegion(Registration* reg, off_t size) {
+  int fd = memfd_create("wrong-size", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, size), 0);
+  char page[kControlPage];
+  ssize_t n = pread(reg->fds[0], page, std::min<size_t>(sizeof(page), size_t(size)), 0);
+  ASSERT_GE(n, 0);
+  ASSERT_EQ(pwrite(fd, page, size_t(n), 0), n);
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  close(reg->fds[0]);
+  reg->fds[0] = fd;
+}
+
 TEST_F(RendezvousRegistrationTest, AcceptRejectsARegionSizeThatDoesNotFitTheRing) {
   Offer offer;
   Registration reg;
   ASSERT_TRUE(RegisterAndTake(&offer, &reg));
   reg.msg.region_size = RegionSize(kRing) + 4096;
-  ASSERT_EQ(ftruncate(reg.fds[0], off_t(reg.msg.region_size)), 0);  // even if the file agrees
+  ASSERT_NO_FATAL_FAILURE(ReplaceRegion(&reg, off_t(reg.msg.region_size)));  // the file agrees
   ExpectRejected(&reg, ConfirmFor(offer), wire::DeclineReason::kBadRegion);
 }
 
@@ -531,7 +549,7 @@ TEST_F(RendezvousRegistrationTest, AcceptRejectsAMemfdOfTheWrongSize) {
     Offer offer;
     Registration reg;
     ASSERT_TRUE(RegisterAndTake(&offer, &reg));
-    ASSERT_EQ(ftruncate(reg.fds[0], size), 0);
+    ASSERT_NO_FATAL_FAILURE(ReplaceRegion(&reg, size));
     ExpectRejected(&reg, ConfirmFor(offer), wire::DeclineReason::kBadRegion);
   }
 }
@@ -575,6 +593,36 @@ TEST_F(RendezvousRegistrationTest, AcceptRejectsASocketInTheRegionSlot) {
   close(reg.fds[0]);
   reg.fds[0] = sock;
   ExpectRejected(&reg, ConfirmFor(offer), wire::DeclineReason::kBadRegion);
+}
+
+// The region is a file the client also holds: if it can shrink the file after the server
+// mapped it, the server's next access to the rings dies of SIGBUS. The server must be safe
+// from that (e.g. by requiring F_SEAL_SHRINK on the memfd). Run in a child process.
+TEST_F(RendezvousRegistrationTest, ShrinkingTheRegionAfterAcceptCannotKillTheServer) {
+  Offer offer;
+  Registration reg;
+  ASSERT_TRUE(RegisterAndTake(&offer, &reg));
+  int a = -1, b = -1;
+  wire::DeclineReason reason;
+  std::unique_ptr<Channel> server = AcceptRegistration(&reg, ConfirmFor(offer), &a, &b, &reason);
+  ASSERT_TRUE(server) << "reason " << int(reason);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int rc = ftruncate(offer.memfd, 0);  // the client's copy of the memfd; may be refused
+    (void)rc;
+    volatile uint64_t produced = server->RxProduced();  // the server reads its control page
+    volatile uint8_t first = server->RxData()[0];       // and its ring
+    (void)produced;
+    (void)first;
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the server side died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  close(a);
+  close(b);
 }
 
 TEST_F(RendezvousRegistrationTest, RejectedRegistrationsLeakNothing) {

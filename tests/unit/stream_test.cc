@@ -777,6 +777,9 @@ TEST_F(StreamTest, DontWaitSendOnAFullRing) {
   EXPECT_EQ(server_->ReadableBytes(), kSmallRing);
   char byte = 'x';
   EXPECT_EQ(SendBytes(client_, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT), -EAGAIN);
+  // EAGAIN leaves the proxy unwritable by itself, for a waiter that already sleeps.
+  EXPECT_EQ(PollNow(pair_.client_fd) & POLLOUT, 0u);
+  EXPECT_EQ(client_->Ready(EPOLLOUT), 0u);
   std::vector<uint8_t> buf(10);
   ASSERT_EQ(RecvBytes(server_, buf.data(), buf.size()), 10);
   // A partial send: only the room there is.
