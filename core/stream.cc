@@ -231,6 +231,8 @@ size_t Stream::CopyOut(const iovec* iov, int iovcnt, size_t skip, size_t len,
 }
 
 int Stream::RecvEndState() noexcept {
+  // After SHUT_RD, as on TCP, queued bytes are still delivered; then EOF.
+  if (shut_rd_.load(std::memory_order_relaxed)) return HasRxData() ? 1 : 0;
   if (channel_->RxEof()) return HasRxData() ? 1 : 0;
   if (peer_gone_.load(std::memory_order_acquire)) {
     if (HasRxData()) return 1;
@@ -268,7 +270,6 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   const bool waitall = (flags & MSG_WAITALL) && !nonblocking;
   WakeState* wake = channel_->RxWake();
   size_t& got = *done;
-  if (shut_rd_.load(std::memory_order_relaxed)) return ssize_t(got);
   if (total == 0) return 0;
   uint64_t consumed = consumed_.load(std::memory_order_relaxed);
   uint64_t produced = channel_->RxProduced();

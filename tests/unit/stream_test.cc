@@ -911,6 +911,14 @@ TEST_F(StreamTest, ShutdownWriteWakesOwnBlockedSenderWithEpipe) {
   EXPECT_EQ(RecvBytes(server_, buf.data(), buf.size()), 0);
 }
 
+// Linux TCP delivers what is already queued after shutdown(SHUT_RD), then EOF.
+TEST_F(StreamTest, ShutdownReadStillDeliversQueuedBytes) {
+  ASSERT_EQ(SendString(server_, "queued"), 6);
+  ASSERT_EQ(client_->ShutdownRead(), 0);
+  EXPECT_EQ(RecvString(client_, 16), "queued");
+  EXPECT_EQ(RecvString(client_, 16), "");
+}
+
 TEST_F(StreamTest, ShutdownReadReturnsZeroAndWakesABlockedReader) {
   auto reader = Start([&] {
     char buf[8];
