@@ -324,7 +324,8 @@ int Stream::WaitReadable(uint64_t seen) noexcept {
   if (rx_sleepers_.fetch_sub(1, std::memory_order_relaxed) > 1) {
     wake->reader_waiting.store(1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (HasRxData()) proxy::WriteToken(wake, proxy_b_);
+    if (HasRxData() && wake->tokens.load(std::memory_order_relaxed) == 0)
+      proxy::WriteToken(wake, proxy_b_);
   }
   return rc;
 }

@@ -40,22 +40,15 @@ int64_t MonotonicMs() noexcept {
 void SendDecline(int fd, uint64_t nonce, wire::DeclineReason reason) noexcept {
   wire::Message msg;
   msg.type = wire::Type::kDecline;
-  msg.decline = wire::Decline();
-  msg.decline.nonce = nonce;
-  msg.decline.reason = reason;
-  uint8_t buf[wire::kMaxMessageSize];
-  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
-  sys::send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  msg.decline = wire::Decline{nonce, reason};
+  SendInBand(fd, msg);
 }
 
 bool SendAccept(int fd, uint64_t nonce) noexcept {
   wire::Message msg;
   msg.type = wire::Type::kAccept;
-  msg.accept = wire::Accept();
-  msg.accept.nonce = nonce;
-  uint8_t buf[wire::kMaxMessageSize];
-  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
-  return sys::send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT) == ssize_t(len);
+  msg.accept = wire::Accept{nonce};
+  return SendInBand(fd, msg) == 0;
 }
 
 // Waits for the client's first bytes. Returns kOk with the CONFIRM consumed, kNotSlipstream

@@ -109,34 +109,11 @@ bool WaitEstablished(int fd, int timeout_ms) noexcept {
   return sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0;
 }
 
-int SendAll(int fd, const uint8_t* buf, size_t len) noexcept {
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = sys::send(fd, buf + done, len - done, MSG_NOSIGNAL);
-    if (n > 0) {
-      done += size_t(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) {
-      pollfd p{fd, POLLOUT, 0};
-      if (sys::poll(&p, 1, 1000) <= 0) return -ETIMEDOUT;
-      continue;
-    }
-    return n < 0 ? -errno : -EPIPE;
-  }
-  return 0;
-}
-
 int SendConfirm(int fd, const shm::Offer& offer) noexcept {
   wire::Message msg;
   msg.type = wire::Type::kConfirm;
-  msg.confirm = wire::Confirm();
-  msg.confirm.nonce = offer.nonce;
-  msg.confirm.ring_size = offer.ring_size;
-  uint8_t buf[wire::kMaxMessageSize];
-  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
-  return SendAll(fd, buf, len);
+  msg.confirm = wire::Confirm{offer.nonce, offer.ring_size};
+  return SendInBand(fd, msg);
 }
 
 // Plain connect for a socket we will not accelerate, recording why.
@@ -162,7 +139,6 @@ Reason ShmDetect(int fd, const sockaddr* addr, int* rendezvous) noexcept {
   if (!wire::EndpointFromSockaddr(addr, &dest)) return Reason::kUnsupported;
   if (!rt.config.Allows(TransportKind::kShm)) return Reason::kPolicy;
   if (!IsLocalDestination(addr)) return Reason::kNotSameHost;
-  if (!ControlReady()) return Reason::kResources;
   sockaddr_storage local{};
   socklen_t llen = sizeof(local);
   sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
@@ -170,11 +146,37 @@ Reason ShmDetect(int fd, const sockaddr* addr, int* rendezvous) noexcept {
   int rv = shm::FindRendezvous(addr);
   if (rv == -EAGAIN) return Reason::kRendezvousBusy;
   if (rv < 0) return Reason::kPeerNotSlipstream;
+  if (!ControlReady()) {  // only now: a plain peer must not cost a thread
+    sys::close(rv);
+    return Reason::kResources;
+  }
   *rendezvous = rv;
   return Reason::kNone;
 }
 
 }  // namespace
+
+int SendInBand(int fd, const wire::Message& msg) noexcept {
+  uint8_t buf[wire::kMaxMessageSize];
+  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  if (len == 0) return -EINVAL;
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = sys::send(fd, buf + done, len - done, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += size_t(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      if (sys::poll(&p, 1, 1000) <= 0) return -ETIMEDOUT;
+      continue;
+    }
+    return n < 0 ? -errno : -EPIPE;
+  }
+  return 0;
+}
 
 bool IsLocalDestination(const sockaddr* addr) noexcept {
   wire::Endpoint ep;

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include "core/stats.h"
+#include "core/wire.h"
 
 namespace slip::preload {
 
@@ -28,6 +29,10 @@ void MarkPlain(SlipSocket* s, int fd, Reason reason, int role,
 // Opens the stats slot of a plain connection whose non-blocking connect has completed
 // (it just moved its first bytes).
 void RecordPendingPlain(SlipSocket* s, int fd) noexcept;
+
+// Sends one negotiation message as the next in-band bytes of a TCP socket (waiting
+// briefly if the socket is non-blocking and full). Returns 0 or -errno.
+int SendInBand(int fd, const wire::Message& msg) noexcept;
 
 // Loopback or an address of a local interface.
 bool IsLocalDestination(const sockaddr* addr) noexcept;

@@ -18,9 +18,6 @@ using namespace slip::preload;
 
 namespace {
 
-// Each call holds a reference on its socket (if tracked) for its whole length.
-using DataRef = SocketRef;
-
 ssize_t AccelRecv(SlipSocket* s, const iovec* iov, int iovcnt, int flags) noexcept {
   ssize_t n = s->stream->Recv(iov, iovcnt, flags, s->nonblocking.load(std::memory_order_relaxed));
   if (n > 0 && !(flags & MSG_PEEK)) StatsAddReceived(s->stats, uint64_t(n));
@@ -33,19 +30,19 @@ ssize_t AccelSend(SlipSocket* s, const iovec* iov, int iovcnt, int flags) noexce
   return ToLibc(n);
 }
 
-void RecordIfPending(const DataRef& ref, int fd) noexcept {
+void RecordIfPending(const SocketRef& ref, int fd) noexcept {
   SlipSocket* s = ref.get();
   if (s && s->stats_pending.load(std::memory_order_acquire)) RecordPendingPlain(s, fd);
 }
 
-ssize_t CountReceived(const DataRef& ref, int fd, ssize_t n) noexcept {
+ssize_t CountReceived(const SocketRef& ref, int fd, ssize_t n) noexcept {
   if (n <= 0) return n;
   RecordIfPending(ref, fd);
   if (ref.counted()) StatsAddReceived(ref.get()->stats, uint64_t(n));
   return n;
 }
 
-ssize_t CountSent(const DataRef& ref, int fd, ssize_t n) noexcept {
+ssize_t CountSent(const SocketRef& ref, int fd, ssize_t n) noexcept {
   if (n <= 0) return n;
   RecordIfPending(ref, fd);
   if (ref.counted()) StatsAddSent(ref.get()->stats, uint64_t(n));
@@ -60,7 +57,7 @@ void ClearName(sockaddr* addr, socklen_t* len) noexcept {
 }  // namespace
 
 SLIP_EXPORT ssize_t read(int fd, void* buf, size_t n) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (ref.accelerated()) {
     iovec iov{buf, n};
     return AccelRecv(ref.get(), &iov, 1, 0);
@@ -74,13 +71,13 @@ SLIP_EXPORT ssize_t __read_chk(int fd, void* buf, size_t n, size_t buflen) {
 }
 
 SLIP_EXPORT ssize_t readv(int fd, const iovec* iov, int iovcnt) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (ref.accelerated()) return AccelRecv(ref.get(), iov, iovcnt, 0);
   return CountReceived(ref, fd, Libc().readv(fd, iov, iovcnt));
 }
 
 SLIP_EXPORT ssize_t recv(int fd, void* buf, size_t n, int flags) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (ref.accelerated()) {
     iovec iov{buf, n};
     return AccelRecv(ref.get(), &iov, 1, flags);
@@ -95,7 +92,7 @@ SLIP_EXPORT ssize_t __recv_chk(int fd, void* buf, size_t n, size_t buflen, int f
 
 SLIP_EXPORT ssize_t recvfrom(int fd, void* buf, size_t n, int flags, sockaddr* addr,
                              socklen_t* len) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (ref.accelerated()) {
     iovec iov{buf, n};
     ClearName(addr, len);
@@ -111,7 +108,7 @@ SLIP_EXPORT ssize_t __recvfrom_chk(int fd, void* buf, size_t n, size_t buflen, i
 }
 
 SLIP_EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (ref.accelerated()) {
     msg->msg_namelen = 0;
     msg->msg_controllen = 0;
@@ -122,7 +119,7 @@ SLIP_EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
 }
 
 SLIP_EXPORT int recvmmsg(int fd, mmsghdr* msgs, unsigned vlen, int flags, timespec* timeout) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (!ref.accelerated()) return Libc().recvmmsg(fd, msgs, vlen, flags, timeout);
   // A stream has no message boundaries: fill entries while bytes are ready.
   unsigned i = 0;
@@ -141,7 +138,7 @@ SLIP_EXPORT int recvmmsg(int fd, mmsghdr* msgs, unsigned vlen, int flags, timesp
 }
 
 SLIP_EXPORT ssize_t write(int fd, const void* buf, size_t n) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (ref.accelerated()) {
     iovec iov{const_cast<void*>(buf), n};
     return AccelSend(ref.get(), &iov, 1, 0);
@@ -150,13 +147,13 @@ SLIP_EXPORT ssize_t write(int fd, const void* buf, size_t n) {
 }
 
 SLIP_EXPORT ssize_t writev(int fd, const iovec* iov, int iovcnt) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (ref.accelerated()) return AccelSend(ref.get(), iov, iovcnt, 0);
   return CountSent(ref, fd, Libc().writev(fd, iov, iovcnt));
 }
 
 SLIP_EXPORT ssize_t send(int fd, const void* buf, size_t n, int flags) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (ref.accelerated()) {
     iovec iov{const_cast<void*>(buf), n};
     return AccelSend(ref.get(), &iov, 1, flags);
@@ -166,7 +163,7 @@ SLIP_EXPORT ssize_t send(int fd, const void* buf, size_t n, int flags) {
 
 SLIP_EXPORT ssize_t sendto(int fd, const void* buf, size_t n, int flags, const sockaddr* addr,
                            socklen_t len) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (ref.accelerated()) {
     iovec iov{const_cast<void*>(buf), n};
     return AccelSend(ref.get(), &iov, 1, flags);
@@ -175,13 +172,13 @@ SLIP_EXPORT ssize_t sendto(int fd, const void* buf, size_t n, int flags, const s
 }
 
 SLIP_EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (ref.accelerated()) return AccelSend(ref.get(), msg->msg_iov, int(msg->msg_iovlen), flags);
   return CountSent(ref, fd, Libc().sendmsg(fd, msg, flags));
 }
 
 SLIP_EXPORT int sendmmsg(int fd, mmsghdr* msgs, unsigned vlen, int flags) {
-  DataRef ref(fd);
+  SocketRef ref(fd);
   if (!ref.accelerated()) return Libc().sendmmsg(fd, msgs, vlen, flags);
   unsigned i = 0;
   for (; i < vlen; ++i) {
@@ -237,7 +234,7 @@ ssize_t AccelSendfile(SlipSocket* s, int in_fd, off_t* offset, size_t count) noe
 }  // namespace
 
 SLIP_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
-  DataRef ref(out_fd);
+  SocketRef ref(out_fd);
   if (ref.accelerated()) return AccelSendfile(ref.get(), in_fd, offset, count);
   return CountSent(ref, out_fd, Libc().sendfile(out_fd, in_fd, offset, count));
 }

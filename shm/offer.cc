@@ -69,8 +69,9 @@ int FindRendezvous(const sockaddr* dest) noexcept {
   if (sock < 0) return -errno;
   int err = -ECONNREFUSED;
   for (int i = 0; i < count; ++i) {
-    if (sys::connect(sock, reinterpret_cast<sockaddr*>(&names[i]), lens[i]) == 0)
-      return sys::MoveHigh(sock, sys::HiddenFdFloor());
+    // Closed before connect() returns, like the memfd and the server's A below: they
+    // need not be moved out of the application's way.
+    if (sys::connect(sock, reinterpret_cast<sockaddr*>(&names[i]), lens[i]) == 0) return sock;
     err = -errno;
     if (err == -EAGAIN) break;  // the listener's queue is full: do not try a wider name
   }
@@ -84,7 +85,7 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
   offer->region_size = RegionSize(ring_size);
   int fd = memfd_create("slipstream", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return -errno;
-  offer->memfd = sys::MoveHigh(fd, sys::HiddenFdFloor());
+  offer->memfd = fd;
   if (ftruncate(offer->memfd, off_t(offer->region_size)) != 0) return -errno;
   // The server maps this region: sealed, the client can never shrink it under the server
   // (a SIGBUS there would kill the server process).
@@ -104,7 +105,7 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
   offer->client_a = client[0];
   offer->client_b = sys::MoveHigh(client[1], sys::HiddenFdFloor());
   if (int rc = proxy::CreatePair(server); rc < 0) return rc;
-  offer->server_a = sys::MoveHigh(server[0], sys::HiddenFdFloor());
+  offer->server_a = server[0];
   offer->server_b = sys::MoveHigh(server[1], sys::HiddenFdFloor());
   offer->client_a = sys::MoveHigh(offer->client_a, sys::HiddenFdFloor());
   return 0;
