@@ -40,6 +40,10 @@ class Channel {
   virtual bool RxEof() const noexcept = 0;
   // The local reader is about to sleep: ask for a token on the next publish.
   virtual WakeState* RxWake() noexcept = 0;
+  // Non-zero (an errno, e.g. ECONNRESET) once the transport itself failed: bytes in
+  // flight may be lost, so the stream reports a reset after what was already received.
+  // The transport wakes every sleeper when it fails.
+  virtual int Error() const noexcept { return 0; }
 
   // --- send side: the peer's ring ---
   // Credits: the peer has consumed everything before this count.

@@ -98,6 +98,18 @@ bool ForEachItem(std::string_view list, Why* why, F item) {
 constexpr const char* kTransportNames[] = {"tcp", "shm", "verbs", "fabric", "dpdk"};
 constexpr const char* kLevelNames[] = {"error", "warn", "info", "debug", "trace"};
 
+bool ParseVerbsNotify(std::string_view v, Config* c, Why*) {
+  static constexpr std::pair<const char*, VerbsNotify> kWords[] = {
+      {"auto", VerbsNotify::kAuto}, {"imm", VerbsNotify::kImm}, {"send", VerbsNotify::kSend}};
+  for (const auto& [word, mode] : kWords) {
+    if (IEquals(v, word)) {
+      c->verbs_notify = mode;
+      return true;
+    }
+  }
+  return false;
+}
+
 bool ParseEnable(std::string_view v, Config* c, Why*) {
   static constexpr std::pair<const char*, bool> kWords[] = {
       {"1", true}, {"true", true}, {"yes", true}, {"0", false}, {"false", false}, {"no", false}};
@@ -276,6 +288,29 @@ constexpr Option kOptions[] = {
      [](std::string_view v, Config* c, Why* why) {
        return EmptyList(v) || ParseCidrs(v, &c->exclude_cidrs, why);
      }},
+    {"SLIP_DEVICE", "expected an RDMA device name (e.g. rxe0)",
+     [](std::string_view v, Config* c, Why*) {
+       if (v.empty() || v.size() > 63) return false;
+       for (char ch : v) {
+         if (!(IsDigit(ch) || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_' ||
+               ch == '-' || ch == '.'))
+           return false;
+       }
+       c->device = v;
+       return true;
+     }},
+    {"SLIP_GID_INDEX", "expected a GID table index between 0 and 255",
+     [](std::string_view v, Config* c, Why*) {
+       uint32_t index;
+       if (!ParseRange(v, 0, 255, &index)) return false;
+       c->gid_index = int(index);
+       return true;
+     }},
+    {"SLIP_VERBS_NOTIFY", "expected auto, imm or send", ParseVerbsNotify},
+    {"SLIP_NEGATIVE_TTL_MS", "expected a decimal integer between 0 and 3600000",
+     [](std::string_view v, Config* c, Why*) {
+       return ParseRange(v, 0, 3600000, &c->negative_ttl_ms);
+     }},
 };
 
 // Quotes the value for the one-line error: control characters become '?' so the message
@@ -362,6 +397,8 @@ std::vector<std::string> UnknownSlipVariables(char** envp) {
       std::string_view entry(*e);
       std::string_view name = entry.substr(0, entry.find('='));
       if (name.substr(0, 5) != "SLIP_") continue;
+      // Reserved for the project's own test tooling (tests/vm, tests/integration).
+      if (name.substr(0, 8) == "SLIP_VM_" || name.substr(0, 10) == "SLIP_TEST_") continue;
       bool known = false;
       for (const Option& opt : kOptions) known |= name == opt.name;
       if (!known) unknown.emplace_back(name);

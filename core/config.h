@@ -32,9 +32,14 @@ struct Cidr {
   uint8_t prefix_len = 0;
 };
 
+// How a verbs sender tells the receiver that bytes arrived: RDMA WRITE WITH IMMEDIATE
+// (InfiniBand, RoCE), or a SEND after the WRITE (iWARP has no immediate). kAuto picks
+// by the device's transport.
+enum class VerbsNotify : uint8_t { kAuto = 0, kImm, kSend };
+
 struct Config {
   bool enabled = true;  // SLIP_ENABLE=0|1
-  std::vector<TransportKind> transports = {TransportKind::kShm,
+  std::vector<TransportKind> transports = {TransportKind::kShm, TransportKind::kVerbs,
                                            TransportKind::kTcp};  // SLIP_TRANSPORTS
   uint32_t ring_size =
       1u << 20;  // SLIP_RING_SIZE, bytes per direction, power of 2, 4K..256M, K/M/G suffixes
@@ -47,6 +52,12 @@ struct Config {
   std::vector<PortRange> exclude_ports;  // SLIP_EXCLUDE_PORTS
   std::vector<Cidr> include_cidrs;       // SLIP_INCLUDE_CIDR="127.0.0.0/8,::1/128" (empty: all)
   std::vector<Cidr> exclude_cidrs;       // SLIP_EXCLUDE_CIDR
+
+  // verbs
+  std::string device;  // SLIP_DEVICE: RDMA device name (empty: any)
+  int gid_index = -1;  // SLIP_GID_INDEX: 0..255, -1 = RoCEv2 GID of the IP
+  VerbsNotify verbs_notify = VerbsNotify::kAuto;  // SLIP_VERBS_NOTIFY=auto|imm|send
+  uint32_t negative_ttl_ms = 10000;               // SLIP_NEGATIVE_TTL_MS, 0..3600000
 
   bool Allows(TransportKind kind) const noexcept;
 };

@@ -348,7 +348,10 @@ const char* ReasonName(Reason r) noexcept {
                                            "nonce_mismatch",
                                            "failover",
                                            "unsupported",
-                                           "reuseport"};
+                                           "reuseport",
+                                           "no_rdma_device",
+                                           "no_rdma_path",
+                                           "memlock"};
   static_assert(std::size(kNames) == static_cast<size_t>(Reason::kCount));
   auto i = static_cast<size_t>(r);
   return i < std::size(kNames) ? kNames[i] : "unknown";

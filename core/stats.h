@@ -34,6 +34,9 @@ enum class Reason : uint8_t {
   kFailover,           // was accelerated, moved back to TCP mid-stream
   kUnsupported,        // socket state we do not accelerate (e.g. bound to a device)
   kReusePort,          // accepted on an SO_REUSEPORT listener (publishes no rendezvous)
+  kNoRdmaDevice,       // verbs allowed, but no usable RDMA device (or rdma-core missing)
+  kNoRdmaPath,         // the peer cannot be reached over RDMA (address/route/timeout)
+  kMemlock,            // RLIMIT_MEMLOCK too low to register the rings
   kCount
 };
 const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
@@ -41,7 +44,7 @@ const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
 enum class SlotState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
 
 constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
-constexpr uint32_t kStatsVersion = 2;         // 2: reason kReusePort
+constexpr uint32_t kStatsVersion = 3;         // 3: reasons kNoRdmaDevice..kMemlock
 constexpr uint32_t kStatsSlots = 8192;
 
 struct alignas(64) ConnSlot {

@@ -102,12 +102,12 @@ bool Stream::HasTxSpace() const noexcept {
 
 bool Stream::RxFinished() const noexcept {
   return channel_->RxEof() || peer_gone_.load(std::memory_order_acquire) ||
-         shut_rd_.load(std::memory_order_relaxed);
+         shut_rd_.load(std::memory_order_relaxed) || channel_->Error() != 0;
 }
 
 bool Stream::TxFinished() const noexcept {
   return channel_->TxPeerClosed() || peer_gone_.load(std::memory_order_acquire) ||
-         shut_wr_.load(std::memory_order_seq_cst);
+         shut_wr_.load(std::memory_order_seq_cst) || channel_->Error() != 0;
 }
 
 template <typename Pred>
@@ -130,8 +130,11 @@ bool Stream::SpinUntil(Pred ready) const noexcept {
 
 int Stream::SendError(int flags) noexcept {
   if (!shut_wr_.load(std::memory_order_relaxed) && !channel_->TxPeerClosed() &&
-      !peer_gone_.load(std::memory_order_acquire))
+      !peer_gone_.load(std::memory_order_acquire)) {
+    // The transport itself broke: bytes may be lost in flight, so say so, as a reset.
+    if (int error = channel_->Error()) return -error;
     return 0;
+  }
   if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
   return -EPIPE;
 }
@@ -234,6 +237,7 @@ int Stream::RecvEndState() noexcept {
   // After SHUT_RD, as on TCP, queued bytes are still delivered; then EOF.
   if (shut_rd_.load(std::memory_order_relaxed)) return HasRxData() ? 1 : 0;
   if (channel_->RxEof()) return HasRxData() ? 1 : 0;
+  if (int error = channel_->Error()) return HasRxData() ? 1 : -error;
   if (peer_gone_.load(std::memory_order_acquire)) {
     if (HasRxData()) return 1;
     // Like TCP: a peer that died with our bytes unread resets the connection once.
@@ -373,6 +377,7 @@ uint32_t Stream::Ready(uint32_t interest) const noexcept {
   uint32_t ready = 0;
   bool gone = peer_gone_.load(std::memory_order_acquire);
   bool eof = channel_->RxEof() || gone;
+  if (channel_->Error() != 0) ready |= EPOLLERR | EPOLLHUP | EPOLLIN | EPOLLOUT;
   if (HasRxData() || eof || shut_rd_.load(std::memory_order_relaxed)) ready |= EPOLLIN;
   if (eof || shut_rd_.load(std::memory_order_relaxed)) ready |= EPOLLRDHUP;
   if (HasTxSpace() || gone || channel_->TxPeerClosed() || shut_wr_.load(std::memory_order_relaxed))

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "core/proxy.h"
 #include "core/sys.h"
 #include "core/wire.h"
 #include "preload/control.h"
@@ -21,6 +22,7 @@
 #include "preload/install.h"
 #include "preload/libc.h"
 #include "preload/runtime.h"
+#include "preload/verbs_loader.h"
 #include "shm/shm.h"
 
 namespace slip::preload {
@@ -51,11 +53,32 @@ bool SendAccept(int fd, uint64_t nonce) noexcept {
   return SendInBand(fd, msg) == 0;
 }
 
+// What the client registered for this connection, out of band: shm registrations and/or
+// an rdma_cm request pending on the listener's twin.
+struct Registered {
+  SlipSocket* listener;
+  wire::Endpoint client, server;
+  std::vector<shm::Registration> shm;
+  verbs::Module* verbs = nullptr;  // set when a verbs request is pending
+
+  // True once the client withdrew everything it registered (its TCP handshake was slow).
+  bool Withdrawn() noexcept {
+    bool any = false;
+    for (const shm::Registration& r : shm) {
+      if (!listener->rendezvous->Cancelled(client, server, r.msg.nonce)) return false;
+      any = true;
+    }
+    if (verbs) {
+      if (!verbs->PendingWithdrawn(listener->verbs_listener, client, server)) return false;
+      any = true;
+    }
+    return any;
+  }
+};
+
 // Waits for the client's first bytes. Returns kOk with the CONFIRM consumed, kNotSlipstream
-// (bytes left in place, or EOF), or kNeedMore on timeout / cancellation (*cancelled set).
-wire::ParseStatus ReadConfirm(int fd, shm::Rendezvous* rv, const wire::Endpoint& client,
-                              const wire::Endpoint& server,
-                              const std::vector<shm::Registration>& regs, wire::Confirm* confirm,
+// (bytes left in place, or EOF), or kNeedMore on timeout / withdrawal (*cancelled set).
+wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm,
                               bool* cancelled) noexcept {
   const int64_t deadline = MonotonicMs() + GetRuntime().config.handshake_timeout_ms;
   uint8_t buf[wire::kMaxMessageSize];
@@ -75,46 +98,78 @@ wire::ParseStatus ReadConfirm(int fd, shm::Rendezvous* rv, const wire::Endpoint&
     } else if (errno != EAGAIN && errno != EINTR) {
       return wire::ParseStatus::kNotSlipstream;  // the application will see the error itself
     }
-    for (const shm::Registration& r : regs) {
-      if (rv->Cancelled(client, server, r.msg.nonce)) {
-        *cancelled = true;
-        return wire::ParseStatus::kNeedMore;
-      }
+    if (reg->Withdrawn()) {
+      *cancelled = true;
+      return wire::ParseStatus::kNeedMore;
     }
     int64_t left = deadline - MonotonicMs();
     if (left <= 0) return wire::ParseStatus::kNeedMore;
-    pollfd p[2] = {{fd, POLLIN, 0}, {rv->fd(), POLLIN, 0}};
-    // A partial CONFIRM keeps POLLIN set; sleep briefly instead of spinning on it.
-    if (n > 0) left = 1;
+    pollfd p[2] = {{fd, POLLIN, 0},
+                   {reg->listener->rendezvous ? reg->listener->rendezvous->fd() : -1, POLLIN, 0}};
+    // A partial CONFIRM keeps POLLIN set, and a verbs withdrawal has no descriptor to
+    // watch: sleep briefly instead of spinning.
+    if (n > 0 || reg->verbs) left = 1;
     sys::poll(p, 2, int(left > 100 ? 100 : left));
   }
+}
+
+// The verbs half of the negotiation: true when the connection now runs on verbs.
+bool AcceptVerbs(Registered* reg, SlipSocket* s, int fd, const wire::Confirm& confirm,
+                 wire::DeclineReason* decline, bool* dropped) noexcept {
+  int pair[2];
+  if (proxy::CreatePair(pair) < 0) {
+    *decline = wire::DeclineReason::kResources;
+    return false;
+  }
+  int proxy_a = sys::MoveHigh(pair[0], sys::HiddenFdFloor());
+  int proxy_b = sys::MoveHigh(pair[1], sys::HiddenFdFloor());
+  auto channel = reg->verbs->AcceptPending(reg->listener->verbs_listener, reg->client, reg->server,
+                                           confirm.nonce, confirm.ring_size, proxy_b, decline);
+  if (!channel || !SendAccept(fd, confirm.nonce)) {
+    if (channel) *decline = wire::DeclineReason::kResources;
+    sys::close(proxy_a);
+    sys::close(proxy_b);
+    return false;
+  }
+  if (InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleServer) < 0) {
+    sys::close(proxy_a);
+    sys::close(proxy_b);
+    *dropped = true;  // ACCEPT is out: reset rather than corrupt
+  }
+  return true;
 }
 
 Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
   sockaddr_storage local{}, remote{};
   socklen_t llen = sizeof(local), rlen = sizeof(remote);
-  wire::Endpoint client, server;
+  Registered reg;
+  reg.listener = listener;
   if (sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
       sys::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen) != 0 ||
-      !wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&remote), &client) ||
-      !wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &server)) {
+      !wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&remote), &reg.client) ||
+      !wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &reg.server)) {
     MarkPlain(s, fd, Reason::kUnsupported, kRoleServer);
     return Outcome::kPlain;
   }
-  std::vector<shm::Registration> regs;
-  try {
-    listener->rendezvous->Take(client, server, &regs);
-  } catch (...) {
-    regs.clear();
+  if (listener->rendezvous) {
+    try {
+      listener->rendezvous->Take(reg.client, reg.server, &reg.shm);
+    } catch (...) {
+      reg.shm.clear();
+    }
   }
-  if (regs.empty()) {
-    MarkPlain(s, fd, Reason::kPeerNotSlipstream, kRoleServer);
+  if (listener->verbs_listener) {
+    verbs::Module* m = VerbsIfLoaded();
+    if (m && m->HasPending(listener->verbs_listener, reg.client, reg.server)) reg.verbs = m;
+  }
+  if (reg.shm.empty() && !reg.verbs) {
+    MarkPlain(s, fd, listener->rendezvous ? Reason::kPeerNotSlipstream : listener->no_rendezvous,
+              kRoleServer);
     return Outcome::kPlain;
   }
   wire::Confirm confirm;
   bool cancelled = false;
-  wire::ParseStatus st =
-      ReadConfirm(fd, listener->rendezvous.get(), client, server, regs, &confirm, &cancelled);
+  wire::ParseStatus st = ReadConfirm(fd, &reg, &confirm, &cancelled);
   if (st != wire::ParseStatus::kOk) {
     Reason why = cancelled                            ? Reason::kConnectSlow
                  : st == wire::ParseStatus::kNeedMore ? Reason::kHandshakeTimeout
@@ -127,13 +182,19 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
   wire::DeclineReason decline = wire::DeclineReason::kNonceMismatch;
   if (!ControlReady()) {
     // Nobody could notice the client's death: decline rather than risk a hang.
-    regs.clear();
+    reg.shm.clear();
+    reg.verbs = nullptr;
     decline = wire::DeclineReason::kResources;
   }
-  for (shm::Registration& reg : regs) {
-    if (reg.msg.nonce != confirm.nonce) continue;
+  if (reg.verbs) {
+    bool dropped = false;
+    if (AcceptVerbs(&reg, s, fd, confirm, &decline, &dropped))
+      return dropped ? Outcome::kDropped : Outcome::kAccelerated;
+  }
+  for (shm::Registration& r : reg.shm) {
+    if (r.msg.nonce != confirm.nonce) continue;
     int proxy_a = -1, proxy_b = -1;
-    auto channel = shm::AcceptRegistration(&reg, confirm, &proxy_a, &proxy_b, &decline);
+    auto channel = shm::AcceptRegistration(&r, confirm, &proxy_a, &proxy_b, &decline);
     if (!channel) break;
     if (!SendAccept(fd, confirm.nonce)) {
       sys::close(proxy_a);
@@ -166,9 +227,10 @@ bool SlipListen(SlipSocket* s, int fd) noexcept {
     return false;  // not bound yet: listen() picks the port, decide after it
   s->kind = SockKind::kListener;
   const Runtime& rt = GetRuntime();
-  if (s->rendezvous) return true;
+  if (s->rendezvous || s->verbs_listener) return true;
   s->no_rendezvous = Reason::kPolicy;
-  if (!rt.config.Allows(TransportKind::kShm) || !ListenerPortAllowed(rt.config, ep.port))
+  if (!ListenerPortAllowed(rt.config, ep.port) ||
+      !(rt.config.Allows(TransportKind::kShm) || rt.config.Allows(TransportKind::kVerbs)))
     return true;
   int reuseport = 0, v6only = 0;
   socklen_t olen = sizeof(int);
@@ -180,18 +242,31 @@ bool SlipListen(SlipSocket* s, int fd) noexcept {
     return true;
   }
   s->no_rendezvous = Reason::kPeerNotSlipstream;
-  olen = sizeof(int);
-  if (local.ss_family == AF_INET6) sys::getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &olen);
-  int err = 0;
-  s->rendezvous = shm::Rendezvous::Publish(reinterpret_cast<sockaddr*>(&local), v6only != 0, &err);
-  if (!s->rendezvous)
-    SLIP_LOG(kInfo, "fd %d: no rendezvous (errno %d); connections stay plain", fd, -err);
+  if (rt.config.Allows(TransportKind::kShm)) {
+    olen = sizeof(int);
+    if (local.ss_family == AF_INET6) sys::getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &olen);
+    int err = 0;
+    s->rendezvous =
+        shm::Rendezvous::Publish(reinterpret_cast<sockaddr*>(&local), v6only != 0, &err);
+    if (!s->rendezvous)
+      SLIP_LOG(kInfo, "fd %d: no rendezvous (errno %d); same-host connections stay plain", fd,
+               -err);
+  }
+  // Its rdma_cm twin goes up before the kernel listens, like the rendezvous: a client that
+  // finds the TCP port open finds the rdma_cm port too.
+  if (rt.config.Allows(TransportKind::kVerbs)) {
+    if (verbs::Module* m = Verbs()) {
+      Reason why = Reason::kNone;
+      s->verbs_listener = m->Listen(reinterpret_cast<sockaddr*>(&local), &why);
+    }
+  }
   return true;
 }
 
 void SlipUnlisten(SlipSocket* s) noexcept {
   std::lock_guard<std::mutex> lock(s->mu);
   s->rendezvous.reset();
+  UnlistenVerbs(s);
   s->kind = SockKind::kTcp;
 }
 
@@ -203,7 +278,7 @@ int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int
     if (!s) return cfd;  // cannot track it: it stays an untracked plain socket
     s->nonblocking.store(flags & SOCK_NONBLOCK, std::memory_order_relaxed);
     Outcome outcome = Outcome::kPlain;
-    if (listener->rendezvous) {
+    if (listener->rendezvous || listener->verbs_listener) {
       outcome = Negotiate(listener, s, cfd);
     } else {
       MarkPlain(s, cfd, listener->no_rendezvous, kRoleServer);

@@ -9,6 +9,7 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/random.h>
 
 #include <cerrno>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <mutex>
 
 #include "core/log.h"
+#include "core/proxy.h"
 #include "core/sys.h"
 #include "core/wire.h"
 #include "preload/control.h"
@@ -24,6 +26,7 @@
 #include "preload/install.h"
 #include "preload/libc.h"
 #include "preload/runtime.h"
+#include "preload/verbs_loader.h"
 #include "shm/shm.h"
 
 namespace slip::preload {
@@ -109,11 +112,119 @@ bool WaitEstablished(int fd, int timeout_ms) noexcept {
   return sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0;
 }
 
-int SendConfirm(int fd, const shm::Offer& offer) noexcept {
+int SendConfirm(int fd, uint64_t nonce, uint32_t ring_size) noexcept {
   wire::Message msg;
   msg.type = wire::Type::kConfirm;
-  msg.confirm = wire::Confirm{offer.nonce, offer.ring_size};
+  msg.confirm = wire::Confirm{nonce, ring_size};
   return SendInBand(fd, msg);
+}
+
+uint64_t RandomNonce() noexcept {
+  uint64_t nonce = 0;
+  while (nonce == 0) {
+    if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = 0;
+  }
+  return nonce;
+}
+
+// CONFIRM is in the stream but the connection cannot be installed: plain TCP is no longer
+// safe, so fail the connection the way TCP would rather than corrupt it.
+int ResetAfterConfirm(SlipSocket* s, int fd) noexcept {
+  SLIP_LOG(kError, "fd %d: cannot install the accelerated connection; resetting", fd);
+  linger lg{1, 0};
+  sys::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+  sys::shutdown(fd, SHUT_RDWR);
+  MarkPlain(s, fd, Reason::kResources, kRoleClient);
+  errno = ECONNRESET;
+  return -1;
+}
+
+// The verbs path (another host, or this host's RDMA device): resolve over RDMA, bind to
+// the RDMA route's source address, REQ/REP with the listener's twin, and only then the
+// SYN. Returns Reason::kNone when it ran connect() itself (*rc/*err are connect's
+// answer); any other reason means nothing happened yet beyond, perhaps, the bind.
+Reason VerbsConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len, int* rc,
+                    int* err) noexcept {
+  const Runtime& rt = GetRuntime();
+  wire::Endpoint server;
+  if (!rt.config.Allows(TransportKind::kVerbs)) return Reason::kPolicy;
+  if (!wire::EndpointFromSockaddr(addr, &server)) return Reason::kUnsupported;
+  if (IsLoopback(server)) return Reason::kNoRdmaPath;  // rdma_cm has no loopback device
+  sockaddr_storage local{};
+  socklen_t llen = sizeof(local);
+  sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
+  if (!PolicyAllows(rt.config, reinterpret_cast<sockaddr*>(&local), addr)) return Reason::kPolicy;
+  wire::Endpoint bound;
+  if (wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &bound) && bound.port != 0)
+    return Reason::kUnsupported;  // the application chose its port: keep out of its way
+  verbs::Module* m = Verbs();
+  if (!m) return Reason::kNoRdmaDevice;
+  if (!ControlReady()) return Reason::kResources;
+  sockaddr_storage source{};
+  Reason why = Reason::kNone;
+  verbs::ClientConn* conn = m->Resolve(addr, &source, &why);
+  if (!conn) return why;
+  // An IPv6 socket reaching an IPv4 peer binds to the v4-mapped source.
+  sockaddr_storage bind_to = source;
+  socklen_t bind_len = source.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  if (s->family == AF_INET6 && source.ss_family == AF_INET) {
+    sockaddr_in6 mapped{};
+    mapped.sin6_family = AF_INET6;
+    mapped.sin6_addr.s6_addr[10] = mapped.sin6_addr.s6_addr[11] = 0xff;
+    std::memcpy(&mapped.sin6_addr.s6_addr[12], &reinterpret_cast<sockaddr_in*>(&source)->sin_addr,
+                4);
+    std::memcpy(&bind_to, &mapped, sizeof(mapped));
+    bind_len = sizeof(mapped);
+  }
+  wire::Endpoint client;
+  if (sys::bind(fd, reinterpret_cast<sockaddr*>(&bind_to), bind_len) != 0 ||
+      LocalEndpoint(fd, &client) < 0) {
+    m->Abort(conn);
+    return Reason::kUnsupported;
+  }
+  const uint64_t nonce = RandomNonce();
+  const uint32_t ring_size = rt.config.ring_size;
+  if (!m->Handshake(conn, client, server, nonce, ring_size, &why)) {
+    m->Abort(conn);
+    SLIP_LOG(kInfo, "fd %d: verbs not used (%s)", fd, ReasonName(why));
+    return why;
+  }
+  *rc = Libc().connect(fd, addr, len);
+  *err = errno;
+  bool established = *rc == 0;
+  if (!established && (*err == EINPROGRESS || *err == EINTR))
+    established = WaitEstablished(fd, int(rt.config.handshake_timeout_ms));
+  if (!established) {
+    m->Abort(conn);  // the listener drops its pending request and treats the SYN as plain
+    if (*err == EINPROGRESS || *err == EINTR)
+      MarkPlain(s, fd, Reason::kConnectSlow, kRoleClient, addr);
+    return Reason::kNone;
+  }
+  if (SendConfirm(fd, nonce, ring_size) < 0) {
+    m->Abort(conn);
+    MarkPlain(s, fd, Reason::kResources, kRoleClient);
+    return Reason::kNone;
+  }
+  int pair[2];
+  if (proxy::CreatePair(pair) < 0) {
+    m->Abort(conn);
+    *rc = ResetAfterConfirm(s, fd);
+    *err = errno;
+    return Reason::kNone;
+  }
+  int proxy_a = sys::MoveHigh(pair[0], sys::HiddenFdFloor());
+  int proxy_b = sys::MoveHigh(pair[1], sys::HiddenFdFloor());
+  auto channel = m->Finish(conn, proxy_b);
+  if (!channel ||
+      InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleClient) < 0) {
+    sys::close(proxy_a);
+    sys::close(proxy_b);
+    *rc = ResetAfterConfirm(s, fd);
+    *err = errno;
+    return Reason::kNone;
+  }
+  if (*rc != 0) *err = EINPROGRESS;  // a non-blocking connect reports it as the kernel did
+  return Reason::kNone;
 }
 
 // Plain connect for a socket we will not accelerate, recording why.
@@ -193,7 +304,19 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
 
   int rendezvous = -1;
   Reason reason = ShmDetect(fd, addr, &rendezvous);
-  if (reason != Reason::kNone) return ConnectPlain(s, fd, addr, len, reason);
+  if (reason != Reason::kNone) {
+    int rc = 0, err = 0;
+    Reason verbs_reason = VerbsConnect(s, fd, addr, len, &rc, &err);
+    if (verbs_reason == Reason::kNone) {
+      errno = err;
+      return rc;
+    }
+    // Say why in the terms of the transport that came closest.
+    if (verbs_reason != Reason::kPolicy &&
+        (reason == Reason::kNotSameHost || reason == Reason::kPolicy))
+      reason = verbs_reason;
+    return ConnectPlain(s, fd, addr, len, reason);
+  }
 
   // A Slipstream listener is on this host. Register, then connect.
   shm::Offer offer;
@@ -231,7 +354,7 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
   }
   sys::close(rendezvous);
 
-  if (int src = SendConfirm(fd, offer); src < 0) {
+  if (int src = SendConfirm(fd, offer.nonce, offer.ring_size); src < 0) {
     // The connection broke right away; the application will see that on TCP.
     MarkPlain(s, fd, Reason::kResources, kRoleClient);
     errno = err;
@@ -239,18 +362,8 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
   }
   int proxy_a = -1, proxy_b = -1;
   auto channel = shm::MakeClientChannel(&offer, &proxy_a, &proxy_b);
-  if (!channel ||
-      InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleClient) < 0) {
-    // CONFIRM is already in the stream, so plain TCP is no longer safe: fail the
-    // connection the way TCP would rather than corrupt it.
-    SLIP_LOG(kError, "fd %d: cannot install the accelerated connection; resetting", fd);
-    linger lg{1, 0};
-    sys::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-    sys::shutdown(fd, SHUT_RDWR);
-    MarkPlain(s, fd, Reason::kResources, kRoleClient);
-    errno = ECONNRESET;
-    return -1;
-  }
+  if (!channel || InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleClient) < 0)
+    return ResetAfterConfirm(s, fd);
   if (rc != 0) {
     errno = err;  // a non-blocking connect reports EINPROGRESS as the kernel did
     return -1;

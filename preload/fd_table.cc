@@ -9,6 +9,7 @@
 #include "core/sys.h"
 #include "preload/accel_list.h"
 #include "preload/control.h"
+#include "preload/verbs_loader.h"
 
 namespace slip::preload {
 
@@ -52,6 +53,18 @@ Pool& GetPool() noexcept {
   return *pool;
 }
 
+void Teardown(SlipSocket* s) noexcept;
+
+}  // namespace
+
+void UnlistenVerbs(SlipSocket* s) noexcept {
+  if (!s->verbs_listener) return;
+  if (verbs::Module* m = VerbsIfLoaded()) m->Unlisten(s->verbs_listener);
+  s->verbs_listener = nullptr;
+}
+
+namespace {
+
 void Teardown(SlipSocket* s) noexcept {
   if (s->kind == SockKind::kAccel) {
     AccelListRemove(s);
@@ -64,6 +77,7 @@ void Teardown(SlipSocket* s) noexcept {
   if (s->anchor_fd >= 0) sys::close(s->anchor_fd);
   s->anchor_fd = -1;
   s->rendezvous.reset();
+  UnlistenVerbs(s);
   if (s->stats) StatsClose(s->stats);
   s->stats = nullptr;
 }

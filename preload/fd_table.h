@@ -20,6 +20,7 @@
 #include "core/stats.h"
 #include "core/stream.h"
 #include "shm/shm.h"
+#include "verbs/verbs.h"
 
 namespace slip::preload {
 
@@ -43,6 +44,7 @@ struct SlipSocket {
   ConnSlot* stats = nullptr;
   std::unique_ptr<shm::Rendezvous> rendezvous;        // kListener
   Reason no_rendezvous = Reason::kPeerNotSlipstream;  // kListener without one: why
+  verbs::Listener* verbs_listener = nullptr;          // kListener: its rdma_cm twin
   // kPlain after a non-blocking connect: the stats slot is opened only once the connection
   // proves established (a refused connect is no connection).
   std::atomic<bool> stats_pending{false};
@@ -62,6 +64,9 @@ struct SlipSocket {
   // Clears everything back to a fresh kTcp socket (called when the last reference goes).
   void Reset() noexcept;
 };
+
+// Closes a listener's rdma_cm twin, if it has one.
+void UnlistenVerbs(SlipSocket* s) noexcept;
 
 // Allocates a socket with one reference (the caller's).
 SlipSocket* NewSocket(SockKind kind, int family) noexcept;

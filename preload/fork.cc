@@ -9,6 +9,7 @@
 #include "preload/accel_list.h"
 #include "preload/control.h"
 #include "preload/fd_table.h"
+#include "preload/verbs_loader.h"
 
 namespace slip::preload {
 
@@ -23,12 +24,14 @@ struct InheritedSlot {
 };
 
 void Prepare() {
-  // Lock order: pool, then accelerated list (the order Teardown uses).
+  // Lock order: pool, then accelerated list (the order Teardown uses), then verbs.
   TableForkPrepare();
   AccelListForkPrepare();
+  if (verbs::Module* m = VerbsIfLoaded()) m->ForkPrepare();
 }
 
 void Parent() {
+  if (verbs::Module* m = VerbsIfLoaded()) m->ForkParent();
   AccelListForkParent();
   TableForkParent();
 }
@@ -51,6 +54,8 @@ void RewatchAnchor(SlipSocket* s, void*) {
 }
 
 void Child() {
+  // The parent's queue pairs are not ours: inherited verbs connections fail (ECONNRESET).
+  if (verbs::Module* m = VerbsIfLoaded()) m->ForkChild();
   AccelListForkChild();
   TableForkChild();
   ControlResetAfterFork();

@@ -12,6 +12,7 @@
 #include "core/sys.h"
 #include "preload/control.h"
 #include "preload/fork.h"
+#include "preload/verbs_loader.h"
 
 extern char** environ;
 
@@ -66,6 +67,9 @@ __attribute__((constructor)) void SlipstreamStart() {
 __attribute__((destructor)) void SlipstreamExit() {
   const Runtime& rt = GetRuntime();
   if (!rt.enabled) return;
+  // Writes posted but not yet acknowledged would die with the process: TCP would still
+  // deliver them, so wait for them (bounded).
+  if (verbs::Module* m = VerbsIfLoaded()) m->FlushAll(5000);
   if (!rt.config.stats_file.empty()) StatsWriteExitRecord(rt.config.stats_file.c_str());
   StatsShutdown();
 }

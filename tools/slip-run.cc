@@ -101,6 +101,23 @@ const Option kOptions[] = {
     {"--handshake-timeout-ms", "N", "SLIP_HANDSHAKE_TIMEOUT_MS",
      "negotiation timeout in milliseconds (1..600000)",
      [](const Config& c) { return std::to_string(c.handshake_timeout_ms); }},
+    {"--device", "NAME", "SLIP_DEVICE", "RDMA device for verbs (e.g. rxe0)",
+     [](const Config& c) { return PathText(c.device, "any"); }},
+    {"--gid-index", "N", "SLIP_GID_INDEX", "RoCE GID table index (0..255)",
+     [](const Config& c) {
+       return c.gid_index < 0 ? std::string("the RoCEv2 GID of the address")
+                              : std::to_string(c.gid_index);
+     }},
+    {"--verbs-notify", "MODE", "SLIP_VERBS_NOTIFY",
+     "imm (RDMA WRITE WITH IMMEDIATE), send (SEND after WRITE, as iWARP needs) or auto",
+     [](const Config& c) {
+       return std::string(c.verbs_notify == slip::VerbsNotify::kImm    ? "imm"
+                          : c.verbs_notify == slip::VerbsNotify::kSend ? "send"
+                                                                       : "auto");
+     }},
+    {"--negative-ttl-ms", "N", "SLIP_NEGATIVE_TTL_MS",
+     "how long a destination that answered 'no RDMA' is tried plainly (0..3600000)",
+     [](const Config& c) { return std::to_string(c.negative_ttl_ms); }},
     {"--include-ports", "PORTS", "SLIP_INCLUDE_PORTS",
      "accelerate only these ports (local or remote), e.g. 80,8000-9000",
      [](const Config& c) { return PortsText(c.include_ports, "all"); }},

@@ -58,9 +58,14 @@ std::string MustFail(const std::string& name, const std::string& value) {
 TEST(Config, DefaultsWhenNothingSet) {
   Config c = MustParse({});
   EXPECT_TRUE(c.enabled);
-  ASSERT_EQ(c.transports.size(), 2u);
+  ASSERT_EQ(c.transports.size(), 3u);
   EXPECT_EQ(c.transports[0], TransportKind::kShm);
-  EXPECT_EQ(c.transports[1], TransportKind::kTcp);
+  EXPECT_EQ(c.transports[1], TransportKind::kVerbs);
+  EXPECT_EQ(c.transports[2], TransportKind::kTcp);
+  EXPECT_TRUE(c.device.empty());
+  EXPECT_EQ(c.gid_index, -1);
+  EXPECT_EQ(c.verbs_notify, VerbsNotify::kAuto);
+  EXPECT_EQ(c.negative_ttl_ms, 10000u);
   EXPECT_EQ(c.ring_size, 1u << 20);
   EXPECT_EQ(c.spin_us, 50u);
   EXPECT_EQ(c.handshake_timeout_ms, 2000u);
@@ -69,6 +74,25 @@ TEST(Config, DefaultsWhenNothingSet) {
   EXPECT_TRUE(c.stats_file.empty());
   EXPECT_TRUE(c.include_ports.empty() && c.exclude_ports.empty());
   EXPECT_TRUE(c.include_cidrs.empty() && c.exclude_cidrs.empty());
+}
+
+TEST(Config, VerbsOptions) {
+  Config c = MustParse({{"SLIP_DEVICE", "rxe0"},
+                        {"SLIP_GID_INDEX", "1"},
+                        {"SLIP_VERBS_NOTIFY", "SEND"},
+                        {"SLIP_NEGATIVE_TTL_MS", "0"}});
+  EXPECT_EQ(c.device, "rxe0");
+  EXPECT_EQ(c.gid_index, 1);
+  EXPECT_EQ(c.verbs_notify, VerbsNotify::kSend);
+  EXPECT_EQ(c.negative_ttl_ms, 0u);
+  EXPECT_EQ(MustParse({{"SLIP_VERBS_NOTIFY", "imm"}}).verbs_notify, VerbsNotify::kImm);
+  MustFail("SLIP_DEVICE", "");
+  MustFail("SLIP_DEVICE", "rxe0;rm");
+  MustFail("SLIP_DEVICE", std::string(64, 'a'));
+  MustFail("SLIP_GID_INDEX", "256");
+  MustFail("SLIP_GID_INDEX", "-1");
+  MustFail("SLIP_VERBS_NOTIFY", "write");
+  MustFail("SLIP_NEGATIVE_TTL_MS", "3600001");
 }
 
 TEST(Config, Enable) {
@@ -278,6 +302,12 @@ TEST(Config, UnknownSlipVariables) {
                            "SLIP_EXCLUDE_PORTS=",
                            "SLIP_INCLUDE_CIDR=",
                            "SLIP_EXCLUDE_CIDR=",
+                           "SLIP_DEVICE=rxe0",
+                           "SLIP_GID_INDEX=1",
+                           "SLIP_VERBS_NOTIFY=imm",
+                           "SLIP_NEGATIVE_TTL_MS=5",
+                           "SLIP_VM_NODE=1",
+                           "SLIP_TEST_PLAIN=1",
                            "SLIP_RINGSIZE=1M",
                            "SLIP_log=info",
                            "PATH=/bin",

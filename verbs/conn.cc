@@ -1,0 +1,573 @@
+#include "verbs/conn.h"
+
+#include <arpa/inet.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "core/log.h"
+#include "core/proxy.h"
+#include "core/sys.h"
+
+namespace slip::verbs {
+
+namespace {
+
+constexpr uint32_t kSendDepth = 256;
+constexpr uint32_t kInlineWanted = 220;
+constexpr uint32_t kSignalEvery = 32;  // one signalled WR per this many: reclaims SQ slots
+constexpr uint64_t kRecvTag = 1ull << 63;
+
+// Spin lock for short, uncontended critical sections on the data path.
+class SpinGuard {
+ public:
+  explicit SpinGuard(std::atomic_flag* flag) noexcept : flag_(flag) {
+    while (flag_->test_and_set(std::memory_order_acquire)) sched_yield();
+  }
+  ~SpinGuard() { flag_->clear(std::memory_order_release); }
+
+ private:
+  std::atomic_flag* flag_;
+};
+
+// The registry: a mutex-protected intrusive list of live connections.
+std::mutex g_registry_mu;
+Conn* g_registry_head = nullptr;
+
+uint64_t NowMs() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+}  // namespace
+
+Conn::Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept
+    : Channel(ring_size), id_(id), device_(device) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  next_ = g_registry_head;
+  if (next_) next_->prev_ = this;
+  g_registry_head = this;
+}
+
+void ConnRegistryLock() noexcept {
+  g_registry_mu.lock();
+}
+void ConnRegistryUnlock() noexcept {
+  g_registry_mu.unlock();
+}
+
+void OrphanAllConns() noexcept {
+  for (Conn* c = g_registry_head; c; c = c->next_) c->Orphan();
+}
+
+void FlushAllConns(int timeout_ms) noexcept {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  for (Conn* c = g_registry_head; c; c = c->next_) {
+    if (c->have_peer_ && c->Error() == 0) c->Flush(timeout_ms);
+  }
+}
+
+Conn* Conn::Create(rdma_cm_id* id, Device* device, uint32_t ring_size, bool send_notify,
+                   int* error) noexcept {
+  auto* conn = new (std::nothrow) Conn(id, device, ring_size);
+  if (!conn) {
+    *error = -ENOMEM;
+    return nullptr;
+  }
+  if (int rc = conn->Init(send_notify); rc < 0) {
+    conn->id_ = nullptr;  // the caller keeps the id
+    delete conn;
+    *error = rc;
+    return nullptr;
+  }
+  id->context = conn;
+  return conn;
+}
+
+int Conn::Init(bool send_notify) noexcept {
+  send_notify_ = send_notify;
+  if (int rc = device_->GetSlot(ring_size(), &slot_); rc < 0) return rc;
+  cq_ = ibv_create_cq(device_->context(), int(kSendDepth + kRecvDepth), this,
+                      device_->comp_channel(), 0);
+  if (!cq_) return -(errno ? errno : ENOMEM);
+  if (ibv_req_notify_cq(cq_, 0) != 0) return -(errno ? errno : EIO);
+  ibv_qp_init_attr attr{};
+  attr.send_cq = cq_;
+  attr.recv_cq = cq_;
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = kSendDepth;
+  attr.cap.max_recv_wr = kRecvDepth;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_sge = 1;
+  // Devices differ in how much they inline; ask for plenty, settle for what they give.
+  int rc = -1;
+  for (uint32_t want : {kInlineWanted, 64u, 16u}) {
+    attr.cap.max_inline_data = want;
+    attr.cap.max_send_wr = kSendDepth;
+    attr.cap.max_recv_wr = kRecvDepth;
+    rc = rdma_create_qp(id_, device_->pd(), &attr);
+    if (rc == 0) break;
+  }
+  if (rc != 0) return -(errno ? errno : EINVAL);
+  qp_created_ = true;
+  max_inline_ = attr.cap.max_inline_data;
+  sq_depth_ = attr.cap.max_send_wr < kSendDepth ? attr.cap.max_send_wr : kSendDepth;
+  for (uint32_t i = 0; i < kRecvDepth; ++i) {
+    if (!PostRecv(i)) return -(errno ? errno : EIO);
+  }
+  return 0;
+}
+
+Conn::~Conn() {
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    if (prev_) prev_->next_ = next_;
+    if (next_) next_->prev_ = prev_;
+    if (g_registry_head == this) g_registry_head = next_;
+  }
+  if (orphaned_.load(std::memory_order_acquire)) {
+    // A forked child: these objects are the parent's. Only our own descriptor goes.
+    if (proxy_b_ >= 0) sys::close(proxy_b_);
+    return;
+  }
+  if (id_ && qp_created_ && have_peer_ && error_.load(std::memory_order_acquire) == 0) {
+    if (!Flush(5000)) SLIP_LOG(kWarn, "verbs: closing with writes not acknowledged by the peer");
+  }
+  {
+    // No reposting of receives once the queue pair starts going away.
+    SpinGuard guard(&poll_busy_);
+    error_.store(ECONNRESET, std::memory_order_release);
+  }
+  if (id_) {
+    rdma_disconnect(id_);
+    if (qp_created_) rdma_destroy_qp(id_);
+    rdma_destroy_id(id_);  // waits until the progress thread acknowledged its events
+  }
+  if (cq_) ibv_destroy_cq(cq_);  // likewise for completion events
+  if (slot_.base) device_->PutSlot(slot_);
+  if (proxy_b_ >= 0) sys::close(proxy_b_);
+}
+
+void Conn::SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept {
+  peer_ring_addr_ = ring_addr;
+  peer_rkey_ = rkey;
+  send_notify_ = send_notify_ || send_notify;
+  have_peer_ = true;
+}
+
+void Conn::SetProxy(int proxy_b) noexcept {
+  proxy_b_ = proxy_b;
+  // Anything that arrived before the stream existed must still wake its first sleeper.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b_, SHUT_WR);
+}
+
+bool Conn::PostRecv(uint32_t index) noexcept {
+  ibv_sge sge{};
+  sge.addr = uint64_t(uintptr_t(slot_.control() + kRecvBufOffset + index * kRecvBufSize));
+  sge.length = kRecvBufSize;
+  sge.lkey = slot_.remote_mr->lkey;
+  ibv_recv_wr wr{};
+  wr.wr_id = kRecvTag | index;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_recv(id_->qp, &wr, &bad) == 0;
+}
+
+bool Conn::SendHello(uint64_t nonce) noexcept {
+  Hello hello;
+  hello.ring_log2 = uint8_t(__builtin_ctz(ring_size()));
+  hello.nonce = nonce;
+  hello.ring_addr = uint64_t(uintptr_t(slot_.rx_ring()));
+  hello.rkey = slot_.remote_mr->rkey;
+  uint8_t* buf = slot_.control() + kHelloOutOffset;
+  size_t len = EncodeHello(hello, buf, kRecvBufSize);
+  ibv_sge sge{uint64_t(uintptr_t(buf)), uint32_t(len), slot_.remote_mr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = 0;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  SpinGuard guard(&post_busy_);
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(id_->qp, &wr, &bad) != 0) return false;
+  ++sq_posted_;
+  ++unsignaled_;
+  return true;
+}
+
+bool Conn::HelloReceived(Hello* hello) const noexcept {
+  Poll();
+  if (!hello_received_.load(std::memory_order_acquire)) return false;
+  *hello = hello_;
+  return true;
+}
+
+// ------------------------------------------------------------------------ polling
+
+bool Conn::Poll() const noexcept {
+  if (orphaned_.load(std::memory_order_relaxed)) return true;
+  if (poll_busy_.test_and_set(std::memory_order_acquire)) return false;
+  DrainLocked();
+  poll_busy_.clear(std::memory_order_release);
+  return true;
+}
+
+void Conn::DrainLocked() const noexcept {
+  ibv_wc wc[16];
+  for (;;) {
+    int n = ibv_poll_cq(cq_, 16, wc);
+    if (n <= 0) {
+      if (n < 0) const_cast<Conn*>(this)->Fail(EIO);
+      return;
+    }
+    for (int i = 0; i < n; ++i) Handle(wc[i]);
+  }
+}
+
+void Conn::OnCompletionEvent() noexcept {
+  {
+    SpinGuard guard(&poll_busy_);
+    DrainLocked();
+    ibv_req_notify_cq(cq_, 0);
+    DrainLocked();  // what arrived between the drain and the re-arm
+  }
+  ibv_ack_cq_events(cq_, 1);
+}
+
+void Conn::Handle(const ibv_wc& wc) const noexcept {
+  auto* self = const_cast<Conn*>(this);
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (error_.load(std::memory_order_relaxed) == 0 && wc.status != IBV_WC_WR_FLUSH_ERR)
+      SLIP_LOG(kWarn, "verbs: %s completion failed: %s", (wc.wr_id & kRecvTag) ? "receive" : "send",
+               ibv_wc_status_str(wc.status));
+    self->Fail(ECONNRESET);
+    return;
+  }
+  if (!(wc.wr_id & kRecvTag)) {
+    // A signalled send: everything posted up to it is done.
+    uint64_t done = wc.wr_id;
+    uint64_t prev = sq_completed_.load(std::memory_order_relaxed);
+    while (done > prev && !sq_completed_.compare_exchange_weak(prev, done)) {
+    }
+    return;
+  }
+  auto index = uint32_t(wc.wr_id & ~kRecvTag);
+  if (index >= kRecvDepth) {
+    self->Fail(EPROTO);
+    return;
+  }
+  if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    HandleNote(ntohl(wc.imm_data));
+  } else if (wc.opcode == IBV_WC_RECV) {
+    const uint8_t* buf = slot_.control() + kRecvBufOffset + index * kRecvBufSize;
+    Hello hello;
+    if (wc.byte_len == 4) {
+      uint32_t note = uint32_t(buf[0]) | uint32_t(buf[1]) << 8 | uint32_t(buf[2]) << 16 |
+                      uint32_t(buf[3]) << 24;
+      HandleNote(note);
+    } else if (!hello_received_.load(std::memory_order_relaxed) &&
+               ParseHello(buf, wc.byte_len, &hello) == ParseResult::kOk) {
+      hello_ = hello;
+      hello_received_.store(true, std::memory_order_release);
+    } else {
+      SLIP_LOG(kWarn, "verbs: malformed message from the peer (%u bytes); resetting", wc.byte_len);
+      self->Fail(EPROTO);
+      return;
+    }
+  } else {
+    self->Fail(EPROTO);
+    return;
+  }
+  if (error_.load(std::memory_order_relaxed) == 0 && !self->PostRecv(index)) self->Fail(EIO);
+}
+
+void Conn::HandleNote(uint32_t note) const noexcept {
+  switch (NoteKind(note)) {
+    case Note::kData: {
+      uint64_t produced = NoteCursor(note, rx_produced_.load(std::memory_order_relaxed));
+      // A peer that claims more than the ring can hold would make us read garbage.
+      if (produced - rx_consumed_.load(std::memory_order_acquire) > ring_size()) {
+        SLIP_LOG(kWarn, "verbs: the peer overran the ring; resetting");
+        const_cast<Conn*>(this)->Fail(EPROTO);
+        return;
+      }
+      rx_produced_.store(produced, std::memory_order_release);
+      WakeReader();
+      break;
+    }
+    case Note::kCredit: {
+      // The credit word landed before this completion (same WRITE, or an earlier one).
+      auto* word = reinterpret_cast<volatile uint64_t*>(slot_.control() + kCreditInOffset);
+      uint64_t credit = *word;
+      uint64_t from_note = NoteCursor(note, tx_credit_.load(std::memory_order_relaxed));
+      if (credit < from_note) credit = from_note;
+      tx_credit_.store(credit, std::memory_order_release);
+      WakeWriter();
+      break;
+    }
+    case Note::kEof:
+      rx_eof_.store(true, std::memory_order_release);
+      if (proxy_b_ >= 0) sys::shutdown(proxy_b_, SHUT_WR);
+      break;
+    case Note::kClosed:
+      peer_closed_.store(true, std::memory_order_release);
+      WakeWriter();
+      break;
+  }
+}
+
+void Conn::WakeReader() const noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (proxy_b_ >= 0 && rx_wake_.reader_waiting.load(std::memory_order_relaxed) &&
+      rx_wake_.reader_waiting.exchange(0))
+    proxy::WriteToken(&rx_wake_, proxy_b_);
+}
+
+void Conn::WakeWriter() const noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (proxy_b_ >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
+      tx_wake_.writer_waiting.exchange(0))
+    proxy::Unfill(proxy_b_);
+}
+
+void Conn::Fail(int error) noexcept {
+  int expected = 0;
+  if (!error_.compare_exchange_strong(expected, error)) return;
+  // Readers see the error after what already arrived; writers wake to it.
+  if (proxy_b_ >= 0) {
+    sys::shutdown(proxy_b_, SHUT_WR);
+    proxy::Unfill(proxy_b_);
+  }
+}
+
+void Conn::OnDisconnect() noexcept {
+  // The peer's EOF note, if any, came before its DREQ; a disconnect without one while the
+  // stream is open means the transport went away under us.
+  if (!rx_eof_.load(std::memory_order_acquire) || !peer_closed_.load(std::memory_order_acquire))
+    Fail(ECONNRESET);
+}
+
+void Conn::Orphan() noexcept {
+  orphaned_.store(true, std::memory_order_release);
+  error_.store(ECONNRESET, std::memory_order_release);
+}
+
+bool Conn::Flush(int timeout_ms) noexcept {
+  {
+    SpinGuard guard(&post_busy_);
+    if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
+    // Unsignalled writes complete silently: a signalled empty write behind them tells
+    // when they are all acknowledged.
+    if (unsignaled_ != 0) {
+      ibv_send_wr wr{};
+      wr.wr_id = sq_posted_ + 1;
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = peer_ring_addr_;
+      wr.wr.rdma.rkey = peer_rkey_;
+      ibv_send_wr* bad = nullptr;
+      if (ibv_post_send(id_->qp, &wr, &bad) != 0) return false;
+      ++sq_posted_;
+      unsignaled_ = 0;
+    }
+  }
+  const uint64_t deadline = NowMs() + uint64_t(timeout_ms);
+  for (;;) {
+    Poll();
+    if (error_.load(std::memory_order_acquire) != 0) return false;
+    {
+      SpinGuard guard(&post_busy_);
+      if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
+    }
+    if (NowMs() > deadline) return false;
+    sched_yield();
+  }
+}
+
+// ------------------------------------------------------------------------ Channel
+
+uint64_t Conn::RxProduced() const noexcept {
+  Poll();
+  return rx_produced_.load(std::memory_order_acquire);
+}
+
+bool Conn::RxEof() const noexcept {
+  if (rx_eof_.load(std::memory_order_acquire)) return true;
+  Poll();
+  return rx_eof_.load(std::memory_order_acquire);
+}
+
+void Conn::RxConsumed(uint64_t consumed) noexcept {
+  rx_consumed_.store(consumed, std::memory_order_release);
+  // A sender waits only on a full ring, and a reader that wants more bytes must first
+  // empty it, so credit every quarter ring can never leave the two waiting on each other.
+  if (consumed - credit_sent_ >= ring_size() / 4 && PostCredit(consumed)) credit_sent_ = consumed;
+}
+
+uint64_t Conn::TxConsumed() const noexcept {
+  Poll();
+  return tx_credit_.load(std::memory_order_acquire);
+}
+
+void Conn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
+  std::memcpy(slot_.tx_mirror() + offset, src, len);
+}
+
+void Conn::TxPublish(uint64_t produced) noexcept {
+  if (produced == tx_posted_) return;
+  const uint32_t mask = ring_size() - 1;
+  Fragment frags[2];
+  int count = 0;
+  uint64_t from = tx_posted_;
+  while (from < produced) {
+    uint32_t offset = uint32_t(from & mask);
+    uint64_t len = produced - from;
+    if (len > ring_size() - offset) len = ring_size() - offset;
+    frags[count++] = Fragment{offset, uint32_t(len)};
+    from += len;
+  }
+  if (PostNote(frags, count, Note::kData, produced)) tx_posted_ = produced;
+}
+
+bool Conn::TxPeerClosed() const noexcept {
+  if (peer_closed_.load(std::memory_order_acquire)) return true;
+  Poll();
+  return peer_closed_.load(std::memory_order_acquire);
+}
+
+void Conn::CloseTx() noexcept {
+  PostNote(nullptr, 0, Note::kEof, 0);
+}
+
+void Conn::CloseRx() noexcept {
+  PostNote(nullptr, 0, Note::kClosed, 0);
+}
+
+// ------------------------------------------------------------------------ posting
+
+bool Conn::WaitSendSpace(uint32_t needed) noexcept {
+  // Called with post_busy_ held. Each signalled completion frees a batch of slots.
+  while (sq_posted_ + needed - sq_completed_.load(std::memory_order_acquire) > sq_depth_) {
+    if (error_.load(std::memory_order_acquire) != 0) return false;
+    Poll();
+    sched_yield();
+  }
+  return true;
+}
+
+bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor) noexcept {
+  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0) return false;
+  const uint32_t imm = htonl(EncodeNote(note, cursor));
+  ibv_send_wr wrs[4]{};
+  ibv_sge sges[4]{};
+  int n = 0;
+  for (int i = 0; i < count; ++i, ++n) {
+    sges[n].addr = uint64_t(uintptr_t(slot_.tx_mirror() + fragments[i].offset));
+    sges[n].length = fragments[i].len;
+    sges[n].lkey = slot_.local_mr->lkey;
+    wrs[n].sg_list = &sges[n];
+    wrs[n].num_sge = 1;
+    wrs[n].opcode = IBV_WR_RDMA_WRITE;
+    wrs[n].wr.rdma.remote_addr = peer_ring_addr_ + fragments[i].offset;
+    wrs[n].wr.rdma.rkey = peer_rkey_;
+    if (fragments[i].len <= max_inline_) wrs[n].send_flags = IBV_SEND_INLINE;
+  }
+  uint32_t note_le = EncodeNote(note, cursor);  // a SEND carries it little-endian
+  if (send_notify_) {
+    sges[n].addr = uint64_t(uintptr_t(&note_le));
+    sges[n].length = 4;
+    wrs[n].sg_list = &sges[n];
+    wrs[n].num_sge = 1;
+    wrs[n].opcode = IBV_WR_SEND;
+    wrs[n].send_flags = IBV_SEND_INLINE;
+    ++n;
+  } else if (n > 0) {
+    wrs[n - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wrs[n - 1].imm_data = imm;
+  } else {
+    // A notification without bytes: an empty write with the immediate.
+    wrs[n].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wrs[n].imm_data = imm;
+    wrs[n].wr.rdma.remote_addr = peer_ring_addr_;
+    wrs[n].wr.rdma.rkey = peer_rkey_;
+    ++n;
+  }
+  for (int i = 0; i + 1 < n; ++i) wrs[i].next = &wrs[i + 1];
+
+  SpinGuard guard(&post_busy_);
+  if (!WaitSendSpace(uint32_t(n))) return false;
+  unsignaled_ += uint32_t(n);
+  if (unsignaled_ >= kSignalEvery) {
+    wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
+    wrs[n - 1].wr_id = sq_posted_ + uint64_t(n);
+    unsignaled_ = 0;
+  }
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(id_->qp, wrs, &bad); rc != 0) {
+    SLIP_LOG(kWarn, "verbs: post_send failed (%s); resetting", strerror(rc));
+    Fail(ECONNRESET);
+    return false;
+  }
+  sq_posted_ += uint64_t(n);
+  return true;
+}
+
+bool Conn::PostCredit(uint64_t consumed) noexcept {
+  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0) return false;
+  // The cursor goes into the peer's credit word (right after its ring).
+  uint64_t value = consumed;
+  auto* out = reinterpret_cast<uint64_t*>(slot_.control() + kCreditOutOffset);
+  ibv_sge sge{};
+  if (max_inline_ >= sizeof(value)) {
+    sge = ibv_sge{uint64_t(uintptr_t(&value)), sizeof(value), 0};
+  } else {
+    *out = value;  // a later write may overwrite it: a larger credit is still correct
+    sge = ibv_sge{uint64_t(uintptr_t(out)), sizeof(value), slot_.remote_mr->lkey};
+  }
+  uint32_t note_le = EncodeNote(Note::kCredit, consumed);
+  ibv_sge note_sge{uint64_t(uintptr_t(&note_le)), 4, 0};
+  ibv_send_wr wrs[2]{};
+  wrs[0].sg_list = &sge;
+  wrs[0].num_sge = 1;
+  wrs[0].wr.rdma.remote_addr = peer_ring_addr_ + ring_size() + kCreditInOffset;
+  wrs[0].wr.rdma.rkey = peer_rkey_;
+  if (max_inline_ >= sizeof(value)) wrs[0].send_flags = IBV_SEND_INLINE;
+  int n = 1;
+  if (send_notify_) {
+    wrs[0].opcode = IBV_WR_RDMA_WRITE;
+    wrs[1].sg_list = &note_sge;
+    wrs[1].num_sge = 1;
+    wrs[1].opcode = IBV_WR_SEND;
+    wrs[1].send_flags = IBV_SEND_INLINE;
+    wrs[0].next = &wrs[1];
+    n = 2;
+  } else {
+    wrs[0].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wrs[0].imm_data = htonl(EncodeNote(Note::kCredit, consumed));
+  }
+  SpinGuard guard(&post_busy_);
+  if (!WaitSendSpace(uint32_t(n))) return false;
+  unsignaled_ += uint32_t(n);
+  if (unsignaled_ >= kSignalEvery) {
+    wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
+    wrs[n - 1].wr_id = sq_posted_ + uint64_t(n);
+    unsignaled_ = 0;
+  }
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(id_->qp, wrs, &bad) != 0) {
+    Fail(ECONNRESET);
+    return false;
+  }
+  sq_posted_ += uint64_t(n);
+  return true;
+}
+
+}  // namespace slip::verbs

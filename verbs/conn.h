@@ -1,0 +1,149 @@
+// Conn: one accelerated connection over an RC queue pair; the verbs Channel.
+//
+// Data: the sender copies into its mirror of the peer's ring and posts RDMA WRITEs to the
+// same offsets in the peer's ring; the last fragment of a publish carries the new
+// `produced` as its immediate (or a SEND follows it where immediates are missing). The
+// receiver learns `produced` from its completion queue. Credits: the receiver writes its
+// consumer cursor into the sender's credit word with an immediate, every quarter ring.
+//
+// Progress: whoever needs an answer polls the completion queue (a spinning reader or
+// writer, under a try-lock); the process's progress thread polls on completion events and
+// turns them into proxy wake-ups for sleepers. So the busy polling is done by the waiting
+// application thread for at most SLIP_SPIN_US, and an idle connection costs no CPU.
+//
+// Thread safety: the Channel contract (one sender, one receiver at a time); posting to the
+// send queue is serialised by a spin lock since both sides post (data and credits).
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/channel.h"
+#include "verbs/device.h"
+#include "verbs/private_data.h"
+
+namespace slip::verbs {
+
+class Conn final : public Channel {
+ public:
+  // Creates the completion queue, the queue pair on `id` and the rings. Returns nullptr
+  // with *error (-errno) on failure; `id` stays the caller's then.
+  static Conn* Create(rdma_cm_id* id, Device* device, uint32_t ring_size, bool send_notify,
+                      int* error) noexcept;
+  ~Conn() override;
+
+  rdma_cm_id* id() const noexcept { return id_; }
+  Device* device() const noexcept { return device_; }
+  Slot& slot() noexcept { return slot_; }
+
+  // The peer's ring (from REP or HELLO); data may flow only once it is known.
+  void SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept;
+  // The local proxy end that receives tokens and fill drains (owned from now on).
+  void SetProxy(int proxy_b) noexcept;
+  // The client's first SEND: its ring for the server.
+  bool SendHello(uint64_t nonce) noexcept;
+  bool HelloReceived(Hello* hello) const noexcept;
+
+  // Progress thread: a completion event for this connection's CQ. Drains it and re-arms.
+  void OnCompletionEvent() noexcept;
+  // rdma_cm says the connection is gone (DISCONNECTED, DEVICE_REMOVAL, errors).
+  void OnDisconnect() noexcept;
+  // Marks the channel failed and wakes every sleeper.
+  void Fail(int error) noexcept;
+  // After fork in a child: never touch the parent's verbs objects again.
+  void Orphan() noexcept;
+  // Waits (bounded) until everything posted has been acknowledged by the peer.
+  bool Flush(int timeout_ms) noexcept;
+  // Polls the CQ now (try-lock); returns false if another thread was polling.
+  bool Poll() const noexcept;
+
+  // --- Channel ---
+  TransportKind kind() const noexcept override { return TransportKind::kVerbs; }
+  uint64_t RxProduced() const noexcept override;
+  const uint8_t* RxData() const noexcept override { return slot_.rx_ring(); }
+  void RxConsumed(uint64_t consumed) noexcept override;
+  bool RxEof() const noexcept override;
+  WakeState* RxWake() noexcept override { return &rx_wake_; }
+  int Error() const noexcept override { return error_.load(std::memory_order_acquire); }
+  uint64_t TxConsumed() const noexcept override;
+  void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
+  void TxPublish(uint64_t produced) noexcept override;
+  bool TxPeerClosed() const noexcept override;
+  WakeState* TxWake() noexcept override { return &tx_wake_; }
+  void CloseTx() noexcept override;
+  void CloseRx() noexcept override;
+
+ private:
+  Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept;
+  int Init(bool send_notify) noexcept;
+
+  // One WRITE (or none) of ring bytes, then the notification.
+  struct Fragment {
+    uint32_t offset;
+    uint32_t len;
+  };
+  bool PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor) noexcept;
+  bool PostCredit(uint64_t consumed) noexcept;
+  bool WaitSendSpace(uint32_t needed) noexcept;
+  bool PostRecv(uint32_t index) noexcept;
+  void DrainLocked() const noexcept;
+  void Handle(const ibv_wc& wc) const noexcept;
+  void HandleNote(uint32_t note) const noexcept;
+  void WakeReader() const noexcept;
+  void WakeWriter() const noexcept;
+
+  rdma_cm_id* id_;
+  Device* device_;
+  ibv_cq* cq_ = nullptr;
+  Slot slot_;
+  uint32_t max_inline_ = 0;
+  uint32_t sq_depth_ = 0;
+  bool send_notify_ = false;
+  bool have_peer_ = false;
+  uint64_t peer_ring_addr_ = 0;
+  uint32_t peer_rkey_ = 0;
+  int proxy_b_ = -1;
+  bool qp_created_ = false;
+  std::atomic<bool> orphaned_{false};
+
+  // Receive side, updated by whoever polls (hence mutable: polling is a const read).
+  mutable WakeState rx_wake_{};
+  mutable WakeState tx_wake_{};
+  mutable std::atomic<uint64_t> rx_produced_{0};
+  mutable std::atomic<uint64_t> tx_credit_{0};
+  mutable std::atomic<bool> rx_eof_{false};
+  mutable std::atomic<bool> peer_closed_{false};
+  mutable std::atomic<int> error_{0};
+  mutable std::atomic<bool> hello_received_{false};
+  mutable Hello hello_;
+  mutable std::atomic<uint64_t> sq_completed_{0};
+  mutable std::atomic_flag poll_busy_ = ATOMIC_FLAG_INIT;
+  std::atomic<uint64_t> rx_consumed_{0};
+
+  // Receiver thread only.
+  uint64_t credit_sent_ = 0;
+  // Sender thread only.
+  uint64_t tx_posted_ = 0;
+
+  // Send queue, under post_busy_.
+  std::atomic_flag post_busy_ = ATOMIC_FLAG_INIT;
+  uint64_t sq_posted_ = 0;
+  uint32_t unsignaled_ = 0;
+
+  // The registry's intrusive list.
+  Conn* prev_ = nullptr;
+  Conn* next_ = nullptr;
+  friend void OrphanAllConns() noexcept;
+  friend void FlushAllConns(int timeout_ms) noexcept;
+};
+
+// Every live Conn of the process (for fork and exit).
+void ConnRegistryLock() noexcept;
+void ConnRegistryUnlock() noexcept;
+void OrphanAllConns() noexcept;  // in a fork child, with the registry locked
+void FlushAllConns(int timeout_ms) noexcept;
+
+}  // namespace slip::verbs

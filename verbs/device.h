@@ -1,0 +1,77 @@
+// One RDMA device as the transport uses it: a protection domain, a completion channel
+// served by the progress thread, and a pool of registered ring slots.
+//
+// Slots are registered once and reused: a connection storm must not pay ibv_reg_mr (a
+// page-pinning system call) per connection. Each slot holds the receive ring and a control
+// block (one remotely writable region) and the send mirror (local only): the sender copies
+// into the mirror at the same offsets it will write in the peer's ring, and RDMA WRITE
+// takes the bytes from there. The mirror needs no separate free-space tracking: an offset
+// is reused only after the peer returned credit for it, that is after the write landed.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace slip::verbs {
+
+// Control block layout, right after the receive ring (same memory region).
+constexpr size_t kCreditInOffset = 0;    // u64: the peer writes our send credit here
+constexpr size_t kCreditOutOffset = 64;  // u64: source of our credit writes when not inline
+constexpr size_t kHelloOutOffset = 128;  // the HELLO we send (client)
+constexpr size_t kRecvBufOffset = 256;   // receive buffers for SENDs
+constexpr size_t kRecvBufSize = 32;
+constexpr uint32_t kRecvDepth = 128;
+constexpr size_t kControlSize = 8192;
+static_assert(kRecvBufOffset + kRecvDepth * kRecvBufSize <= kControlSize);
+
+struct Slot {
+  uint8_t* base = nullptr;  // rx ring, then the control block, then the tx mirror
+  size_t size = 0;
+  uint32_t ring_size = 0;
+  ibv_mr* remote_mr = nullptr;  // rx ring + control: remote write
+  ibv_mr* local_mr = nullptr;   // tx mirror
+
+  uint8_t* rx_ring() const noexcept { return base; }
+  uint8_t* control() const noexcept { return base + ring_size; }
+  uint8_t* tx_mirror() const noexcept { return base + ring_size + kControlSize; }
+};
+
+class Device {
+ public:
+  // Takes a context owned by librdmacm (never closed here). Returns nullptr on failure.
+  static Device* Open(ibv_context* context, int* error) noexcept;
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  ibv_context* context() const noexcept { return context_; }
+  ibv_pd* pd() const noexcept { return pd_; }
+  ibv_comp_channel* comp_channel() const noexcept { return comp_channel_; }
+  const char* name() const noexcept { return ibv_get_device_name(context_->device); }
+  // iWARP has no RDMA WRITE WITH IMMEDIATE.
+  bool iwarp() const noexcept { return context_->device->transport_type == IBV_TRANSPORT_IWARP; }
+
+  // A registered slot for rings of `ring_size`, or -errno: -ENOMEM when registration
+  // failed under a finite RLIMIT_MEMLOCK (the caller says so and stays on TCP).
+  int GetSlot(uint32_t ring_size, Slot* slot) noexcept;
+  void PutSlot(const Slot& slot) noexcept;
+
+ private:
+  Device() = default;
+  static void FreeSlot(const Slot& slot) noexcept;
+
+  ibv_context* context_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_comp_channel* comp_channel_ = nullptr;
+  std::mutex mu_;
+  std::vector<Slot> idle_;  // registered, unused
+};
+
+// Bytes one connection pins: what RLIMIT_MEMLOCK must allow per connection.
+size_t SlotBytes(uint32_t ring_size) noexcept;
+
+}  // namespace slip::verbs

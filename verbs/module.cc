@@ -1,0 +1,782 @@
+// The verbs module: devices, the progress thread, listeners and the client handshake.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "verbs/conn.h"
+#include "verbs/device.h"
+#include "verbs/negative_cache.h"
+#include "verbs/private_data.h"
+#include "verbs/verbs.h"
+
+namespace slip::verbs {
+
+namespace {
+
+constexpr int kListenBacklog = 1024;
+
+uint64_t NowMs() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+// Waits for the next event on a private channel, up to `deadline_ms`. Returns it (the
+// caller acks) or nullptr on timeout/error.
+rdma_cm_event* NextEvent(rdma_event_channel* channel, uint64_t deadline_ms) noexcept {
+  for (;;) {
+    rdma_cm_event* event = nullptr;
+    if (rdma_get_cm_event(channel, &event) == 0) return event;
+    if (errno != EAGAIN && errno != EINTR) return nullptr;
+    uint64_t now = NowMs();
+    if (now >= deadline_ms) return nullptr;
+    pollfd p{channel->fd, POLLIN, 0};
+    sys::poll(&p, 1, int(deadline_ms - now));
+  }
+}
+
+bool SetNonblocking(int fd) noexcept {
+  int flags = fcntl(fd, F_GETFL);
+  return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
+// The wire endpoint of an rdma_cm address (v4-mapped folds to IPv4, as in core/wire).
+bool EndpointOf(const sockaddr* sa, wire::Endpoint* ep) noexcept {
+  return sa && wire::EndpointFromSockaddr(sa, ep);
+}
+
+bool SameAddress(const wire::Endpoint& a, const wire::Endpoint& b) noexcept {
+  return a.family == b.family && std::memcmp(a.addr, b.addr, 16) == 0;
+}
+
+}  // namespace
+
+struct Pending {
+  wire::Endpoint client, server;
+  uint64_t nonce = 0;
+  uint8_t ring_log2 = 0;
+  Conn* conn = nullptr;
+  uint64_t expires_ms = 0;
+  bool withdrawn = false;  // the client disconnected before confirming
+};
+
+struct Listener {
+  rdma_cm_id* id = nullptr;
+  uint16_t port = 0;
+  std::mutex mu;
+  std::vector<Pending> pending;
+};
+
+struct ClientConn {
+  rdma_event_channel* channel = nullptr;  // private until the handshake is done
+  rdma_cm_id* id = nullptr;
+  Conn* conn = nullptr;
+  wire::Endpoint dest;
+  uint64_t nonce = 0;
+};
+
+class VerbsModule final : public Module {
+ public:
+  explicit VerbsModule(const Config* config) noexcept : config_(config) {}
+  int Start(char* error, size_t error_len) noexcept;
+
+  Listener* Listen(const sockaddr* local, Reason* why) noexcept override;
+  void Unlisten(Listener* listener) noexcept override;
+  bool HasPending(Listener* listener, const wire::Endpoint& client,
+                  const wire::Endpoint& server) noexcept override;
+  bool PendingWithdrawn(Listener* listener, const wire::Endpoint& client,
+                        const wire::Endpoint& server) noexcept override;
+  std::unique_ptr<Channel> AcceptPending(Listener* listener, const wire::Endpoint& client,
+                                         const wire::Endpoint& server, uint64_t nonce,
+                                         uint32_t ring_size, int proxy_b,
+                                         wire::DeclineReason* why) noexcept override;
+  ClientConn* Resolve(const sockaddr* dest, sockaddr_storage* source,
+                      Reason* why) noexcept override;
+  bool Handshake(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
+                 uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
+  std::unique_ptr<Channel> Finish(ClientConn* conn, int proxy_b) noexcept override;
+  void Abort(ClientConn* conn) noexcept override;
+  void ForkPrepare() noexcept override;
+  void ForkParent() noexcept override;
+  void ForkChild() noexcept override;
+  void FlushAll(int timeout_ms) noexcept override;
+
+ private:
+  void Run() noexcept;
+  void HandleCmEvent(rdma_cm_event* event) noexcept;
+  void OnConnectRequest(rdma_cm_event* event) noexcept;
+  void HandleCompletions(Device* device) noexcept;
+  void ExpirePending() noexcept;
+  Device* DeviceFor(ibv_context* context, int* error) noexcept;
+  bool DeviceAllowed(ibv_context* context) const noexcept;
+  bool SendNotify(Device* device) const noexcept;
+  static void Reject(rdma_cm_id* id) noexcept;
+  void DropPending(std::vector<Pending>* dropped) noexcept;
+  Reason MemlockReason(int error, uint32_t ring_size) noexcept;
+  bool IsListenerId(rdma_cm_id* id) noexcept;
+  void ReleaseClient(ClientConn* c) noexcept;
+
+  const Config* config_;
+  rdma_event_channel* cm_channel_ = nullptr;
+  int epoll_fd_ = -1;
+  std::thread thread_;
+  std::mutex mu_;  // devices_, listeners_
+  std::map<ibv_context*, Device*> devices_;
+  std::vector<Listener*> listeners_;
+  NegativeCache negative_;
+  std::atomic<bool> forked_{false};
+  std::atomic<bool> memlock_reported_{false};
+};
+
+// ------------------------------------------------------------------------ start
+
+int VerbsModule::Start(char* error, size_t error_len) noexcept {
+  int count = 0;
+  ibv_device** list = ibv_get_device_list(&count);
+  int usable = 0;
+  for (int i = 0; list && i < count; ++i) {
+    if (config_->device.empty() || config_->device == ibv_get_device_name(list[i])) ++usable;
+  }
+  if (list) ibv_free_device_list(list);
+  if (usable == 0) {
+    snprintf(error, error_len,
+             config_->device.empty() ? "no RDMA device" : "RDMA device %s not found",
+             config_->device.c_str());
+    return -ENODEV;
+  }
+  cm_channel_ = rdma_create_event_channel();
+  if (!cm_channel_ || !SetNonblocking(cm_channel_->fd)) {
+    snprintf(error, error_len, "cannot open the rdma_cm event channel (%s)", strerror(errno));
+    return -ENODEV;
+  }
+  epoll_fd_ = sys::MoveHigh(epoll_create1(EPOLL_CLOEXEC), sys::HiddenFdFloor());
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // null: the rdma_cm channel; otherwise a Device
+  if (epoll_fd_ < 0 || epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, cm_channel_->fd, &ev) != 0) {
+    snprintf(error, error_len, "epoll: %s", strerror(errno));
+    return -EIO;
+  }
+  // Rings must be pinned: say once, clearly, when the limit cannot hold even one.
+  rlimit rl{};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      rl.rlim_cur < SlotBytes(config_->ring_size) && geteuid() != 0) {
+    SLIP_LOG(kWarn,
+             "verbs: RLIMIT_MEMLOCK is %lu KiB but one connection pins %zu KiB; verbs "
+             "connections will stay on TCP (raise it: ulimit -l, or limits.conf memlock)",
+             (unsigned long)(rl.rlim_cur / 1024), SlotBytes(config_->ring_size) / 1024);
+    memlock_reported_ = true;
+  }
+  try {
+    thread_ = std::thread([this] { Run(); });
+    thread_.detach();
+  } catch (...) {
+    snprintf(error, error_len, "cannot start the progress thread");
+    return -EAGAIN;
+  }
+  return 0;
+}
+
+Device* VerbsModule::DeviceFor(ibv_context* context, int* error) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = devices_.find(context);
+  if (it != devices_.end()) return it->second;
+  Device* dev = Device::Open(context, error);
+  if (!dev) return nullptr;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = dev;
+  try {
+    devices_[context] = dev;
+  } catch (...) {
+    delete dev;
+    *error = -ENOMEM;
+    return nullptr;
+  }
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, dev->comp_channel()->fd, &ev);
+  return dev;
+}
+
+bool VerbsModule::DeviceAllowed(ibv_context* context) const noexcept {
+  return context &&
+         (config_->device.empty() || config_->device == ibv_get_device_name(context->device));
+}
+
+bool VerbsModule::SendNotify(Device* device) const noexcept {
+  if (config_->verbs_notify == VerbsNotify::kSend) return true;
+  if (config_->verbs_notify == VerbsNotify::kImm) return false;
+  return device->iwarp();
+}
+
+Reason VerbsModule::MemlockReason(int error, uint32_t ring_size) noexcept {
+  rlimit rl{};
+  bool limited = getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
+  if (error != -ENOMEM && error != -EPERM && error != -EAGAIN) return Reason::kResources;
+  if (!limited) return Reason::kResources;
+  if (!memlock_reported_.exchange(true))
+    SLIP_LOG(kWarn,
+             "verbs: cannot register %zu KiB of rings: RLIMIT_MEMLOCK is %lu KiB; this and "
+             "further verbs connections stay on TCP (raise it: ulimit -l)",
+             SlotBytes(ring_size) / 1024, (unsigned long)(rl.rlim_cur / 1024));
+  return Reason::kMemlock;
+}
+
+// ------------------------------------------------------------------------ progress
+
+void VerbsModule::Run() noexcept {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  pthread_setname_np(pthread_self(), "slip-verbs");
+  epoll_event events[16];
+  for (;;) {
+    int n = epoll_wait(epoll_fd_, events, 16, 500);
+    if (forked_.load(std::memory_order_acquire)) return;
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.ptr == nullptr) {
+        rdma_cm_event* event = nullptr;
+        while (rdma_get_cm_event(cm_channel_, &event) == 0) HandleCmEvent(event);
+      } else {
+        HandleCompletions(static_cast<Device*>(events[i].data.ptr));
+      }
+    }
+    ExpirePending();
+  }
+}
+
+void VerbsModule::HandleCompletions(Device* device) noexcept {
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  while (ibv_get_cq_event(device->comp_channel(), &cq, &context) == 0)
+    static_cast<Conn*>(context)->OnCompletionEvent();  // acks the event
+}
+
+void VerbsModule::HandleCmEvent(rdma_cm_event* event) noexcept {
+  switch (event->event) {
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+      OnConnectRequest(event);  // acks
+      return;
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_CONNECT_ERROR: {
+      // Listener ids carry a Listener, connection ids their Conn.
+      auto* conn = IsListenerId(event->id) ? nullptr : static_cast<Conn*>(event->id->context);
+      if (conn) {
+        if (event->event == RDMA_CM_EVENT_DISCONNECTED) {
+          // A pending request whose client gave up: accept() must not wait for it.
+          std::lock_guard<std::mutex> lock(mu_);
+          for (Listener* l : listeners_) {
+            std::lock_guard<std::mutex> llock(l->mu);
+            for (Pending& p : l->pending) {
+              if (p.conn == conn) p.withdrawn = true;
+            }
+          }
+          conn->OnDisconnect();
+        } else {
+          conn->Fail(ECONNRESET);
+        }
+      }
+      break;
+    }
+    default:
+      break;  // ESTABLISHED, TIMEWAIT_EXIT, ADDR_CHANGE: nothing to do
+  }
+  rdma_ack_cm_event(event);
+}
+
+void VerbsModule::Reject(rdma_cm_id* id) noexcept {
+  rdma_reject(id, nullptr, 0);
+}
+
+void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
+  rdma_cm_id* id = event->id;
+  auto* listener = static_cast<Listener*>(event->listen_id->context);
+  Req req;
+  ParseResult pr = ParseReq(static_cast<const uint8_t*>(event->param.conn.private_data),
+                            event->param.conn.private_data_len, &req);
+  wire::Endpoint peer, local;
+  bool ok = pr == ParseResult::kOk;
+  if (!ok) {
+    SLIP_LOG(kInfo, "verbs: rejecting a connection request: %s private data", ParseResultName(pr));
+  } else if (!EndpointOf(rdma_get_peer_addr(id), &peer) ||
+             !EndpointOf(rdma_get_local_addr(id), &local) || !SameAddress(peer, req.client) ||
+             !SameAddress(local, req.server) || req.server.port != listener->port) {
+    // The tuple must be the one this request really comes from and goes to.
+    SLIP_LOG(kInfo, "verbs: rejecting a connection request whose 4-tuple does not match");
+    ok = false;
+  } else if (!DeviceAllowed(id->verbs)) {
+    ok = false;
+  }
+  Conn* conn = nullptr;
+  if (ok) {
+    int err = 0;
+    Device* dev = DeviceFor(id->verbs, &err);
+    bool send_notify = dev && (SendNotify(dev) || (req.flags & kFlagSendNotify));
+    conn = dev ? Conn::Create(id, dev, 1u << req.ring_log2, send_notify, &err) : nullptr;
+    if (conn) {
+      Rep rep;
+      rep.flags = send_notify ? kFlagSendNotify : 0;
+      rep.ring_log2 = req.ring_log2;
+      rep.nonce = req.nonce;
+      rep.ring_addr = uint64_t(uintptr_t(conn->slot().rx_ring()));
+      rep.rkey = conn->slot().remote_mr->rkey;
+      uint8_t data[kRepSize];
+      rdma_conn_param param{};
+      param.private_data = data;
+      param.private_data_len = uint8_t(EncodeRep(rep, data, sizeof(data)));
+      param.retry_count = 7;
+      param.rnr_retry_count = 7;
+      Pending p;
+      p.client = req.client;
+      p.server = req.server;
+      p.nonce = req.nonce;
+      p.ring_log2 = req.ring_log2;
+      p.conn = conn;
+      p.expires_ms = NowMs() + 2 * uint64_t(config_->handshake_timeout_ms) + 1000;
+      bool queued = false;
+      {
+        std::lock_guard<std::mutex> lock(listener->mu);
+        try {
+          listener->pending.push_back(p);
+          queued = true;
+        } catch (...) {
+        }
+      }
+      if (queued && rdma_accept(id, &param) == 0) {
+        rdma_ack_cm_event(event);
+        return;
+      }
+      if (queued) {
+        std::lock_guard<std::mutex> lock(listener->mu);
+        for (size_t i = 0; i < listener->pending.size(); ++i) {
+          if (listener->pending[i].conn == conn) {
+            listener->pending.erase(listener->pending.begin() + long(i));
+            break;
+          }
+        }
+      }
+      SLIP_LOG(kInfo, "verbs: cannot accept a connection request (%s)", strerror(errno));
+    } else {
+      SLIP_LOG(kInfo, "verbs: no resources for a connection request (%s)", strerror(-err));
+    }
+  }
+  Reject(id);
+  rdma_ack_cm_event(event);
+  // The id is ours to destroy (after the ack): with its Conn, or alone.
+  if (conn) {
+    delete conn;
+  } else {
+    rdma_destroy_id(id);
+  }
+}
+
+void VerbsModule::DropPending(std::vector<Pending>* dropped) noexcept {
+  for (Pending& p : *dropped) delete p.conn;  // disconnects: the client learns
+  dropped->clear();
+}
+
+void VerbsModule::ExpirePending() noexcept {
+  std::vector<Pending> expired;
+  uint64_t now = NowMs();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Listener* l : listeners_) {
+      std::lock_guard<std::mutex> llock(l->mu);
+      for (size_t i = 0; i < l->pending.size();) {
+        if (l->pending[i].expires_ms <= now) {
+          try {
+            expired.push_back(l->pending[i]);
+          } catch (...) {
+            ++i;
+            continue;
+          }
+          l->pending[i] = l->pending.back();
+          l->pending.pop_back();
+        } else {
+          ++i;
+        }
+      }
+    }
+  }
+  DropPending(&expired);
+}
+
+// ------------------------------------------------------------------------ listening
+
+Listener* VerbsModule::Listen(const sockaddr* local, Reason* why) noexcept {
+  *why = Reason::kNoRdmaPath;
+  if (forked_.load()) return nullptr;
+  wire::Endpoint ep;
+  if (!wire::EndpointFromSockaddr(local, &ep)) return nullptr;
+  auto* l = new (std::nothrow) Listener();
+  if (!l) return nullptr;
+  l->port = ep.port;
+  if (rdma_create_id(cm_channel_, &l->id, l, RDMA_PS_TCP) != 0) {
+    delete l;
+    return nullptr;
+  }
+  sockaddr_storage addr{};
+  std::memcpy(&addr, local,
+              local->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  if (rdma_bind_addr(l->id, reinterpret_cast<sockaddr*>(&addr)) != 0 ||
+      (l->id->verbs && !DeviceAllowed(l->id->verbs)) || rdma_listen(l->id, kListenBacklog) != 0) {
+    SLIP_LOG(kInfo, "verbs: no rdma_cm listener on port %u (%s)", ep.port, strerror(errno));
+    rdma_destroy_id(l->id);
+    delete l;
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    listeners_.push_back(l);
+  } catch (...) {
+    rdma_destroy_id(l->id);
+    delete l;
+    return nullptr;
+  }
+  *why = Reason::kNone;
+  return l;
+}
+
+void VerbsModule::Unlisten(Listener* l) noexcept {
+  if (!l) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < listeners_.size(); ++i) {
+      if (listeners_[i] == l) {
+        listeners_.erase(listeners_.begin() + long(i));
+        break;
+      }
+    }
+  }
+  if (forked_.load()) return;  // the parent's objects: leave them alone
+  rdma_destroy_id(l->id);
+  std::vector<Pending> dropped;
+  {
+    std::lock_guard<std::mutex> lock(l->mu);
+    dropped.swap(l->pending);
+  }
+  DropPending(&dropped);
+  delete l;
+}
+
+bool VerbsModule::HasPending(Listener* l, const wire::Endpoint& client,
+                             const wire::Endpoint& server) noexcept {
+  std::lock_guard<std::mutex> lock(l->mu);
+  for (const Pending& p : l->pending) {
+    if (p.client == client && p.server == server) return true;
+  }
+  return false;
+}
+
+bool VerbsModule::PendingWithdrawn(Listener* l, const wire::Endpoint& client,
+                                   const wire::Endpoint& server) noexcept {
+  std::lock_guard<std::mutex> lock(l->mu);
+  bool any = false;
+  for (const Pending& p : l->pending) {
+    if (!(p.client == client && p.server == server)) continue;
+    if (!p.withdrawn) return false;
+    any = true;
+  }
+  return any;
+}
+
+std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::Endpoint& client,
+                                                    const wire::Endpoint& server, uint64_t nonce,
+                                                    uint32_t ring_size, int proxy_b,
+                                                    wire::DeclineReason* why) noexcept {
+  Pending chosen;
+  std::vector<Pending> others;
+  {
+    std::lock_guard<std::mutex> lock(l->mu);
+    for (size_t i = 0; i < l->pending.size();) {
+      Pending& p = l->pending[i];
+      if (!(p.client == client && p.server == server)) {
+        ++i;
+        continue;
+      }
+      // Only one request per tuple is real: the one whose nonce came in band.
+      if (p.nonce == nonce && !chosen.conn) {
+        chosen = p;
+      } else {
+        try {
+          others.push_back(p);
+        } catch (...) {
+          ++i;
+          continue;
+        }
+      }
+      l->pending[i] = l->pending.back();
+      l->pending.pop_back();
+    }
+  }
+  if (!others.empty())
+    SLIP_LOG(kWarn, "verbs: rejecting %zu forged connection request(s) for one connection",
+             others.size());
+  DropPending(&others);
+  *why = wire::DeclineReason::kNonceMismatch;
+  if (!chosen.conn) return nullptr;
+  std::unique_ptr<Conn> conn(chosen.conn);
+  *why = wire::DeclineReason::kBadRegion;
+  if ((1u << chosen.ring_log2) != ring_size) return nullptr;
+  // The client's HELLO (its ring) left before its SYN; it is here or about to be.
+  const uint64_t deadline = NowMs() + config_->handshake_timeout_ms;
+  Hello hello;
+  while (!conn->HelloReceived(&hello)) {
+    if (conn->Error() != 0 || NowMs() > deadline) {
+      *why = wire::DeclineReason::kUnspecified;
+      return nullptr;
+    }
+    usleep(100);
+  }
+  if (hello.nonce != nonce || hello.ring_log2 != chosen.ring_log2) return nullptr;
+  int b = sys::MoveHigh(fcntl(proxy_b, F_DUPFD_CLOEXEC, 0), sys::HiddenFdFloor());
+  if (b < 0) {
+    *why = wire::DeclineReason::kResources;
+    return nullptr;
+  }
+  conn->SetPeer(hello.ring_addr, hello.rkey, false);
+  conn->SetProxy(b);
+  return conn;
+}
+
+// ------------------------------------------------------------------------ connecting
+
+void VerbsModule::ReleaseClient(ClientConn* c) noexcept {
+  if (c->conn) {
+    delete c->conn;  // destroys the id too
+  } else if (c->id) {
+    rdma_destroy_id(c->id);
+  }
+  if (c->channel) rdma_destroy_event_channel(c->channel);
+  delete c;
+}
+
+ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
+                                 Reason* why) noexcept {
+  *why = Reason::kNoRdmaPath;
+  if (forked_.load()) {
+    *why = Reason::kUnsupported;
+    return nullptr;
+  }
+  wire::Endpoint ep;
+  if (!wire::EndpointFromSockaddr(dest, &ep)) return nullptr;
+  if (Reason cached; negative_.Lookup(ep, NowMs(), &cached)) {
+    *why = cached;
+    return nullptr;
+  }
+  auto* c = new (std::nothrow) ClientConn();
+  if (!c) {
+    *why = Reason::kResources;
+    return nullptr;
+  }
+  c->dest = ep;
+  c->channel = rdma_create_event_channel();
+  if (!c->channel || !SetNonblocking(c->channel->fd) ||
+      rdma_create_id(c->channel, &c->id, nullptr, RDMA_PS_TCP) != 0) {
+    *why = Reason::kResources;
+    ReleaseClient(c);
+    return nullptr;
+  }
+  const int timeout = int(config_->handshake_timeout_ms);
+  const uint64_t deadline = NowMs() + config_->handshake_timeout_ms;
+  sockaddr_storage dst{};
+  std::memcpy(&dst, dest, dest->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  bool ok = rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&dst), timeout) == 0;
+  for (rdma_cm_event_type want : {RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ROUTE_RESOLVED}) {
+    if (!ok) break;
+    if (want == RDMA_CM_EVENT_ROUTE_RESOLVED) {
+      if (!DeviceAllowed(c->id->verbs)) {
+        *why = Reason::kNoRdmaDevice;
+        ok = false;
+        break;
+      }
+      ok = rdma_resolve_route(c->id, timeout) == 0;
+      if (!ok) break;
+    }
+    rdma_cm_event* event = NextEvent(c->channel, deadline);
+    ok = event && event->event == want;
+    if (event) rdma_ack_cm_event(event);
+  }
+  if (!ok) {
+    if (*why == Reason::kNoRdmaPath) negative_.Insert(ep, *why, NowMs() + config_->negative_ttl_ms);
+    ReleaseClient(c);
+    return nullptr;
+  }
+  const sockaddr* src = rdma_get_local_addr(c->id);
+  std::memset(source, 0, sizeof(*source));
+  std::memcpy(source, src, src->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  if (source->ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(source)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(source)->sin6_port = 0;
+  *why = Reason::kNone;
+  return c;
+}
+
+bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
+                            const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
+                            Reason* why) noexcept {
+  int err = 0;
+  Device* dev = DeviceFor(c->id->verbs, &err);
+  bool send_notify = dev && SendNotify(dev);
+  c->conn = dev ? Conn::Create(c->id, dev, ring_size, send_notify, &err) : nullptr;
+  if (!c->conn) {
+    *why = MemlockReason(err, ring_size);
+    return false;
+  }
+  c->nonce = nonce;
+  Req req;
+  req.flags = send_notify ? kFlagSendNotify : 0;
+  req.ring_log2 = uint8_t(__builtin_ctz(ring_size));
+  req.nonce = nonce;
+  req.client = client;
+  req.server = server;
+  uint8_t data[kMaxReqPrivateData];
+  rdma_conn_param param{};
+  param.private_data = data;
+  param.private_data_len = uint8_t(EncodeReq(req, data, sizeof(data)));
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;
+  if (param.private_data_len == 0 || rdma_connect(c->id, &param) != 0) {
+    *why = Reason::kNoRdmaPath;
+    return false;
+  }
+  rdma_cm_event* event = NextEvent(c->channel, NowMs() + config_->handshake_timeout_ms);
+  if (!event) {
+    *why = Reason::kHandshakeTimeout;
+    negative_.Insert(c->dest, Reason::kNoRdmaPath, NowMs() + config_->negative_ttl_ms);
+    return false;
+  }
+  bool ok = false;
+  if (event->event == RDMA_CM_EVENT_ESTABLISHED) {
+    Rep rep;
+    ParseResult pr = ParseRep(static_cast<const uint8_t*>(event->param.conn.private_data),
+                              event->param.conn.private_data_len, &rep);
+    if (pr != ParseResult::kOk || rep.nonce != nonce || rep.ring_log2 != req.ring_log2) {
+      SLIP_LOG(kWarn, "verbs: the listener answered with bad private data (%s)",
+               ParseResultName(pr));
+      *why = Reason::kDeclined;
+    } else {
+      c->conn->SetPeer(rep.ring_addr, rep.rkey, (rep.flags & kFlagSendNotify) != 0);
+      ok = true;
+    }
+  } else if (event->event == RDMA_CM_EVENT_REJECTED) {
+    // No Slipstream listener there (or it refused us): plain, and remembered for a while.
+    *why = Reason::kPeerNotSlipstream;
+    negative_.Insert(c->dest, *why, NowMs() + config_->negative_ttl_ms);
+  } else {
+    *why = Reason::kNoRdmaPath;
+    negative_.Insert(c->dest, *why, NowMs() + config_->negative_ttl_ms);
+  }
+  rdma_ack_cm_event(event);
+  if (!ok) return false;
+  if (!c->conn->SendHello(nonce)) {
+    *why = Reason::kResources;
+    return false;
+  }
+  // From now on the progress thread sees this id's events (DISCONNECTED).
+  if (rdma_migrate_id(c->id, cm_channel_) != 0) {
+    *why = Reason::kResources;
+    return false;
+  }
+  rdma_destroy_event_channel(c->channel);
+  c->channel = nullptr;
+  return true;
+}
+
+std::unique_ptr<Channel> VerbsModule::Finish(ClientConn* c, int proxy_b) noexcept {
+  int b = sys::MoveHigh(fcntl(proxy_b, F_DUPFD_CLOEXEC, 0), sys::HiddenFdFloor());
+  if (b < 0) {
+    Abort(c);
+    return nullptr;
+  }
+  std::unique_ptr<Channel> channel(c->conn);
+  c->conn->SetProxy(b);
+  c->conn = nullptr;
+  c->id = nullptr;
+  ReleaseClient(c);
+  return channel;
+}
+
+void VerbsModule::Abort(ClientConn* c) noexcept {
+  ReleaseClient(c);
+}
+
+void VerbsModule::ForkPrepare() noexcept {
+  // Lock order: module, listeners, connection registry (as the progress thread takes them).
+  mu_.lock();
+  for (Listener* l : listeners_) l->mu.lock();
+  ConnRegistryLock();
+}
+
+void VerbsModule::ForkParent() noexcept {
+  ConnRegistryUnlock();
+  for (Listener* l : listeners_) l->mu.unlock();
+  mu_.unlock();
+}
+
+void VerbsModule::ForkChild() noexcept {
+  forked_.store(true, std::memory_order_release);
+  OrphanAllConns();
+  for (Listener* l : listeners_) l->pending.clear();  // the parent's requests, not ours
+  ConnRegistryUnlock();
+  for (Listener* l : listeners_) l->mu.unlock();
+  mu_.unlock();
+}
+
+void VerbsModule::FlushAll(int timeout_ms) noexcept {
+  if (!forked_.load()) FlushAllConns(timeout_ms);
+}
+
+bool VerbsModule::IsListenerId(rdma_cm_id* id) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Listener* l : listeners_) {
+    if (l->id == id) return true;
+  }
+  return false;
+}
+
+}  // namespace slip::verbs
+
+extern "C" __attribute__((visibility("default"))) slip::verbs::Module* slip_verbs_module(
+    const slip::Config* config, int hidden_fd_floor, char* error, size_t error_len) {
+  static std::mutex mu;
+  static slip::verbs::VerbsModule* module = nullptr;
+  static bool tried = false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (tried) {
+    if (!module) snprintf(error, error_len, "unavailable (see the first message)");
+    return module;
+  }
+  tried = true;
+  slip::sys::SetHiddenFdFloor(hidden_fd_floor);
+  slip::LogInit(config->log_level, config->log_file.c_str());
+  auto* m = new (std::nothrow) slip::verbs::VerbsModule(config);
+  if (!m) {
+    snprintf(error, error_len, "out of memory");
+    return nullptr;
+  }
+  if (m->Start(error, error_len) < 0) return nullptr;  // half-started: kept, never used
+  module = m;
+  return module;
+}

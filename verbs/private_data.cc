@@ -1,0 +1,189 @@
+#include "verbs/private_data.h"
+
+#include <cstring>
+
+namespace slip::verbs {
+
+namespace {
+
+// Little-endian cursor over a fixed buffer; the callers check sizes first.
+struct Writer {
+  uint8_t* p;
+  void U8(uint8_t v) noexcept { *p++ = v; }
+  void U16(uint16_t v) noexcept {
+    for (int i = 0; i < 2; ++i) *p++ = uint8_t(v >> (8 * i));
+  }
+  void U32(uint32_t v) noexcept {
+    for (int i = 0; i < 4; ++i) *p++ = uint8_t(v >> (8 * i));
+  }
+  void U64(uint64_t v) noexcept {
+    for (int i = 0; i < 8; ++i) *p++ = uint8_t(v >> (8 * i));
+  }
+  void Bytes(const uint8_t* b, size_t n) noexcept {
+    std::memcpy(p, b, n);
+    p += n;
+  }
+};
+
+struct Reader {
+  const uint8_t* p;
+  uint8_t U8() noexcept { return *p++; }
+  uint16_t U16() noexcept {
+    uint16_t v = 0;
+    for (int i = 0; i < 2; ++i) v = uint16_t(v | uint16_t(*p++) << (8 * i));
+    return v;
+  }
+  uint32_t U32() noexcept {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= uint32_t(*p++) << (8 * i);
+    return v;
+  }
+  uint64_t U64() noexcept {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= uint64_t(*p++) << (8 * i);
+    return v;
+  }
+  void Bytes(uint8_t* b, size_t n) noexcept {
+    std::memcpy(b, p, n);
+    p += n;
+  }
+};
+
+bool RingLog2Valid(uint8_t v) noexcept {
+  return v >= kMinRingLog2 && v <= kMaxRingLog2;
+}
+
+// An IPv4 endpoint keeps its address in the first 4 bytes and zeros after: anything else
+// is not a well-formed tuple.
+bool AddressValid(uint8_t family, const uint8_t addr[16]) noexcept {
+  if (family == 6) return true;
+  for (int i = 4; i < 16; ++i) {
+    if (addr[i]) return false;
+  }
+  return true;
+}
+
+ParseResult Header(Reader* r, size_t len, size_t need, uint32_t magic) noexcept {
+  if (len < 5) return ParseResult::kShort;
+  if (r->U32() != magic) return ParseResult::kBadMagic;
+  if (r->U8() != kVersion) return ParseResult::kBadVersion;
+  // A later version may append fields; this one reads what it knows.
+  return len < need ? ParseResult::kShort : ParseResult::kOk;
+}
+
+}  // namespace
+
+const char* ParseResultName(ParseResult r) noexcept {
+  switch (r) {
+    case ParseResult::kOk:
+      return "ok";
+    case ParseResult::kShort:
+      return "short";
+    case ParseResult::kBadMagic:
+      return "bad magic";
+    case ParseResult::kBadVersion:
+      return "bad version";
+    case ParseResult::kBadField:
+      return "bad field";
+  }
+  return "?";
+}
+
+size_t EncodeReq(const Req& req, uint8_t* out, size_t cap) noexcept {
+  if (cap < kReqSize || req.client.family != req.server.family) return 0;
+  Writer w{out};
+  w.U32(kReqMagic);
+  w.U8(kVersion);
+  w.U8(req.flags);
+  w.U8(req.ring_log2);
+  w.U8(req.client.family);
+  w.U16(req.client.port);
+  w.U16(req.server.port);
+  w.U64(req.nonce);
+  w.Bytes(req.client.addr, 16);
+  w.Bytes(req.server.addr, 16);
+  return kReqSize;
+}
+
+ParseResult ParseReq(const uint8_t* data, size_t len, Req* out) noexcept {
+  if (!data) return ParseResult::kShort;
+  Reader r{data};
+  if (ParseResult h = Header(&r, len, kReqSize, kReqMagic); h != ParseResult::kOk) return h;
+  Req req;
+  req.flags = r.U8();
+  req.ring_log2 = r.U8();
+  uint8_t family = r.U8();
+  req.client.family = req.server.family = family;
+  req.client.port = r.U16();
+  req.server.port = r.U16();
+  req.nonce = r.U64();
+  r.Bytes(req.client.addr, 16);
+  r.Bytes(req.server.addr, 16);
+  if ((req.flags & ~kFlagSendNotify) || !RingLog2Valid(req.ring_log2) ||
+      (family != 4 && family != 6) || req.client.port == 0 || req.server.port == 0 ||
+      !AddressValid(family, req.client.addr) || !AddressValid(family, req.server.addr))
+    return ParseResult::kBadField;
+  *out = req;
+  return ParseResult::kOk;
+}
+
+size_t EncodeRep(const Rep& rep, uint8_t* out, size_t cap) noexcept {
+  if (cap < kRepSize) return 0;
+  Writer w{out};
+  w.U32(kRepMagic);
+  w.U8(kVersion);
+  w.U8(rep.flags);
+  w.U8(rep.ring_log2);
+  w.U8(0);
+  w.U64(rep.nonce);
+  w.U64(rep.ring_addr);
+  w.U32(rep.rkey);
+  return kRepSize;
+}
+
+ParseResult ParseRep(const uint8_t* data, size_t len, Rep* out) noexcept {
+  if (!data) return ParseResult::kShort;
+  Reader r{data};
+  if (ParseResult h = Header(&r, len, kRepSize, kRepMagic); h != ParseResult::kOk) return h;
+  Rep rep;
+  rep.flags = r.U8();
+  rep.ring_log2 = r.U8();
+  uint8_t pad = r.U8();
+  rep.nonce = r.U64();
+  rep.ring_addr = r.U64();
+  rep.rkey = r.U32();
+  if ((rep.flags & ~kFlagSendNotify) || !RingLog2Valid(rep.ring_log2) || pad != 0)
+    return ParseResult::kBadField;
+  *out = rep;
+  return ParseResult::kOk;
+}
+
+size_t EncodeHello(const Hello& hello, uint8_t* out, size_t cap) noexcept {
+  if (cap < kHelloSize) return 0;
+  Writer w{out};
+  w.U32(kHelloMagic);
+  w.U8(kVersion);
+  w.U8(hello.ring_log2);
+  w.U16(0);
+  w.U64(hello.nonce);
+  w.U64(hello.ring_addr);
+  w.U32(hello.rkey);
+  return kHelloSize;
+}
+
+ParseResult ParseHello(const uint8_t* data, size_t len, Hello* out) noexcept {
+  if (!data) return ParseResult::kShort;
+  Reader r{data};
+  if (ParseResult h = Header(&r, len, kHelloSize, kHelloMagic); h != ParseResult::kOk) return h;
+  Hello hello;
+  hello.ring_log2 = r.U8();
+  uint16_t pad = r.U16();
+  hello.nonce = r.U64();
+  hello.ring_addr = r.U64();
+  hello.rkey = r.U32();
+  if (!RingLog2Valid(hello.ring_log2) || pad != 0) return ParseResult::kBadField;
+  *out = hello;
+  return ParseResult::kOk;
+}
+
+}  // namespace slip::verbs

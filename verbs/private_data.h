@@ -1,0 +1,81 @@
+// The bytes verbs puts on the wire outside the rings: rdma_cm private data (REQ and REP),
+// the client's HELLO (first SEND on a new queue pair) and the SEND-based notifications
+// used where RDMA WRITE WITH IMMEDIATE is missing (iWARP).
+//
+// All integers little-endian; every parser checks length, magic, version and every field
+// before anything is trusted. The REQ must fit the 56 bytes rdma_cm allows for
+// RDMA_PS_TCP, which is why the client's ring travels in the HELLO instead.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/wire.h"
+
+namespace slip::verbs {
+
+constexpr uint32_t kReqMagic = 0x51524c53;    // "SLRQ"
+constexpr uint32_t kRepMagic = 0x50524c53;    // "SLRP"
+constexpr uint32_t kHelloMagic = 0x4c484c53;  // "SLHL"
+constexpr uint8_t kVersion = 1;
+constexpr uint8_t kMinRingLog2 = 12;  // 4 KiB
+constexpr uint8_t kMaxRingLog2 = 28;  // 256 MiB
+
+constexpr size_t kReqSize = 52;
+constexpr size_t kRepSize = 28;
+constexpr size_t kHelloSize = 28;
+constexpr size_t kMaxReqPrivateData = 56;  // rdma_cm, RDMA_PS_TCP
+
+// Flags in REQ and REP.
+constexpr uint8_t kFlagSendNotify = 1;  // this side cannot use WRITE WITH IMMEDIATE
+
+struct Req {
+  uint8_t flags = 0;
+  uint8_t ring_log2 = 0;  // both rings' size, the client's proposal
+  uint64_t nonce = 0;
+  wire::Endpoint client;  // the TCP 4-tuple the client will connect
+  wire::Endpoint server;
+};
+
+struct Rep {
+  uint8_t flags = 0;
+  uint8_t ring_log2 = 0;   // echo: the server built rings of this size
+  uint64_t nonce = 0;      // echo of the REQ's
+  uint64_t ring_addr = 0;  // the server's receive ring; its credit word follows the ring
+  uint32_t rkey = 0;
+};
+
+struct Hello {
+  uint8_t ring_log2 = 0;
+  uint64_t nonce = 0;
+  uint64_t ring_addr = 0;  // the client's receive ring; its credit word follows the ring
+  uint32_t rkey = 0;
+};
+
+enum class ParseResult : uint8_t { kOk = 0, kShort, kBadMagic, kBadVersion, kBadField };
+const char* ParseResultName(ParseResult r) noexcept;
+
+size_t EncodeReq(const Req& req, uint8_t* out, size_t cap) noexcept;
+ParseResult ParseReq(const uint8_t* data, size_t len, Req* out) noexcept;
+size_t EncodeRep(const Rep& rep, uint8_t* out, size_t cap) noexcept;
+ParseResult ParseRep(const uint8_t* data, size_t len, Rep* out) noexcept;
+size_t EncodeHello(const Hello& hello, uint8_t* out, size_t cap) noexcept;
+ParseResult ParseHello(const uint8_t* data, size_t len, Hello* out) noexcept;
+
+// Notifications: 32 bits, as an immediate or as a 4-byte SEND. The top two bits say what
+// happened; the rest carries the low 30 bits of a 64-bit cursor (rings are at most 2^28
+// bytes, so a cursor never moves 2^30 between two notifications).
+enum class Note : uint8_t { kData = 0, kCredit = 1, kEof = 2, kClosed = 3 };
+constexpr uint32_t kNoteValueMask = (1u << 30) - 1;
+constexpr uint32_t EncodeNote(Note note, uint64_t cursor) noexcept {
+  return (uint32_t(note) << 30) | uint32_t(cursor & kNoteValueMask);
+}
+constexpr Note NoteKind(uint32_t note) noexcept {
+  return Note(note >> 30);
+}
+// Extends a note's 30-bit cursor to 64 bits, given the last value seen (cursors only grow).
+constexpr uint64_t NoteCursor(uint32_t note, uint64_t last) noexcept {
+  return last + ((note - uint32_t(last)) & kNoteValueMask);
+}
+
+}  // namespace slip::verbs

@@ -1,0 +1,95 @@
+// verbs: the RDMA transport, RC queue pairs over libibverbs + librdmacm.
+//
+// Built as its own shared object, libslipstream-verbs.so, that the shim loads with dlopen()
+// the first time a connection could use it: a host without rdma-core's libraries, or a
+// process that never leaves its host, never loads it. The boundary is this header: one
+// Module, found with the C symbol `slip_verbs_module`.
+//
+// Detection (docs/DESIGN.md, "Detection across hosts"): a Slipstream listener also listens
+// on the rdma_cm port space RDMA_PS_TCP with the same port number, and keeps its kernel TCP
+// listener for everyone else. A client resolves the destination over RDMA, binds its TCP
+// socket to the source address the RDMA route uses, and sends an rdma_cm REQ whose private
+// data carries magic, version, the TCP 4-tuple and a nonce (verbs/private_data.h). The
+// listener's progress thread accepts the REQ (its REP names the server's ring) and keeps it
+// pending under the 4-tuple. Only then does the client send its SYN, so accept() finds the
+// pending request race-free, exactly as with shm's rendezvous; the in-band CONFIRM with the
+// nonce proves that the TCP peer is the rdma_cm peer.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "core/channel.h"
+#include "core/config.h"
+#include "core/stats.h"
+#include "core/wire.h"
+
+namespace slip::verbs {
+
+struct Listener;    // an rdma_cm listener paired with one TCP listener
+struct ClientConn;  // a client connection between REQ and the installed channel
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  // --- listening side ---
+  // Listens on rdma_cm at `local` (the TCP listener's bound address). Returns nullptr with
+  // *why set when it cannot (no device on that address, port taken, ...).
+  virtual Listener* Listen(const sockaddr* local, Reason* why) noexcept = 0;
+  virtual void Unlisten(Listener* listener) noexcept = 0;
+  // Is an rdma_cm request pending for this TCP connection? Then its first bytes must be
+  // a CONFIRM.
+  virtual bool HasPending(Listener* listener, const wire::Endpoint& client,
+                          const wire::Endpoint& server) noexcept = 0;
+  // True once every request pending for the tuple was withdrawn by its client.
+  virtual bool PendingWithdrawn(Listener* listener, const wire::Endpoint& client,
+                                const wire::Endpoint& server) noexcept = 0;
+  // Takes the request whose nonce the client confirmed and builds the server's channel
+  // (the others for the tuple are forged: rejected). `proxy_b` is the server's proxy end,
+  // which the channel duplicates for its wake-ups. Returns nullptr with *why set.
+  virtual std::unique_ptr<Channel> AcceptPending(Listener* listener, const wire::Endpoint& client,
+                                                 const wire::Endpoint& server, uint64_t nonce,
+                                                 uint32_t ring_size, int proxy_b,
+                                                 wire::DeclineReason* why) noexcept = 0;
+
+  // --- connecting side ---
+  // Resolves `dest` over RDMA (bounded by the handshake timeout; answers from the negative
+  // cache at once). On success *source is the local address to bind the TCP socket to.
+  virtual ClientConn* Resolve(const sockaddr* dest, sockaddr_storage* source,
+                              Reason* why) noexcept = 0;
+  // Sends the REQ for the now known 4-tuple and waits for the listener's answer.
+  virtual bool Handshake(ClientConn* conn, const wire::Endpoint& client,
+                         const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
+                         Reason* why) noexcept = 0;
+  // The TCP connection is up and CONFIRM sent: the client's channel. Consumes `conn`.
+  virtual std::unique_ptr<Channel> Finish(ClientConn* conn, int proxy_b) noexcept = 0;
+  // Gives up (the TCP connect failed or was slow): the listener drops its pending request.
+  // Consumes `conn`.
+  virtual void Abort(ClientConn* conn) noexcept = 0;
+
+  // fork(): the parent's devices, queue pairs and progress thread are not the child's. In
+  // the child, inherited verbs channels fail (ECONNRESET) rather than touch them, and no
+  // new verbs connection is made. Prepare takes the module's locks; Parent/Child drop them.
+  virtual void ForkPrepare() noexcept = 0;
+  virtual void ForkParent() noexcept = 0;
+  virtual void ForkChild() noexcept = 0;
+
+  // At exit: waits (bounded) until every connection's posted writes are acknowledged, so a
+  // program that sends and exits without close() loses nothing, as on TCP.
+  virtual void FlushAll(int timeout_ms) noexcept = 0;
+};
+
+}  // namespace slip::verbs
+
+extern "C" {
+// Returns the process's module, or nullptr (with a one-line reason in `error`) when no RDMA
+// device is usable. `config` must outlive the module; descriptors the module keeps go at or
+// above `hidden_fd_floor`.
+slip::verbs::Module* slip_verbs_module(const slip::Config* config, int hidden_fd_floor, char* error,
+                                       size_t error_len);
+}
