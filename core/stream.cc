@@ -242,7 +242,9 @@ int Stream::RecvEndState() noexcept {
     if (HasRxData()) return 1;
     // Like TCP: a peer that died with our bytes unread resets the connection once.
     bool unread = produced_.load(std::memory_order_relaxed) != channel_->TxConsumed();
-    if (unread && !reset_reported_.exchange(true)) return -ECONNRESET;
+    if ((unread || reset_by_peer_.load(std::memory_order_acquire)) &&
+        !reset_reported_.exchange(true))
+      return -ECONNRESET;
     return 0;
   }
   return 1;
@@ -358,7 +360,8 @@ void Stream::Close() noexcept {
   channel_->CloseRx();
 }
 
-void Stream::MarkPeerGone() noexcept {
+void Stream::MarkPeerGone(bool reset) noexcept {
+  if (reset) reset_by_peer_.store(true, std::memory_order_release);
   peer_gone_.store(true, std::memory_order_release);
   // EOF on A for readers (and pollers: EPOLLIN|EPOLLRDHUP), writable A for writers.
   sys::shutdown(proxy_b_, SHUT_WR);
@@ -378,6 +381,10 @@ uint32_t Stream::Ready(uint32_t interest) const noexcept {
   bool gone = peer_gone_.load(std::memory_order_acquire);
   bool eof = channel_->RxEof() || gone;
   if (channel_->Error() != 0) ready |= EPOLLERR | EPOLLHUP | EPOLLIN | EPOLLOUT;
+  // As TCP after an RST: error and hang-up until the reset has been reported.
+  if (gone && reset_by_peer_.load(std::memory_order_acquire) &&
+      !reset_reported_.load(std::memory_order_relaxed))
+    ready |= EPOLLERR | EPOLLHUP;
   if (HasRxData() || eof || shut_rd_.load(std::memory_order_relaxed)) ready |= EPOLLIN;
   if (eof || shut_rd_.load(std::memory_order_relaxed)) ready |= EPOLLRDHUP;
   if (HasTxSpace() || gone || channel_->TxPeerClosed() || shut_wr_.load(std::memory_order_relaxed))

@@ -61,7 +61,9 @@ class Stream {
   void PrepareToSleep(uint32_t interest) noexcept;
 
   // The peer process is gone (its TCP anchor closed or reset). Wakes every sleeper.
-  void MarkPeerGone() noexcept;
+  // `reset`: it went with a reset (RST on the anchor, e.g. SO_LINGER {1,0}): after the bytes
+  // already here, the reader gets ECONNRESET once, as on TCP.
+  void MarkPeerGone(bool reset = false) noexcept;
 
   Channel* channel() noexcept { return channel_.get(); }
   uint64_t bytes_produced() const noexcept { return produced_.load(std::memory_order_relaxed); }
@@ -100,6 +102,7 @@ class Stream {
   std::atomic<bool> shut_wr_{false};
   std::atomic<bool> peer_gone_{false};
   std::atomic<bool> reset_reported_{false};
+  std::atomic<bool> reset_by_peer_{false};
   std::atomic<bool> closed_{false};
   std::atomic<int> rx_sleepers_{0};  // threads asleep in WaitReadable
 };

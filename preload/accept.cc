@@ -176,6 +176,7 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
                                                       : Reason::kPeerNotSlipstream;
     if (!cancelled)
       SLIP_LOG(kInfo, "fd %d: registered client sent no CONFIRM (%s); plain", fd, ReasonName(why));
+    if (reg.verbs) reg.verbs->DropPending(listener->verbs_listener, reg.client, reg.server);
     MarkPlain(s, fd, why, kRoleServer);
     return Outcome::kPlain;
   }

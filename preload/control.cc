@@ -37,9 +37,13 @@ void HandleAnchor(SlipSocket* s, int epfd) noexcept {
     ssize_t n = sys::recv(s->anchor_fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_PEEK);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n <= 0) {
-      SLIP_LOG(kDebug, "anchor fd %d: peer gone (%s)", s->anchor_fd, n == 0 ? "EOF" : "error");
+      bool reset = n < 0 && errno == ECONNRESET;
+      SLIP_LOG(kDebug, "anchor fd %d: peer gone (%s)", s->anchor_fd,
+               n == 0  ? "EOF"
+               : reset ? "reset"
+                       : "error");
       sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
-      s->stream->MarkPeerGone();
+      s->stream->MarkPeerGone(reset);
       return;
     }
     wire::Message msg;

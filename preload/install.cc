@@ -38,8 +38,11 @@ int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
 
   int fd_flags = sys::fcntl(fd, F_GETFD);
   int fl_flags = sys::fcntl(fd, F_GETFL);
-  int anchor = sys::fcntl(fd, F_DUPFD_CLOEXEC, sys::HiddenFdFloor());
-  if (anchor < 0) anchor = sys::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  // The anchor is inherited across exec exactly when the application's descriptor is: a
+  // program exec'd with the socket then holds the TCP connection open as it would on TCP.
+  const int dup_cmd = (fd_flags & FD_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD;
+  int anchor = fd_flags < 0 ? -1 : sys::fcntl(fd, dup_cmd, sys::HiddenFdFloor());
+  if (anchor < 0 && fd_flags >= 0) anchor = sys::fcntl(fd, dup_cmd, 0);
   if (anchor < 0 || fd_flags < 0 || fl_flags < 0) {
     int err = errno;
     if (anchor >= 0) sys::close(anchor);

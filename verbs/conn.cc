@@ -245,6 +245,10 @@ void Conn::OnCompletionEvent() noexcept {
 void Conn::Handle(const ibv_wc& wc) const noexcept {
   auto* self = const_cast<Conn*>(this);
   if (wc.status != IBV_WC_SUCCESS) {
+    // After the peer's orderly close (EOF and CLOSED arrived) its disconnect flushes our
+    // queues: the end of the connection, not a failure.
+    if (rx_eof_.load(std::memory_order_acquire) && peer_closed_.load(std::memory_order_acquire))
+      return;
     if (error_.load(std::memory_order_relaxed) == 0 && wc.status != IBV_WC_WR_FLUSH_ERR)
       SLIP_LOG(kWarn, "verbs: %s completion failed: %s", (wc.wr_id & kRecvTag) ? "receive" : "send",
                ibv_wc_status_str(wc.status));
@@ -295,7 +299,11 @@ void Conn::HandleNote(uint32_t note) const noexcept {
       uint64_t produced = NoteCursor(note, rx_produced_.load(std::memory_order_relaxed));
       // A peer that claims more than the ring can hold would make us read garbage.
       if (produced - rx_consumed_.load(std::memory_order_acquire) > ring_size()) {
-        SLIP_LOG(kWarn, "verbs: the peer overran the ring; resetting");
+        SLIP_LOG(kWarn,
+                 "verbs: the peer overran the ring (produced %llu, consumed %llu, last %llu, "
+                 "note %08x); resetting",
+                 (unsigned long long)produced, (unsigned long long)rx_consumed_.load(),
+                 (unsigned long long)rx_produced_.load(), note);
         const_cast<Conn*>(this)->Fail(EPROTO);
         return;
       }
@@ -305,11 +313,13 @@ void Conn::HandleNote(uint32_t note) const noexcept {
     }
     case Note::kCredit: {
       // The credit word landed before this completion (same WRITE, or an earlier one).
+      // It is the authority: the note's 30 bits may be older than a word that a later
+      // credit write already replaced, and extending them from a newer value would
+      // invent credit.
       auto* word = reinterpret_cast<volatile uint64_t*>(slot_.control() + kCreditInOffset);
       uint64_t credit = *word;
-      uint64_t from_note = NoteCursor(note, tx_credit_.load(std::memory_order_relaxed));
-      if (credit < from_note) credit = from_note;
-      tx_credit_.store(credit, std::memory_order_release);
+      if (credit > tx_credit_.load(std::memory_order_relaxed))
+        tx_credit_.store(credit, std::memory_order_release);
       WakeWriter();
       break;
     }
@@ -349,8 +359,13 @@ void Conn::Fail(int error) noexcept {
 }
 
 void Conn::OnDisconnect() noexcept {
-  // The peer's EOF note, if any, came before its DREQ; a disconnect without one while the
-  // stream is open means the transport went away under us.
+  // The peer's EOF and CLOSED notes, if any, came before its DREQ, but may still sit in
+  // the completion queue: take them first. A disconnect without them means the transport
+  // (or the peer process) went away under us.
+  {
+    SpinGuard guard(&poll_busy_);
+    DrainLocked();
+  }
   if (!rx_eof_.load(std::memory_order_acquire) || !peer_closed_.load(std::memory_order_acquire))
     Fail(ECONNRESET);
 }
@@ -444,11 +459,11 @@ bool Conn::TxPeerClosed() const noexcept {
 }
 
 void Conn::CloseTx() noexcept {
-  PostNote(nullptr, 0, Note::kEof, 0);
+  eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
 }
 
 void Conn::CloseRx() noexcept {
-  PostNote(nullptr, 0, Note::kClosed, 0);
+  closed_sent_ = PostNote(nullptr, 0, Note::kClosed, 0);
 }
 
 // ------------------------------------------------------------------------ posting

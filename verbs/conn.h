@@ -127,6 +127,8 @@ class Conn final : public Channel {
   uint64_t credit_sent_ = 0;
   // Sender thread only.
   uint64_t tx_posted_ = 0;
+  bool eof_sent_ = false;     // CloseTx (sender side)
+  bool closed_sent_ = false;  // CloseRx (receiver side)
 
   // Send queue, under post_busy_.
   std::atomic_flag post_busy_ = ATOMIC_FLAG_INIT;

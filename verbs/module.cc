@@ -104,6 +104,8 @@ class VerbsModule final : public Module {
                   const wire::Endpoint& server) noexcept override;
   bool PendingWithdrawn(Listener* listener, const wire::Endpoint& client,
                         const wire::Endpoint& server) noexcept override;
+  void DropPending(Listener* listener, const wire::Endpoint& client,
+                   const wire::Endpoint& server) noexcept override;
   std::unique_ptr<Channel> AcceptPending(Listener* listener, const wire::Endpoint& client,
                                          const wire::Endpoint& server, uint64_t nonce,
                                          uint32_t ring_size, int proxy_b,
@@ -129,7 +131,7 @@ class VerbsModule final : public Module {
   bool DeviceAllowed(ibv_context* context) const noexcept;
   bool SendNotify(Device* device) const noexcept;
   static void Reject(rdma_cm_id* id) noexcept;
-  void DropPending(std::vector<Pending>* dropped) noexcept;
+  void DestroyPending(std::vector<Pending>* dropped) noexcept;
   Reason MemlockReason(int error, uint32_t ring_size) noexcept;
   bool IsListenerId(rdma_cm_id* id) noexcept;
   void ReleaseClient(ClientConn* c) noexcept;
@@ -390,7 +392,7 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
   }
 }
 
-void VerbsModule::DropPending(std::vector<Pending>* dropped) noexcept {
+void VerbsModule::DestroyPending(std::vector<Pending>* dropped) noexcept {
   for (Pending& p : *dropped) delete p.conn;  // disconnects: the client learns
   dropped->clear();
 }
@@ -418,7 +420,7 @@ void VerbsModule::ExpirePending() noexcept {
       }
     }
   }
-  DropPending(&expired);
+  DestroyPending(&expired);
 }
 
 // ------------------------------------------------------------------------ listening
@@ -475,7 +477,7 @@ void VerbsModule::Unlisten(Listener* l) noexcept {
     std::lock_guard<std::mutex> lock(l->mu);
     dropped.swap(l->pending);
   }
-  DropPending(&dropped);
+  DestroyPending(&dropped);
   delete l;
 }
 
@@ -498,6 +500,33 @@ bool VerbsModule::PendingWithdrawn(Listener* l, const wire::Endpoint& client,
     any = true;
   }
   return any;
+}
+
+void VerbsModule::DropPending(Listener* l, const wire::Endpoint& client,
+                              const wire::Endpoint& server) noexcept {
+  std::vector<Pending> dropped;
+  {
+    std::lock_guard<std::mutex> lock(l->mu);
+    for (size_t i = 0; i < l->pending.size();) {
+      Pending& p = l->pending[i];
+      if (!(p.client == client && p.server == server)) {
+        ++i;
+        continue;
+      }
+      try {
+        dropped.push_back(p);
+      } catch (...) {
+        ++i;
+        continue;
+      }
+      l->pending[i] = l->pending.back();
+      l->pending.pop_back();
+    }
+  }
+  if (!dropped.empty())
+    SLIP_LOG(kInfo, "verbs: dropping %zu connection request(s) of a plain connection",
+             dropped.size());
+  DestroyPending(&dropped);
 }
 
 std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::Endpoint& client,
@@ -532,7 +561,7 @@ std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::End
   if (!others.empty())
     SLIP_LOG(kWarn, "verbs: rejecting %zu forged connection request(s) for one connection",
              others.size());
-  DropPending(&others);
+  DestroyPending(&others);
   *why = wire::DeclineReason::kNonceMismatch;
   if (!chosen.conn) return nullptr;
   std::unique_ptr<Conn> conn(chosen.conn);
@@ -581,6 +610,7 @@ ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
   wire::Endpoint ep;
   if (!wire::EndpointFromSockaddr(dest, &ep)) return nullptr;
   if (Reason cached; negative_.Lookup(ep, NowMs(), &cached)) {
+    SLIP_LOG(kDebug, "verbs: destination in the negative cache (%s)", ReasonName(cached));
     *why = cached;
     return nullptr;
   }

@@ -49,6 +49,10 @@ class Module {
   // True once every request pending for the tuple was withdrawn by its client.
   virtual bool PendingWithdrawn(Listener* listener, const wire::Endpoint& client,
                                 const wire::Endpoint& server) noexcept = 0;
+  // The connection stays plain (no valid CONFIRM): its pending requests are forged or
+  // stale, so they are rejected now rather than left to expire.
+  virtual void DropPending(Listener* listener, const wire::Endpoint& client,
+                           const wire::Endpoint& server) noexcept = 0;
   // Takes the request whose nonce the client confirmed and builds the server's channel
   // (the others for the tuple are forged: rejected). `proxy_b` is the server's proxy end,
   // which the channel duplicates for its wake-ups. Returns nullptr with *why set.
