@@ -32,10 +32,22 @@ int KernelSocket(const SocketRef& ref, int fd) noexcept {
   return (ref && ref->kind == SockKind::kAccel) ? ref->anchor_fd : fd;
 }
 
-void TrackDup(int oldfd, int newfd) noexcept {
+// An exec'd program that inherits an accelerated descriptor must also inherit the hidden
+// TCP socket: as with TCP, the connection then ends only when the last holder closes it
+// (the peer sees the anchor's FIN). So the anchor's close-on-exec follows the application's
+// explicit changes (F_SETFD, FIOCLEX/FIONCLEX), and a duplicate made without close-on-exec
+// makes it inheritable.
+void MirrorCloexec(const SocketRef& ref, bool cloexec) noexcept {
+  if (ref && ref->kind == SockKind::kAccel && ref->anchor_fd >= 0)
+    sys::fcntl(ref->anchor_fd, F_SETFD, cloexec ? FD_CLOEXEC : 0);
+}
+
+void TrackDup(int oldfd, int newfd, bool cloexec = false) noexcept {
   if (newfd < 0) return;
   SocketRef ref(oldfd);
-  if (ref) Install(newfd, ref.get());
+  if (!ref) return;
+  Install(newfd, ref.get());
+  if (!cloexec) MirrorCloexec(ref, false);
 }
 
 }  // namespace
@@ -111,7 +123,7 @@ SLIP_EXPORT int dup(int oldfd) {
 SLIP_EXPORT int dup3(int oldfd, int newfd, int flags) {
   if (TableInUse() && oldfd != newfd) Remove(newfd);
   int fd = Libc().dup3(oldfd, newfd, flags);
-  if (TableInUse()) TrackDup(oldfd, fd);
+  if (TableInUse()) TrackDup(oldfd, fd, flags & O_CLOEXEC);
   return fd;
 }
 
@@ -129,7 +141,9 @@ int FcntlImpl(int fd, int cmd, void* arg) noexcept {
   int rc = Libc().fcntl(fd, cmd, arg);
   if (rc < 0 || !TableInUse()) return rc;
   if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
-    TrackDup(fd, rc);
+    TrackDup(fd, rc, cmd == F_DUPFD_CLOEXEC);
+  } else if (cmd == F_SETFD) {
+    MirrorCloexec(SocketRef(fd), (long(arg) & FD_CLOEXEC) != 0);
   } else if (cmd == F_SETFL) {
     SocketRef ref(fd);
     if (ref) ref->nonblocking.store((long(arg) & O_NONBLOCK) != 0, std::memory_order_relaxed);
@@ -177,6 +191,8 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
   int rc = Libc().ioctl(fd, request, arg);
   if (rc == 0 && request == FIONBIO)
     ref->nonblocking.store(*static_cast<int*>(arg) != 0, std::memory_order_relaxed);
+  if (rc == 0 && (request == FIOCLEX || request == FIONCLEX))
+    MirrorCloexec(ref, request == FIOCLEX);
   return rc;
 }
 

@@ -34,7 +34,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PROGS = HERE / "progs"
 PYTHON = "/usr/bin/python3"
-LOOPBACK = "127.0.0.1"
+# The address both ends use, and the transport an accelerated connection must report.
+# tests/vm runs the same cases over Soft-RoCE with SLIP_TEST_HOST=10.77.0.1 and
+# SLIP_TEST_TRANSPORT=verbs (and SLIP_TRANSPORTS=verbs,tcp for the programs).
+LOOPBACK = os.environ.get("SLIP_TEST_HOST", "127.0.0.1")
+ACCEL = os.environ.get("SLIP_TEST_TRANSPORT", "shm")
 
 # Which side runs under Slipstream: pairing name -> (server, client).
 PAIRINGS = {"both": (True, True), "server": (True, False), "client": (False, True)}
@@ -117,7 +121,12 @@ def _group_running(pgid):
 
 
 def _child_env(extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLIP_")}
+    # No SLIP_* of the caller leaks into a test, except the test settings themselves;
+    # SLIP_TEST_TRANSPORTS (tests/vm) becomes the programs' SLIP_TRANSPORTS.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SLIP_") or k.startswith("SLIP_TEST_")}
+    if os.environ.get("SLIP_TEST_TRANSPORTS"):
+        env["SLIP_TRANSPORTS"] = os.environ["SLIP_TEST_TRANSPORTS"]
     env.update(extra or {})
     return env
 
@@ -319,10 +328,10 @@ class Test:
                        f"received, the program moved {traffic[0]} B and {traffic[1]} B")
 
     def expect_pairing(self, server, client, count=1, traffic=None):
-        """Both under Slipstream: every connection "shm" on both sides. One side only: that side
+        """Both under Slipstream: every connection ACCEL ("shm") on both sides. One side only: that side
         reports "tcp"/"peer_not_slipstream" and the other writes nothing. `traffic`, when
         known, maps each program to the (sent, received) bytes it moved on the test port."""
-        transport, reason = ("shm", "") if server.slip and client.slip else \
+        transport, reason = (ACCEL, "") if server.slip and client.slip else \
             ("tcp", "peer_not_slipstream")
         for proc in (server, client):
             self.expect_stats(proc, transport, reason, count, (traffic or {}).get(proc))

@@ -69,6 +69,12 @@ std::string AddrToString(const sockaddr_storage& ss) {
   return "[" + std::string(host) + "]:" + std::to_string(port);
 }
 
+// Sets O_NONBLOCK. False, with errno, when fcntl failed.
+bool SetNonBlocking(int fd) {
+  const int flags = fcntl(fd, F_GETFL);
+  return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
 // Waits until `fd` is readable or `timeout_ms` passed (-1: no limit).
 void WaitReadable(int fd, int timeout_ms) {
   pollfd p{fd, POLLIN, 0};
@@ -135,8 +141,15 @@ Fd Listen(const std::string& bind_addr, uint16_t port) {
   Resolve(bind_addr, port, /*passive=*/true, &list);
   int last_errno = EADDRNOTAVAIL;
   for (addrinfo* ai = list.head; ai != nullptr; ai = ai->ai_next) {
-    Fd fd(socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK, ai->ai_protocol));
+    // A plain type, then O_NONBLOCK with fcntl: rsocket's preload (librspreload.so) leaves
+    // a socket created with SOCK_NONBLOCK on kernel TCP, so its connections would never
+    // move to RDMA.
+    Fd fd(socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol));
     if (fd.get() < 0) {
+      last_errno = errno;
+      continue;
+    }
+    if (!SetNonBlocking(fd.get())) {
       last_errno = errno;
       continue;
     }
@@ -157,7 +170,8 @@ Fd Listen(const std::string& bind_addr, uint16_t port) {
 std::unique_ptr<Link> SocketAcceptor::Accept(const std::function<bool()>& give_up) {
   for (;;) {
     CheckStop();
-    // Accepted sockets do not inherit the listener's O_NONBLOCK: data links block.
+    // Accepted sockets do not inherit the listener's O_NONBLOCK (nor do rsocket's): data
+    // links block.
     const int fd = accept(listen_fd_, nullptr, nullptr);
     if (fd >= 0) return std::make_unique<SocketLink>(Fd(fd));
     if (errno == EAGAIN || errno == EWOULDBLOCK) {

@@ -1,5 +1,5 @@
 // Sockets through the plain libc API (socket, bind, listen, accept, connect, send, recv,
-// shutdown, poll), exactly as an unmodified program uses it, so that slip-perf measures
+// shutdown, poll, fcntl), exactly as an unmodified program uses it, so that slip-perf measures
 // the same under LD_PRELOAD as without it. Errors throw std::system_error.
 #pragma once
 

@@ -3,11 +3,12 @@
 import argparse
 import json
 import math
+import os
 import selectors
 import socket
 import sys
 
-LOOPBACK = "127.0.0.1"
+LOOPBACK = os.environ.get("SLIP_TEST_HOST", "127.0.0.1")  # see harness.py
 MiB = 1 << 20
 
 SELECTORS = {"poll": selectors.PollSelector, "select": selectors.SelectSelector}

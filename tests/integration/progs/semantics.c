@@ -1,7 +1,7 @@
 // Socket semantics of a TCP connection, checked through the socket API: run under
 // Slipstream, an accelerated connection must behave exactly like kernel TCP.
 //
-// usage: semantics server PORT        (listens on 127.0.0.1:PORT)
+// usage: semantics server PORT        (listens on 127.0.0.1:PORT, or $SLIP_TEST_HOST:PORT)
 //        semantics client HOST PORT
 //
 // The two processes run the sub-tests of SUBTESTS in order, twice: in the first round the
@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/select.h>
 #include <sys/socket.h>
@@ -87,6 +88,12 @@ struct ctx {
 };
 
 // Records the first failure (with the line of the check) and returns -1.
+// The address both ends use: loopback, or rxe0's address in the Soft-RoCE guest (tests/vm).
+static const char* test_host(void) {
+  const char* host = getenv("SLIP_TEST_HOST");
+  return host && *host ? host : "127.0.0.1";
+}
+
 static int fail(struct ctx* c, int line, const char* fmt, ...) {
   if (c->why[0] != '\0') return -1;
   int n = snprintf(c->why, sizeof c->why, "line %d: ", line);
@@ -574,6 +581,82 @@ static int duplex(struct ctx* c, int line, uint64_t len, uint32_t send_seed, uin
   return 0;
 }
 
+// ------------------------------------------------------------------------ extra connections
+//
+// Sub-tests that need more connections than their one data connection open them on the
+// same listener (so that every connection is on the test port and counted in the stats).
+
+// A new connection: accept4(flags) on the server, socket(SOCK_STREAM | flags) and connect
+// on the client (nonblocking: EINPROGRESS, then POLLOUT and SO_ERROR 0). Counted in
+// c->connections. The descriptor, or -1 with the failure noted.
+static int open_extra(struct ctx* c, int line, int flags) {
+  int fd;
+  if (c->is_server) {
+    int rev = poll_one(c->listener, POLLIN, WAIT_MS);
+    if (rev <= 0) {
+      return fail(c, line, "nothing to accept within %d ms (%s)", WAIT_MS,
+                  rev < 0 ? res(rev) : "timeout");
+    }
+    fd = accept4(c->listener, NULL, NULL, flags);
+    if (fd < 0) return fail(c, line, "accept4: %s", res(fd));
+  } else {
+    fd = socket(AF_INET, SOCK_STREAM | flags, 0);
+    if (fd < 0) return fail(c, line, "socket: %s", res(fd));
+    if (connect(fd, (struct sockaddr*)&c->server_addr, sizeof c->server_addr) != 0) {
+      int err = errno, rev = 0, so = -1;
+      if ((flags & SOCK_NONBLOCK) && err == EINPROGRESS) {
+        rev = poll_one(fd, POLLOUT, WAIT_MS);
+        if (rev > 0) get_int(fd, SOL_SOCKET, SO_ERROR, &so);
+      }
+      if (so != 0) {
+        close(fd);
+        return fail(c, line, "connect: %s (then poll %s, SO_ERROR %d)", res_e(-1, err),
+                    rev > 0 ? events_str((unsigned)rev) : "nothing", so);
+      }
+    }
+  }
+  c->connections++;
+  return fd;
+}
+
+static int send_all(struct ctx* c, int line, int fd, const void* buf, size_t len) {
+  for (size_t done = 0; done < len;) {
+    ssize_t n = send(fd, (const char*)buf + done, len - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail(c, line, "send: %s after %zu of %zu B", res(n), done, len);
+    done += (size_t)n;
+  }
+  return 0;
+}
+
+// One exchange on an extra connection. The client sends a 4-byte index and `len` bytes of
+// the stream SEED+index; the server checks them, answers with `len` bytes of the stream
+// SEED+1000+index and closes; the client checks the answer and the EOF after it.
+static int exchange_client(struct ctx* c, int fd, uint32_t index, uint64_t len, uint32_t seed) {
+  TRY(send_all(c, __LINE__, fd, &index, sizeof index));
+  SEND_PATTERN(fd, len, seed + index, 0, "request");
+  EXPECT_DATA(fd, len, seed + 1000 + index, 0, "answer");
+  int rev = poll_one(fd, POLLIN, WAIT_MS);
+  uint8_t b;
+  ssize_t n = rev > 0 ? recv(fd, &b, 1, 0) : -1;
+  CHECK(n == 0, "connection %u: no EOF after the answer (poll %s, recv %s)", index,
+        rev > 0 ? events_str((unsigned)rev) : "nothing", res(n));
+  return 0;
+}
+
+// The server's side; seen[index] counts how often connection `index` was accepted.
+static int exchange_server(struct ctx* c, int fd, uint64_t len, uint32_t seed, atomic_int* seen,
+                           uint32_t count) {
+  uint32_t index = UINT32_MAX;
+  ssize_t n = recv(fd, &index, sizeof index, MSG_WAITALL);
+  CHECK(n == sizeof index && index < count, "accepted connection: index %s, value %u (of %u)",
+        res(n), index, count);
+  CHECK(atomic_fetch_add(&seen[index], 1) == 0, "connection %u accepted twice", index);
+  EXPECT_DATA(fd, len, seed + index, 0, "request");
+  SEND_PATTERN(fd, len, seed + 1000 + index, 0, "answer");
+  return 0;
+}
+
 // ------------------------------------------------------------------------ the helper
 
 static int helper_eof(struct ctx* c) {
@@ -588,6 +671,31 @@ static int helper_eof(struct ctx* c) {
   CHECK(n == 0, "recv at EOF: %s", res(n));
   n = recv(c->fd, b, sizeof b, MSG_DONTWAIT);
   CHECK(n == 0, "a second recv at EOF: %s", res(n));
+  return 0;
+}
+
+// The first recv after the peer's abortive close (SO_LINGER {1, 0}), its result and errno:
+// Linux TCP reports ECONNRESET once (Slipstream: the control thread sees the anchor's RST).
+static int reset_outcome(struct ctx* c, int line, ssize_t n, int err, const char* what) {
+  if (n == -1 && err == ECONNRESET) {
+    snprintf(c->reply, sizeof c->reply, "ECONNRESET");
+    return 0;
+  }
+  return fail(c, line, "%s: %s, expected ECONNRESET", what, res_e(n, err));
+}
+
+// The peer closed abortively: the first recv reports ECONNRESET (see reset_outcome), the
+// next EOF, and a send fails with EPIPE.
+static int helper_reset(struct ctx* c) {
+  int rev = poll_one(c->fd, POLLIN | POLLRDHUP, WAIT_MS);
+  CHECK(rev > 0, "nothing within %d ms after the peer's abortive close", WAIT_MS);
+  uint8_t b[16];
+  ssize_t n = recv(c->fd, b, sizeof b, 0);
+  TRY(reset_outcome(c, __LINE__, n, errno, "recv after the peer's abortive close"));
+  n = recv(c->fd, b, sizeof b, MSG_DONTWAIT);
+  CHECK(n == 0, "a second recv after the reset: %s, expected EOF", res(n));
+  n = send(c->fd, b, 1, MSG_NOSIGNAL);
+  CHECK(n == -1 && errno == EPIPE, "send after the reset: %s, expected EPIPE", res(n));
   return 0;
 }
 
@@ -634,6 +742,56 @@ static int helper_command(struct ctx* c, const char* cmd) {
           res(-1));
     return 0;
   }
+  if (strcmp(cmd, "reconnect") == 0) {  // a new data connection in place of this one
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    int fd = open_extra(c, __LINE__, SOCK_CLOEXEC);
+    if (fd < 0) return -1;
+    c->fd = fd;
+    CHECK(set_timeout(fd, SO_RCVTIMEO, WAIT_MS) == 0 && set_timeout(fd, SO_SNDTIMEO, WAIT_MS) == 0,
+          "SO_RCVTIMEO/SO_SNDTIMEO: %s", res(-1));
+    return 0;
+  }
+  unsigned count;
+  if (sscanf(cmd, "connect %u %llu %u", &count, &len, &seed) == 3 && count <= 64) {
+    int fds[64];
+    for (unsigned i = 0; i < count; i++) {
+      fds[i] = open_extra(c, __LINE__, SOCK_CLOEXEC);
+      if (fds[i] >= 0) {
+        set_timeout(fds[i], SO_RCVTIMEO, WAIT_MS);
+        set_timeout(fds[i], SO_SNDTIMEO, WAIT_MS);
+      }
+    }
+    int rc = 0;
+    for (unsigned i = 0; i < count; i++) {
+      if (rc == 0 && fds[i] >= 0) rc = exchange_client(c, fds[i], i, len, seed);
+      if (fds[i] >= 0) close(fds[i]);
+    }
+    return c->why[0] ? -1 : rc;
+  }
+  if (sscanf(cmd, "accept %u %llu %u", &count, &len, &seed) == 3 && count <= 64) {
+    static atomic_int seen[64];
+    for (unsigned i = 0; i < count; i++) atomic_store(&seen[i], 0);
+    for (unsigned i = 0; i < count; i++) {
+      int fd = open_extra(c, __LINE__, SOCK_CLOEXEC);
+      if (fd < 0) return -1;
+      set_timeout(fd, SO_RCVTIMEO, WAIT_MS);
+      set_timeout(fd, SO_SNDTIMEO, WAIT_MS);
+      int rc = exchange_server(c, fd, len, seed, seen, count);
+      close(fd);
+      TRY(rc);
+    }
+    return 0;
+  }
+  if (strcmp(cmd, "abort") == 0) {  // an abortive close: SO_LINGER {1, 0}
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    CHECK(setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0, "SO_LINGER: %s", res(-1));
+    int rc = close(c->fd);
+    c->fd = -1;
+    CHECK(rc == 0, "close: %s", res(rc));
+    return 0;
+  }
+  if (strcmp(cmd, "reset") == 0) return helper_reset(c);
   return fail(c, __LINE__, "unknown command");
 }
 
@@ -961,10 +1119,10 @@ static int t_sockopts(struct ctx* c) {
   char local[64], peer[64];
   unsigned lport, pport;
   CHECK(sscanf(ours, "%63[^:]:%u %63[^:]:%u", local, &lport, peer, &pport) == 4 &&
-            strcmp(local, "127.0.0.1") == 0 && strcmp(peer, "127.0.0.1") == 0 &&
+            strcmp(local, test_host()) == 0 && strcmp(peer, test_host()) == 0 &&
             (int)(c->is_server ? lport : pport) == c->port,
-        "getsockname/getpeername: %s, expected 127.0.0.1 both ends and the %s port %d", ours,
-        c->is_server ? "local" : "peer", c->port);
+        "getsockname/getpeername: %s, expected %s both ends and the %s port %d", ours,
+        test_host(), c->is_server ? "local" : "peer", c->port);
   HELP("names");
   char mirrored[160];
   snprintf(mirrored, sizeof mirrored, "%s:%u %s:%u", peer, pport, local, lport);
@@ -1282,12 +1440,18 @@ struct blocked {
   uint8_t buf[CHUNK];
   ssize_t n;
   int err;
+  atomic_int tid;   // the thread's id, once it runs
+  atomic_int done;  // set once the call returned
+  long done_ms;     // when (now_ms)
 };
 
 static void* blocked_main(void* arg) {
   struct blocked* b = arg;
+  atomic_store(&b->tid, (int)gettid());
   b->n = b->send ? send(b->fd, b->buf, CHUNK, MSG_NOSIGNAL) : recv(b->fd, b->buf, 100, 0);
   b->err = errno;
+  b->done_ms = now_ms();
+  atomic_store(&b->done, 1);
   return NULL;
 }
 
@@ -1441,6 +1605,814 @@ static int t_eintr(struct ctx* c) {
   return 0;
 }
 
+// ------------------------------------------------------------------------ corners: epoll
+
+static int epoll_mod(struct ctx* c, int line, int ep, int fd, uint32_t events) {
+  struct epoll_event ev = {.events = events, .data.fd = fd};
+  if (epoll_ctl(ep, EPOLL_CTL_MOD, fd, &ev) != 0) {
+    return fail(c, line, "EPOLL_CTL_MOD to %s: %s", events_str(events), res(-1));
+  }
+  return 0;
+}
+#define EPOLL_MOD(ep, fd, events) TRY(epoll_mod(c, __LINE__, ep, fd, events))
+
+// One epoll_wait (EINTR retried): the number of events, the first in *ev.
+static int epoll_first(int ep, int timeout_ms, struct epoll_event* ev) {
+  struct epoll_event e[4];
+  int n;
+  do {
+    n = epoll_wait(ep, e, 4, timeout_ms);
+  } while (n < 0 && errno == EINTR);
+  if (n > 0) *ev = e[0];
+  return n;
+}
+
+// EPOLLONESHOT: one event, then nothing until EPOLL_CTL_MOD re-arms it (level-triggered:
+// bytes still unread are reported at once; edge-triggered: only new bytes).
+static int t_epoll_oneshot(struct ctx* c) {
+  const uint32_t oneshot = EPOLLIN | EPOLLONESHOT;
+  int ep;
+  TRY(ep = new_epoll(c, __LINE__, c->fd, oneshot));
+  EXPECT_EPOLL(ep, QUIET_MS, EPOLLIN, 0, "idle connection");
+  HELP("send 100 140 0");
+  EXPECT_EPOLL(ep, WAIT_MS, EPOLLIN, EPOLLIN, "first arrival");
+  EXPECT_EPOLL(ep, QUIET_MS, EPOLLIN, 0, "after the one event, 100 B unread");
+  HELP("send 100 140 100");
+  EXPECT_EPOLL(ep, QUIET_MS, EPOLLIN, 0, "disarmed, more bytes arrived");
+  EPOLL_MOD(ep, c->fd, oneshot);
+  EXPECT_EPOLL(ep, WAIT_MS, EPOLLIN, EPOLLIN, "re-armed with 200 B unread");
+  EXPECT_EPOLL(ep, QUIET_MS, EPOLLIN, 0, "disarmed again");
+  EXPECT_DATA(c->fd, 200, 140, 0, "received");
+  EPOLL_MOD(ep, c->fd, oneshot);
+  EXPECT_EPOLL(ep, QUIET_MS, EPOLLIN, 0, "re-armed, all read");
+  helper_start(c, "send 50 140 200 1 0 100");  // arrives while epoll_wait sleeps
+  EXPECT_EPOLL(ep, WAIT_MS, EPOLLIN, EPOLLIN, "re-armed, bytes sent while asleep");
+  AWAIT_HELPER();
+  EXPECT_EPOLL(ep, QUIET_MS, EPOLLIN, 0, "disarmed after the wake-up");
+  EXPECT_DATA(c->fd, 50, 140, 200, "received");
+  EPOLL_MOD(ep, c->fd, oneshot | EPOLLET);
+  EXPECT_EPOLL(ep, QUIET_MS, EPOLLIN, 0, "edge-triggered one-shot, nothing new");
+  HELP("send 10 140 250");
+  EXPECT_EPOLL(ep, WAIT_MS, EPOLLIN, EPOLLIN, "edge-triggered one-shot, new bytes");
+  HELP("send 10 140 260");
+  EXPECT_EPOLL(ep, QUIET_MS, EPOLLIN, 0, "edge-triggered one-shot, disarmed, new bytes");
+  EXPECT_DATA(c->fd, 20, 140, 250, "received");
+  EPOLL_MOD(ep, c->fd, EPOLLOUT | EPOLLONESHOT);
+  EXPECT_EPOLL(ep, WAIT_MS, EPOLLOUT, EPOLLOUT, "EPOLLOUT one-shot");
+  EXPECT_EPOLL(ep, QUIET_MS, EPOLLOUT, 0, "EPOLLOUT one-shot, disarmed");
+  return 0;
+}
+
+// EPOLLEXCLUSIVE: several threads, each with its own epoll set holding the socket with
+// EPOLLEXCLUSIVE, read one stream (MSG_DONTWAIT, under a lock, so the order is kept): every
+// byte arrives once and in order, and no wake-up is lost (each wait is bounded; a thread
+// that waits WAIT_MS in vain while the stream is unfinished fails). An eventfd in every
+// set ends the waits at EOF.
+enum { EXCL_THREADS = 3 };
+
+struct excl_reader {
+  struct ctx c;  // this thread's failure
+  int ep, fd, wakeups;
+};
+
+static struct {
+  pthread_mutex_t mu;
+  uint8_t* buf;
+  size_t cap, used;
+  bool eof;
+  int stop;
+} excl = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int excl_run(struct excl_reader* r) {
+  struct ctx* c = &r->c;
+  for (;;) {
+    pthread_mutex_lock(&excl.mu);
+    bool eof = excl.eof;
+    pthread_mutex_unlock(&excl.mu);
+    if (eof) return 0;
+    struct epoll_event ev[2];
+    int n = epoll_wait(r->ep, ev, 2, WAIT_MS);
+    if (n < 0 && errno == EINTR) continue;
+    CHECK(n >= 0, "epoll_wait: %s", res(n));
+    bool mine = false;
+    for (int i = 0; i < n; i++) mine |= ev[i].data.fd == r->fd;
+    pthread_mutex_lock(&excl.mu);
+    if (n == 0 && !excl.eof) {
+      size_t used = excl.used;
+      pthread_mutex_unlock(&excl.mu);
+      return fail(c, __LINE__, "no wake-up within %d ms, %zu B received and no EOF yet", WAIT_MS,
+                  used);
+    }
+    r->wakeups += mine;
+    while (mine && !excl.eof) {
+      ssize_t got = recv(r->fd, excl.buf + excl.used, excl.cap - excl.used, MSG_DONTWAIT);
+      if (got > 0) {
+        excl.used += (size_t)got;
+      } else if (got == 0) {
+        excl.eof = true;
+        uint64_t one = 1;
+        if (write(excl.stop, &one, sizeof one) != sizeof one) excl.eof = true;
+      } else {
+        int err = errno;
+        if (err != EAGAIN) {
+          pthread_mutex_unlock(&excl.mu);
+          return fail(c, __LINE__, "recv: %s", res_e(got, err));
+        }
+        break;  // another thread was quicker
+      }
+    }
+    pthread_mutex_unlock(&excl.mu);
+  }
+}
+
+static void* excl_main(void* arg) {
+  excl_run(arg);
+  return NULL;
+}
+
+static int t_epoll_exclusive(struct ctx* c) {
+  const size_t len = 256 << 10;
+  static struct excl_reader r[EXCL_THREADS];
+  excl.buf = malloc(len + CHUNK);
+  if (excl.buf == NULL) fatal("out of memory");
+  excl.cap = len + CHUNK;
+  excl.used = 0;
+  excl.eof = false;
+  excl.stop = own(c, eventfd(0, EFD_CLOEXEC));
+  CHECK(excl.stop >= 0, "eventfd: %s", res(-1));
+  for (int i = 0; i < EXCL_THREADS; i++) {
+    r[i] = (struct excl_reader){.fd = c->fd};
+    r[i].ep = own(c, epoll_create1(EPOLL_CLOEXEC));
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = c->fd};
+    struct epoll_event stop = {.events = EPOLLIN, .data.fd = excl.stop};
+    CHECK(r[i].ep >= 0 && epoll_ctl(r[i].ep, EPOLL_CTL_ADD, c->fd, &ev) == 0 &&
+              epoll_ctl(r[i].ep, EPOLL_CTL_ADD, excl.stop, &stop) == 0,
+          "epoll set %d with EPOLLEXCLUSIVE: %s", i, res(-1));
+  }
+  // EPOLLEXCLUSIVE is for EPOLL_CTL_ADD only (epoll_ctl(2)).
+  struct epoll_event mod = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = c->fd};
+  int rc = epoll_ctl(r[0].ep, EPOLL_CTL_MOD, c->fd, &mod);
+  CHECK(rc == -1 && errno == EINVAL, "EPOLL_CTL_MOD with EPOLLEXCLUSIVE: %s, expected EINVAL",
+        res(rc));
+  helper_start(c, "send %zu 150 0 64 2", len);
+  helper_start(c, "shutwr");
+  pthread_t threads[EXCL_THREADS];
+  for (int i = 0; i < EXCL_THREADS; i++) {
+    if (pthread_create(&threads[i], NULL, excl_main, &r[i]) != 0) fatal("pthread_create");
+  }
+  for (int i = 0; i < EXCL_THREADS; i++) pthread_join(threads[i], NULL);
+  int wakeups = 0;
+  rc = 0;
+  for (int i = 0; i < EXCL_THREADS && rc == 0; i++) {
+    wakeups += r[i].wakeups;
+    if (r[i].c.why[0]) rc = fail(c, __LINE__, "reading thread %d: %s", i, r[i].c.why);
+  }
+  if (rc == 0 && (excl.used != len || !excl.eof)) {
+    rc = fail(c, __LINE__, "the threads read %zu B%s, the peer sent %zu B and its FIN", excl.used,
+              excl.eof ? " and EOF" : " and no EOF", len);
+  }
+  if (rc == 0 && mismatch(excl.buf, len, 150, 0) >= 0) {
+    long long i = mismatch(excl.buf, len, 150, 0);
+    rc = fail(c, __LINE__, "byte %lld of the stream read by the threads is wrong", i);
+  }
+  free(excl.buf);
+  excl.buf = NULL;
+  TRY(rc);
+  CHECK(wakeups > 0, "no thread was ever woken for the socket");
+  AWAIT_HELPER();
+  AWAIT_HELPER();
+  return 0;
+}
+
+// EPOLLRDHUP on the peer's shutdown(SHUT_WR): reported with EPOLLIN where asked for, alone
+// in a set that asks for EPOLLRDHUP only; bytes before the FIN still arrive; this side can
+// still send; once it shuts down too, EPOLLHUP.
+static int t_epoll_rdhup(struct ctx* c) {
+  const uint32_t all = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLHUP | EPOLLERR;
+  int in, rdhup;
+  TRY(in = new_epoll(c, __LINE__, c->fd, EPOLLIN | EPOLLRDHUP));
+  TRY(rdhup = new_epoll(c, __LINE__, c->fd, EPOLLRDHUP));
+  EXPECT_EPOLL(rdhup, QUIET_MS, all, 0, "idle connection, EPOLLRDHUP set");
+  HELP("send 100 160 0");
+  EXPECT_EPOLL(in, WAIT_MS, all, EPOLLIN, "bytes, no FIN yet");
+  EXPECT_EPOLL(rdhup, QUIET_MS, all, 0, "bytes, no FIN yet, EPOLLRDHUP set");
+  HELP("shutwr");
+  EXPECT_EPOLL(rdhup, WAIT_MS, all, EPOLLRDHUP, "the peer's shutdown(SHUT_WR), EPOLLRDHUP set");
+  EXPECT_EPOLL(in, WAIT_MS, all, EPOLLIN | EPOLLRDHUP,
+               "the peer's shutdown(SHUT_WR), 100 B unread");
+  EXPECT_DATA(c->fd, 100, 160, 0, "sent before the FIN");
+  ssize_t n = recv(c->fd, scratch, 16, 0);
+  CHECK(n == 0, "recv at EOF: %s", res(n));
+  EXPECT_EPOLL(in, QUIET_MS, all, EPOLLIN | EPOLLRDHUP, "EOF read (level-triggered)");
+  SEND_PATTERN(c->fd, 5000, 161, 0, "sent after the peer's FIN");
+  HELP("recv 5000 161 0");
+  CHECK(shutdown(c->fd, SHUT_WR) == 0, "shutdown(SHUT_WR): %s", res(-1));
+  EXPECT_EPOLL(rdhup, WAIT_MS, all, EPOLLRDHUP | EPOLLHUP, "both directions shut, EPOLLRDHUP set");
+  EXPECT_EPOLL(in, WAIT_MS, all, EPOLLIN | EPOLLRDHUP | EPOLLHUP, "both directions shut");
+  return 0;
+}
+
+// An epoll set inside other epoll sets: the inner set's readiness (the socket's) reaches a
+// level-triggered and an edge-triggered outer set, a sleeping outer wait wakes up, and poll
+// on the inner set's descriptor reports POLLIN.
+static int t_epoll_nested(struct ctx* c) {
+  int inner, outer, outer_et;
+  TRY(inner = new_epoll(c, __LINE__, c->fd, EPOLLIN));
+  TRY(outer = new_epoll(c, __LINE__, inner, EPOLLIN));
+  TRY(outer_et = new_epoll(c, __LINE__, inner, EPOLLIN | EPOLLET));
+  EXPECT_EPOLL(outer, QUIET_MS, EPOLLIN, 0, "idle connection, outer set");
+  int rev = poll_one(inner, POLLIN, 0);
+  CHECK(rev == 0, "poll on the inner set, idle connection: %s", events_str((unsigned)rev));
+  helper_start(c, "send 300 170 0 1 0 100");  // arrives while the outer wait sleeps
+  struct epoll_event ev = {0};
+  int n = epoll_first(outer, WAIT_MS, &ev);
+  AWAIT_HELPER();
+  CHECK(n == 1 && ev.data.fd == inner && (ev.events & EPOLLIN),
+        "outer set, bytes arrived while asleep: %s, %s for fd %d (the inner set is %d)", res(n),
+        events_str(ev.events), ev.data.fd, inner);
+  EXPECT_EPOLL(outer_et, WAIT_MS, EPOLLIN, EPOLLIN, "edge-triggered outer set");
+  EXPECT_EPOLL(outer_et, QUIET_MS, EPOLLIN, 0, "edge-triggered outer set, nothing new");
+  EXPECT_EPOLL(outer, QUIET_MS, EPOLLIN, EPOLLIN, "outer set, 300 B unread");
+  rev = poll_one(inner, POLLIN, WAIT_MS);
+  CHECK(rev > 0 && (rev & POLLIN), "poll on the inner set, 300 B unread: %s",
+        rev > 0 ? events_str((unsigned)rev) : "nothing");
+  n = epoll_first(inner, 0, &ev);
+  CHECK(n == 1 && ev.data.fd == c->fd && (ev.events & EPOLLIN),
+        "inner set: %s, %s for fd %d (the socket is %d)", res(n), events_str(ev.events), ev.data.fd,
+        c->fd);
+  EXPECT_DATA(c->fd, 300, 170, 0, "received");
+  EXPECT_EPOLL(outer, QUIET_MS, EPOLLIN, 0, "all read, outer set");
+  HELP("send 20 170 300");
+  EXPECT_EPOLL(outer_et, WAIT_MS, EPOLLIN, EPOLLIN, "edge-triggered outer set, new bytes");
+  EXPECT_EPOLL(outer, WAIT_MS, EPOLLIN, EPOLLIN, "outer set, new bytes");
+  EXPECT_DATA(c->fd, 20, 170, 300, "received");
+  HELP("shutwr");
+  EXPECT_EPOLL(outer, WAIT_MS, EPOLLIN, EPOLLIN, "outer set, the peer's FIN");
+  ssize_t got = recv(c->fd, scratch, 16, 0);
+  CHECK(got == 0, "recv at EOF: %s", res(got));
+  return 0;
+}
+
+// The wait of round 0 (epoll_pwait), 1 (epoll_pwait2) or 2 (epoll_wait).
+static int wait_round(int round, int ep, struct epoll_event* ev, const sigset_t* during,
+                      int timeout_ms) {
+  if (round == 0) return epoll_pwait(ep, ev, 4, timeout_ms, during);
+  if (round == 1) {
+    struct timespec ts = {timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+    return epoll_pwait2(ep, ev, 4, &ts, during);
+  }
+  return epoll_wait(ep, ev, 4, timeout_ms);
+}
+
+static int pwait_round(struct ctx* c, int ep, int round) {
+  static const char* const names[] = {"epoll_pwait", "epoll_pwait2", "epoll_wait (SA_RESTART)"};
+  const char* call = names[round];
+  // SIGUSR1 reaches the pwait calls only through their mask; epoll_wait is never restarted,
+  // whatever SA_RESTART says (signal(7)).
+  struct sigaction sa = {.sa_handler = on_usr1, .sa_flags = round == 2 ? SA_RESTART : 0};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, NULL);
+  sigset_t usr1, during;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, NULL, &during);
+  sigdelset(&during, SIGUSR1);
+  if (round < 2) pthread_sigmask(SIG_BLOCK, &usr1, NULL);
+  int before = atomic_load(&usr1s);
+  struct kick k = {pthread_self(), 100, 0};
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, kick_main, &k) != 0) fatal("pthread_create");
+  struct epoll_event ev[4];
+  long t0 = now_ms();
+  int n = wait_round(round, ep, ev, &during, WAIT_MS);
+  int err = errno;
+  long ms = now_ms() - t0;
+  atomic_store(&k.done, 1);
+  pthread_join(thread, NULL);
+  if (round < 2) {  // a signal the kicker sent after the wait returned is still pending
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(&usr1, NULL, &zero) > 0) {
+    }
+    pthread_sigmask(SIG_UNBLOCK, &usr1, NULL);
+  }
+  CHECK(atomic_load(&usr1s) > before, "%s: the handler never ran", call);
+  CHECK(n == -1 && err == EINTR && ms < WAIT_MS / 2,
+        "%s, idle connection, hit by SIGUSR1 after 100 ms: %s after %ld ms, expected EINTR", call,
+        res_e(n, err), ms);
+  // The next wait works as ever: bytes sent 100 ms later wake it.
+  helper_start(c, "send 8 %d 0 1 0 100", 180 + round);
+  if (round < 2) pthread_sigmask(SIG_BLOCK, &usr1, NULL);
+  n = wait_round(round, ep, ev, &during, WAIT_MS);
+  err = errno;
+  if (round < 2) pthread_sigmask(SIG_UNBLOCK, &usr1, NULL);
+  AWAIT_HELPER();
+  CHECK(n == 1 && (ev[0].events & EPOLLIN) && ev[0].data.fd == c->fd,
+        "%s after the interrupted one, 8 B sent: %s (%s)", call, res_e(n, err),
+        n > 0 ? events_str(ev[0].events) : "no event");
+  EXPECT_DATA(c->fd, 8, 180 + round, 0, "sent after the interrupted wait");
+  return 0;
+}
+
+static int t_epoll_pwait_eintr(struct ctx* c) {
+  int ep;
+  TRY(ep = new_epoll(c, __LINE__, c->fd, EPOLLIN));
+  for (int round = 0; round < 3; round++) TRY(pwait_round(c, ep, round));
+  return 0;
+}
+
+// A descriptor closed while registered leaves every epoll set (the kernel drops the
+// registration with the file): no event for it, not even when the peer closes too. A new
+// connection that gets the same number can be added again (no EEXIST) and reports normally.
+static int t_epoll_closed_fd(struct ctx* c) {
+  const uint32_t all = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLHUP | EPOLLERR;
+  int ep;
+  TRY(ep = new_epoll(c, __LINE__, c->fd, EPOLLIN | EPOLLRDHUP));
+  HELP("send 100 190 0");
+  EXPECT_EPOLL(ep, WAIT_MS, EPOLLIN, EPOLLIN, "bytes before the close");
+  EXPECT_DATA(c->fd, 100, 190, 0, "received before the close");
+  int old = c->fd;
+  c->fd = -1;
+  CHECK(close(old) == 0, "close: %s", res(-1));
+  EXPECT_EPOLL(ep, QUIET_MS, all, 0, "the registered descriptor was closed");
+  HELP("eof");
+  HELP("close");
+  EXPECT_EPOLL(ep, QUIET_MS, all, 0, "the registered descriptor was closed, then the peer too");
+  helper_start(c, "reconnect");
+  int fd = open_extra(c, __LINE__, SOCK_CLOEXEC);
+  if (fd < 0) return -1;
+  c->fd = fd;
+  AWAIT_HELPER();
+  CHECK(fd == old, "the new connection has descriptor %d, expected the lowest free one, %d", fd,
+        old);
+  struct epoll_event add = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fd};
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &add) == 0,
+        "EPOLL_CTL_ADD of the reused number %d: %s (EEXIST: the closed socket is still there)", fd,
+        res(-1));
+  EXPECT_EPOLL(ep, QUIET_MS, all, 0, "new connection, idle");
+  HELP("send 64 191 0");
+  struct epoll_event ev = {0};
+  int n = epoll_first(ep, WAIT_MS, &ev);
+  CHECK(n == 1 && ev.data.fd == fd && (ev.events & all) == EPOLLIN,
+        "new connection, 64 B arrived: %s, %s for fd %d", res(n), events_str(ev.events),
+        ev.data.fd);
+  EXPECT_DATA(fd, 64, 191, 0, "received on the new connection");
+  EXPECT_EPOLL(ep, QUIET_MS, all, 0, "new connection, all read");
+  return 0;
+}
+
+// ------------------------------------------------------------------------ corners: threads
+
+// Waits until the thread of `b` sleeps (in its call, presumably), at most 2 s.
+static void wait_asleep(struct blocked* b) {
+  for (long deadline = now_ms() + 2000; now_ms() < deadline; sleep_ms(5)) {
+    int tid = atomic_load(&b->tid);
+    if (tid == 0) continue;
+    char path[64], stat[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+    FILE* f = fopen(path, "r");
+    if (f == NULL) return;  // the thread ended
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = '\0';
+    const char* end = strrchr(stat, ')');
+    if (end != NULL && end[1] == ' ' && end[2] == 'S') {
+      sleep_ms(20);
+      return;
+    }
+  }
+}
+
+static void start_blocked(struct blocked* b, pthread_t* thread) {
+  if (pthread_create(thread, NULL, blocked_main, b) != 0) fatal("pthread_create");
+  wait_asleep(b);
+}
+
+// Linux TCP: close() from another thread does not wake a recv blocked on the socket; the
+// socket lives on until that call returns (here with bytes the peer sends later), and only
+// then does the connection end (the peer sees EOF).
+static int t_threads_close_recv(struct ctx* c) {
+  static struct blocked b;
+  b = (struct blocked){.fd = c->fd, .send = false};
+  pthread_t thread;
+  start_blocked(&b, &thread);
+  int fd = c->fd;
+  c->fd = -1;
+  int rc = close(fd);
+  long closed = now_ms();
+  sleep_ms(300);
+  bool early = atomic_load(&b.done);
+  helper_start(c, "send 100 200 0");
+  pthread_join(thread, NULL);
+  AWAIT_HELPER();
+  CHECK(rc == 0, "close: %s", res(rc));
+  CHECK(!early,
+        "close() from another thread ended the blocked recv after %ld ms: %s (Linux TCP: the "
+        "recv goes on)",
+        b.done_ms - closed, res_e(b.n, b.err));
+  CHECK(b.n == 100, "the blocked recv, bytes sent after another thread closed the socket: %s",
+        res_e(b.n, b.err));
+  CHECK_DATA(b.buf, 100, 200, 0, "received by the blocked recv");
+  HELP("eof");  // the last user of the socket let go: the connection ends now
+  return 0;
+}
+
+// shutdown(SHUT_RD) from another thread ends a blocked recv with EOF at once; the peer is
+// told nothing and this side still sends.
+static int t_threads_shutrd(struct ctx* c) {
+  static struct blocked b;
+  b = (struct blocked){.fd = c->fd, .send = false};
+  pthread_t thread;
+  start_blocked(&b, &thread);
+  long t0 = now_ms();
+  int rc = shutdown(c->fd, SHUT_RD);
+  pthread_join(thread, NULL);
+  CHECK(rc == 0, "shutdown(SHUT_RD): %s", res(rc));
+  CHECK(b.n == 0 && b.done_ms - t0 < 1000,
+        "recv blocked in another thread, shutdown(SHUT_RD): %s after %ld ms, expected EOF at once",
+        res_e(b.n, b.err), b.done_ms - t0);
+  ssize_t n = recv(c->fd, scratch, 16, 0);
+  CHECK(n == 0, "recv after shutdown(SHUT_RD): %s", res(n));
+  int rev = poll_one(c->fd, POLLIN | POLLRDHUP, 0);
+  CHECK(rev > 0 && (rev & (POLLIN | POLLRDHUP | POLLHUP)) == (POLLIN | POLLRDHUP),
+        "poll after shutdown(SHUT_RD): %s, expected IN|RDHUP", events_str((unsigned)rev));
+  HELP("quiet 100");  // SHUT_RD sends nothing
+  SEND_PATTERN(c->fd, 1000, 201, 0, "sent after shutdown(SHUT_RD)");
+  HELP("recv 1000 201 0");
+  return 0;
+}
+
+// shutdown(SHUT_RDWR) from a third thread ends both a recv blocked on the empty socket
+// (EOF) and a send blocked on the full one (EPIPE, or the bytes it had sent) at once; the
+// peer receives everything sent, then EOF.
+static int t_threads_shutrdwr(struct ctx* c) {
+  static struct blocked rx, tx;
+  uint64_t queued = 0;
+  FILL(c->fd, MSG_DONTWAIT, 202, &queued);
+  rx = (struct blocked){.fd = c->fd, .send = false};
+  tx = (struct blocked){.fd = c->fd, .send = true};
+  pattern(tx.buf, CHUNK, 202, queued);
+  pthread_t threads[2];
+  start_blocked(&rx, &threads[0]);
+  start_blocked(&tx, &threads[1]);
+  long t0 = now_ms();
+  int rc = shutdown(c->fd, SHUT_RDWR);
+  pthread_join(threads[0], NULL);
+  pthread_join(threads[1], NULL);
+  CHECK(rc == 0, "shutdown(SHUT_RDWR): %s", res(rc));
+  CHECK(rx.n == 0 && rx.done_ms - t0 < 1000,
+        "recv blocked in another thread, shutdown(SHUT_RDWR): %s after %ld ms, expected EOF",
+        res_e(rx.n, rx.err), rx.done_ms - t0);
+  CHECK(((tx.n == -1 && tx.err == EPIPE) || (tx.n > 0 && tx.n <= CHUNK)) && tx.done_ms - t0 < 1000,
+        "send blocked on the full socket in another thread, shutdown(SHUT_RDWR): %s after %ld "
+        "ms, expected EPIPE",
+        res_e(tx.n, tx.err), tx.done_ms - t0);
+  HELP("recv %llu 202 0", (unsigned long long)(queued + (tx.n > 0 ? (uint64_t)tx.n : 0)));
+  HELP("eof");
+  return 0;
+}
+
+// Several threads accept on one listener, blocked in accept4 (phase 0) or each waiting in
+// its own epoll set that holds the listener with EPOLLEXCLUSIVE (phase 1): every connection
+// is accepted exactly once, and its bytes are checked both ways. On the client side (no
+// listener) several threads connect at once instead and the helper accepts them.
+enum { ACC_THREADS = 4, ACC_CONNS = 8, ACC_LEN = 20000 };
+
+struct acceptor {
+  struct ctx c;  // this thread's failure and buffer
+  int ep;        // its own epoll set (EPOLLEXCLUSIVE phase), or -1
+  int first;     // client side: the index of its first connection
+  int served;
+};
+
+static atomic_int acc_seen[ACC_CONNS];
+static atomic_int acc_done, acc_failed;
+static int acc_stop = -1;  // eventfd in every epoll set: ends the EPOLLEXCLUSIVE phase
+static uint32_t acc_seed;
+static long acc_deadline;
+
+static void acc_finish(void) {
+  uint64_t one = 1;
+  if (acc_stop >= 0 && write(acc_stop, &one, sizeof one) != sizeof one)
+    atomic_store(&acc_failed, 1);
+}
+
+// One accept and exchange: 0 to go on, 1 when the phase is over, -1 on failure.
+static int acceptor_one(struct acceptor* a) {
+  struct ctx* c = &a->c;
+  int fd;
+  if (a->ep < 0) {
+    fd = accept4(c->listener, NULL, NULL, SOCK_CLOEXEC);  // SO_RCVTIMEO bounds it
+    if (fd < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+    CHECK(fd >= 0, "accept4: %s", res(fd));
+  } else {
+    struct epoll_event ev[2];
+    int n = epoll_wait(a->ep, ev, 2, WAIT_MS);
+    if (n < 0 && errno == EINTR) return 0;
+    CHECK(n >= 0, "epoll_wait: %s", res(n));
+    if (atomic_load(&acc_done) >= ACC_CONNS || atomic_load(&acc_failed)) return 1;
+    CHECK(n > 0, "EPOLLEXCLUSIVE on the listener: no wake-up within %d ms, %d of %d served",
+          WAIT_MS, atomic_load(&acc_done), ACC_CONNS);
+    fd = accept4(c->listener, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0 && errno == EAGAIN) return 0;  // another thread took it
+    CHECK(fd >= 0, "accept4: %s", res(fd));
+  }
+  int fl = fcntl(fd, F_GETFL);
+  bool want_nonblock = a->ep >= 0;
+  if (fl < 0 || !!(fl & O_NONBLOCK) != want_nonblock ||
+      (want_nonblock && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)) {
+    close(fd);
+    return fail(c, __LINE__, "accept4(%s): F_GETFL %#x", want_nonblock ? "SOCK_NONBLOCK" : "0",
+                (unsigned)fl);
+  }
+  set_timeout(fd, SO_RCVTIMEO, WAIT_MS);
+  set_timeout(fd, SO_SNDTIMEO, WAIT_MS);
+  a->served++;
+  int rc = exchange_server(c, fd, ACC_LEN, acc_seed, acc_seen, ACC_CONNS);
+  close(fd);
+  TRY(rc);
+  if (atomic_fetch_add(&acc_done, 1) + 1 == ACC_CONNS) acc_finish();
+  return 0;
+}
+
+static void* acceptor_main(void* arg) {
+  struct acceptor* a = arg;
+  while (atomic_load(&acc_done) < ACC_CONNS && !atomic_load(&acc_failed)) {
+    if (now_ms() > acc_deadline) {
+      fail(&a->c, __LINE__, "%d of %d connections served in %d ms", atomic_load(&acc_done),
+           ACC_CONNS, 2 * WAIT_MS);
+      break;
+    }
+    int rc = acceptor_one(a);
+    if (rc < 0) {
+      atomic_store(&acc_failed, 1);
+      acc_finish();
+    }
+    if (rc != 0) break;
+  }
+  return NULL;
+}
+
+static void* connector_main(void* arg) {
+  struct acceptor* a = arg;
+  struct ctx* c = &a->c;
+  for (int j = 0; j < ACC_CONNS / ACC_THREADS; j++) {
+    int fd = open_extra(c, __LINE__, SOCK_CLOEXEC);
+    if (fd < 0) return NULL;
+    set_timeout(fd, SO_RCVTIMEO, WAIT_MS);
+    set_timeout(fd, SO_SNDTIMEO, WAIT_MS);
+    int rc = exchange_client(c, fd, (uint32_t)(a->first + j), ACC_LEN, acc_seed);
+    close(fd);
+    if (rc < 0) return NULL;
+    a->served++;
+  }
+  return NULL;
+}
+
+static int accept_phase(struct ctx* c, int phase) {
+  static struct acceptor a[ACC_THREADS];
+  acc_seed = 300 + 100 * (uint32_t)phase;
+  atomic_store(&acc_done, 0);
+  atomic_store(&acc_failed, 0);
+  for (int i = 0; i < ACC_CONNS; i++) atomic_store(&acc_seen[i], 0);
+  acc_stop = -1;
+  acc_deadline = now_ms() + 2 * WAIT_MS;
+  for (int i = 0; i < ACC_THREADS; i++) {
+    a[i] = (struct acceptor){.ep = -1, .first = i * (ACC_CONNS / ACC_THREADS)};
+    a[i].c.is_server = c->is_server;
+    a[i].c.listener = c->listener;
+    a[i].c.server_addr = c->server_addr;
+  }
+  if (c->is_server && phase == 0) {
+    CHECK(set_timeout(c->listener, SO_RCVTIMEO, 200) == 0, "SO_RCVTIMEO: %s", res(-1));
+  } else if (c->is_server) {
+    acc_stop = own(c, eventfd(0, EFD_CLOEXEC));
+    CHECK(acc_stop >= 0, "eventfd: %s", res(-1));
+    for (int i = 0; i < ACC_THREADS; i++) {
+      a[i].ep = own(c, epoll_create1(EPOLL_CLOEXEC));
+      struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = c->listener};
+      struct epoll_event stop = {.events = EPOLLIN, .data.fd = acc_stop};
+      CHECK(a[i].ep >= 0 && epoll_ctl(a[i].ep, EPOLL_CTL_ADD, c->listener, &ev) == 0 &&
+                epoll_ctl(a[i].ep, EPOLL_CTL_ADD, acc_stop, &stop) == 0,
+            "epoll set %d with the listener (EPOLLEXCLUSIVE): %s", i, res(-1));
+    }
+  }
+  helper_start(c, "%s %d %d %u", c->is_server ? "connect" : "accept", ACC_CONNS, ACC_LEN, acc_seed);
+  pthread_t threads[ACC_THREADS];
+  for (int i = 0; i < ACC_THREADS; i++) {
+    if (pthread_create(&threads[i], NULL, c->is_server ? acceptor_main : connector_main, &a[i]))
+      fatal("pthread_create");
+  }
+  for (int i = 0; i < ACC_THREADS; i++) pthread_join(threads[i], NULL);
+  if (c->is_server) set_timeout(c->listener, SO_RCVTIMEO, 0);
+  int served = 0;
+  for (int i = 0; i < ACC_THREADS; i++) {
+    served += a[i].served;
+    c->connections += c->is_server ? a[i].served : a[i].c.connections;
+  }
+  for (int i = 0; i < ACC_THREADS; i++) {
+    CHECK(a[i].c.why[0] == '\0', "thread %d: %s", i, a[i].c.why);
+  }
+  AWAIT_HELPER();
+  CHECK(served == ACC_CONNS, "%d of %d connections served", served, ACC_CONNS);
+  for (int i = 0; c->is_server && i < ACC_CONNS; i++) {
+    CHECK(atomic_load(&acc_seen[i]) == 1, "connection %d accepted %d times", i,
+          atomic_load(&acc_seen[i]));
+  }
+  return 0;
+}
+
+static int t_threads_accept(struct ctx* c) {
+  for (int phase = 0; phase < (c->is_server ? 2 : 1); phase++) TRY(accept_phase(c, phase));
+  return 0;
+}
+
+// ------------------------------------------------------------------------ corners: options
+
+static int get_linger(int fd, struct linger* lg) {
+  socklen_t len = sizeof *lg;
+  int rc = getsockopt(fd, SOL_SOCKET, SO_LINGER, lg, &len);
+  return rc == 0 && len != sizeof *lg ? -1 : rc;
+}
+
+// Options read back as set, and act where the test can see it: TCP_CORK holds nothing back
+// for good (every corked piece arrives after uncorking); TCP_NODELAY ping-pong of small
+// messages; TCP_INFO, SO_ERROR, buffer sizes and an unknown option answered like TCP.
+static int t_sockopts_more(struct ctx* c) {
+  int v = -1;
+  int fdf = fcntl(c->fd, F_GETFD), fl = fcntl(c->fd, F_GETFL);
+  CHECK(fdf == FD_CLOEXEC && fl >= 0 && !(fl & O_NONBLOCK) && (fl & O_ACCMODE) == O_RDWR,
+        "opened with SOCK_CLOEXEC: F_GETFD %#x, F_GETFL %#x (expected close-on-exec, blocking, "
+        "O_RDWR)",
+        (unsigned)fdf, (unsigned)fl);
+  struct linger lg = {.l_onoff = 1, .l_linger = 7}, got = {-1, -1};
+  CHECK(setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0, "SO_LINGER: %s", res(-1));
+  CHECK(get_linger(c->fd, &got) == 0 && got.l_onoff == 1 && got.l_linger == 7,
+        "SO_LINGER {1, 7} reads {%d, %d}", got.l_onoff, got.l_linger);
+  lg = (struct linger){0, 0};
+  CHECK(setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0, "SO_LINGER: %s", res(-1));
+  CHECK(get_linger(c->fd, &got) == 0 && got.l_onoff == 0, "SO_LINGER {0, 0} reads {%d, %d}",
+        got.l_onoff, got.l_linger);
+  CHECK(get_int(c->fd, SOL_SOCKET, SO_KEEPALIVE, &v) == 0 && v == 0, "SO_KEEPALIVE default: %d", v);
+  static const struct {
+    int level, name, value;
+    const char* what;
+  } opts[] = {
+      {SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE"},
+      {IPPROTO_TCP, TCP_KEEPIDLE, 30, "TCP_KEEPIDLE"},
+      {IPPROTO_TCP, TCP_KEEPINTVL, 5, "TCP_KEEPINTVL"},
+      {IPPROTO_TCP, TCP_KEEPCNT, 4, "TCP_KEEPCNT"},
+      {IPPROTO_IP, IP_TOS, 0x10, "IP_TOS"},
+      {IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY"},
+  };
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+    CHECK(set_int(c->fd, opts[i].level, opts[i].name, opts[i].value) == 0, "set %s: %s",
+          opts[i].what, res(-1));
+    CHECK(get_int(c->fd, opts[i].level, opts[i].name, &v) == 0 && v == opts[i].value,
+          "%s set to %d reads %d", opts[i].what, opts[i].value, v);
+  }
+  // An accepted socket has the listener's SO_REUSEADDR (set here), a connected one none.
+  CHECK(get_int(c->fd, SOL_SOCKET, SO_REUSEADDR, &v) == 0 && v == (c->is_server ? 1 : 0),
+        "SO_REUSEADDR of the %s socket: %d", c->is_server ? "accepted" : "connected", v);
+  // TCP_CORK: pieces sent while corked all arrive once uncorked.
+  CHECK(set_int(c->fd, IPPROTO_TCP, TCP_CORK, 1) == 0, "TCP_CORK on: %s", res(-1));
+  CHECK(get_int(c->fd, IPPROTO_TCP, TCP_CORK, &v) == 0 && v == 1, "TCP_CORK on reads %d", v);
+  SEND_PATTERN(c->fd, 100, 210, 0, "corked piece 1");
+  SEND_PATTERN(c->fd, 200, 210, 100, "corked piece 2");
+  SEND_PATTERN(c->fd, 3000, 210, 300, "corked piece 3");
+  CHECK(set_int(c->fd, IPPROTO_TCP, TCP_CORK, 0) == 0, "TCP_CORK off: %s", res(-1));
+  CHECK(get_int(c->fd, IPPROTO_TCP, TCP_CORK, &v) == 0 && v == 0, "TCP_CORK off reads %d", v);
+  HELP("recv 3300 210 0");
+  // TCP_NODELAY: small messages back and forth.
+  for (int i = 0; i < 20; i++) {
+    SEND_PATTERN(c->fd, 10, 211, 10 * (uint64_t)i, "ping");
+    HELP("recv 10 211 %d", 10 * i);
+    HELP("send 10 212 %d", 10 * i);
+    EXPECT_DATA(c->fd, 10, 212, 10 * (uint64_t)i, "pong");
+  }
+  CHECK(get_int(c->fd, SOL_SOCKET, SO_ERROR, &v) == 0 && v == 0, "SO_ERROR: %d", v);
+  CHECK(get_int(c->fd, SOL_SOCKET, SO_RCVBUF, &v) == 0 && v > 0, "SO_RCVBUF: %d", v);
+  CHECK(get_int(c->fd, SOL_SOCKET, SO_SNDBUF, &v) == 0 && v > 0, "SO_SNDBUF: %d", v);
+  CHECK(get_int(c->fd, IPPROTO_TCP, TCP_MAXSEG, &v) == 0 && v > 0, "TCP_MAXSEG: %d", v);
+  struct tcp_info info = {0};
+  socklen_t len = sizeof info;
+  CHECK(getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 && len > 0 &&
+            info.tcpi_state == TCP_ESTABLISHED && info.tcpi_snd_mss > 0 && info.tcpi_rcv_mss > 0,
+        "TCP_INFO: length %u, state %d, snd_mss %u, rcv_mss %u", (unsigned)len, info.tcpi_state,
+        info.tcpi_snd_mss, info.tcpi_rcv_mss);
+  len = sizeof v;
+  int rc = getsockopt(c->fd, SOL_SOCKET, 12345, &v, &len);
+  CHECK(rc == -1 && errno == ENOPROTOOPT, "getsockopt of an unknown option: %s", res(rc));
+  return 0;
+}
+
+// SO_LINGER {1, 0}: close() resets the connection, and the peer's next recv reports
+// ECONNRESET, then EOF (helper "reset"). Then the other way round on a new connection:
+// this side, blocked in recv, sees the peer's abortive close as ECONNRESET.
+static int t_linger_abort(struct ctx* c) {
+  SEND_PATTERN(c->fd, 100, 220, 0, "sent before the abortive close");
+  HELP("recv 100 220 0");
+  HELP("send 100 221 0");
+  EXPECT_DATA(c->fd, 100, 221, 0, "received before the abortive close");
+  struct linger lg = {.l_onoff = 1, .l_linger = 0}, got = {-1, -1};
+  CHECK(setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0, "SO_LINGER: %s", res(-1));
+  CHECK(get_linger(c->fd, &got) == 0 && got.l_onoff == 1 && got.l_linger == 0,
+        "SO_LINGER {1, 0} reads {%d, %d}", got.l_onoff, got.l_linger);
+  helper_start(c, "reset");
+  sleep_ms(QUIET_MS);
+  int fd = c->fd;
+  c->fd = -1;
+  CHECK(close(fd) == 0, "close with SO_LINGER {1, 0}: %s", res(-1));
+  AWAIT_HELPER();
+  helper_start(c, "reconnect");
+  fd = open_extra(c, __LINE__, SOCK_CLOEXEC);
+  if (fd < 0) return -1;
+  c->fd = fd;
+  AWAIT_HELPER();
+  CHECK(set_timeout(fd, SO_RCVTIMEO, WAIT_MS) == 0, "SO_RCVTIMEO: %s", res(-1));
+  helper_start(c, "abort");
+  ssize_t n = recv(fd, scratch, 16, 0);
+  int err = errno;
+  AWAIT_HELPER();
+  TRY(reset_outcome(c, __LINE__, n, err, "recv, the peer closed with SO_LINGER {1, 0}"));
+  n = recv(fd, scratch, 16, 0);
+  CHECK(n == 0, "a second recv after the reset: %s, expected EOF", res(n));
+  return 0;
+}
+
+// SO_LINGER {1, 5}: close() after a transfer larger than the socket buffers returns within
+// the linger time, and every byte reaches the peer, then EOF.
+static int t_linger_graceful(struct ctx* c) {
+  const uint64_t len = 2 << 20;
+  struct linger lg = {.l_onoff = 1, .l_linger = 5};
+  CHECK(setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0, "SO_LINGER: %s", res(-1));
+  helper_start(c, "recv %llu 222 0", (unsigned long long)len);
+  SEND_PATTERN(c->fd, len, 222, 0, "sent before a lingering close");
+  long t0 = now_ms();
+  int fd = c->fd;
+  c->fd = -1;
+  int rc = close(fd);
+  long ms = now_ms() - t0;
+  AWAIT_HELPER();
+  CHECK(rc == 0 && ms < 5000, "close with SO_LINGER {1, 5}: %s after %ld ms", res(rc), ms);
+  HELP("eof");
+  return 0;
+}
+
+// SOCK_NONBLOCK and SOCK_CLOEXEC given to socket() (client) or accept4() (server) are what
+// fcntl reports on the application's descriptor, and they act (recv: EAGAIN at once, or a
+// wait); F_SETFD and F_SETFL change them as on any descriptor.
+static int check_flags(struct ctx* c, int fd, int want, const char* when) {
+  int fl = fcntl(fd, F_GETFL), fdf = fcntl(fd, F_GETFD);
+  CHECK(fl >= 0 && fdf >= 0 && !!(fl & O_NONBLOCK) == !!(want & SOCK_NONBLOCK) &&
+            !!(fdf & FD_CLOEXEC) == !!(want & SOCK_CLOEXEC),
+        "%s: F_GETFL %#x, F_GETFD %#x, expected%s%s", when, (unsigned)fl, (unsigned)fdf,
+        want & SOCK_NONBLOCK ? " O_NONBLOCK" : " blocking",
+        want & SOCK_CLOEXEC ? " FD_CLOEXEC" : " inheritable");
+  CHECK(set_timeout(fd, SO_RCVTIMEO, 300) == 0, "SO_RCVTIMEO: %s", res(-1));
+  long t0 = now_ms();
+  ssize_t n = recv(fd, scratch, 10, 0);
+  int err = errno;
+  long ms = now_ms() - t0;
+  bool nonblock = want & SOCK_NONBLOCK;
+  CHECK(n == -1 && err == EAGAIN && (nonblock ? ms < 250 : ms >= 280),
+        "%s: recv on the idle socket (300 ms SO_RCVTIMEO): %s after %ld ms, expected EAGAIN %s",
+        when, res_e(n, err), ms, nonblock ? "at once" : "after the timeout");
+  return 0;
+}
+
+static int t_fd_flags(struct ctx* c) {
+  static const int combos[] = {0, SOCK_NONBLOCK, SOCK_CLOEXEC, SOCK_NONBLOCK | SOCK_CLOEXEC};
+  for (int i = 0; i < 4; i++) {
+    int want = combos[i];
+    char when[96];
+    snprintf(when, sizeof when, "%s(%s)", c->is_server ? "accept4" : "socket",
+             want == 0               ? "0"
+             : want == SOCK_NONBLOCK ? "SOCK_NONBLOCK"
+             : want == SOCK_CLOEXEC  ? "SOCK_CLOEXEC"
+                                     : "SOCK_NONBLOCK|SOCK_CLOEXEC");
+    close(c->fd);
+    c->fd = -1;
+    helper_start(c, "reconnect");
+    int fd = open_extra(c, __LINE__, want);
+    if (fd < 0) return -1;
+    c->fd = fd;
+    AWAIT_HELPER();
+    TRY(check_flags(c, fd, want, when));
+    HELP("send 64 %d 0", 230 + i);
+    EXPECT_DATA(fd, 64, 230 + (uint32_t)i, 0, "received");
+    SEND_PATTERN(fd, 64, 240 + (uint32_t)i, 0, "sent");
+    HELP("recv 64 %d 0", 240 + i);
+    int flipped = want ^ (SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fl = fcntl(fd, F_GETFL);
+    CHECK(fcntl(fd, F_SETFD, (flipped & SOCK_CLOEXEC) ? FD_CLOEXEC : 0) == 0 &&
+              fcntl(fd, F_SETFL, fl ^ O_NONBLOCK) == 0,
+          "F_SETFD/F_SETFL: %s", res(-1));
+    snprintf(when + strlen(when), sizeof when - strlen(when), ", both flags flipped");
+    TRY(check_flags(c, fd, flipped, when));
+  }
+  return 0;
+}
+
 struct subtest {
   const char* name;
   int (*run)(struct ctx* c);
@@ -1470,6 +2442,20 @@ static const struct subtest SUBTESTS[] = {
     {"threads_dontwait_send", t_threads_dontwait_send},
     {"dup", t_dup},
     {"eintr", t_eintr},
+    {"epoll_oneshot", t_epoll_oneshot},
+    {"epoll_exclusive", t_epoll_exclusive},
+    {"epoll_rdhup", t_epoll_rdhup},
+    {"epoll_nested", t_epoll_nested},
+    {"epoll_pwait_eintr", t_epoll_pwait_eintr},
+    {"epoll_closed_fd", t_epoll_closed_fd},
+    {"threads_close_recv", t_threads_close_recv},
+    {"threads_shutrd", t_threads_shutrd},
+    {"threads_shutrdwr", t_threads_shutrdwr},
+    {"threads_accept", t_threads_accept},
+    {"sockopts_more", t_sockopts_more},
+    {"linger_abort", t_linger_abort},
+    {"linger_graceful", t_linger_graceful},
+    {"fd_flags", t_fd_flags},
 };
 enum { NSUBTESTS = sizeof SUBTESTS / sizeof SUBTESTS[0] };
 
@@ -1560,7 +2546,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   c->server_addr = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons(c->port)};
-  if (inet_pton(AF_INET, c->is_server ? "127.0.0.1" : argv[2], &c->server_addr.sin_addr) != 1)
+  if (inet_pton(AF_INET, c->is_server ? test_host() : argv[2], &c->server_addr.sin_addr) != 1)
     fatal("bad address");
 
   struct sigaction sa = {.sa_handler = on_sigpipe, .sa_flags = SA_RESTART};
