@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE.parent / "integration"))
 from harness import PYTHON, TestFailure, pick_port  # noqa: E402
 from harness import main as harness_main  # noqa: E402
 
-EXIT_TIMEOUT_S = 150  # per run of a workload (CTest's limit is SLIP_WL_TIMEOUT, 600 s)
+EXIT_TIMEOUT_S = 150  # per run of a workload (CTest's limit is SLIP_WL_TIMEOUT, 300 s)
 CASES = {}
 
 
@@ -92,6 +92,18 @@ def check_transports(t, groups, min_shm=0, plain_ports=()):
     t.check(counts["shm"] >= min_shm, f"expected at least {min_shm} shm connection ends, "
                                       f"stats list {counts['shm']}: {counts}")
     return counts
+
+
+def print_connections(groups):
+    """Which transport each connection used: one line per connection end, from the stats of
+    every process that ran under slip-run."""
+    print("connections (each end, from the stats of the processes under slip-run):")
+    for name, records in groups.items():
+        for rec in records:
+            for c in rec["connections"]:
+                print(f"  {name:16} pid {rec['pid']:>7}  {c['local']:>21} -> {c['remote']:<21} "
+                      f"{c['transport']:4} {c['reason'] or '-':20} sent {c['bytes_sent']} B, "
+                      f"received {c['bytes_received']} B")
 
 
 def check_reuseport_fallback(t, groups, server_name):
@@ -183,6 +195,7 @@ def grpc_ps(t, variant):
         for w in workers:
             if not w.slip:
                 t.expect_no_stats(w)
+        print_connections(groups)
         print(f"connections by transport: {c}")
     timing_table(f"grpc_ps.{variant}", [("step (pull+push+commit, 2 workers)", plain_s, slip_s)])
 
@@ -233,6 +246,7 @@ def gloo(t, variant):
         # Store: every rank (rank 0 too) to rank 0; Gloo: a full mesh of pairs.
         c = check_transports(t, groups, min_shm=2 * (world + world * (world - 1) // 2),
                              plain_ports=())
+        print_connections(groups)
         print(f"connections by transport: {c}")
     rows = [("DDP step", plain[0]["ddp_step_s"], slip[0]["ddp_step_s"])]
     for size, ops in plain[0]["ops"].items():
@@ -275,6 +289,7 @@ def mpi(t, variant):
         # ports are mpirun's, unknown in advance, so any unmatched tcp end passes here only if
         # it moved control traffic, and the rank<->rank count is checked instead.
         c = check_transports(t, {"ranks": records}, min_shm=n * (n - 1), plain_ports=None)
+        print_connections({"ranks": records})
         print(f"connections by transport: {c}")
     rows = []
     for kind in ("ring", "allreduce", "pingpong"):
