@@ -62,6 +62,9 @@ class Channel {
   virtual void CloseTx() noexcept = 0;
   // Marks that we will read no more, and wakes a peer sender that waits for space.
   virtual void CloseRx() noexcept = 0;
+  // The application closes abortively (SO_LINGER {1, 0}): the channel, when destroyed,
+  // must not tell the peer an orderly end; the peer sees the reset.
+  virtual void Abort() noexcept {}
 
  protected:
   explicit Channel(uint32_t ring_size) noexcept : ring_size_(ring_size) {}

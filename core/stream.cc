@@ -237,7 +237,11 @@ int Stream::RecvEndState() noexcept {
   // After SHUT_RD, as on TCP, queued bytes are still delivered; then EOF.
   if (shut_rd_.load(std::memory_order_relaxed)) return HasRxData() ? 1 : 0;
   if (channel_->RxEof()) return HasRxData() ? 1 : 0;
-  if (int error = channel_->Error()) return HasRxData() ? 1 : -error;
+  if (int error = channel_->Error()) {
+    // As TCP after a reset: the bytes that arrived, the error once, then EOF.
+    if (HasRxData()) return 1;
+    return reset_reported_.exchange(true) ? 0 : -error;
+  }
   if (peer_gone_.load(std::memory_order_acquire)) {
     if (HasRxData()) return 1;
     // Like TCP: a peer that died with our bytes unread resets the connection once.

@@ -8,7 +8,9 @@
 // Flow on one host (shm):
 //   client -> rendezvous (datagram, out of band, before SYN): REGISTER (+ fds)
 //   client -> server (in band, first bytes):                   CONFIRM (nonce)
-//   server -> client (in band, first bytes):                   ACCEPT | DECLINE(reason)
+//   server -> client (in band, first bytes):                   DECLINE(reason) on failure
+//                                                              (success is silent; ACCEPT
+//                                                              stays defined, unused)
 //   client -> rendezvous (if the TCP handshake was too slow):  CANCEL
 #pragma once
 

@@ -46,13 +46,6 @@ void SendDecline(int fd, uint64_t nonce, wire::DeclineReason reason) noexcept {
   SendInBand(fd, msg);
 }
 
-bool SendAccept(int fd, uint64_t nonce) noexcept {
-  wire::Message msg;
-  msg.type = wire::Type::kAccept;
-  msg.accept = wire::Accept{nonce};
-  return SendInBand(fd, msg) == 0;
-}
-
 // What the client registered for this connection, out of band: shm registrations and/or
 // an rdma_cm request pending on the listener's twin.
 struct Registered {
@@ -125,8 +118,10 @@ bool AcceptVerbs(Registered* reg, SlipSocket* s, int fd, const wire::Confirm& co
   int proxy_b = sys::MoveHigh(pair[1], sys::HiddenFdFloor());
   auto channel = reg->verbs->AcceptPending(reg->listener->verbs_listener, reg->client, reg->server,
                                            confirm.nonce, confirm.ring_size, proxy_b, decline);
-  if (!channel || !SendAccept(fd, confirm.nonce)) {
-    if (channel) *decline = wire::DeclineReason::kResources;
+  // Success is silent (no ACCEPT on the wire): a client that closes at once must not find
+  // negotiation bytes unread in its TCP socket, or its kernel would reset the connection
+  // (and with it our EOF, and getpeername on this side).
+  if (!channel) {
     sys::close(proxy_a);
     sys::close(proxy_b);
     return false;
@@ -134,7 +129,7 @@ bool AcceptVerbs(Registered* reg, SlipSocket* s, int fd, const wire::Confirm& co
   if (InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleServer) < 0) {
     sys::close(proxy_a);
     sys::close(proxy_b);
-    *dropped = true;  // ACCEPT is out: reset rather than corrupt
+    *dropped = true;  // the client already writes to the ring: reset rather than corrupt
   }
   return true;
 }
@@ -197,14 +192,8 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
     int proxy_a = -1, proxy_b = -1;
     auto channel = shm::AcceptRegistration(&r, confirm, &proxy_a, &proxy_b, &decline);
     if (!channel) break;
-    if (!SendAccept(fd, confirm.nonce)) {
-      sys::close(proxy_a);
-      sys::close(proxy_b);
-      decline = wire::DeclineReason::kResources;
-      break;
-    }
     if (InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleServer) < 0) {
-      // ACCEPT is out; the client already writes to the ring. Reset rather than corrupt.
+      // The client already writes to the ring: reset rather than corrupt.
       sys::close(proxy_a);
       sys::close(proxy_b);
       return Outcome::kDropped;

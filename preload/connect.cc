@@ -3,7 +3,7 @@
 // Same host only (shm): find the listener's rendezvous, bind the local port, register the
 // 4-tuple, nonce, region and proxies BEFORE the SYN, connect, then send CONFIRM as the
 // first in-band bytes and switch the descriptor to the proxy. The client does not wait
-// for the server's ACCEPT: the server reads the ring once it accepts, and the control
+// for an answer: the server reads the ring once it accepts (success is silent), and the control
 // thread handles a DECLINE. A plain server has no rendezvous and costs one refused
 // AF_UNIX connect: no round trip, no byte in the stream.
 #include <ifaddrs.h>

@@ -73,6 +73,15 @@ void Teardown(SlipSocket* s) noexcept {
   // No Close(): a forked process may still hold this connection. The peer learns that the
   // last holder is gone from the anchor's FIN, which the kernel sends when the last
   // descriptor of the TCP socket closes.
+  if (s->stream && s->anchor_fd >= 0) {
+    // An abortive close resets the anchor (the kernel sends RST); the transport must not
+    // announce an orderly end before it.
+    linger lg{};
+    socklen_t len = sizeof(lg);
+    if (sys::getsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff &&
+        lg.l_linger == 0)
+      s->stream->channel()->Abort();
+  }
   s->stream.reset();
   if (s->anchor_fd >= 0) sys::close(s->anchor_fd);
   s->anchor_fd = -1;
@@ -86,6 +95,7 @@ void Teardown(SlipSocket* s) noexcept {
 
 void SlipSocket::Reset() noexcept {
   epoll_regs.clear();
+  table_fds.store(0, std::memory_order_relaxed);
   no_rendezvous = Reason::kPeerNotSlipstream;
   stats_pending.store(false, std::memory_order_relaxed);
   pending_reason = Reason::kNone;
@@ -170,15 +180,37 @@ void Install(int fd, SlipSocket* s) noexcept {
   Table& t = GetTable();
   if (fd < 0 || size_t(fd) >= t.size) return;
   Acquire(s);
+  s->table_fds.fetch_add(1, std::memory_order_relaxed);
   SlipSocket* old = t.slots[fd].exchange(s, std::memory_order_acq_rel);
-  if (old) Release(old);
+  if (old) {
+    old->table_fds.fetch_sub(1, std::memory_order_relaxed);
+    Release(old);
+  }
 }
 
 void Remove(int fd) noexcept {
   Table& t = GetTable();
   if (fd < 0 || size_t(fd) >= t.size) return;
   SlipSocket* old = t.slots[fd].exchange(nullptr, std::memory_order_acq_rel);
-  if (old) Release(old);
+  if (old) {
+    old->table_fds.fetch_sub(1, std::memory_order_relaxed);
+    Release(old);
+  }
+}
+
+void ForgetEpollOnClose(int fd) noexcept {
+  SlipSocket* s = Lookup(fd);
+  if (!s) return;
+  if (s->kind == SockKind::kAccel) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    const bool last = s->table_fds.load(std::memory_order_relaxed) == 1;
+    std::erase_if(s->epoll_regs, [fd, last](const SlipSocket::EpollReg& r) {
+      if (r.fd != fd) return false;
+      if (last) sys::epoll_ctl(r.epfd, EPOLL_CTL_DEL, fd, nullptr);
+      return true;
+    });
+  }
+  Release(s);
 }
 
 bool TableInUse() noexcept {

@@ -52,18 +52,26 @@ struct SlipSocket {
   std::unique_ptr<Stream> stream;  // kAccel
   int anchor_fd = -1;              // kAccel: the hidden TCP socket
 
-  // epoll registrations made while the socket was still kTcp (under `mu`): when connect()
-  // swaps the descriptor to the proxy they must move with it, or epoll would keep watching
-  // the now hidden TCP socket.
+  // The application's epoll registrations of this socket (under `mu`). While kTcp: when
+  // connect() swaps the descriptor to the proxy they must move with it, or epoll would
+  // keep watching the now hidden TCP socket. While kAccel: the shim holds its own
+  // reference to the proxy's file, so closing the application's last descriptor would not
+  // end the registrations as the kernel ends a closed socket's; close() removes them.
   struct EpollReg {
     int epfd;
+    int fd;
     epoll_event event;
   };
   std::vector<EpollReg> epoll_regs;
+  std::atomic<int> table_fds{0};  // application descriptors that refer to this socket
 
   // Clears everything back to a fresh kTcp socket (called when the last reference goes).
   void Reset() noexcept;
 };
+
+// close(fd) is about to run: if `fd` is the application's last descriptor of an
+// accelerated socket, its epoll registrations go now, as the kernel's would.
+void ForgetEpollOnClose(int fd) noexcept;
 
 // Closes a listener's rdma_cm twin, if it has one.
 void UnlistenVerbs(SlipSocket* s) noexcept;

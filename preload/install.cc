@@ -53,6 +53,9 @@ int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
   if (fl_flags & O_NONBLOCK) sys::fcntl(proxy_a, F_SETFL, O_NONBLOCK);
   // epoll keys registrations on (file, number): take them off the TCP socket's file
   // before the number moves, and put them back on the proxy's.
+  // (Registrations under other numbers, of dup()s of the unconnected socket, stay where the
+  // kernel has them.)
+  std::erase_if(s->epoll_regs, [fd](const SlipSocket::EpollReg& r) { return r.fd != fd; });
   for (const SlipSocket::EpollReg& reg : s->epoll_regs)
     sys::epoll_ctl(reg.epfd, EPOLL_CTL_DEL, fd, nullptr);
   // The atomic swap: from here on the application's number refers to the proxy.
@@ -67,7 +70,7 @@ int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
     if (sys::epoll_ctl(reg.epfd, EPOLL_CTL_ADD, fd, &reg.event) != 0)
       SLIP_LOG(kWarn, "fd %d: cannot move its epoll registration (errno %d)", fd, errno);
   }
-  s->epoll_regs.clear();
+  // They stay recorded: they are now the proxy's, and close() ends them.
   sys::fcntl(anchor, F_SETFL, fl_flags | O_NONBLOCK);
 
   StreamOptions options;

@@ -96,7 +96,10 @@ SLIP_EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
 }
 
 SLIP_EXPORT int close(int fd) {
-  if (TableInUse()) Remove(fd);
+  if (TableInUse()) {
+    ForgetEpollOnClose(fd);
+    Remove(fd);
+  }
   return Libc().close(fd);
 }
 
@@ -121,7 +124,10 @@ SLIP_EXPORT int dup(int oldfd) {
 }
 
 SLIP_EXPORT int dup3(int oldfd, int newfd, int flags) {
-  if (TableInUse() && oldfd != newfd) Remove(newfd);
+  if (TableInUse() && oldfd != newfd) {
+    ForgetEpollOnClose(newfd);
+    Remove(newfd);
+  }
   int fd = Libc().dup3(oldfd, newfd, flags);
   if (TableInUse()) TrackDup(oldfd, fd, flags & O_CLOEXEC);
   return fd;
@@ -129,7 +135,10 @@ SLIP_EXPORT int dup3(int oldfd, int newfd, int flags) {
 
 SLIP_EXPORT int dup2(int oldfd, int newfd) {
   if (oldfd == newfd) return Libc().dup2(oldfd, newfd);
-  if (TableInUse()) Remove(newfd);
+  if (TableInUse()) {
+    ForgetEpollOnClose(newfd);
+    Remove(newfd);
+  }
   int fd = Libc().dup2(oldfd, newfd);
   if (TableInUse()) TrackDup(oldfd, fd);
   return fd;

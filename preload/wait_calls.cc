@@ -59,15 +59,16 @@ SLIP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   int rc = Libc().epoll_ctl(epfd, op, fd, event);
   if (rc != 0 || !TableInUse()) return rc;
   SocketRef ref(fd);
-  if (!ref || ref->kind != SockKind::kTcp) return rc;
+  if (!ref || (ref->kind != SockKind::kTcp && ref->kind != SockKind::kAccel)) return rc;
   // Book-keeping only (the kernel did the work): registrations of a socket that may yet be
-  // swapped to a proxy by connect().
+  // swapped to a proxy by connect(), or that close() must end (fd_table.h).
   std::lock_guard<std::mutex> lock(ref->mu);
   auto& regs = ref->epoll_regs;
-  std::erase_if(regs, [epfd](const SlipSocket::EpollReg& r) { return r.epfd == epfd; });
+  std::erase_if(regs,
+                [epfd, fd](const SlipSocket::EpollReg& r) { return r.epfd == epfd && r.fd == fd; });
   if (op != EPOLL_CTL_DEL && event) {
     try {
-      regs.push_back({epfd, *event});
+      regs.push_back({epfd, fd, *event});
     } catch (...) {
     }
   }

@@ -136,7 +136,20 @@ Conn::~Conn() {
     if (proxy_b_ >= 0) sys::close(proxy_b_);
     return;
   }
-  if (id_ && qp_created_ && have_peer_ && error_.load(std::memory_order_acquire) == 0) {
+  // A peer that closed its side reads nothing more: no notes, nothing to wait for.
+  if (id_ && qp_created_ && have_peer_ && error_.load(std::memory_order_acquire) == 0 &&
+      !peer_closed_.load(std::memory_order_acquire) && !aborting_) {
+    // The last holder in this process closes (a forked child cannot hold a verbs
+    // connection): as TCP's close, EOF for the peer's reader and EPIPE for its writer,
+    // delivered before the disconnect so that the peer tells a close from a crash. A final
+    // exact credit first: the peer decides "reset, our bytes were unread" from it, and
+    // credits otherwise go out only every quarter ring.
+    uint64_t consumed = rx_consumed_.load(std::memory_order_acquire);
+    if (consumed != credit_sent_ && PostCredit(consumed)) credit_sent_ = consumed;
+    bool eof = eof_sent_ || PostNote(nullptr, 0, Note::kEof, 0);
+    bool closed = closed_sent_ || PostNote(nullptr, 0, Note::kClosed, 0);
+    SLIP_LOG(kDebug, "verbs: closing: credit %llu, eof %d, closed %d",
+             (unsigned long long)credit_sent_, int(eof), int(closed));
     if (!Flush(5000)) SLIP_LOG(kWarn, "verbs: closing with writes not acknowledged by the peer");
   }
   {
@@ -214,9 +227,10 @@ bool Conn::HelloReceived(Hello* hello) const noexcept {
 
 bool Conn::Poll() const noexcept {
   if (orphaned_.load(std::memory_order_relaxed)) return true;
-  if (poll_busy_.test_and_set(std::memory_order_acquire)) return false;
+  // Waits for a concurrent poller rather than skipping: a caller deciding EOF or reset
+  // must see every completion that has arrived, and drains are short.
+  SpinGuard guard(&poll_busy_);
   DrainLocked();
-  poll_busy_.clear(std::memory_order_release);
   return true;
 }
 
@@ -351,6 +365,8 @@ void Conn::WakeWriter() const noexcept {
 void Conn::Fail(int error) noexcept {
   int expected = 0;
   if (!error_.compare_exchange_strong(expected, error)) return;
+  SLIP_LOG(kDebug, "verbs: connection failed (%s; eof %d, peer closed %d)", strerror(error),
+           int(rx_eof_.load()), int(peer_closed_.load()));
   // Readers see the error after what already arrived; writers wake to it.
   if (proxy_b_ >= 0) {
     sys::shutdown(proxy_b_, SHUT_WR);

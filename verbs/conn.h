@@ -7,7 +7,7 @@
 // consumer cursor into the sender's credit word with an immediate, every quarter ring.
 //
 // Progress: whoever needs an answer polls the completion queue (a spinning reader or
-// writer, under a try-lock); the process's progress thread polls on completion events and
+// writer, under a spin lock); the process's progress thread polls on completion events and
 // turns them into proxy wake-ups for sleepers. So the busy polling is done by the waiting
 // application thread for at most SLIP_SPIN_US, and an idle connection costs no CPU.
 //
@@ -57,7 +57,7 @@ class Conn final : public Channel {
   void Orphan() noexcept;
   // Waits (bounded) until everything posted has been acknowledged by the peer.
   bool Flush(int timeout_ms) noexcept;
-  // Polls the CQ now (try-lock); returns false if another thread was polling.
+  // Polls the CQ now (after any concurrent poller).
   bool Poll() const noexcept;
 
   // --- Channel ---
@@ -75,6 +75,7 @@ class Conn final : public Channel {
   WakeState* TxWake() noexcept override { return &tx_wake_; }
   void CloseTx() noexcept override;
   void CloseRx() noexcept override;
+  void Abort() noexcept override { aborting_ = true; }
 
  private:
   Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept;
@@ -129,6 +130,7 @@ class Conn final : public Channel {
   uint64_t tx_posted_ = 0;
   bool eof_sent_ = false;     // CloseTx (sender side)
   bool closed_sent_ = false;  // CloseRx (receiver side)
+  bool aborting_ = false;     // SO_LINGER {1, 0}: no orderly notes at close
 
   // Send queue, under post_busy_.
   std::atomic_flag post_busy_ = ATOMIC_FLAG_INIT;

@@ -127,6 +127,10 @@ def _child_env(extra):
            if not k.startswith("SLIP_") or k.startswith("SLIP_TEST_")}
     if os.environ.get("SLIP_TEST_TRANSPORTS"):
         env["SLIP_TRANSPORTS"] = os.environ["SLIP_TEST_TRANSPORTS"]
+    if os.environ.get("SLIP_TEST_LOG"):  # debugging: the programs' SLIP_LOG(_FILE)
+        env["SLIP_LOG"] = os.environ["SLIP_TEST_LOG"]
+    if os.environ.get("SLIP_TEST_LOG_FILE"):
+        env["SLIP_LOG_FILE"] = os.environ["SLIP_TEST_LOG_FILE"]
     env.update(extra or {})
     return env
 

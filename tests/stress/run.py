@@ -263,7 +263,8 @@ def check_shm_dir(t, before, pairs):
 def check_shm_live(t, pair):
     """While they run: slipstream-* files of our processes are their stats files only."""
     for name, pid in pair.pids.items():
-        odd = [f for f in shm_files() if str(pid) in f and f != f"slipstream-stats.{pid}"]
+        odd = [f for f in shm_files()
+               if re.search(rf"\D{pid}$", f) and f != f"slipstream-stats.{pid}"]
         t.check(not odd, f"{pair.tag}: /dev/shm holds {odd} for the {name} (pid {pid})")
 
 

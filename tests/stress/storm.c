@@ -181,41 +181,43 @@ static void diagnose_stale(int ep, int fd) {
   snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", ep);
   FILE *f = fopen(path, "r");
   if (!f) return;
-  unsigned long ino = 0;
+  unsigned long inos[8];
+  int ninos = 0;
   while (fgets(line, sizeof(line), f)) {
     int tfd;
     unsigned long i;
     char *p = strstr(line, "ino:");
     if (sscanf(line, "tfd: %d", &tfd) == 1 && tfd == fd && p && sscanf(p, "ino:%lx", &i) == 1) {
       fprintf(stderr, "diagnosis: epoll registration: %s", line);
-      ino = i;
+      if (ninos < 8) inos[ninos++] = i;
     }
   }
   fclose(f);
-  if (!ino) return;
-  char want[64], target[256];
-  snprintf(want, sizeof(want), "socket:[%lu]", ino);
-  fprintf(stderr, "diagnosis: descriptors referring to %s (pid/fd):", want);
-  DIR *procs = opendir("/proc");
-  struct dirent *pe;
-  while (procs && (pe = readdir(procs))) {
-    if (pe->d_name[0] < '1' || pe->d_name[0] > '9') continue;
-    char dir[300];
-    snprintf(dir, sizeof(dir), "/proc/%s/fd", pe->d_name);
-    DIR *fds = opendir(dir);
-    struct dirent *fe;
-    while (fds && (fe = readdir(fds))) {
-      char link[600];
-      snprintf(link, sizeof(link), "%s/%s", dir, fe->d_name);
-      ssize_t n = readlink(link, target, sizeof(target) - 1);
-      if (n <= 0) continue;
-      target[n] = 0;
-      if (!strcmp(target, want)) fprintf(stderr, " %s/%s", pe->d_name, fe->d_name);
+  for (int k = 0; k < ninos; k++) {
+    char want[64], target[256];
+    snprintf(want, sizeof(want), "socket:[%lu]", inos[k]);
+    fprintf(stderr, "diagnosis: descriptors referring to %s (pid/fd):", want);
+    DIR *procs = opendir("/proc");
+    struct dirent *pe;
+    while (procs && (pe = readdir(procs))) {
+      if (pe->d_name[0] < '1' || pe->d_name[0] > '9') continue;
+      char dir[300];
+      snprintf(dir, sizeof(dir), "/proc/%s/fd", pe->d_name);
+      DIR *fds = opendir(dir);
+      struct dirent *fe;
+      while (fds && (fe = readdir(fds))) {
+        char link[600];
+        snprintf(link, sizeof(link), "%s/%s", dir, fe->d_name);
+        ssize_t n = readlink(link, target, sizeof(target) - 1);
+        if (n <= 0) continue;
+        target[n] = 0;
+        if (!strcmp(target, want)) fprintf(stderr, " %s/%s", pe->d_name, fe->d_name);
+      }
+      if (fds) closedir(fds);
     }
-    if (fds) closedir(fds);
+    if (procs) closedir(procs);
+    fprintf(stderr, " (this process is %d)\n", getpid());
   }
-  if (procs) closedir(procs);
-  fprintf(stderr, " (this process is %d)\n", getpid());
 }
 
 static int diag_ep = -1;

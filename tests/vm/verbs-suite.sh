@@ -22,10 +22,16 @@ IT="$BUILD/tests/integration"
 # Not here, and why (docs/COMPATIBILITY.md): ipv6/v6only (rxe0 has no IPv6 address here), forged (shm's rendezvous), idle (1,000
 # queue pairs exceed a 2 GiB emulated guest), fork/forking/fork_own/fork_exec (a verbs
 # connection cannot cross fork), perf_*/slipstat/sliprun/badenv (no transport involved).
-# Known to fail today, so not yet in the default list (the close of a verbs connection
-# reaches the peer as ECONNRESET instead of EOF): asyncio.both et.both semantics.both.
-CASES=${SLIP_VERBS_CASES-"bulk.both bulk.server bulk.client iperf3.both sockperf.both
-kill.sender_killed"}
+# semantics.both is not in the list: over verbs two of its 37 sub-tests fail today
+# (threads_accept: with four threads connecting at once, one server-side accept finds no
+# pending rdma_cm request and reads the client's CONFIRM as data; linger_abort: the second
+# recv after the reset). Run it with SLIP_VERBS_CASES=semantics.both.
+CASES=${SLIP_VERBS_CASES-"bulk.both bulk.server bulk.client socat.both iperf3.both
+sockperf.both asyncio.both poll.both select.both et.both sendfile.both banner.both
+kill.sender_killed kill.receiver_killed kill.recv_blocked_client_killed
+kill.recv_blocked_server_killed"}
+VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
+forged_nonce.run memlock.run negative_cache.run"}
 
 passed=0
 failed=0
@@ -53,9 +59,7 @@ for c in $CASES; do
     "$case_name" "$variant"
 done
 
-# The verbs-only cases (verbs_cases.py --list) are not validated yet: opt in with
-# SLIP_VERBS_ONLY="malformed.run forged_nonce.run ...".
-for c in ${SLIP_VERBS_ONLY-}; do
+for c in $VERBS_ONLY; do
   run "verbs.$c" /usr/bin/python3 tests/vm/verbs_cases.py --build-dir "$BUILD" "${c%%.*}" "${c#*.}"
 done
 

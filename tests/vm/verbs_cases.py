@@ -8,6 +8,7 @@ SEND-based notification path (iWARP's), RLIMIT_MEMLOCK too low to pin the rings,
 negative cache. Every case checks the bytes it moved (SHA-256) and the transport used.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -42,6 +43,8 @@ def bulk_pair(t, server_slip=True, client_slip=True, server_env=None, client_env
     argv = py("bulk.py", "client", "--port", t.port, "--host", LOOPBACK, "--seed", 2,
               "--total", BULK, *client_args)
     client = t.start("client", [*client_wrap, *argv], slip=client_slip, env=client_env)
+    if client_wrap:
+        client.exe = os.path.realpath(PYTHON)  # what the stats record will name
     client.expect_exit(0)
     server.expect_exit(0)
     s, c = server.json_output(), client.json_output()
@@ -116,6 +119,7 @@ def memlock(t, variant):
             "--bounding-set=-ipc_lock"]
     server, client, traffic = bulk_pair(
         t, client_wrap=wrap, client_env={"SLIP_LOG": "warn", "SLIP_LOG_FILE": str(log)})
+    # (The stats record names the program prlimit and setpriv finally exec'd.)
     t.expect_stats(client, "tcp", "memlock", traffic=traffic[client])
     t.expect_stats(server, "tcp", "peer_not_slipstream", traffic=traffic[server])
     text = log.read_text() if log.exists() else ""
