@@ -2,7 +2,8 @@
 #   make          build into build/ (build/lib/libslipstream.so, build/bin/slip-run, ...)
 #   make test     install what is missing (the workload stacks too), build, run every test
 #                 (unit, sanitizers, fuzz, integration with real programs, stress,
-#                 workloads), all but the sanitizer runs in one final ctest
+#                 workloads, verbs over Soft-RoCE in a guest), all but the sanitizer runs
+#                 in one final ctest
 #   make bench    TCP vs Slipstream on this host (docs/PERFORMANCE.md)
 #   make demo     install, build, and show the side-by-side comparison
 BUILD ?= build
@@ -35,10 +36,12 @@ test-tsan:
 
 # Every package first, in one apt-get run (`install-deps.sh workloads` is the base set plus
 # the workload stacks), then the builds and the sanitizer runs, then ONE ctest over every
-# label (unit, fuzz, integration, stress, workloads), so that its summary is the last
+# label (unit, fuzz, integration, stress, workloads, vm: the verbs suite in a Soft-RoCE
+# qemu guest, about 3-6 minutes, tests/vm/README.md), so that its summary is the last
 # thing printed. The stress and workload tests are RUN_SERIAL: ctest runs them one at a
-# time, alone. On 2 CPUs: about 10 minutes from a clean clone plus the package download
-# (tests/workloads/README.md, docs/PERFORMANCE.md "Workloads").
+# time, alone. From a clean clone on 2 CPUs shared with other jobs (load 6-8): 18.5 min
+# (build 6.3, asan 2.9, tsan 2.4, ctest 7.1), plus the package download and install
+# (tests/workloads/README.md: ~2 min); docs/PERFORMANCE.md "Workloads".
 test:
 	@scripts/install-deps.sh workloads
 	@$(MAKE) --no-print-directory build test-asan test-tsan
