@@ -131,9 +131,11 @@ bool Stream::SpinUntil(Pred ready) const noexcept {
 int Stream::SendError(int flags) noexcept {
   if (!shut_wr_.load(std::memory_order_relaxed) && !channel_->TxPeerClosed() &&
       !peer_gone_.load(std::memory_order_acquire)) {
-    // The transport itself broke: bytes may be lost in flight, so say so, as a reset.
-    if (int error = channel_->Error()) return -error;
-    return 0;
+    // The transport itself broke: bytes may be lost in flight, so say so, as a reset
+    // (once, as TCP does; then EPIPE).
+    int error = channel_->Error();
+    if (error == 0) return 0;
+    if (!reset_reported_.exchange(true)) return -error;
   }
   if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
   return -EPIPE;

@@ -158,6 +158,11 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
     if (m && m->HasPending(listener->verbs_listener, reg.client, reg.server)) reg.verbs = m;
   }
   if (reg.shm.empty() && !reg.verbs) {
+    if (LogEnabled(LogLevel::kDebug)) {
+      char peer[64];
+      FormatSockaddr(reinterpret_cast<sockaddr*>(&remote), peer, sizeof(peer));
+      SLIP_LOG(kDebug, "fd %d: nothing registered for the connection from %s: plain", fd, peer);
+    }
     MarkPlain(s, fd, listener->rendezvous ? Reason::kPeerNotSlipstream : listener->no_rendezvous,
               kRoleServer);
     return Outcome::kPlain;

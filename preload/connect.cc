@@ -184,6 +184,7 @@ Reason VerbsConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len, 
   }
   const uint64_t nonce = RandomNonce();
   const uint32_t ring_size = rt.config.ring_size;
+  SLIP_LOG(kDebug, "fd %d: verbs request from port %u", fd, client.port);
   if (!m->Handshake(conn, client, server, nonce, ring_size, &why)) {
     m->Abort(conn);
     SLIP_LOG(kInfo, "fd %d: verbs not used (%s)", fd, ReasonName(why));

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -32,6 +33,11 @@ namespace slip::verbs {
 namespace {
 
 constexpr int kListenBacklog = 1024;
+// A request waits for its TCP connection to be accepted: the application may leave it in
+// the backlog for a while (as long as shm's registrations: 30 s). A bound on how many
+// may wait keeps a flood of requests without SYNs from pinning unbounded memory.
+constexpr uint64_t kPendingTtlMs = 30000;
+constexpr size_t kMaxPendingPerListener = 1024;
 
 uint64_t NowMs() noexcept {
   timespec ts;
@@ -328,6 +334,13 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
     ok = false;
   } else if (!DeviceAllowed(id->verbs)) {
     ok = false;
+  } else {
+    std::lock_guard<std::mutex> lock(listener->mu);
+    if (listener->pending.size() >= kMaxPendingPerListener) {
+      SLIP_LOG(kWarn, "verbs: %zu requests already wait on port %u; rejecting",
+               listener->pending.size(), listener->port);
+      ok = false;
+    }
   }
   Conn* conn = nullptr;
   if (ok) {
@@ -354,7 +367,8 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
       p.nonce = req.nonce;
       p.ring_log2 = req.ring_log2;
       p.conn = conn;
-      p.expires_ms = NowMs() + 2 * uint64_t(config_->handshake_timeout_ms) + 1000;
+      p.expires_ms =
+          NowMs() + std::max<uint64_t>(kPendingTtlMs, 2 * uint64_t(config_->handshake_timeout_ms));
       bool queued = false;
       {
         std::lock_guard<std::mutex> lock(listener->mu);
@@ -365,6 +379,7 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
         }
       }
       if (queued && rdma_accept(id, &param) == 0) {
+        SLIP_LOG(kDebug, "verbs: request from port %u pending", req.client.port);
         rdma_ack_cm_event(event);
         return;
       }
@@ -420,6 +435,7 @@ void VerbsModule::ExpirePending() noexcept {
       }
     }
   }
+  if (!expired.empty()) SLIP_LOG(kDebug, "verbs: %zu request(s) expired", expired.size());
   DestroyPending(&expired);
 }
 
