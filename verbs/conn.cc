@@ -231,7 +231,21 @@ bool Conn::Poll() const noexcept {
   // must see every completion that has arrived, and drains are short.
   SpinGuard guard(&poll_busy_);
   DrainLocked();
+  // Completion events only while somebody sleeps on this connection: an event wakes the
+  // progress thread (a context switch per message), which spinning threads do not need.
+  // The sleeper announced itself (WakeState) before this poll, so arming here, then
+  // draining again, cannot miss a completion.
+  if (SomebodyWaits() && !armed_.load(std::memory_order_relaxed)) {
+    armed_.store(true, std::memory_order_relaxed);
+    ibv_req_notify_cq(cq_, 0);
+    DrainLocked();
+  }
   return true;
+}
+
+bool Conn::SomebodyWaits() const noexcept {
+  return rx_wake_.reader_waiting.load(std::memory_order_relaxed) != 0 ||
+         tx_wake_.writer_waiting.load(std::memory_order_relaxed) != 0;
 }
 
 void Conn::DrainLocked() const noexcept {
@@ -249,9 +263,13 @@ void Conn::DrainLocked() const noexcept {
 void Conn::OnCompletionEvent() noexcept {
   {
     SpinGuard guard(&poll_busy_);
+    armed_.store(false, std::memory_order_relaxed);  // an event disarms the queue
     DrainLocked();
-    ibv_req_notify_cq(cq_, 0);
-    DrainLocked();  // what arrived between the drain and the re-arm
+    if (SomebodyWaits()) {
+      armed_.store(true, std::memory_order_relaxed);
+      ibv_req_notify_cq(cq_, 0);
+      DrainLocked();  // what arrived between the drain and the re-arm
+    }
   }
   ibv_ack_cq_events(cq_, 1);
 }

@@ -8,8 +8,10 @@
 //
 // Progress: whoever needs an answer polls the completion queue (a spinning reader or
 // writer, under a spin lock); the process's progress thread polls on completion events and
-// turns them into proxy wake-ups for sleepers. So the busy polling is done by the waiting
-// application thread for at most SLIP_SPIN_US, and an idle connection costs no CPU.
+// turns them into proxy wake-ups for sleepers. The queue is armed for events only while a
+// thread sleeps on the connection, so a busy connection costs the progress thread nothing.
+// So the busy polling is done by the waiting application thread for at most SLIP_SPIN_US,
+// and an idle connection costs no CPU.
 //
 // Thread safety: the Channel contract (one sender, one receiver at a time); posting to the
 // send queue is serialised by a spin lock since both sides post (data and credits).
@@ -94,6 +96,7 @@ class Conn final : public Channel {
   void Handle(const ibv_wc& wc) const noexcept;
   void HandleNote(uint32_t note) const noexcept;
   void WakeReader() const noexcept;
+  bool SomebodyWaits() const noexcept;
   void WakeWriter() const noexcept;
 
   rdma_cm_id* id_;
@@ -122,6 +125,7 @@ class Conn final : public Channel {
   mutable Hello hello_;
   mutable std::atomic<uint64_t> sq_completed_{0};
   mutable std::atomic_flag poll_busy_ = ATOMIC_FLAG_INIT;
+  mutable std::atomic<bool> armed_{true};  // under poll_busy_; Init arms the queue once
   std::atomic<uint64_t> rx_consumed_{0};
 
   // Receiver thread only.
