@@ -550,7 +550,10 @@ bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cu
     ++n;
   }
   for (int i = 0; i + 1 < n; ++i) wrs[i].next = &wrs[i + 1];
+  return PostChain(wrs, n);
+}
 
+bool Conn::PostChain(ibv_send_wr* wrs, int n) noexcept {
   SpinGuard guard(&post_busy_);
   if (!WaitSendSpace(uint32_t(n))) return false;
   unsignaled_ += uint32_t(n);
@@ -602,21 +605,7 @@ bool Conn::PostCredit(uint64_t consumed) noexcept {
     wrs[0].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wrs[0].imm_data = htonl(EncodeNote(Note::kCredit, consumed));
   }
-  SpinGuard guard(&post_busy_);
-  if (!WaitSendSpace(uint32_t(n))) return false;
-  unsignaled_ += uint32_t(n);
-  if (unsignaled_ >= kSignalEvery) {
-    wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
-    wrs[n - 1].wr_id = sq_posted_ + uint64_t(n);
-    unsignaled_ = 0;
-  }
-  ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(id_->qp, wrs, &bad) != 0) {
-    Fail(ECONNRESET);
-    return false;
-  }
-  sq_posted_ += uint64_t(n);
-  return true;
+  return PostChain(wrs, n);
 }
 
 }  // namespace slip::verbs

@@ -90,6 +90,9 @@ class Conn final : public Channel {
   };
   bool PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor) noexcept;
   bool PostCredit(uint64_t consumed) noexcept;
+  // Posts a chained list of n WRs (signalling one in kSignalEvery), waiting for send-queue
+  // space; false (and the channel failed) when the queue pair refuses.
+  bool PostChain(ibv_send_wr* wrs, int n) noexcept;
   bool WaitSendSpace(uint32_t needed) noexcept;
   bool PostRecv(uint32_t index) noexcept;
   void DrainLocked() const noexcept;

@@ -518,27 +518,31 @@ bool VerbsModule::PendingWithdrawn(Listener* l, const wire::Endpoint& client,
   return any;
 }
 
+// Moves every request pending for the tuple out of the listener's table.
+static void TakeTuple(Listener* l, const wire::Endpoint& client, const wire::Endpoint& server,
+                      std::vector<Pending>* out) noexcept {
+  std::lock_guard<std::mutex> lock(l->mu);
+  for (size_t i = 0; i < l->pending.size();) {
+    Pending& p = l->pending[i];
+    if (!(p.client == client && p.server == server)) {
+      ++i;
+      continue;
+    }
+    try {
+      out->push_back(p);
+    } catch (...) {
+      ++i;  // left to expire
+      continue;
+    }
+    l->pending[i] = l->pending.back();
+    l->pending.pop_back();
+  }
+}
+
 void VerbsModule::DropPending(Listener* l, const wire::Endpoint& client,
                               const wire::Endpoint& server) noexcept {
   std::vector<Pending> dropped;
-  {
-    std::lock_guard<std::mutex> lock(l->mu);
-    for (size_t i = 0; i < l->pending.size();) {
-      Pending& p = l->pending[i];
-      if (!(p.client == client && p.server == server)) {
-        ++i;
-        continue;
-      }
-      try {
-        dropped.push_back(p);
-      } catch (...) {
-        ++i;
-        continue;
-      }
-      l->pending[i] = l->pending.back();
-      l->pending.pop_back();
-    }
-  }
+  TakeTuple(l, client, server, &dropped);
   if (!dropped.empty())
     SLIP_LOG(kInfo, "verbs: dropping %zu connection request(s) of a plain connection",
              dropped.size());
@@ -549,30 +553,15 @@ std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::End
                                                     const wire::Endpoint& server, uint64_t nonce,
                                                     uint32_t ring_size, int proxy_b,
                                                     wire::DeclineReason* why) noexcept {
-  Pending chosen;
+  // Only one request per tuple is real: the one whose nonce came in band.
   std::vector<Pending> others;
-  {
-    std::lock_guard<std::mutex> lock(l->mu);
-    for (size_t i = 0; i < l->pending.size();) {
-      Pending& p = l->pending[i];
-      if (!(p.client == client && p.server == server)) {
-        ++i;
-        continue;
-      }
-      // Only one request per tuple is real: the one whose nonce came in band.
-      if (p.nonce == nonce && !chosen.conn) {
-        chosen = p;
-      } else {
-        try {
-          others.push_back(p);
-        } catch (...) {
-          ++i;
-          continue;
-        }
-      }
-      l->pending[i] = l->pending.back();
-      l->pending.pop_back();
-    }
+  TakeTuple(l, client, server, &others);
+  Pending chosen;
+  for (size_t i = 0; i < others.size(); ++i) {
+    if (others[i].nonce != nonce) continue;
+    chosen = others[i];
+    others.erase(others.begin() + long(i));
+    break;
   }
   if (!others.empty())
     SLIP_LOG(kWarn, "verbs: rejecting %zu forged connection request(s) for one connection",
