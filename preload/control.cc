@@ -11,6 +11,7 @@
 #include "core/sys.h"
 #include "core/wire.h"
 #include "preload/fd_table.h"
+#include "preload/libc.h"
 
 namespace slip::preload {
 
@@ -71,7 +72,8 @@ void* ControlMain(void* arg) {
   int epfd = int(reinterpret_cast<intptr_t>(arg));
   epoll_event events[64];
   for (;;) {
-    int n = epoll_pwait(epfd, events, 64, -1, nullptr);
+    // The real call: the interposed one would prepare every stream for a sleep of ours.
+    int n = Libc().epoll_pwait(epfd, events, 64, -1, nullptr);
     if (n < 0) {
       if (errno == EINTR) continue;
       SLIP_LOG(kError, "control thread: epoll_wait failed (errno %d); exiting", errno);
