@@ -24,12 +24,17 @@ namespace {
 template <typename Call>
 int SleepAware(bool may_sleep, Call&& call) noexcept {
   if (!AccelListNonEmpty()) return call(false);
+  // Readiness first, even for a probe or a zero timeout: a proxy shows bytes that already
+  // wait in its ring only once prepared, and a probe that returns early because some
+  // other descriptor is ready (a writable socket, say) must still see them; otherwise a
+  // loop of such calls never sees them at all.
+  PrepareAllForSleep();
   if (may_sleep) {
     int n = call(true);
     if (n != 0) return n;
     SpinForAnyReadable(GetRuntime().config.spin_us);
+    PrepareAllForSleep();
   }
-  PrepareAllForSleep();
   return call(false);
 }
 
