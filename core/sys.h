@@ -9,9 +9,11 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 namespace slip::sys {
@@ -81,6 +83,22 @@ inline int poll(pollfd* fds, nfds_t n, int timeout_ms) noexcept {
 }
 inline int epoll_ctl(int epfd, int op, int fd, epoll_event* ev) noexcept {
   return static_cast<int>(::syscall(SYS_epoll_ctl, epfd, op, fd, ev));
+}
+
+// CLOCK_MONOTONIC in milliseconds: deadlines of the control path.
+inline uint64_t MonotonicMs() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+// A non-zero random 64-bit value (connection nonces).
+inline uint64_t RandomNonce() noexcept {
+  uint64_t nonce = 0;
+  while (nonce == 0) {
+    if (::getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = 0;
+  }
+  return nonce;
 }
 
 // Moves `fd` to a descriptor number at or above `floor` (close-on-exec) and closes the

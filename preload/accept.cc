@@ -33,12 +33,6 @@ constexpr int kRoleServer = 1;
 
 enum class Outcome { kAccelerated, kPlain, kDropped };
 
-int64_t MonotonicMs() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
-}
-
 void SendDecline(int fd, uint64_t nonce, wire::DeclineReason reason) noexcept {
   wire::Message msg;
   msg.type = wire::Type::kDecline;
@@ -73,7 +67,7 @@ struct Registered {
 // (bytes left in place, or EOF), or kNeedMore on timeout / withdrawal (*cancelled set).
 wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm,
                               bool* cancelled) noexcept {
-  const int64_t deadline = MonotonicMs() + GetRuntime().config.handshake_timeout_ms;
+  const int64_t deadline = int64_t(sys::MonotonicMs()) + GetRuntime().config.handshake_timeout_ms;
   uint8_t buf[wire::kMaxMessageSize];
   for (;;) {
     ssize_t n = sys::recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
@@ -95,7 +89,7 @@ wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm,
       *cancelled = true;
       return wire::ParseStatus::kNeedMore;
     }
-    int64_t left = deadline - MonotonicMs();
+    int64_t left = deadline - int64_t(sys::MonotonicMs());
     if (left <= 0) return wire::ParseStatus::kNeedMore;
     pollfd p[2] = {{fd, POLLIN, 0},
                    {reg->listener->rendezvous ? reg->listener->rendezvous->fd() : -1, POLLIN, 0}};

@@ -6,10 +6,12 @@
 // for an answer: the server reads the ring once it accepts (success is silent), and the control
 // thread handles a DECLINE. A plain server has no rendezvous and costs one refused
 // AF_UNIX connect: no round trip, no byte in the stream.
+//
+// Otherwise (another host, or shm not allowed) verbs: VerbsConnect below does the rdma_cm
+// exchange before the SYN, then the same CONFIRM (docs/DESIGN.md, "Detection across hosts").
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sys/random.h>
 
 #include <cerrno>
 #include <cstring>
@@ -119,14 +121,6 @@ int SendConfirm(int fd, uint64_t nonce, uint32_t ring_size) noexcept {
   return SendInBand(fd, msg);
 }
 
-uint64_t RandomNonce() noexcept {
-  uint64_t nonce = 0;
-  while (nonce == 0) {
-    if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = 0;
-  }
-  return nonce;
-}
-
 // CONFIRM is in the stream but the connection cannot be installed: plain TCP is no longer
 // safe, so fail the connection the way TCP would rather than corrupt it.
 int ResetAfterConfirm(SlipSocket* s, int fd) noexcept {
@@ -182,7 +176,7 @@ Reason VerbsConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len, 
     m->Abort(conn);
     return Reason::kUnsupported;
   }
-  const uint64_t nonce = RandomNonce();
+  const uint64_t nonce = sys::RandomNonce();
   const uint32_t ring_size = rt.config.ring_size;
   SLIP_LOG(kDebug, "fd %d: verbs request from port %u", fd, client.port);
   if (!m->Handshake(conn, client, server, nonce, ring_size, &why)) {

@@ -1,6 +1,5 @@
 // The client side of shm: building the region and proxies, registering, cancelling.
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/un.h>
 
 #include <cerrno>
@@ -19,14 +18,6 @@ namespace {
 void CloseIf(int* fd) noexcept {
   if (*fd >= 0) sys::close(*fd);
   *fd = -1;
-}
-
-uint64_t RandomNonce() noexcept {
-  uint64_t nonce = 0;
-  while (nonce == 0) {
-    if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = 0;
-  }
-  return nonce;
 }
 
 int SendWithFds(int sock, const uint8_t* msg, size_t len, const int* fds, int nfds) noexcept {
@@ -80,7 +71,7 @@ int FindRendezvous(const sockaddr* dest) noexcept {
 }
 
 int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
-  offer->nonce = RandomNonce();
+  offer->nonce = sys::RandomNonce();
   offer->ring_size = ring_size;
   offer->region_size = RegionSize(ring_size);
   int fd = memfd_create("slipstream", MFD_CLOEXEC | MFD_ALLOW_SEALING);

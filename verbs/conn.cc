@@ -39,12 +39,6 @@ class SpinGuard {
 std::mutex g_registry_mu;
 Conn* g_registry_head = nullptr;
 
-uint64_t NowMs() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
-}
-
 }  // namespace
 
 Conn::Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept
@@ -428,7 +422,7 @@ bool Conn::Flush(int timeout_ms) noexcept {
       unsignaled_ = 0;
     }
   }
-  const uint64_t deadline = NowMs() + uint64_t(timeout_ms);
+  const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
   for (;;) {
     Poll();
     if (error_.load(std::memory_order_acquire) != 0) return false;
@@ -436,7 +430,7 @@ bool Conn::Flush(int timeout_ms) noexcept {
       SpinGuard guard(&post_busy_);
       if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
     }
-    if (NowMs() > deadline) return false;
+    if (sys::MonotonicMs() > deadline) return false;
     sched_yield();
   }
 }

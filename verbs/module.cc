@@ -39,12 +39,6 @@ constexpr int kListenBacklog = 1024;
 constexpr uint64_t kPendingTtlMs = 30000;
 constexpr size_t kMaxPendingPerListener = 1024;
 
-uint64_t NowMs() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
-}
-
 // Waits for the next event on a private channel, up to `deadline_ms`. Returns it (the
 // caller acks) or nullptr on timeout/error.
 rdma_cm_event* NextEvent(rdma_event_channel* channel, uint64_t deadline_ms) noexcept {
@@ -52,7 +46,7 @@ rdma_cm_event* NextEvent(rdma_event_channel* channel, uint64_t deadline_ms) noex
     rdma_cm_event* event = nullptr;
     if (rdma_get_cm_event(channel, &event) == 0) return event;
     if (errno != EAGAIN && errno != EINTR) return nullptr;
-    uint64_t now = NowMs();
+    uint64_t now = sys::MonotonicMs();
     if (now >= deadline_ms) return nullptr;
     pollfd p{channel->fd, POLLIN, 0};
     sys::poll(&p, 1, int(deadline_ms - now));
@@ -367,8 +361,8 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
       p.nonce = req.nonce;
       p.ring_log2 = req.ring_log2;
       p.conn = conn;
-      p.expires_ms =
-          NowMs() + std::max<uint64_t>(kPendingTtlMs, 2 * uint64_t(config_->handshake_timeout_ms));
+      p.expires_ms = sys::MonotonicMs() +
+                     std::max<uint64_t>(kPendingTtlMs, 2 * uint64_t(config_->handshake_timeout_ms));
       bool queued = false;
       {
         std::lock_guard<std::mutex> lock(listener->mu);
@@ -414,7 +408,7 @@ void VerbsModule::DestroyPending(std::vector<Pending>* dropped) noexcept {
 
 void VerbsModule::ExpirePending() noexcept {
   std::vector<Pending> expired;
-  uint64_t now = NowMs();
+  uint64_t now = sys::MonotonicMs();
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Listener* l : listeners_) {
@@ -573,10 +567,10 @@ std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::End
   *why = wire::DeclineReason::kBadRegion;
   if ((1u << chosen.ring_log2) != ring_size) return nullptr;
   // The client's HELLO (its ring) left before its SYN; it is here or about to be.
-  const uint64_t deadline = NowMs() + config_->handshake_timeout_ms;
+  const uint64_t deadline = sys::MonotonicMs() + config_->handshake_timeout_ms;
   Hello hello;
   while (!conn->HelloReceived(&hello)) {
-    if (conn->Error() != 0 || NowMs() > deadline) {
+    if (conn->Error() != 0 || sys::MonotonicMs() > deadline) {
       *why = wire::DeclineReason::kUnspecified;
       return nullptr;
     }
@@ -614,7 +608,7 @@ ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
   }
   wire::Endpoint ep;
   if (!wire::EndpointFromSockaddr(dest, &ep)) return nullptr;
-  if (Reason cached; negative_.Lookup(ep, NowMs(), &cached)) {
+  if (Reason cached; negative_.Lookup(ep, sys::MonotonicMs(), &cached)) {
     SLIP_LOG(kDebug, "verbs: destination in the negative cache (%s)", ReasonName(cached));
     *why = cached;
     return nullptr;
@@ -633,7 +627,7 @@ ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
     return nullptr;
   }
   const int timeout = int(config_->handshake_timeout_ms);
-  const uint64_t deadline = NowMs() + config_->handshake_timeout_ms;
+  const uint64_t deadline = sys::MonotonicMs() + config_->handshake_timeout_ms;
   sockaddr_storage dst{};
   std::memcpy(&dst, dest, dest->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
   bool ok = rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&dst), timeout) == 0;
@@ -653,7 +647,8 @@ ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
     if (event) rdma_ack_cm_event(event);
   }
   if (!ok) {
-    if (*why == Reason::kNoRdmaPath) negative_.Insert(ep, *why, NowMs() + config_->negative_ttl_ms);
+    if (*why == Reason::kNoRdmaPath)
+      negative_.Insert(ep, *why, sys::MonotonicMs() + config_->negative_ttl_ms);
     ReleaseClient(c);
     return nullptr;
   }
@@ -696,10 +691,10 @@ bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
     *why = Reason::kNoRdmaPath;
     return false;
   }
-  rdma_cm_event* event = NextEvent(c->channel, NowMs() + config_->handshake_timeout_ms);
+  rdma_cm_event* event = NextEvent(c->channel, sys::MonotonicMs() + config_->handshake_timeout_ms);
   if (!event) {
     *why = Reason::kHandshakeTimeout;
-    negative_.Insert(c->dest, Reason::kNoRdmaPath, NowMs() + config_->negative_ttl_ms);
+    negative_.Insert(c->dest, Reason::kNoRdmaPath, sys::MonotonicMs() + config_->negative_ttl_ms);
     return false;
   }
   bool ok = false;
@@ -718,10 +713,10 @@ bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
   } else if (event->event == RDMA_CM_EVENT_REJECTED) {
     // No Slipstream listener there (or it refused us): plain, and remembered for a while.
     *why = Reason::kPeerNotSlipstream;
-    negative_.Insert(c->dest, *why, NowMs() + config_->negative_ttl_ms);
+    negative_.Insert(c->dest, *why, sys::MonotonicMs() + config_->negative_ttl_ms);
   } else {
     *why = Reason::kNoRdmaPath;
-    negative_.Insert(c->dest, *why, NowMs() + config_->negative_ttl_ms);
+    negative_.Insert(c->dest, *why, sys::MonotonicMs() + config_->negative_ttl_ms);
   }
   rdma_ack_cm_event(event);
   if (!ok) return false;
