@@ -16,6 +16,7 @@
 
 #include "core/config.h"
 #include "core/proxy.h"
+#include "core/wire.h"
 
 namespace slip {
 
@@ -65,6 +66,25 @@ class Channel {
   // The application closes abortively (SO_LINGER {1, 0}): the channel, when destroyed,
   // must not tell the peer an orderly end; the peer sees the reset.
   virtual void Abort() noexcept {}
+
+  // --- failover (docs/DESIGN.md, "Failover") ---
+  // A transport that can fail mid-stream continues on the connection's TCP anchor: both
+  // ends send FAILOVER (bytes received) there, then carry the stream on TCP from those
+  // offsets. Channels that never fail that way keep these defaults.
+  // The anchor (non-blocking), once the stream is installed; the channel does not own it.
+  virtual void SetAnchor(int fd) noexcept { (void)fd; }
+  // Control thread: the peer's FAILOVER arrived (how much of our stream it received, how
+  // much of its own it had sent). Answers with our own FAILOVER if we had not sent one.
+  // Returns false when the stream cannot continue (the caller then treats the peer as gone
+  // with a reset).
+  virtual bool OnPeerFailover(const wire::Failover& peer) noexcept {
+    (void)peer;
+    return false;
+  }
+  // True once the anchor carries the stream's bytes (no more messages): its readiness
+  // (EPOLLIN/EPOLLOUT/...) then goes to OnAnchorReady, from the control thread.
+  virtual bool AnchorCarriesStream() const noexcept { return false; }
+  virtual void OnAnchorReady(uint32_t events) noexcept { (void)events; }
 
  protected:
   explicit Channel(uint32_t ring_size) noexcept : ring_size_(ring_size) {}

@@ -110,12 +110,12 @@ bool ParseVerbsNotify(std::string_view v, Config* c, Why*) {
   return false;
 }
 
-bool ParseEnable(std::string_view v, Config* c, Why*) {
+bool ParseBool(std::string_view v, bool* out) {
   static constexpr std::pair<const char*, bool> kWords[] = {
       {"1", true}, {"true", true}, {"yes", true}, {"0", false}, {"false", false}, {"no", false}};
-  for (const auto& [word, enabled] : kWords) {
+  for (const auto& [word, value] : kWords) {
     if (IEquals(v, word)) {
-      c->enabled = enabled;
+      *out = value;
       return true;
     }
   }
@@ -249,7 +249,8 @@ struct Option {
 
 // The single list of known variables: drives parsing and UnknownSlipVariables().
 constexpr Option kOptions[] = {
-    {"SLIP_ENABLE", "expected 0, 1, true, false, yes or no", ParseEnable},
+    {"SLIP_ENABLE", "expected 0, 1, true, false, yes or no",
+     [](std::string_view v, Config* c, Why*) { return ParseBool(v, &c->enabled); }},
     {"SLIP_TRANSPORTS",
      "expected a comma list of distinct transports from shm, tcp, verbs, fabric, dpdk "
      "(e.g. shm,tcp)",
@@ -307,6 +308,8 @@ constexpr Option kOptions[] = {
        return true;
      }},
     {"SLIP_VERBS_NOTIFY", "expected auto, imm or send", ParseVerbsNotify},
+    {"SLIP_FAILOVER", "expected 0, 1, true, false, yes or no",
+     [](std::string_view v, Config* c, Why*) { return ParseBool(v, &c->failover); }},
     {"SLIP_NEGATIVE_TTL_MS", "expected a decimal integer between 0 and 3600000",
      [](std::string_view v, Config* c, Why*) {
        return ParseRange(v, 0, 3600000, &c->negative_ttl_ms);

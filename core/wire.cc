@@ -120,12 +120,14 @@ size_t PayloadSize(Type t) noexcept {
       return 8;
     case Type::kDecline:
       return 8 + 4;
+    case Type::kFailover:
+      return 8 + 8 + 4 + 4;
   }
   return 0;
 }
 
 bool KnownType(uint8_t t) noexcept {
-  return t >= 1 && t <= 5;
+  return t >= 1 && t <= 6;
 }
 
 bool ValidRingSize(uint32_t size) noexcept {
@@ -170,6 +172,17 @@ bool ParsePayload(Type type, Reader* r, Message* out) noexcept {
       uint32_t reason = r->U32();
       if (reason > static_cast<uint32_t>(DeclineReason::kVersion)) return false;
       out->decline.reason = static_cast<DeclineReason>(reason);
+      return true;
+    }
+    case Type::kFailover: {
+      out->failover = Failover();
+      out->failover.received = r->U64();
+      out->failover.sent = r->U64();
+      uint32_t cause = r->U32();
+      uint32_t reserved = r->U32();
+      if (cause > static_cast<uint32_t>(FailoverCause::kDeviceRemoved) || reserved != 0)
+        return false;
+      out->failover.cause = static_cast<FailoverCause>(cause);
       return true;
     }
   }
@@ -311,6 +324,12 @@ size_t EncodeMessage(const Message& msg, uint8_t* out, size_t cap) noexcept {
     case Type::kDecline:
       w.U64(msg.decline.nonce);
       w.U32(static_cast<uint32_t>(msg.decline.reason));
+      break;
+    case Type::kFailover:
+      w.U64(msg.failover.received);
+      w.U64(msg.failover.sent);
+      w.U32(static_cast<uint32_t>(msg.failover.cause));
+      w.U32(0);
       break;
   }
   if (!w.ok() || w.size() != length) return 0;

@@ -12,6 +12,10 @@
 //                                                              (success is silent; ACCEPT
 //                                                              stays defined, unused)
 //   client -> rendezvous (if the TCP handshake was too slow):  CANCEL
+//
+// Once accelerated, either end (in band, when its transport fails):  FAILOVER (bytes it
+// received); the other answers with its own, then both carry the stream on the TCP
+// connection from those offsets (docs/DESIGN.md, "Failover").
 #pragma once
 
 #include <sys/socket.h>
@@ -32,6 +36,7 @@ enum class Type : uint8_t {
   kConfirm = 3,
   kAccept = 4,
   kDecline = 5,
+  kFailover = 6,
 };
 
 // Decline reasons, carried on the wire; stable values.
@@ -87,6 +92,19 @@ struct Decline {
   DeclineReason reason = DeclineReason::kUnspecified;
 };
 
+// Why a transport gave up; for the logs, stable values.
+enum class FailoverCause : uint32_t {
+  kPeerRequest = 0,  // an answer: the other end failed over first
+  kTransportError = 1,
+  kDeviceRemoved = 2,
+};
+
+struct Failover {
+  uint64_t received = 0;  // bytes of the stream this end received over the transport
+  uint64_t sent = 0;      // bytes this end had published when it failed over
+  FailoverCause cause = FailoverCause::kPeerRequest;
+};
+
 struct Message {
   Type type = Type::kConfirm;
   union {
@@ -95,6 +113,7 @@ struct Message {
     Confirm confirm;
     Accept accept;
     Decline decline;
+    Failover failover;
   };
   Message() noexcept : confirm() {}
 };

@@ -31,8 +31,33 @@ uint64_t Key(const SlipSocket* s) noexcept {
   return (uint64_t(s->index) << 32) | s->generation.load(std::memory_order_relaxed);
 }
 
+// The peer failed over: from the next byte on, the anchor carries the stream, and its
+// readiness (both ways now) is the channel's business.
+void TakeFailover(SlipSocket* s, int epfd, const wire::Failover& failover) noexcept {
+  Channel* channel = s->stream->channel();
+  if (!channel->OnPeerFailover(failover)) {
+    SLIP_LOG(kWarn, "anchor fd %d: the peer failed over, and this end cannot; reset", s->anchor_fd);
+    sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
+    s->stream->MarkPeerGone(true);
+    return;
+  }
+  StatsSetTransport(s->stats, TransportKind::kTcp, Reason::kFailover);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+  ev.data.u64 = Key(s);
+  if (sys::epoll_ctl(epfd, EPOLL_CTL_MOD, s->anchor_fd, &ev) != 0)
+    SLIP_LOG(kWarn, "control thread: cannot watch fd %d for writing (errno %d)", s->anchor_fd,
+             errno);
+  // Bytes that followed the message raised no edge of their own.
+  channel->OnAnchorReady(EPOLLIN | EPOLLOUT);
+}
+
 // Reads the in-band messages that may follow the handshake; consumes only whole ones.
-void HandleAnchor(SlipSocket* s, int epfd) noexcept {
+void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
+  if (s->stream->channel()->AnchorCarriesStream()) {
+    s->stream->channel()->OnAnchorReady(events);
+    return;
+  }
   uint8_t buf[wire::kMaxMessageSize];
   for (;;) {
     ssize_t n = sys::recv(s->anchor_fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_PEEK);
@@ -64,6 +89,9 @@ void HandleAnchor(SlipSocket* s, int epfd) noexcept {
                unsigned(msg.decline.reason));
       StatsSetTransport(s->stats, TransportKind::kTcp, Reason::kDeclined);
       s->stream->MarkPeerGone();
+    } else if (msg.type == wire::Type::kFailover) {
+      TakeFailover(s, epfd, msg.failover);
+      return;  // what follows is the stream's
     }
   }
 }
@@ -83,7 +111,7 @@ void* ControlMain(void* arg) {
       uint64_t key = events[i].data.u64;
       SlipSocket* s = SocketAt(uint32_t(key >> 32));
       if (!s || !TryAcquire(s, uint32_t(key))) continue;
-      if (s->kind == SockKind::kAccel && s->stream) HandleAnchor(s, epfd);
+      if (s->kind == SockKind::kAccel && s->stream) HandleAnchor(s, epfd, events[i].events);
       Release(s);
     }
   }

@@ -88,6 +88,7 @@ int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
   }
   s->stream.reset(stream);
   s->anchor_fd = anchor;
+  if (GetRuntime().config.failover) s->stream->channel()->SetAnchor(anchor);
   s->nonblocking.store(fl_flags & O_NONBLOCK, std::memory_order_relaxed);
   s->stats = StatsOpen(s->stream->channel()->kind(), Reason::kNone, role,
                        reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote));

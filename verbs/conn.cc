@@ -1,7 +1,9 @@
 #include "verbs/conn.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <sched.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -130,8 +132,12 @@ Conn::~Conn() {
     if (proxy_b_ >= 0) sys::close(proxy_b_);
     return;
   }
+  // A FAILOVER the peer sent while we were closing: the control thread no longer reads the
+  // anchor, and the bytes the peer lost must still go out, on TCP.
+  if (mode_.load() == Mode::kRdma && CanFailover()) TakePeerFailover(0);
   // A peer that closed its side reads nothing more: no notes, nothing to wait for.
-  if (id_ && qp_created_ && have_peer_ && error_.load(std::memory_order_acquire) == 0 &&
+  if (mode_.load() == Mode::kRdma && id_ && qp_created_ && have_peer_ &&
+      error_.load(std::memory_order_acquire) == 0 &&
       !peer_closed_.load(std::memory_order_acquire) && !aborting_) {
     // The last holder in this process closes (a forked child cannot hold a verbs
     // connection): as TCP's close, EOF for the peer's reader and EPIPE for its writer,
@@ -144,8 +150,11 @@ Conn::~Conn() {
     bool closed = closed_sent_ || PostNote(nullptr, 0, Note::kClosed, 0);
     SLIP_LOG(kDebug, "verbs: closing: credit %llu, eof %d, closed %d",
              (unsigned long long)credit_sent_, int(eof), int(closed));
-    if (!Flush(5000)) SLIP_LOG(kWarn, "verbs: closing with writes not acknowledged by the peer");
+    if (!FlushRdma(5000, true) && mode_.load() == Mode::kRdma)
+      SLIP_LOG(kWarn, "verbs: closing with writes not acknowledged by the peer");
   }
+  MaybeFailover();
+  if (mode_.load() != Mode::kRdma && !aborting_) FinishOnAnchor();
   {
     // No reposting of receives once the queue pair starts going away.
     SpinGuard guard(&poll_busy_);
@@ -221,19 +230,23 @@ bool Conn::HelloReceived(Hello* hello) const noexcept {
 
 bool Conn::Poll() const noexcept {
   if (orphaned_.load(std::memory_order_relaxed)) return true;
-  // Waits for a concurrent poller rather than skipping: a caller deciding EOF or reset
-  // must see every completion that has arrived, and drains are short.
-  SpinGuard guard(&poll_busy_);
-  DrainLocked();
-  // Completion events only while somebody sleeps on this connection: an event wakes the
-  // progress thread (a context switch per message), which spinning threads do not need.
-  // The sleeper announced itself (WakeState) before this poll, so arming here, then
-  // draining again, cannot miss a completion.
-  if (SomebodyWaits() && !armed_.load(std::memory_order_relaxed)) {
-    armed_.store(true, std::memory_order_relaxed);
-    ibv_req_notify_cq(cq_, 0);
+  if (mode_.load(std::memory_order_acquire) != Mode::kRdma) return true;
+  {
+    // Waits for a concurrent poller rather than skipping: a caller deciding EOF or reset
+    // must see every completion that has arrived, and drains are short.
+    SpinGuard guard(&poll_busy_);
     DrainLocked();
+    // Completion events only while somebody sleeps on this connection: an event wakes the
+    // progress thread (a context switch per message), which spinning threads do not need.
+    // The sleeper announced itself (WakeState) before this poll, so arming here, then
+    // draining again, cannot miss a completion.
+    if (SomebodyWaits() && !armed_.load(std::memory_order_relaxed)) {
+      armed_.store(true, std::memory_order_relaxed);
+      ibv_req_notify_cq(cq_, 0);
+      DrainLocked();
+    }
   }
+  const_cast<Conn*>(this)->MaybeFailover();
   return true;
 }
 
@@ -247,7 +260,7 @@ void Conn::DrainLocked() const noexcept {
   for (;;) {
     int n = ibv_poll_cq(cq_, 16, wc);
     if (n <= 0) {
-      if (n < 0) const_cast<Conn*>(this)->Fail(EIO);
+      if (n < 0) const_cast<Conn*>(this)->RequestFailover(wire::FailoverCause::kTransportError);
       return;
     }
     for (int i = 0; i < n; ++i) Handle(wc[i]);
@@ -266,6 +279,7 @@ void Conn::OnCompletionEvent() noexcept {
     }
   }
   ibv_ack_cq_events(cq_, 1);
+  MaybeFailover();
 }
 
 void Conn::Handle(const ibv_wc& wc) const noexcept {
@@ -275,10 +289,11 @@ void Conn::Handle(const ibv_wc& wc) const noexcept {
     // queues: the end of the connection, not a failure.
     if (rx_eof_.load(std::memory_order_acquire) && peer_closed_.load(std::memory_order_acquire))
       return;
+    if (mode_.load(std::memory_order_relaxed) != Mode::kRdma) return;  // our own stop flushed it
     if (error_.load(std::memory_order_relaxed) == 0 && wc.status != IBV_WC_WR_FLUSH_ERR)
       SLIP_LOG(kWarn, "verbs: %s completion failed: %s", (wc.wr_id & kRecvTag) ? "receive" : "send",
                ibv_wc_status_str(wc.status));
-    self->Fail(ECONNRESET);
+    self->RequestFailover(wire::FailoverCause::kTransportError);
     return;
   }
   if (!(wc.wr_id & kRecvTag)) {
@@ -316,7 +331,9 @@ void Conn::Handle(const ibv_wc& wc) const noexcept {
     self->Fail(EPROTO);
     return;
   }
-  if (error_.load(std::memory_order_relaxed) == 0 && !self->PostRecv(index)) self->Fail(EIO);
+  if (error_.load(std::memory_order_relaxed) == 0 &&
+      mode_.load(std::memory_order_relaxed) == Mode::kRdma && !self->PostRecv(index))
+    self->RequestFailover(wire::FailoverCause::kTransportError);
 }
 
 void Conn::HandleNote(uint32_t note) const noexcept {
@@ -387,6 +404,8 @@ void Conn::Fail(int error) noexcept {
 }
 
 void Conn::OnDisconnect() noexcept {
+  if (mode_.load(std::memory_order_acquire) != Mode::kRdma)
+    return;  // the peer's side of a failover
   // The peer's EOF and CLOSED notes, if any, came before its DREQ, but may still sit in
   // the completion queue: take them first. A disconnect without them means the transport
   // (or the peer process) went away under us.
@@ -395,7 +414,7 @@ void Conn::OnDisconnect() noexcept {
     DrainLocked();
   }
   if (!rx_eof_.load(std::memory_order_acquire) || !peer_closed_.load(std::memory_order_acquire))
-    Fail(ECONNRESET);
+    TransportFailed(wire::FailoverCause::kTransportError);
 }
 
 void Conn::Orphan() noexcept {
@@ -403,9 +422,206 @@ void Conn::Orphan() noexcept {
   error_.store(ECONNRESET, std::memory_order_release);
 }
 
+// ------------------------------------------------------------------------ failover
+
+bool Conn::CanFailover() const noexcept {
+  return anchor_fd_.load(std::memory_order_acquire) >= 0 && have_peer_ &&
+         !orphaned_.load(std::memory_order_acquire) && !aborting_ &&
+         error_.load(std::memory_order_acquire) == 0;
+}
+
+void Conn::RequestFailover(wire::FailoverCause cause) noexcept {
+  if (!CanFailover()) {
+    Fail(ECONNRESET);
+    return;
+  }
+  failover_cause_.store(cause, std::memory_order_relaxed);
+  failover_wanted_.store(true, std::memory_order_release);
+}
+
+void Conn::TransportFailed(wire::FailoverCause cause) noexcept {
+  RequestFailover(cause);
+  MaybeFailover();
+}
+
+void Conn::MaybeFailover() noexcept {
+  if (!failover_wanted_.load(std::memory_order_acquire) || mode_.load() != Mode::kRdma) return;
+  std::lock_guard<std::mutex> lock(failover_mu_);
+  if (mode_.load() != Mode::kRdma || error_.load(std::memory_order_acquire) != 0) return;
+  // The peer answers with its own FAILOVER, which the control thread hands to
+  // OnPeerFailover.
+  if (!StopRdmaLocked(failover_cause_.load(std::memory_order_relaxed))) Fail(ECONNRESET);
+}
+
+namespace {
+
+const char* CauseText(wire::FailoverCause cause) noexcept {
+  switch (cause) {
+    case wire::FailoverCause::kPeerRequest:
+      return "the peer's RDMA path failed";
+    case wire::FailoverCause::kTransportError:
+      return "the queue pair failed";
+    case wire::FailoverCause::kDeviceRemoved:
+      return "the RDMA device went away";
+  }
+  return "?";
+}
+
+}  // namespace
+
+bool Conn::StopRdmaLocked(wire::FailoverCause cause) noexcept {
+  {
+    SpinGuard guard(&poll_busy_);
+    mode_.store(Mode::kFailing, std::memory_order_seq_cst);
+    // Nothing may land in our ring after we count what arrived: the queue pair goes to
+    // the error state first (late writes are dropped), then the completions that made it
+    // are taken.
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    if (id_ && qp_created_) ibv_modify_qp(id_->qp, &attr, IBV_QP_STATE);
+    DrainLocked();
+  }
+  rx_received_ = rx_produced_.load(std::memory_order_acquire);
+  wire::Message msg;
+  msg.type = wire::Type::kFailover;
+  msg.failover = wire::Failover{.received = rx_received_,
+                                .sent = tx_published_.load(std::memory_order_seq_cst),
+                                .cause = cause};
+  uint8_t buf[wire::kMaxMessageSize];
+  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  ssize_t n = sys::send(anchor_fd_.load(), buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n != ssize_t(len)) {
+    SLIP_LOG(kWarn, "verbs: %s, and the TCP connection cannot take FAILOVER (%s); resetting",
+             CauseText(cause), n < 0 ? strerror(errno) : "short write");
+    return false;
+  }
+  SLIP_LOG(kWarn, "verbs: %s: the connection continues on TCP (%llu bytes received over RDMA)",
+           CauseText(cause), (unsigned long long)rx_received_);
+  return true;
+}
+
+bool Conn::OnPeerFailover(const wire::Failover& peer) noexcept {
+  if (anchor_fd_.load() < 0 || !have_peer_ || orphaned_.load()) return false;
+  std::lock_guard<std::mutex> lock(failover_mu_);
+  if (error_.load(std::memory_order_acquire) != 0 || mode_.load() == Mode::kTcp) return false;
+  if (mode_.load() == Mode::kRdma && !StopRdmaLocked(wire::FailoverCause::kPeerRequest)) {
+    Fail(ECONNRESET);
+    return false;
+  }
+  // We cannot have received more than the peer published.
+  if (rx_received_ > peer.sent) {
+    SLIP_LOG(kWarn, "verbs: the peer's FAILOVER says %llu bytes sent, we received %llu; resetting",
+             (unsigned long long)peer.sent, (unsigned long long)rx_received_);
+    Fail(EPROTO);
+    return false;
+  }
+  return EnterTcpLocked(peer.received);
+}
+
+bool Conn::EnterTcpLocked(uint64_t peer_received) noexcept {
+  uint64_t published = tx_published_.load(std::memory_order_seq_cst);
+  uint64_t credited = tx_credit_.load(std::memory_order_acquire);
+  // The peer cannot have received what we never published, nor less than it credited; and
+  // only what it did not receive is still in our ring.
+  if (peer_received < credited || peer_received > published) {
+    SLIP_LOG(kWarn,
+             "verbs: the peer's FAILOVER says %llu bytes received, outside [%llu, %llu]; "
+             "resetting",
+             (unsigned long long)peer_received, (unsigned long long)credited,
+             (unsigned long long)published);
+    Fail(EPROTO);
+    return false;
+  }
+  anchor_path_.Start(anchor_fd_.load(), slot_.rx_ring(), slot_.tx_mirror(), ring_size(),
+                     rx_received_, peer_received);
+  mode_.store(Mode::kTcp, std::memory_order_seq_cst);
+  SLIP_LOG(kInfo, "verbs: on TCP from here: resending %llu bytes from byte %llu",
+           (unsigned long long)(published - peer_received), (unsigned long long)peer_received);
+  if (tx_finished_.load(std::memory_order_seq_cst)) anchor_path_.Finish(tx_published_.load());
+  OnAnchorReady(EPOLLIN | EPOLLOUT);
+  return true;
+}
+
+void Conn::OnAnchorReady(uint32_t events) noexcept {
+  if (mode_.load(std::memory_order_acquire) != Mode::kTcp) return;
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+    uint64_t before = anchor_path_.received();
+    anchor_path_.Pull(rx_consumed_.load(std::memory_order_acquire));
+    if (anchor_path_.received() != before) WakeReader();
+  }
+  if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) {
+    uint64_t before = anchor_path_.sent();
+    anchor_path_.Push(tx_published_.load(std::memory_order_acquire));
+    if (anchor_path_.sent() != before) WakeWriter();
+  }
+  if (anchor_path_.eof() || anchor_path_.error() || anchor_path_.peer_closed()) WakeAtEnd();
+}
+
+void Conn::WakeAtEnd() const noexcept {
+  if (proxy_b_ < 0) return;
+  // As the EOF note and Fail do: readers see EOF (or the error) on A, writers wake.
+  if (anchor_path_.eof() || anchor_path_.error()) sys::shutdown(proxy_b_, SHUT_WR);
+  if (anchor_path_.peer_closed() || anchor_path_.error()) proxy::Unfill(proxy_b_);
+}
+
+bool Conn::TakePeerFailover(int timeout_ms) noexcept {
+  const int fd = anchor_fd_.load();
+  if (fd < 0) return false;
+  const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
+  uint8_t buf[wire::kMaxMessageSize];
+  for (;;) {
+    ssize_t n = sys::recv(fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_PEEK);
+    if (n > 0) {
+      wire::Message msg;
+      size_t used = 0;
+      wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
+      if (st == wire::ParseStatus::kOk && msg.type == wire::Type::kFailover) {
+        sys::recv(fd, buf, used, MSG_DONTWAIT);
+        return OnPeerFailover(msg.failover);
+      }
+      if (st != wire::ParseStatus::kNeedMore) return false;
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      return false;
+    }
+    uint64_t now = sys::MonotonicMs();
+    if (now >= deadline) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    sys::poll(&pfd, 1, int(deadline - now));
+  }
+}
+
+void Conn::FinishOnAnchor() noexcept {
+  const uint64_t published = tx_published_.load();
+  if (mode_.load() == Mode::kFailing && !TakePeerFailover(5000)) {
+    if (published != tx_credit_.load())
+      SLIP_LOG(kWarn, "verbs: closed during failover without the peer's answer: %llu bytes lost",
+               (unsigned long long)(published - tx_credit_.load()));
+    return;
+  }
+  if (mode_.load() != Mode::kTcp) return;
+  // Closing ends the stream (the last holder: verbs connections do not cross fork).
+  anchor_path_.Finish(published);
+  if (!anchor_path_.PushAll(published, 5000))
+    SLIP_LOG(kWarn, "verbs: closing with %llu bytes not taken by the TCP connection",
+             (unsigned long long)(published - anchor_path_.sent()));
+}
+
 bool Conn::Flush(int timeout_ms) noexcept {
+  switch (mode_.load()) {
+    case Mode::kTcp:
+      return anchor_path_.PushAll(tx_published_.load(), timeout_ms);
+    case Mode::kFailing:
+      return false;  // where to resend from is not known yet
+    case Mode::kRdma:
+      break;
+  }
+  return FlushRdma(timeout_ms, false);
+}
+
+bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
   {
     SpinGuard guard(&post_busy_);
+    if (mode_.load() != Mode::kRdma) return false;
     if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
     // Unsignalled writes complete silently: a signalled empty write behind them tells
     // when they are all acknowledged.
@@ -425,7 +641,9 @@ bool Conn::Flush(int timeout_ms) noexcept {
   const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
   for (;;) {
     Poll();
-    if (error_.load(std::memory_order_acquire) != 0) return false;
+    if (error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma) return false;
+    // A peer that failed over waits for our answer, not for acknowledgements.
+    if (own_anchor && TakePeerFailover(0)) return false;
     {
       SpinGuard guard(&post_busy_);
       if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
@@ -438,24 +656,41 @@ bool Conn::Flush(int timeout_ms) noexcept {
 // ------------------------------------------------------------------------ Channel
 
 uint64_t Conn::RxProduced() const noexcept {
+  if (mode_.load(std::memory_order_acquire) == Mode::kTcp) {
+    uint64_t received = anchor_path_.Pull(rx_consumed_.load(std::memory_order_acquire));
+    if (anchor_path_.eof() || anchor_path_.error()) WakeAtEnd();
+    return received;
+  }
   Poll();
   return rx_produced_.load(std::memory_order_acquire);
 }
 
 bool Conn::RxEof() const noexcept {
   if (rx_eof_.load(std::memory_order_acquire)) return true;
+  if (mode_.load(std::memory_order_acquire) == Mode::kTcp) return anchor_path_.eof();
   Poll();
   return rx_eof_.load(std::memory_order_acquire);
 }
 
+int Conn::Error() const noexcept {
+  int error = error_.load(std::memory_order_acquire);
+  if (error == 0 && mode_.load(std::memory_order_acquire) == Mode::kTcp)
+    error = anchor_path_.error();
+  return error;
+}
+
 void Conn::RxConsumed(uint64_t consumed) noexcept {
   rx_consumed_.store(consumed, std::memory_order_release);
+  if (mode_.load(std::memory_order_acquire) != Mode::kRdma) return;  // TCP has its own window
   // A sender waits only on a full ring, and a reader that wants more bytes must first
   // empty it, so credit every quarter ring can never leave the two waiting on each other.
   if (consumed - credit_sent_ >= ring_size() / 4 && PostCredit(consumed)) credit_sent_ = consumed;
 }
 
 uint64_t Conn::TxConsumed() const noexcept {
+  // After failover the ring frees as the kernel takes its bytes.
+  if (mode_.load(std::memory_order_acquire) == Mode::kTcp)
+    return anchor_path_.Push(tx_published_.load(std::memory_order_acquire));
   Poll();
   return tx_credit_.load(std::memory_order_acquire);
 }
@@ -465,6 +700,18 @@ void Conn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
 }
 
 void Conn::TxPublish(uint64_t produced) noexcept {
+  // Published before the mode is read, as EnterTcpLocked sets the mode before it pushes
+  // what is published: a publish racing with failover is sent by one of the two.
+  tx_published_.store(produced, std::memory_order_seq_cst);
+  switch (mode_.load(std::memory_order_seq_cst)) {
+    case Mode::kTcp:
+      anchor_path_.Push(produced);
+      return;
+    case Mode::kFailing:
+      return;  // resent from where the peer says, once it says
+    case Mode::kRdma:
+      break;
+  }
   if (produced == tx_posted_) return;
   const uint32_t mask = ring_size() - 1;
   Fragment frags[2];
@@ -482,16 +729,28 @@ void Conn::TxPublish(uint64_t produced) noexcept {
 
 bool Conn::TxPeerClosed() const noexcept {
   if (peer_closed_.load(std::memory_order_acquire)) return true;
+  if (mode_.load(std::memory_order_acquire) == Mode::kTcp) return anchor_path_.peer_closed();
   Poll();
   return peer_closed_.load(std::memory_order_acquire);
 }
 
 void Conn::CloseTx() noexcept {
-  eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
+  tx_finished_.store(true, std::memory_order_seq_cst);  // (the same race as TxPublish's)
+  switch (mode_.load(std::memory_order_seq_cst)) {
+    case Mode::kTcp:
+      anchor_path_.Finish(tx_published_.load());
+      break;
+    case Mode::kFailing:
+      break;
+    case Mode::kRdma:
+      eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
+      break;
+  }
 }
 
 void Conn::CloseRx() noexcept {
-  closed_sent_ = PostNote(nullptr, 0, Note::kClosed, 0);
+  if (mode_.load(std::memory_order_acquire) == Mode::kRdma)
+    closed_sent_ = PostNote(nullptr, 0, Note::kClosed, 0);
 }
 
 // ------------------------------------------------------------------------ posting
@@ -499,7 +758,7 @@ void Conn::CloseRx() noexcept {
 bool Conn::WaitSendSpace(uint32_t needed) noexcept {
   // Called with post_busy_ held. Each signalled completion frees a batch of slots.
   while (sq_posted_ + needed - sq_completed_.load(std::memory_order_acquire) > sq_depth_) {
-    if (error_.load(std::memory_order_acquire) != 0) return false;
+    if (error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma) return false;
     Poll();
     sched_yield();
   }
@@ -507,7 +766,8 @@ bool Conn::WaitSendSpace(uint32_t needed) noexcept {
 }
 
 bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor) noexcept {
-  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0) return false;
+  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma)
+    return false;
   const uint32_t imm = htonl(EncodeNote(note, cursor));
   ibv_send_wr wrs[4]{};
   ibv_sge sges[4]{};
@@ -548,26 +808,31 @@ bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cu
 }
 
 bool Conn::PostChain(ibv_send_wr* wrs, int n) noexcept {
-  SpinGuard guard(&post_busy_);
-  if (!WaitSendSpace(uint32_t(n))) return false;
-  unsignaled_ += uint32_t(n);
-  if (unsignaled_ >= kSignalEvery) {
-    wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
-    wrs[n - 1].wr_id = sq_posted_ + uint64_t(n);
-    unsignaled_ = 0;
+  {
+    SpinGuard guard(&post_busy_);
+    if (!WaitSendSpace(uint32_t(n))) return false;
+    unsignaled_ += uint32_t(n);
+    if (unsignaled_ >= kSignalEvery) {
+      wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
+      wrs[n - 1].wr_id = sq_posted_ + uint64_t(n);
+      unsignaled_ = 0;
+    }
+    ibv_send_wr* bad = nullptr;
+    int rc = ibv_post_send(id_->qp, wrs, &bad);
+    if (rc == 0) {
+      sq_posted_ += uint64_t(n);
+      return true;
+    }
+    SLIP_LOG(kWarn, "verbs: post_send failed (%s)", strerror(rc));
+    RequestFailover(wire::FailoverCause::kTransportError);
   }
-  ibv_send_wr* bad = nullptr;
-  if (int rc = ibv_post_send(id_->qp, wrs, &bad); rc != 0) {
-    SLIP_LOG(kWarn, "verbs: post_send failed (%s); resetting", strerror(rc));
-    Fail(ECONNRESET);
-    return false;
-  }
-  sq_posted_ += uint64_t(n);
-  return true;
+  MaybeFailover();
+  return false;
 }
 
 bool Conn::PostCredit(uint64_t consumed) noexcept {
-  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0) return false;
+  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma)
+    return false;
   // The cursor goes into the peer's credit word (right after its ring).
   uint64_t value = consumed;
   auto* out = reinterpret_cast<uint64_t*>(slot_.control() + kCreditOutOffset);

@@ -13,8 +13,16 @@
 // So the busy polling is done by the waiting application thread for at most SLIP_SPIN_US,
 // and an idle connection costs no CPU.
 //
+// Failover: when the queue pair fails (a completion error, a disconnect without the peer's
+// orderly notes, the device going away) or the peer says its own failed, the connection
+// stops using RDMA and continues on its TCP anchor: our FAILOVER tells the peer how many
+// bytes we received, its FAILOVER tells us where to resend from, and the rings are then
+// filled and drained over TCP (core/anchor_path.h). Modes: kRdma -> kFailing (ours sent,
+// waiting for the peer's) -> kTcp.
+//
 // Thread safety: the Channel contract (one sender, one receiver at a time); posting to the
-// send queue is serialised by a spin lock since both sides post (data and credits).
+// send queue is serialised by a spin lock since both sides post (data and credits); the
+// failover steps by a mutex (they run on the control, progress or application threads).
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -22,8 +30,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 
+#include "core/anchor_path.h"
 #include "core/channel.h"
+#include "core/wire.h"
 #include "verbs/device.h"
 #include "verbs/private_data.h"
 
@@ -53,11 +64,16 @@ class Conn final : public Channel {
   void OnCompletionEvent() noexcept;
   // rdma_cm says the connection is gone (DISCONNECTED, DEVICE_REMOVAL, errors).
   void OnDisconnect() noexcept;
-  // Marks the channel failed and wakes every sleeper.
+  // Marks the channel failed for good and wakes every sleeper (setup failures, protocol
+  // violations: no failover).
   void Fail(int error) noexcept;
+  // The queue pair or device failed: fail over to the anchor when possible, else Fail.
+  // Not under the poll lock.
+  void TransportFailed(wire::FailoverCause cause) noexcept;
   // After fork in a child: never touch the parent's verbs objects again.
   void Orphan() noexcept;
-  // Waits (bounded) until everything posted has been acknowledged by the peer.
+  // Waits (bounded) until everything posted has been acknowledged by the peer (or, after
+  // failover, written to the anchor).
   bool Flush(int timeout_ms) noexcept;
   // Polls the CQ now (after any concurrent poller).
   bool Poll() const noexcept;
@@ -69,7 +85,7 @@ class Conn final : public Channel {
   void RxConsumed(uint64_t consumed) noexcept override;
   bool RxEof() const noexcept override;
   WakeState* RxWake() noexcept override { return &rx_wake_; }
-  int Error() const noexcept override { return error_.load(std::memory_order_acquire); }
+  int Error() const noexcept override;
   uint64_t TxConsumed() const noexcept override;
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
   void TxPublish(uint64_t produced) noexcept override;
@@ -78,6 +94,10 @@ class Conn final : public Channel {
   void CloseTx() noexcept override;
   void CloseRx() noexcept override;
   void Abort() noexcept override { aborting_ = true; }
+  void SetAnchor(int fd) noexcept override { anchor_fd_.store(fd, std::memory_order_release); }
+  bool OnPeerFailover(const wire::Failover& peer) noexcept override;
+  bool AnchorCarriesStream() const noexcept override { return mode_.load() == Mode::kTcp; }
+  void OnAnchorReady(uint32_t events) noexcept override;
 
  private:
   Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept;
@@ -95,6 +115,22 @@ class Conn final : public Channel {
   bool PostChain(ibv_send_wr* wrs, int n) noexcept;
   bool WaitSendSpace(uint32_t needed) noexcept;
   bool PostRecv(uint32_t index) noexcept;
+  bool FlushRdma(int timeout_ms, bool own_anchor) noexcept;
+
+  // Failover (under failover_mu_ where it says Locked).
+  enum class Mode : uint8_t { kRdma, kFailing, kTcp };
+  bool CanFailover() const noexcept;
+  // Under the poll lock (or anywhere): remembers a transport failure for MaybeFailover.
+  void RequestFailover(wire::FailoverCause cause) noexcept;
+  void MaybeFailover() noexcept;  // a failure noticed under the poll lock, acted on after it
+  bool StopRdmaLocked(wire::FailoverCause cause) noexcept;
+  bool EnterTcpLocked(uint64_t peer_received) noexcept;
+  // Takes a FAILOVER the peer sent on the anchor, waiting up to `timeout_ms` (only when
+  // nobody else reads the anchor: the control thread no longer watches it).
+  bool TakePeerFailover(int timeout_ms) noexcept;
+  // Closing after failover: the peer's FAILOVER if still missing, then every byte out.
+  void FinishOnAnchor() noexcept;
+  void WakeAtEnd() const noexcept;
   void DrainLocked() const noexcept;
   void Handle(const ibv_wc& wc) const noexcept;
   void HandleNote(uint32_t note) const noexcept;
@@ -138,6 +174,17 @@ class Conn final : public Channel {
   bool eof_sent_ = false;     // CloseTx (sender side)
   bool closed_sent_ = false;  // CloseRx (receiver side)
   bool aborting_ = false;     // SO_LINGER {1, 0}: no orderly notes at close
+
+  // Failover.
+  std::atomic<int> anchor_fd_{-1};
+  std::atomic<Mode> mode_{Mode::kRdma};
+  std::atomic<bool> failover_wanted_{false};
+  std::atomic<wire::FailoverCause> failover_cause_{wire::FailoverCause::kTransportError};
+  std::atomic<uint64_t> tx_published_{0};  // the last `produced` given to TxPublish
+  std::atomic<bool> tx_finished_{false};   // CloseTx called: FIN after the last byte
+  std::mutex failover_mu_;
+  uint64_t rx_received_ = 0;  // our FAILOVER's count, under failover_mu_
+  mutable AnchorPath anchor_path_;
 
   // Send queue, under post_busy_.
   std::atomic_flag post_busy_ = ATOMIC_FLAG_INIT;

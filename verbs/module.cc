@@ -294,6 +294,8 @@ void VerbsModule::HandleCmEvent(rdma_cm_event* event) noexcept {
             }
           }
           conn->OnDisconnect();
+        } else if (event->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+          conn->TransportFailed(wire::FailoverCause::kDeviceRemoved);
         } else {
           conn->Fail(ECONNRESET);
         }

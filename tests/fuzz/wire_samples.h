@@ -67,6 +67,13 @@ inline Message MakeDecline(uint64_t nonce, DeclineReason reason) {
   return m;
 }
 
+inline Message MakeFailover(uint64_t received, uint64_t sent, FailoverCause cause) {
+  Message m;
+  m.type = Type::kFailover;
+  m.failover = Failover{.received = received, .sent = sent, .cause = cause};
+  return m;
+}
+
 constexpr std::array<uint8_t, 16> kV6Addr = {0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0,
                                              0,    0,    0,    0,    0, 0, 0, 0x2a};
 constexpr uint64_t kNonce = 0x0123456789abcdefull;
@@ -86,6 +93,8 @@ inline Message Typical(Type type) {
       return MakeAccept(kNonce);
     case Type::kDecline:
       return MakeDecline(kNonce, DeclineReason::kNonceMismatch);
+    case Type::kFailover:
+      return MakeFailover(1u << 20, 3u << 20, FailoverCause::kTransportError);
   }
   return Message();
 }
@@ -93,7 +102,8 @@ inline Message Typical(Type type) {
 // Valid messages of every type: typical ones, then every field at its limits.
 inline std::vector<Message> All() {
   std::vector<Message> all;
-  for (Type t : {Type::kRegister, Type::kCancel, Type::kConfirm, Type::kAccept, Type::kDecline})
+  for (Type t : {Type::kRegister, Type::kCancel, Type::kConfirm, Type::kAccept, Type::kDecline,
+                 Type::kFailover})
     all.push_back(Typical(t));
   const Endpoint v6_client = V6(kV6Addr, 0);
   const Endpoint v6_server = V6(kV6Addr, 65535);
@@ -109,6 +119,8 @@ inline std::vector<Message> All() {
   all.push_back(MakeAccept(~0ull));
   for (uint32_t r = 0; r <= static_cast<uint32_t>(DeclineReason::kVersion); ++r)
     all.push_back(MakeDecline(r, static_cast<DeclineReason>(r)));
+  for (uint32_t c = 0; c <= static_cast<uint32_t>(FailoverCause::kDeviceRemoved); ++c)
+    all.push_back(MakeFailover(c == 0 ? 0 : ~0ull >> c, ~0ull, static_cast<FailoverCause>(c)));
   return all;
 }
 

@@ -66,6 +66,7 @@ TEST(Config, DefaultsWhenNothingSet) {
   EXPECT_EQ(c.gid_index, -1);
   EXPECT_EQ(c.verbs_notify, VerbsNotify::kAuto);
   EXPECT_EQ(c.negative_ttl_ms, 10000u);
+  EXPECT_TRUE(c.failover);
   EXPECT_EQ(c.ring_size, 1u << 20);
   EXPECT_EQ(c.spin_us, 50u);
   EXPECT_EQ(c.handshake_timeout_ms, 2000u);
@@ -93,6 +94,12 @@ TEST(Config, VerbsOptions) {
   MustFail("SLIP_GID_INDEX", "-1");
   MustFail("SLIP_VERBS_NOTIFY", "write");
   MustFail("SLIP_NEGATIVE_TTL_MS", "3600001");
+  EXPECT_FALSE(MustParse({{"SLIP_FAILOVER", "0"}}).failover);
+  EXPECT_FALSE(MustParse({{"SLIP_FAILOVER", "no"}}).failover);
+  EXPECT_TRUE(MustParse({{"SLIP_FAILOVER", "TRUE"}}).failover);
+  MustFail("SLIP_FAILOVER", "");
+  MustFail("SLIP_FAILOVER", "2");
+  MustFail("SLIP_FAILOVER", "off");
 }
 
 TEST(Config, Enable) {
@@ -306,6 +313,7 @@ TEST(Config, UnknownSlipVariables) {
                            "SLIP_GID_INDEX=1",
                            "SLIP_VERBS_NOTIFY=imm",
                            "SLIP_NEGATIVE_TTL_MS=5",
+                           "SLIP_FAILOVER=1",
                            "SLIP_VM_NODE=1",
                            "SLIP_TEST_PLAIN=1",
                            "SLIP_RINGSIZE=1M",

@@ -47,9 +47,11 @@ constexpr size_t kRegisterRegionAt = 72;
 constexpr size_t kConfirmRingAt = 24;
 constexpr size_t kConfirmReservedAt = 28;
 constexpr size_t kDeclineReasonAt = 24;
+constexpr size_t kFailoverCauseAt = 32;
+constexpr size_t kFailoverReservedAt = 36;
 
-constexpr Type kTypes[] = {Type::kRegister, Type::kCancel, Type::kConfirm, Type::kAccept,
-                           Type::kDecline};
+constexpr Type kTypes[] = {Type::kRegister, Type::kCancel,  Type::kConfirm,
+                           Type::kAccept,   Type::kDecline, Type::kFailover};
 
 size_t MessageSize(Type t) {
   switch (t) {
@@ -63,6 +65,8 @@ size_t MessageSize(Type t) {
       return 24;
     case Type::kDecline:
       return 28;
+    case Type::kFailover:
+      return 40;
   }
   return 0;
 }
@@ -79,6 +83,8 @@ std::string TypeName(Type t) {
       return "Accept";
     case Type::kDecline:
       return "Decline";
+    case Type::kFailover:
+      return "Failover";
   }
   return "Unknown";
 }
@@ -99,6 +105,9 @@ bool SameMessage(const Message& a, const Message& b) {
       return a.accept.nonce == b.accept.nonce;
     case Type::kDecline:
       return a.decline.nonce == b.decline.nonce && a.decline.reason == b.decline.reason;
+    case Type::kFailover:
+      return a.failover.received == b.failover.received && a.failover.sent == b.failover.sent &&
+             a.failover.cause == b.failover.cause;
   }
   return false;
 }
@@ -219,6 +228,9 @@ TEST(WireEncode, GoldenBytes) {
        "534c4950010400001800000075bb5656 0102030405060708"},
       {samples::MakeDecline(42, DeclineReason::kPolicy),
        "534c4950010500001c000000d3e5e77f 2a0000000000000005000000"},
+      {samples::MakeFailover(0x123456789, 0x223456789, FailoverCause::kDeviceRemoved),
+       "534c495001060000280000003bd4cd66 89674523010000008967452302000000"
+       "0200000000000000"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(TypeName(c.msg.type));
@@ -232,7 +244,7 @@ TEST(WireEncode, GoldenBytes) {
 }
 
 TEST(WireEncode, UnknownTypeEncodesNothing) {
-  for (int t : {0, 6, 255}) {
+  for (int t : {0, 7, 255}) {
     Message m;
     m.type = static_cast<Type>(t);
     uint8_t buf[kMaxMessageSize];
@@ -413,7 +425,7 @@ TEST_P(WireMessageTest, EverySingleByteChangeIsRejected) {
       } else if (at == kVersionAt) {
         want = ParseStatus::kBadVersion;
       } else if (at == kTypeAt) {
-        want = v >= 1 && v <= 5 ? ParseStatus::kBadLength : ParseStatus::kBadType;
+        want = v >= 1 && v <= 6 ? ParseStatus::kBadLength : ParseStatus::kBadType;
       } else if (at < kLengthAt) {
         want = ParseStatus::kBadField;  // flags
       } else if (at < kChecksumAt) {
@@ -435,7 +447,7 @@ TEST_P(WireMessageTest, WrongVersion) {
 
 TEST_P(WireMessageTest, UnknownType) {
   for (int t = 0; t < 256; ++t) {
-    if (t >= 1 && t <= 5) continue;
+    if (t >= 1 && t <= 6) continue;
     EXPECT_EQ(StatusWith(msg(), kTypeAt, t, 1), ParseStatus::kBadType) << t;
   }
 }
@@ -593,6 +605,21 @@ TEST(WireFields, ConfirmReserved) {
   const Message m = samples::Typical(Type::kConfirm);
   for (int bit = 0; bit < 32; ++bit)
     EXPECT_EQ(StatusWith(m, kConfirmReservedAt, 1ull << bit, 4), ParseStatus::kBadField) << bit;
+}
+
+TEST(WireFields, FailoverCause) {
+  const Message m = samples::Typical(Type::kFailover);
+  for (uint32_t c = 0; c <= static_cast<uint32_t>(FailoverCause::kDeviceRemoved); ++c) {
+    const Parsed p = Parse(EncodeWith(m, kFailoverCauseAt, c, 4));
+    ASSERT_EQ(p.status, ParseStatus::kOk) << c;
+    EXPECT_EQ(p.msg.failover.cause, static_cast<FailoverCause>(c));
+    EXPECT_EQ(p.msg.failover.received, m.failover.received);
+    EXPECT_EQ(p.msg.failover.sent, m.failover.sent);
+  }
+  for (uint32_t c : {3u, 4u, 0xffu, 0x80000000u, 0xffffffffu})
+    EXPECT_EQ(StatusWith(m, kFailoverCauseAt, c, 4), ParseStatus::kBadField) << c;
+  for (int bit = 0; bit < 32; ++bit)
+    EXPECT_EQ(StatusWith(m, kFailoverReservedAt, 1ull << bit, 4), ParseStatus::kBadField) << bit;
 }
 
 TEST(WireFields, DeclineReason) {

@@ -4,12 +4,15 @@
 They use the integration harness (tests/integration/harness.py) with SLIP_TEST_HOST=10.77.0.1
 and SLIP_TEST_TRANSPORTS=verbs,tcp set by the suite, and check what only the verbs transport
 has: rdma_cm requests forged or malformed by a hostile peer (tests/vm/progs/forge_cm.c), the
-SEND-based notification path (iWARP's), RLIMIT_MEMLOCK too low to pin the rings, and the
-negative cache. Every case checks the bytes it moved (SHA-256) and the transport used.
+SEND-based notification path (iWARP's), RLIMIT_MEMLOCK too low to pin the rings, the
+negative cache, and failover to TCP when the RDMA device goes away mid-stream. Every case
+checks the bytes it moved (SHA-256) and the transport used.
 """
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,19 +38,45 @@ def forge_path(t):
     return path
 
 
+def first_difference(sent, received):
+    """Where two dumped streams first differ, and how far the difference runs (diagnosis)."""
+    a, b = Path(sent).read_bytes(), Path(received).read_bytes()
+    at = next((i for i in range(0, min(len(a), len(b)), 4096) if a[i:i + 4096] != b[i:i + 4096]),
+              None)
+    if at is None:
+        return f"equal for {min(len(a), len(b))} bytes (lengths {len(a)}, {len(b)})"
+    while a[at] == b[at]:
+        at += 1
+    end = at
+    while end < min(len(a), len(b)) and a[end] != b[end]:
+        end += 1
+    found = a.find(b[at:at + 64])
+    return (f"first difference at byte {at}, runs to {end} at least; the received bytes there "
+            f"are the sent bytes at {found}")
+
+
 def bulk_pair(t, server_slip=True, client_slip=True, server_env=None, client_env=None,
-              client_args=(), client_wrap=()):
-    """progs/bulk.py both ways; returns (server, client, traffic) after checking content."""
+              client_args=(), client_wrap=(), total=BULK, meanwhile=None, dump=False):
+    """progs/bulk.py both ways; returns (server, client, traffic) after checking content.
+    `meanwhile(server, client)` runs while the transfer is under way."""
+    dumps = ["--dump", t.dir / "server"] if dump else []
     server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--bind", LOOPBACK,
-                                  "--seed", 1, "--total", BULK), slip=server_slip, env=server_env)
+                                  "--seed", 1, "--total", total, *dumps), slip=server_slip,
+                     env=server_env)
+    dumps = ["--dump", t.dir / "client"] if dump else []
     argv = py("bulk.py", "client", "--port", t.port, "--host", LOOPBACK, "--seed", 2,
-              "--total", BULK, *client_args)
+              "--total", total, *dumps, *client_args)
     client = t.start("client", [*client_wrap, *argv], slip=client_slip, env=client_env)
     if client_wrap:
         client.exe = os.path.realpath(PYTHON)  # what the stats record will name
+    if meanwhile:
+        meanwhile(server, client)
     client.expect_exit(0)
     server.expect_exit(0)
     s, c = server.json_output(), client.json_output()
+    if dump:
+        print("client -> server:", first_difference(t.dir / "client.sent", t.dir / "server.received"))
+        print("server -> client:", first_difference(t.dir / "server.sent", t.dir / "client.received"))
     t.expect_same_stream("client -> server", c, s)
     t.expect_same_stream("server -> client", s, c)
     return server, client, {server: (s["sent"], s["received"]), client: (c["sent"], c["received"])}
@@ -144,6 +173,58 @@ def negative_cache(t, variant):
     text = log.read_text() if log.exists() else ""
     t.check(text.count("negative cache") == 1,
             f"expected one answer from the negative cache, log: {text!r}")
+
+
+RXE_COUNTERS = Path("/sys/class/infiniband/rxe0/ports/1/hw_counters")
+
+
+def rdma_packets():
+    try:
+        return int((RXE_COUNTERS / "sent_pkts").read_text())
+    except OSError:
+        return -1
+
+
+def rdma_link(*args):
+    done = subprocess.run(["rdma", "link", *args], capture_output=True, text=True, timeout=120)
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+@case("failover", variants=("device_removed",))
+def failover(t, variant):
+    """The RDMA device is deleted (`rdma link delete rxe0`) while 48 MiB flow each way
+    over verbs: both ends fail over to their TCP connection at the byte offsets they agree on
+    in FAILOVER messages, and the application sees nothing but a slower stream: both streams
+    arrive intact (SHA-256), each end's stats say "tcp", reason "failover", and each log
+    says why. The device is re-created afterwards for the cases that follow."""
+    logs = {name: t.dir / f"{name}.log" for name in ("server", "client")}
+    env = {name: {"SLIP_LOG": "info", "SLIP_LOG_FILE": str(path)} for name, path in logs.items()}
+    removed = {}
+
+    def remove_device(server, client):
+        # Only once RDMA really carries the streams (a few MiB), and well before they end.
+        start = rdma_packets()
+        client.wait_until(lambda: rdma_packets() - start > 3000, "RDMA traffic", timeout=60)
+        began = time.monotonic()
+        removed["status"] = rdma_link("delete", "rxe0")
+        removed["seconds"] = time.monotonic() - began
+
+    try:
+        server, client, traffic = bulk_pair(t, server_env=env["server"], client_env=env["client"],
+                                            total=48 * MiB, meanwhile=remove_device, dump=True)
+    finally:
+        if not RXE_COUNTERS.parent.parent.exists():
+            rdma_link("add", "rxe0", "type", "rxe", "netdev", "rxv0")
+        for name, path in logs.items():  # shown when the case fails
+            print(f"--- {name}'s log:\n{path.read_text() if path.exists() else '(none)'}")
+    code, said = removed.get("status", (None, "not attempted"))
+    t.check(code == 0, f"rdma link delete rxe0 failed ({code}): {said}")
+    print(f"device deleted in {removed['seconds']:.2f} s while the transfer ran")
+    for proc in (server, client):
+        t.expect_stats(proc, "tcp", "failover", traffic=traffic[proc])
+    for name, path in logs.items():
+        text = path.read_text() if path.exists() else ""
+        t.check("continues on TCP" in text, f"{name}: no failover line in its log: {text!r}")
 
 
 if __name__ == "__main__":

@@ -25,13 +25,16 @@ MAX_WRITE = MiB
 
 
 class Digest:
-    def __init__(self):
+    def __init__(self, dump=None):
         self.sha = hashlib.sha256()
         self.count = 0
+        self.dump = open(dump, "wb") if dump else None  # the bytes themselves, for diagnosis
 
     def add(self, data):
         self.sha.update(data)
         self.count += len(data)
+        if self.dump:
+            self.dump.write(data)
 
 
 # Writers: (sock, chunk) -> None, each writing the whole chunk.
@@ -110,10 +113,12 @@ def main():
     parser = argument_parser(__doc__, role=True)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--total", type=int, default=32 * MiB)
+    parser.add_argument("--dump", help="write the bytes sent and received to DUMP.sent/.received")
     args = parser.parse_args()
 
     sock = open_connection(args.role, args.port, args.source_port, args.bind, args.host)
-    sent, received = Digest(), Digest()
+    sent = Digest(args.dump and args.dump + ".sent")
+    received = Digest(args.dump and args.dump + ".received")
     errors = []
 
     def sender():

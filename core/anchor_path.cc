@@ -1,0 +1,107 @@
+#include "core/anchor_path.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+
+#include "core/sys.h"
+
+namespace slip {
+
+void AnchorPath::Start(int fd, uint8_t* rx_ring, const uint8_t* tx_ring, uint32_t ring_size,
+                       uint64_t rx_from, uint64_t tx_from) noexcept {
+  fd_ = fd;
+  rx_ring_ = rx_ring;
+  tx_ring_ = tx_ring;
+  mask_ = ring_size - 1;
+  rx_.store(rx_from, std::memory_order_relaxed);
+  tx_.store(tx_from, std::memory_order_relaxed);
+  started_.store(true, std::memory_order_release);
+}
+
+uint64_t AnchorPath::Pull(uint64_t consumed) noexcept {
+  std::lock_guard<std::mutex> lock(rx_mu_);
+  uint64_t rx = rx_.load(std::memory_order_relaxed);
+  if (eof_.load(std::memory_order_relaxed) || error_.load(std::memory_order_relaxed)) return rx;
+  const uint64_t size = uint64_t(mask_) + 1;
+  for (;;) {
+    // `consumed` may be stale (read by another caller before this one took the lock, and
+    // overtaken since): it then only means less space, never a negative one.
+    if (consumed + size <= rx) break;
+    uint64_t space = consumed + size - rx;
+    uint64_t offset = rx & mask_;
+    size_t want = size_t(space < size - offset ? space : size - offset);
+    ssize_t n = sys::recv(fd_, rx_ring_ + offset, want, MSG_DONTWAIT);
+    if (n > 0) {
+      rx += uint64_t(n);
+      rx_.store(rx, std::memory_order_release);
+      if (size_t(n) < want) break;  // drained (the next call sees EAGAIN anyway)
+      continue;
+    }
+    if (n == 0) {
+      eof_.store(true, std::memory_order_release);
+      break;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) error_.store(errno, std::memory_order_release);
+    break;
+  }
+  return rx;
+}
+
+uint64_t AnchorPath::PushLocked(uint64_t published) noexcept {
+  uint64_t tx = tx_.load(std::memory_order_relaxed);
+  const uint64_t size = uint64_t(mask_) + 1;
+  while (tx < published && !peer_closed_.load(std::memory_order_relaxed) &&
+         error_.load(std::memory_order_relaxed) == 0) {
+    uint64_t offset = tx & mask_;
+    uint64_t left = published - tx;
+    size_t len = size_t(left < size - offset ? left : size - offset);
+    ssize_t n = sys::send(fd_, tx_ring_ + offset, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      tx += uint64_t(n);
+      tx_.store(tx, std::memory_order_release);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    // The peer's reader is gone (EPIPE): our sends fail, its bytes to us may still come.
+    if (n < 0 && errno == EPIPE)
+      peer_closed_.store(true, std::memory_order_release);
+    else
+      error_.store(n < 0 ? errno : EIO, std::memory_order_release);
+    break;
+  }
+  if (finish_ && !shut_ && tx == final_) {
+    sys::shutdown(fd_, SHUT_WR);
+    shut_ = true;
+  }
+  return tx;
+}
+
+uint64_t AnchorPath::Push(uint64_t published) noexcept {
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  return PushLocked(published);
+}
+
+void AnchorPath::Finish(uint64_t published) noexcept {
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  finish_ = true;
+  final_ = published;
+  PushLocked(published);
+}
+
+bool AnchorPath::PushAll(uint64_t published, int timeout_ms) noexcept {
+  const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
+  for (;;) {
+    if (Push(published) == published) return true;
+    if (peer_closed() || error() != 0) return false;
+    uint64_t now = sys::MonotonicMs();
+    if (now >= deadline) return false;
+    pollfd pfd{fd_, POLLOUT, 0};
+    sys::poll(&pfd, 1, int(deadline - now));
+  }
+}
+
+}  // namespace slip
