@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/proxy.h"
 #include "core/sys.h"
+#include "verbs/gid.h"
 
 namespace slip::verbs {
 
@@ -102,16 +103,21 @@ int Conn::Init(bool send_notify) noexcept {
   attr.cap.max_send_sge = 1;
   attr.cap.max_recv_sge = 1;
   // Devices differ in how much they inline; ask for plenty, settle for what they give.
-  int rc = -1;
   for (uint32_t want : {kInlineWanted, 64u, 16u}) {
     attr.cap.max_inline_data = want;
     attr.cap.max_send_wr = kSendDepth;
     attr.cap.max_recv_wr = kRecvDepth;
-    rc = rdma_create_qp(id_, device_->pd(), &attr);
-    if (rc == 0) break;
+    qp_ = ibv_create_qp(device_->pd(), &attr);
+    if (qp_) break;
   }
-  if (rc != 0) return -(errno ? errno : EINVAL);
-  qp_created_ = true;
+  if (!qp_) return -(errno ? errno : EINVAL);
+  // The queue pair is ours, not rdma_cm's (rdma_create_qp would move it through its states
+  // itself): so that Connect can choose the source GID. INIT now, for the receives.
+  ibv_qp_attr init{};
+  int mask = 0;
+  init.qp_state = IBV_QPS_INIT;
+  if (rdma_init_qp_attr(id_, &init, &mask) != 0) return -(errno ? errno : EINVAL);
+  if (ibv_modify_qp(qp_, &init, mask) != 0) return -(errno ? errno : EINVAL);
   max_inline_ = attr.cap.max_inline_data;
   sq_depth_ = attr.cap.max_send_wr < kSendDepth ? attr.cap.max_send_wr : kSendDepth;
   for (uint32_t i = 0; i < kRecvDepth; ++i) {
@@ -136,7 +142,7 @@ Conn::~Conn() {
   // anchor, and the bytes the peer lost must still go out, on TCP.
   if (mode_.load() == Mode::kRdma && CanFailover()) TakePeerFailover(0);
   // A peer that closed its side reads nothing more: no notes, nothing to wait for.
-  if (mode_.load() == Mode::kRdma && id_ && qp_created_ && have_peer_ &&
+  if (mode_.load() == Mode::kRdma && id_ && qp_ && have_peer_ &&
       error_.load(std::memory_order_acquire) == 0 &&
       !peer_closed_.load(std::memory_order_acquire) && !aborting_) {
     // The last holder in this process closes (a forked child cannot hold a verbs
@@ -160,14 +166,48 @@ Conn::~Conn() {
     SpinGuard guard(&poll_busy_);
     error_.store(ECONNRESET, std::memory_order_release);
   }
-  if (id_) {
-    rdma_disconnect(id_);
-    if (qp_created_) rdma_destroy_qp(id_);
-    rdma_destroy_id(id_);  // waits until the progress thread acknowledged its events
-  }
-  if (cq_) ibv_destroy_cq(cq_);  // likewise for completion events
+  if (id_) rdma_disconnect(id_);
+  if (qp_) ibv_destroy_qp(qp_);
+  if (id_) rdma_destroy_id(id_);  // waits until the progress thread acknowledged its events
+  if (cq_) ibv_destroy_cq(cq_);   // likewise for completion events
   if (slot_.base) device_->PutSlot(slot_);
   if (proxy_b_ >= 0) sys::close(proxy_b_);
+}
+
+int Conn::Connect(int gid_override) noexcept {
+  // INIT again, now with what the connection exchange settled (access rights: before it,
+  // rdma_cm grants none), as librdmacm does for the queue pairs it manages. The peer
+  // writes into our ring: remote write always.
+  ibv_qp_attr attr{};
+  int mask = 0;
+  attr.qp_state = IBV_QPS_INIT;
+  if (rdma_init_qp_attr(id_, &attr, &mask) != 0) return -(errno ? errno : EINVAL);
+  attr.qp_access_flags |= IBV_ACCESS_REMOTE_WRITE;
+  mask |= IBV_QP_ACCESS_FLAGS;
+  if (ibv_modify_qp(qp_, &attr, mask) != 0) return -(errno ? errno : EINVAL);
+  attr = ibv_qp_attr{};
+  mask = 0;
+  attr.qp_state = IBV_QPS_RTR;
+  if (rdma_init_qp_attr(id_, &attr, &mask) != 0) return -(errno ? errno : EINVAL);
+  if (attr.ah_attr.is_global) {
+    const uint8_t port = attr.ah_attr.port_num ? attr.ah_attr.port_num : id_->port_num;
+    int index =
+        ChooseSourceGid(device_->context(), port, attr.ah_attr.grh.sgid_index, gid_override);
+    if (index < 0) return index;
+    if (index != attr.ah_attr.grh.sgid_index)
+      SLIP_LOG(kDebug, "verbs: source GID index %d instead of rdma_cm's %u", index,
+               unsigned(attr.ah_attr.grh.sgid_index));
+    attr.ah_attr.grh.sgid_index = uint8_t(index);
+    SLIP_LOG(kDebug, "verbs: queue pair %u: source GID index %d (%s)", qp_->qp_num, index,
+             GidTypeName(device_->context(), port, uint8_t(index)));
+  }
+  if (ibv_modify_qp(qp_, &attr, mask) != 0) return -(errno ? errno : EINVAL);
+  attr = ibv_qp_attr{};
+  mask = 0;
+  attr.qp_state = IBV_QPS_RTS;
+  if (rdma_init_qp_attr(id_, &attr, &mask) != 0 || ibv_modify_qp(qp_, &attr, mask) != 0)
+    return -(errno ? errno : EINVAL);
+  return 0;
 }
 
 void Conn::SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept {
@@ -194,7 +234,7 @@ bool Conn::PostRecv(uint32_t index) noexcept {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  return ibv_post_recv(id_->qp, &wr, &bad) == 0;
+  return ibv_post_recv(qp_, &wr, &bad) == 0;
 }
 
 bool Conn::SendHello(uint64_t nonce) noexcept {
@@ -213,7 +253,7 @@ bool Conn::SendHello(uint64_t nonce) noexcept {
   wr.opcode = IBV_WR_SEND;
   SpinGuard guard(&post_busy_);
   ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(id_->qp, &wr, &bad) != 0) return false;
+  if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
   ++sq_posted_;
   ++unsignaled_;
   return true;
@@ -478,7 +518,7 @@ bool Conn::StopRdmaLocked(wire::FailoverCause cause) noexcept {
     // are taken.
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_ERR;
-    if (id_ && qp_created_) ibv_modify_qp(id_->qp, &attr, IBV_QP_STATE);
+    if (qp_) ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
     DrainLocked();
   }
   rx_received_ = rx_produced_.load(std::memory_order_acquire);
@@ -633,7 +673,7 @@ bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
       wr.wr.rdma.remote_addr = peer_ring_addr_;
       wr.wr.rdma.rkey = peer_rkey_;
       ibv_send_wr* bad = nullptr;
-      if (ibv_post_send(id_->qp, &wr, &bad) != 0) return false;
+      if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
       ++sq_posted_;
       unsignaled_ = 0;
     }
@@ -818,7 +858,7 @@ bool Conn::PostChain(ibv_send_wr* wrs, int n) noexcept {
       unsignaled_ = 0;
     }
     ibv_send_wr* bad = nullptr;
-    int rc = ibv_post_send(id_->qp, wrs, &bad);
+    int rc = ibv_post_send(qp_, wrs, &bad);
     if (rc == 0) {
       sq_posted_ += uint64_t(n);
       return true;

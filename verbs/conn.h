@@ -52,6 +52,11 @@ class Conn final : public Channel {
   Device* device() const noexcept { return device_; }
   Slot& slot() noexcept { return slot_; }
 
+  uint32_t qp_num() const noexcept { return qp_->qp_num; }
+  // Moves the queue pair to RTR and RTS from what rdma_cm learned of the peer (after the
+  // REQ on the listening side, after the REP on the connecting side), with the source GID
+  // ChooseSourceGid picks (`gid_override`: SLIP_GID_INDEX, or -1). Returns 0 or -errno.
+  int Connect(int gid_override) noexcept;
   // The peer's ring (from REP or HELLO); data may flow only once it is known.
   void SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept;
   // The local proxy end that receives tokens and fill drains (owned from now on).
@@ -149,7 +154,7 @@ class Conn final : public Channel {
   uint64_t peer_ring_addr_ = 0;
   uint32_t peer_rkey_ = 0;
   int proxy_b_ = -1;
-  bool qp_created_ = false;
+  ibv_qp* qp_ = nullptr;  // ours, not attached to id_ (Connect picks its source GID)
   std::atomic<bool> orphaned_{false};
 
   // Receive side, updated by whoever polls (hence mutable: polling is a const read).

@@ -344,7 +344,10 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
     Device* dev = DeviceFor(id->verbs, &err);
     bool send_notify = dev && (SendNotify(dev) || (req.flags & kFlagSendNotify));
     conn = dev ? Conn::Create(id, dev, 1u << req.ring_log2, send_notify, &err) : nullptr;
-    if (conn) {
+    int ready = conn ? conn->Connect(config_->gid_index) : -1;
+    if (conn && ready < 0) {
+      SLIP_LOG(kInfo, "verbs: cannot ready a queue pair for a request (%s)", strerror(-ready));
+    } else if (conn) {
       Rep rep;
       rep.flags = send_notify ? kFlagSendNotify : 0;
       rep.ring_log2 = req.ring_log2;
@@ -357,6 +360,7 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
       param.private_data_len = uint8_t(EncodeRep(rep, data, sizeof(data)));
       param.retry_count = 7;
       param.rnr_retry_count = 7;
+      param.qp_num = conn->qp_num();
       Pending p;
       p.client = req.client;
       p.server = req.server;
@@ -689,6 +693,7 @@ bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
   param.private_data_len = uint8_t(EncodeReq(req, data, sizeof(data)));
   param.retry_count = 7;
   param.rnr_retry_count = 7;
+  param.qp_num = c->conn->qp_num();
   if (param.private_data_len == 0 || rdma_connect(c->id, &param) != 0) {
     *why = Reason::kNoRdmaPath;
     return false;
@@ -700,7 +705,9 @@ bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
     return false;
   }
   bool ok = false;
-  if (event->event == RDMA_CM_EVENT_ESTABLISHED) {
+  // The queue pair is not rdma_cm's, so the REP arrives as CONNECT_RESPONSE: we move the
+  // queue pair to RTS ourselves and then complete the exchange (rdma_establish sends RTU).
+  if (event->event == RDMA_CM_EVENT_CONNECT_RESPONSE) {
     Rep rep;
     ParseResult pr = ParseRep(static_cast<const uint8_t*>(event->param.conn.private_data),
                               event->param.conn.private_data_len, &rep);
@@ -708,6 +715,11 @@ bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
       SLIP_LOG(kWarn, "verbs: the listener answered with bad private data (%s)",
                ParseResultName(pr));
       *why = Reason::kDeclined;
+    } else if (int rc = c->conn->Connect(config_->gid_index); rc < 0) {
+      SLIP_LOG(kInfo, "verbs: cannot ready the queue pair (%s)", strerror(-rc));
+      *why = Reason::kNoRdmaPath;
+    } else if (rdma_establish(c->id) != 0) {
+      *why = Reason::kNoRdmaPath;
     } else {
       c->conn->SetPeer(rep.ring_addr, rep.rkey, (rep.flags & kFlagSendNotify) != 0);
       ok = true;

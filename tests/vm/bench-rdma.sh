@@ -9,15 +9,23 @@
 # Every figure is the median of a few runs. Then (the compat part) it runs unmodified
 # programs, plainly, under rsocket's preload and under slip-run: iperf3, sockperf ping-pong
 # and a Python asyncio echo (tests/vm/asyncio_echo.py), each under a timeout, and reports
-# ok/FAIL with the error and the transport that carried the bytes.
+# ok/FAIL with the error and the transport that carried the bytes. Then (the setup part)
+# connection setup: tests/stress/storm.c, rebuilt here with 10.77.0.1 in place of 127.0.0.1
+# (rdma_cm has no loopback), plain, both ends under slip-run --transports=verbs,tcp and
+# under rsocket's preload: "storm" (rounds of short-lived connections, C in flight:
+# nonblocking connect, request, reply, server close, EOF, close) and "sequential" (blocking
+# connects one after another), in connections/s; cmtime (rdmacm-utils) gives the raw
+# rdma_cm cost of the same link, step by step. Slipstream's connections must all be verbs
+# (slip-run's stats, both ends) and move RoCE packets (rxe0's counter).
 #
-#   tests/vm/bench-rdma.sh [--bench-only | --compat-only] [BUILD_DIR]     (from the host)
+#   tests/vm/bench-rdma.sh [--bench-only | --compat-only | --setup-only] [BUILD_DIR]  (host)
 #
 # The guest cannot write the host (its root is the host's, read-only), so the guest part
 # (--guest) prints machine-readable lines ("@rec JSON", "@raw BASE64-TGZ") on stdout, which
 # rxe-run streams back; this host side turns them into BUILD_DIR/bench-rdma/:
 #   results.md    the tables as printed     results.json  settings and every record
 #   bench.csv     one row per test/column   compat.csv    one row per program/mode
+#   setup.csv     one row per setup test    bin/          storm, built for the link
 #   guest.log     the guest's whole output  raw/          every program's output and stats
 #
 # Environment (host side; passed into the guest like every SLIP_* variable):
@@ -25,9 +33,16 @@
 #   SLIP_BENCH_RDMA_DURATION=0.5   seconds per slip-perf run (TCG: keep it short)
 #   SLIP_BENCH_RDMA_T=90           timeout of each benchmark program, seconds
 #   SLIP_BENCH_RDMA_COMPAT_T=30    timeout of each compat program, seconds
+#   SLIP_BENCH_RDMA_SETUP_CONNS=100    setup: storm connections per round
+#   SLIP_BENCH_RDMA_SETUP_ROUNDS=3     setup: storm rounds (the median round is reported)
+#   SLIP_BENCH_RDMA_SETUP_INFLIGHT=20  setup: storm connections in flight (cmtime's batch)
+#   SLIP_BENCH_RDMA_SETUP_SEQ=50       setup: sequential connects per run (REPEAT runs)
+#   SLIP_BENCH_RDMA_SETUP_T=120        setup: timeout of each storm client, seconds
+#   SLIP_BENCH_RDMA_SETUP_RSOCKET=1    setup: 0 skips the rsocket column
 #   SLIP_VM_TIMEOUT=900            the whole guest (rxe-run kills it then)
-# Exit status: 0 when every benchmark figure was measured and every program ran plainly and
-# under Slipstream (rsocket's failures are findings, not failures); 1 otherwise; rxe-run's
+# Exit status: 0 when every benchmark figure was measured, every program ran plainly and
+# under Slipstream, and every setup figure was measured with Slipstream's connections all on
+# verbs (rsocket's failures are findings, not failures); 1 otherwise; rxe-run's
 # status (124 timeout, 125 lab failure) when the guest itself failed; 2 on a setup error.
 # shellcheck disable=SC2016  # jq programs in single quotes
 set -uo pipefail
@@ -275,12 +290,219 @@ compat_all() {
   done
 }
 
+# ---- the setup part: connections per second
+
+# verbs_check TOTAL: under slip, every one of the TOTAL connections must be verbs at both
+# ends (slip-run's stats: one record per process, 2 x TOTAL ends) and RoCE packets must have
+# moved. Prints what is wrong, nothing when all is well.
+verbs_check() {
+  local total=$1 verbs others
+  verbs=$(jq -rR 'fromjson? | .connections[]? | select(.transport == "verbs") | 1' \
+    "$PRE.stats.jsonl" 2>/dev/null | wc -l)
+  others=$(jq -rR 'fromjson? | .connections[]? | select(.transport != "verbs") | 1' \
+    "$PRE.stats.jsonl" 2>/dev/null | wc -l)
+  if ((verbs != 2 * total || others != 0)); then
+    echo "expected $((2 * total)) connection ends on verbs, the stats list $verbs on verbs" \
+      "and $others other: $(slip_stats_summary "$PRE.stats.jsonl")"
+  elif [[ $PATHS != rdma* ]]; then
+    echo "the stats say verbs but rxe0 sent no packet ($PATH_NOTE)"
+  fi
+}
+
+# setup_rec TEST COLUMN STATUS ERROR UNIT VALUES...: the median (min-max) of VALUES.
+setup_rec() {
+  local test=$1 column=$2 status=$3 err=$4 unit=$5 tr=$6
+  shift 6
+  local val="" min="" max=""
+  if [[ $# -gt 0 ]]; then
+    val=$(printf '%s\n' "$@" | median)
+    min=$(printf '%s\n' "$@" | sort -g | head -n 1)
+    max=$(printf '%s\n' "$@" | sort -g | tail -n 1)
+  fi
+  [[ $status == ok && -z $val ]] && status=FAIL err="no figure"
+  rec --arg test "$test" --arg column "$column" --arg value "$val" --arg min "$min" \
+    --arg max "$max" --arg unit "$unit" --arg transport "$tr" --arg paths "$PATH_NOTE" \
+    --arg status "$status" --arg error "$err" --argjson n "$#" \
+    --argjson conns "${SETUP_TOTAL:-0}" --argjson inflight "${SETUP_INFLIGHT:-0}" \
+    '{kind: "setup", test: $test, column: $column, value: $value, min: $min, max: $max,
+      unit: $unit, runs: $n, conns: $conns, inflight: $inflight, transport: $transport,
+      paths: $paths, status: $status, error: $error}'
+  say "setup $test $column: $status ${val:+$val $unit }[$tr; $PATH_NOTE]${err:+: $err}"
+}
+
+# gates NAME N: a gate directory for storm's client with go.0..go.N already there, so it
+# never waits.
+gates() {
+  local dir=$RAW/gate.$1 k
+  mkdir -p "$dir"
+  for ((k = 0; k <= $2; k++)); do : >"$dir/go.$k"; done
+  echo "$dir"
+}
+
+# setup_storm COLUMN MODE PORT LIMIT: one storm run, SETUP_ROUNDS rounds of SETUP_CONNS
+# connections with SETUP_INFLIGHT in flight; the figure is each round's connections/s.
+setup_storm() {
+  local column=$1 mode=$2 port=$3 limit=$4 t0=$SECONDS gate
+  local total=$((SETUP_CONNS * SETUP_ROUNDS))
+  gate=$(gates "storm.$column" "$SETUP_ROUNDS")
+  pair "setup.storm.$column" "$mode" "$port" "$limit" 1 \
+    "$STORM" serve --port "$port" --mode close :: \
+    "$STORM" client --port "$port" --mode storm --conns "$SETUP_CONNS" \
+    --concurrency "$SETUP_INFLIGHT" --rounds "$SETUP_ROUNDS" --gate "$gate"
+  local status=ok err="" tr vals=() ok
+  tr=$(transport "$mode")
+  ok=$(jq -rR 'fromjson? | select(.role == "client") | .ok' "$PRE.out" 2>/dev/null)
+  if [[ $CRC != 0 || ($SRC != 0 && $SRC != 130) || $ok != "$total" ]]; then
+    status=FAIL err="$(why "$limit"); ${ok:-no} of $total connections completed"
+  else
+    read -r -a vals <<<"$(jq -rR 'fromjson? | select(.event == "round") | .conns_per_s' \
+      "$PRE.out" | tr '\n' ' ')"
+  fi
+  if [[ $mode == slip && $status == ok ]]; then
+    err=$(verbs_check "$total")
+    [[ -n $err ]] && status=FAIL
+  fi
+  SETUP_TOTAL=$total SETUP_INFLIGHT=$SETUP_INFLIGHT \
+    setup_rec storm "$column" "$status" "$err" conn/s "$tr" "${vals[@]}"
+  say "setup storm $column: $((SECONDS - t0)) s"
+}
+
+# setup_seq COLUMN MODE PORT RUNS: RUNS runs of SETUP_SEQ blocking connects one after
+# another (storm's hold mode; then a request and reply on each, then all closed); the figure
+# is SETUP_SEQ / the time of the connects.
+setup_seq() {
+  local column=$1 mode=$2 port=$3 runs=$4 t0=$SECONDS r gate
+  local status=ok err="" tr="" vals=() v
+  for ((r = 1; r <= runs; r++)); do
+    gate=$(gates "seq.$column.$r" 2)
+    pair "setup.seq.$column.$r" "$mode" "$port" "$ST" 2 \
+      "$STORM" serve --port "$port" --mode hold :: \
+      "$STORM" client --port "$port" --mode hold --conns "$SETUP_SEQ" --gate "$gate"
+    port=$((port + 1))
+    tr=$(transport "$mode")
+    v=$(jq -rR --argjson n "$SETUP_SEQ" 'fromjson? | select(.event == "open" and .ok == $n) |
+      $n / .connect_s | . * 10 | round / 10' "$PRE.out" 2>/dev/null)
+    if [[ $CRC != 0 || ($SRC != 0 && $SRC != 130) || -z $v ]]; then
+      status=FAIL err="run $r: $(why "$ST")"
+      break
+    fi
+    if [[ $mode == slip ]]; then
+      err=$(verbs_check "$SETUP_SEQ")
+      [[ -n $err ]] && { status=FAIL err="run $r: $err"; break; }
+    fi
+    vals+=("$v")
+  done
+  [[ $status == FAIL ]] && vals=()
+  SETUP_TOTAL=$((SETUP_SEQ * runs)) SETUP_INFLIGHT=1 \
+    setup_rec sequential "$column" "$status" "$err" conn/s "$tr" "${vals[@]}"
+  say "setup sequential $column: $((SECONDS - t0)) s"
+}
+
+# cmtime_steps FILE: "step=total_ms ..." from cmtime's table (its first figure per step).
+cmtime_steps() {
+  awk -F: '/^[a-z ]+: / { gsub(/ +$/, "", $1); split($2, f, " "); gsub(/ /, "_", $1)
+    printf "%s%s=%s", sep, $1, f[1]; sep = " " } END { print "" }' "$1"
+}
+
+# setup_cmtime PORT: cmtime, the raw rdma_cm cost on this link, against one cmtime server.
+# Sequential: REPEAT runs of one connection (create id, resolve addr, resolve route, create
+# qp, connect: 1000 / their ms). Storm: REPEAT runs of SETUP_INFLIGHT connections, each
+# step for all at once (the whole life, disconnect and destroy included: SETUP_INFLIGHT *
+# 1000 / the sum of the steps' ms). Also one "cmtime" record: each step's median.
+setup_cmtime() {
+  local port=$1 t0=$SECONDS r n test line sum v tr="rdma (rdma_cm, no data)"
+  local -A steps=()
+  PRE=$RAW/setup.cmtime
+  timeout -s INT -k 5 $((4 * T)) cmtime -p "$port" >"$PRE.server.log" 2>&1 &
+  local spid=$!
+  if ! wait_ready "$port" "$spid"; then
+    echo "(the server did not listen on $port within 30 s)" >>"$PRE.server.log"
+  fi
+  for test in sequential storm; do
+    n=1
+    [[ $test == storm ]] && n=$SETUP_INFLIGHT
+    local vals=() status=ok err=""
+    snap
+    for ((r = 1; r <= REPEAT; r++)); do
+      PRE=$RAW/setup.cmtime.$test.$r
+      cp "$RAW/setup.cmtime.server.log" "$PRE.server.log"
+      timeout -s INT -k 5 "$T" cmtime -s "$IP" -p "$port" -c "$n" >"$PRE.out" 2>"$PRE.err"
+      CRC=$? SRC=0
+      line=$(cmtime_steps "$PRE.out")
+      if [[ $CRC != 0 || $line != *connect=* ]]; then
+        status=FAIL err="run $r: $(why "$T")"
+        break
+      fi
+      steps[$test]+="$line "
+      if [[ $test == sequential ]]; then
+        sum=$(tr ' ' '\n' <<<"$line" | awk -F= '$1 !~ /^(disconnect|destroy)$/ { s += $2 }
+          END { print s }')
+      else
+        sum=$(tr ' ' '\n' <<<"$line" | awk -F= '{ s += $2 } END { print s }')
+      fi
+      v=$(awk -v n="$n" -v s="$sum" 'BEGIN { if (s > 0) printf "%.1f", n * 1000 / s }')
+      [[ -n $v ]] && vals+=("$v")
+    done
+    paths
+    [[ $status == FAIL ]] && vals=()
+    SETUP_TOTAL=$((n * REPEAT)) SETUP_INFLIGHT=$n \
+      setup_rec "$test" rdma_cm "$status" "$err" conn/s "$tr" "${vals[@]}"
+  done
+  stop "$spid" 0
+  # Each step's median over the runs: ms for one connection alone, us per connection for
+  # SETUP_INFLIGHT at once.
+  local json="{}" step
+  for test in sequential storm; do
+    for step in create_id resolve_addr resolve_route create_qp connect disconnect destroy; do
+      v=$(tr ' ' '\n' <<<"${steps[$test]:-}" | awk -F= -v k="$step" '$1 == k { print $2 }' |
+        median)
+      [[ -z $v ]] && continue
+      [[ $test == storm ]] &&
+        v=$(awk -v v="$v" -v n="$SETUP_INFLIGHT" 'BEGIN { printf "%.0f", v * 1000 / n }')
+      json=$(jq -c --arg t "$test" --arg s "$step" --arg v "$v" '.[$t][$s] = ($v | tonumber)' \
+        <<<"$json")
+    done
+  done
+  rec --argjson steps "$json" --argjson n "$SETUP_INFLIGHT" \
+    '{kind: "cmtime", inflight: $n, sequential_ms: ($steps.sequential // {}),
+      storm_us_per_conn: ($steps.storm // {})}'
+  say "setup cmtime: $((SECONDS - t0)) s"
+}
+
+setup_all() {
+  say "setup: storm $SETUP_ROUNDS x $SETUP_CONNS connections, $SETUP_INFLIGHT in flight;" \
+    "sequential $REPEAT x $SETUP_SEQ connects"
+  if [[ ! -x $STORM ]]; then
+    local c
+    for c in tcp rsocket slipstream rdma_cm; do
+      PATH_NOTE="" setup_rec storm "$c" FAIL "$STORM not built (the host side builds it)" conn/s ""
+    done
+    return
+  fi
+  setup_storm tcp plain 7301 "$ST"
+  setup_seq tcp plain 7311 "$REPEAT"
+  setup_storm slipstream slip 7302 "$ST"
+  setup_seq slipstream slip 7321 "$REPEAT"
+  if [[ $SETUP_RSOCKET == 1 ]]; then
+    # One run each, on a short leash: rsocket's preload does not implement epoll.
+    setup_storm rsocket rsocket 7303 "$CT"
+    setup_seq rsocket rsocket 7331 1
+  fi
+  setup_cmtime 7341
+}
+
 guest_main() {
   local parts=$1 build=$2
   REPEAT=${SLIP_BENCH_RDMA_REPEAT:-3}
   DURATION=${SLIP_BENCH_RDMA_DURATION:-0.5}
   T=${SLIP_BENCH_RDMA_T:-90}
   CT=${SLIP_BENCH_RDMA_COMPAT_T:-30}
+  SETUP_CONNS=${SLIP_BENCH_RDMA_SETUP_CONNS:-100}
+  SETUP_ROUNDS=${SLIP_BENCH_RDMA_SETUP_ROUNDS:-3}
+  SETUP_INFLIGHT=${SLIP_BENCH_RDMA_SETUP_INFLIGHT:-20}
+  SETUP_SEQ=${SLIP_BENCH_RDMA_SETUP_SEQ:-50}
+  SETUP_RSOCKET=${SLIP_BENCH_RDMA_SETUP_RSOCKET:-1}
+  ST=${SLIP_BENCH_RDMA_SETUP_T:-120}
   # The shim warns about every SLIP_* variable it does not know (the lab's included).
   local own=("${!SLIP_BENCH_RDMA_@}" "${!SLIP_VM_@}")
   [[ ${#own[@]} -gt 0 ]] && unset "${own[@]}"
@@ -288,6 +510,7 @@ guest_main() {
   source "$ROOT/tests/bench/lib.sh"
   SLIP_PERF=$build/bin/slip-perf
   SLIP_RUN=$build/bin/slip-run
+  STORM=$build/bench-rdma/bin/storm
   RS=$(dpkg -L librdmacm1 2>/dev/null | grep '/librspreload\.so$' | head -n 1)
   [[ -n $RS ]] || RS=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
   RAW=/tmp/bench-rdma
@@ -295,12 +518,14 @@ guest_main() {
   mkdir -p "$RAW"
   local start=$SECONDS
   rec --arg kernel "$(uname -r)" --arg rs "$RS" --arg repeat "$REPEAT" \
-    --arg duration "$DURATION" --arg cpus "$(nproc)" \
+    --arg duration "$DURATION" --arg cpus "$(nproc)" --arg parts "$parts" \
+    --arg setup "storm ${SETUP_ROUNDS}x${SETUP_CONNS} (${SETUP_INFLIGHT} in flight), sequential ${REPEAT}x${SETUP_SEQ}" \
     --arg dev "$DEV $(ibv_devinfo -d "$DEV" | awk '/active_mtu/ { print "active_mtu " $2 }')" \
     '{kind: "settings", kernel: $kernel, vcpus: $cpus, device: $dev, rsocket_preload: $rs,
-      repeat: $repeat, duration_s: $duration}'
-  [[ $parts != compat ]] && bench
-  [[ $parts != bench ]] && compat_all
+      repeat: $repeat, duration_s: $duration, parts: $parts, setup: $setup}'
+  [[ $parts == all || $parts == bench ]] && bench
+  [[ $parts == all || $parts == compat ]] && compat_all
+  [[ $parts == all || $parts == setup ]] && setup_all
   say "done in $((SECONDS - start)) s"
   echo "@raw $(tar -C "$RAW" -czf - . | base64 -w 0)"
 }
@@ -316,6 +541,7 @@ PARTS=all
 case ${1:-} in
   --bench-only) PARTS=bench; shift ;;
   --compat-only) PARTS=compat; shift ;;
+  --setup-only) PARTS=setup; shift ;;
   -h | --help) sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 esac
 BUILD=${1:-build}
@@ -336,6 +562,16 @@ done
 OUT=$BUILD/bench-rdma
 rm -rf "$OUT"
 mkdir -p "$OUT/raw" || exit 2
+if [[ $PARTS == all || $PARTS == setup ]]; then
+  # storm.c connects to and listens on 127.0.0.1 (INADDR_LOOPBACK), which rdma_cm cannot
+  # reach: the same source, built with the link's address in its place.
+  mkdir -p "$OUT/bin" || exit 2
+  # shellcheck disable=SC2086  # the address's four numbers
+  printf '#define _GNU_SOURCE\n#include <netinet/in.h>\n#undef INADDR_LOOPBACK\n#define INADDR_LOOPBACK ((in_addr_t)0x%02x%02x%02x%02x) /* %s */\n' \
+    ${IP//./ } "$IP" >"$OUT/bin/storm-addr.h"
+  cc -O2 -Wall -Wextra -include "$OUT/bin/storm-addr.h" -o "$OUT/bin/storm" \
+    tests/stress/storm.c || { echo "error: cannot build tests/stress/storm.c" >&2; exit 2; }
+fi
 : "${SLIP_VM_TIMEOUT:=900}"
 export SLIP_VM_TIMEOUT
 echo "bench-rdma: one guest run (tests/vm/rxe-run), output in $OUT/"
@@ -354,7 +590,8 @@ grep '^@rec ' "$OUT/guest.log" | cut -c6- | jq -s --arg l0 "$LOAD0" --arg l1 "$L
   --arg vm_s "$((SECONDS - start))" '{
     settings: (map(select(.kind == "settings")) | first |
       . + {host_load_before: $l0, host_load_after: $l1, guest_run_s: $vm_s}),
-    bench: map(select(.kind == "bench")), compat: map(select(.kind == "compat"))}' \
+    bench: map(select(.kind == "bench")), compat: map(select(.kind == "compat")),
+    setup: map(select(.kind == "setup")), cmtime: (map(select(.kind == "cmtime")) | first)}' \
   >"$OUT/results.json" || { echo "bench-rdma: no results" >&2; exit "${vm_rc/#0/1}"; }
 
 jq -r '(["test", "column", "value", "min", "max", "unit", "metric", "runs", "transport",
@@ -364,36 +601,45 @@ jq -r '(["test", "column", "value", "min", "max", "unit", "metric", "runs", "tra
 jq -r '(["program", "mode", "status", "transport", "result", "error"] | @csv),
        (.compat[] | [.program, .mode, .status, .transport, .result, .error] | @csv)' \
   "$OUT/results.json" >"$OUT/compat.csv"
+jq -r '(["test", "column", "value", "min", "max", "unit", "runs", "conns", "inflight",
+         "transport", "status", "error"] | @csv),
+       (.setup[] | [.test, .column, .value, .min, .max, .unit, .runs, .conns, .inflight,
+         .transport, .status, .error] | @csv)' "$OUT/results.json" >"$OUT/setup.csv"
 
-# The tables (markdown), from results.json.
-jq -r '
-  def fig($t; $c): (.bench[] | select(.test == $t and .column == $c)) // null;
-  def show($r): if $r == null then "-" elif $r.status == "FAIL" then "FAIL"
-    else $r.value + (if $r.min != "" then " (" + $r.min + "-" + $r.max + ")" else "" end) +
-      (if $r.status == "warn" then " (!)" else "" end) end;
-  def num($r): if $r == null or $r.status == "FAIL" then null else ($r.value | tonumber) end;
-  def ratio($a; $b): if $a == null or $b == null or $b == 0 then "-"
-    else (($a / $b * 100 | round) / 100 | tostring) + "x" end;
-  def slipmark($r): if $r == null or $r.status == "FAIL" then ""
-    elif ($r.transport | test("^[0-9]+x verbs$")) then " [verbs]"
-    else " [" + $r.transport + "]" end;
-  ["| test | kernel TCP | rsocket | Slipstream | perftest | Slipstream/rsocket | Slipstream/perftest |",
-   "| --- | --- | --- | --- | --- | --- | --- |"][],
-  (["lat", "latency 64 B, p50 us (lower is better)"], ["bw", "bandwidth 64 KiB, Gbit/s"]) as [$t, $title] |
-  fig($t; "tcp") as $k | fig($t; "rsocket") as $r | fig($t; "slipstream") as $s |
-  fig($t; "perftest") as $p |
-  "| \($title) | \(show($k)) | \(show($r)) | \(show($s))\(slipmark($s)) | \(show($p)) | " +
-  "\(ratio(num($s); num($r))) | \(ratio(num($s); num($p))) |"' "$OUT/results.json" >"$OUT/results.md"
+# The tables (markdown), from results.json: those of the parts that ran.
+part() { [[ $PARTS == all || $PARTS == "$1" ]]; }
+settings=$(jq -r '.settings | "\(.kernel), \(.vcpus) vCPUs, \(.device)"' "$OUT/results.json")
 {
+if part bench; then
+  jq -r '
+    def fig($t; $c): (.bench[] | select(.test == $t and .column == $c)) // null;
+    def show($r): if $r == null then "-" elif $r.status == "FAIL" then "FAIL"
+      else $r.value + (if $r.min != "" then " (" + $r.min + "-" + $r.max + ")" else "" end) +
+        (if $r.status == "warn" then " (!)" else "" end) end;
+    def num($r): if $r == null or $r.status == "FAIL" then null else ($r.value | tonumber) end;
+    def ratio($a; $b): if $a == null or $b == null or $b == 0 then "-"
+      else (($a / $b * 100 | round) / 100 | tostring) + "x" end;
+    def slipmark($r): if $r == null or $r.status == "FAIL" then ""
+      elif ($r.transport | test("^[0-9]+x verbs$")) then " [verbs]"
+      else " [" + $r.transport + "]" end;
+    ["| test | kernel TCP | rsocket | Slipstream | perftest | Slipstream/rsocket | Slipstream/perftest |",
+     "| --- | --- | --- | --- | --- | --- | --- |"][],
+    (["lat", "latency 64 B, p50 us (lower is better)"], ["bw", "bandwidth 64 KiB, Gbit/s"]) as [$t, $title] |
+    fig($t; "tcp") as $k | fig($t; "rsocket") as $r | fig($t; "slipstream") as $s |
+    fig($t; "perftest") as $p |
+    "| \($title) | \(show($k)) | \(show($r)) | \(show($s))\(slipmark($s)) | \(show($p)) | " +
+    "\(ratio(num($s); num($r))) | \(ratio(num($s); num($p))) |"' "$OUT/results.json"
   echo
   echo "Figures: median of $(jq -r '.settings.repeat' "$OUT/results.json") runs (min-max)," \
-    "one guest ($(jq -r '.settings | "\(.kernel), \(.vcpus) vCPUs, \(.device)"' "$OUT/results.json")," \
+    "one guest ($settings)," \
     "TCG: ratios only; host load average before/after: $LOAD0 / $LOAD1)."
   echo "(!): measured, but a side reported an error. Path of each column (rxe0 and TCP" \
     "counters in the guest; Slipstream: slip-run's stats file):"
   jq -r '.bench[] | "- \(.column) \(.test): \(.status), \(.transport); \(.paths)\(if .error != "" then "; " + .error else "" end)"' \
     "$OUT/results.json"
-  echo
+fi
+if part compat; then
+  [[ $PARTS == all ]] && echo
   echo "| program | plain | rsocket (librspreload.so) | Slipstream (verbs,tcp) |"
   echo "| --- | --- | --- | --- |"
   jq -r '
@@ -403,14 +649,55 @@ jq -r '
     (.compat | map(.program) | unique)[] as $p |
     "| \($p) | \(cell($p; "plain")) | \(cell($p; "rsocket")) | \(cell($p; "slip")) |"' \
     "$OUT/results.json"
-} >>"$OUT/results.md"
+fi
+if part setup; then
+  [[ $PARTS == all ]] && echo
+  jq -r '
+    def fig($t; $c): (.setup[] | select(.test == $t and .column == $c)) // null;
+    def show($r): if $r == null then "-" elif $r.value == "" then "FAIL"
+      else $r.value + (if $r.min != $r.max then " (" + $r.min + "-" + $r.max + ")" else "" end) +
+        (if $r.status != "ok" then " (FAIL)" else "" end) end;
+    def num($r): if $r == null or $r.value == "" then null else ($r.value | tonumber) end;
+    def ratio($a; $b): if $a == null or $b == null or $b == 0 then "-"
+      else (($a / $b * 1000 | round) / 1000 | tostring) + "x" end;
+    def slipmark($r): if $r == null or $r.value == "" then ""
+      elif ($r.transport | test("^[0-9]+x verbs$")) then " [verbs]"
+      else " [" + $r.transport + "]" end;
+    (fig("storm"; "tcp") // fig("storm"; "slipstream") // {conns: 0, inflight: 0}) as $st |
+    ["| connections/s (higher is better) | kernel TCP | rsocket | Slipstream | rdma_cm (cmtime) | Slipstream/TCP | Slipstream/rdma_cm |",
+     "| --- | --- | --- | --- | --- | --- | --- |"][],
+    (["storm", "storm: \($st.conns) short-lived, \($st.inflight) in flight (connect, request, reply, close)"],
+     ["sequential", "sequential: blocking connects, one after another"]) as [$t, $title] |
+    fig($t; "tcp") as $k | fig($t; "rsocket") as $r | fig($t; "slipstream") as $s |
+    fig($t; "rdma_cm") as $c |
+    "| \($title) | \(show($k)) | \(show($r)) | \(show($s))\(slipmark($s)) | \(show($c)) | " +
+    "\(ratio(num($s); num($k))) | \(ratio(num($s); num($c))) |"' "$OUT/results.json"
+  echo
+  echo "Connection setup: storm and sequential are tests/stress/storm.c on $IP" \
+    "(storm: the median of its rounds; sequential: the median of the runs), one guest" \
+    "($settings, TCG: ratios only; host load average before/after: $LOAD0 / $LOAD1)." \
+    "rdma_cm: cmtime (rdmacm-utils) on the same link, no data: sequential one connection" \
+    "alone (create id to established), storm the whole life of each batch. Slipstream's" \
+    "connections must all be verbs at both ends (slip-run's stats) and rxe0 must have sent" \
+    "packets. Each column's path and any error:"
+  jq -r '.setup[] | "- \(.column) \(.test): \(.status), \(.runs) figure(s), \(.transport)\(if .paths != "" then "; " + .paths else "" end)\(if .error != "" then "; " + .error else "" end)"' \
+    "$OUT/results.json"
+  jq -r '.cmtime // empty |
+    def line($o; $u): [$o | to_entries[] | "\(.key | gsub("_"; " ")) \(.value)"] | join(", ") + " " + $u;
+    "- rdma_cm steps (cmtime, median): one connection alone: " + line(.sequential_ms; "ms") +
+    "; \(.inflight) at once: " + line(.storm_us_per_conn; "us per connection")' \
+    "$OUT/results.json"
+fi
+} >"$OUT/results.md"
 echo
 cat "$OUT/results.md"
 echo
-echo "bench-rdma: results in $OUT/ (results.md results.json bench.csv compat.csv guest.log raw/)"
+echo "bench-rdma: results in $OUT/ (results.md results.json bench.csv compat.csv setup.csv" \
+  "guest.log raw/)"
 
 [[ $vm_rc != 0 ]] && exit "$vm_rc"
 bad=$(jq '[.bench[] | select(.status != "ok")] + [.compat[] | select(.mode != "rsocket" and
-  .status != "ok")] | length' "$OUT/results.json")
+  .status != "ok")] + [.setup[] | select(.column != "rsocket" and .status != "ok")] | length' \
+  "$OUT/results.json")
 [[ $bad == 0 ]] || { echo "bench-rdma: $bad measurement(s) or run(s) failed" >&2; exit 1; }
 exit 0

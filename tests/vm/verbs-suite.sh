@@ -32,7 +32,8 @@ sockperf.both asyncio.both poll.both select.both et.both sendfile.both banner.bo
 kill.sender_killed kill.receiver_killed kill.recv_blocked_client_killed
 kill.recv_blocked_server_killed"}
 VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
-forged_nonce.run memlock.run negative_cache.run failover.device_removed"}
+forged_nonce.run memlock.run negative_cache.run gid.default gid.explicit gid.missing_client
+gid.missing_server failover.device_removed"}
 
 passed=0
 failed=0

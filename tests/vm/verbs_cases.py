@@ -175,6 +175,37 @@ def negative_cache(t, variant):
             f"expected one answer from the negative cache, log: {text!r}")
 
 
+@case("gid", variants=("default", "explicit", "missing_client", "missing_server"))
+def gid(t, variant):
+    """The source GID of the queue pairs: by default the RoCE v2 entry of the address (index 1
+    on rxe0 here: 0 is the link-local one), as each end's debug log says; SLIP_GID_INDEX=1 the
+    same, explicitly; SLIP_GID_INDEX=99 (no such entry) on one end: that end says so in its
+    log and the connection stays on TCP, its bytes intact."""
+    logs = {name: t.dir / f"{name}.log" for name in ("server", "client")}
+    env = {name: {"SLIP_LOG": "debug", "SLIP_LOG_FILE": str(path)} for name, path in logs.items()}
+    if variant == "explicit":
+        for name in env:
+            env[name]["SLIP_GID_INDEX"] = "1"
+    elif variant.startswith("missing_"):
+        env[variant[len("missing_"):]]["SLIP_GID_INDEX"] = "99"
+    server, client, traffic = bulk_pair(t, server_env=env["server"], client_env=env["client"])
+    text = {name: path.read_text() if path.exists() else "" for name, path in logs.items()}
+    if not variant.startswith("missing_"):
+        for proc in (server, client):
+            t.expect_stats(proc, "verbs", "", traffic=traffic[proc])
+        for name in logs:
+            t.check("source GID index 1 (RoCE v2)" in text[name],
+                    f"{name}: no 'source GID index 1 (RoCE v2)' in its log: {text[name][-2000:]!r}")
+        return
+    broken = variant[len("missing_"):]
+    t.check("SLIP_GID_INDEX=99" in text[broken] and "no such GID" in text[broken],
+            f"{broken}: its log does not name the bad GID index: {text[broken][-2000:]!r}")
+    for proc in (server, client):
+        stats = proc.stats_records()[0]["connections"]
+        t.check(len(stats) == 1 and stats[0]["transport"] == "tcp",
+                f"{proc.name}: expected one connection on TCP, stats {stats}")
+
+
 RXE_COUNTERS = Path("/sys/class/infiniband/rxe0/ports/1/hw_counters")
 
 
