@@ -250,7 +250,9 @@ void VerbsModule::Run() noexcept {
   pthread_setname_np(pthread_self(), "slip-verbs");
   epoll_event events[16];
   for (;;) {
-    int n = epoll_wait(epoll_fd_, events, 16, 500);
+    // The raw call: the interposed epoll_wait would prepare every accelerated stream for a
+    // sleep (arming all their proxies) and spin SLIP_SPIN_US first, on every wake-up.
+    int n = sys::epoll_wait(epoll_fd_, events, 16, 500);
     if (forked_.load(std::memory_order_acquire)) return;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.ptr == nullptr) {
