@@ -223,18 +223,29 @@ bool Conn::Poll() const noexcept {
   if (orphaned_.load(std::memory_order_relaxed)) return true;
   // Waits for a concurrent poller rather than skipping: a caller deciding EOF or reset
   // must see every completion that has arrived, and drains are short.
-  SpinGuard guard(&poll_busy_);
-  DrainLocked();
-  // Completion events only while somebody sleeps on this connection: an event wakes the
-  // progress thread (a context switch per message), which spinning threads do not need.
-  // The sleeper announced itself (WakeState) before this poll, so arming here, then
-  // draining again, cannot miss a completion.
-  if (SomebodyWaits() && !armed_.load(std::memory_order_relaxed)) {
-    armed_.store(true, std::memory_order_relaxed);
-    ibv_req_notify_cq(cq_, 0);
+  {
+    SpinGuard guard(&poll_busy_);
+    defer_wakes_ = true;
     DrainLocked();
+    // Completion events only while somebody sleeps on this connection: an event wakes the
+    // progress thread (a context switch per message), which spinning threads do not need.
+    // The sleeper announced itself (WakeState) before this poll, so arming here, then
+    // draining again, cannot miss a completion.
+    if (SomebodyWaits() && !armed_.load(std::memory_order_relaxed)) {
+      armed_.store(true, std::memory_order_relaxed);
+      ibv_req_notify_cq(cq_, 0);
+      DrainLocked();
+    }
+    defer_wakes_ = false;
   }
+  RunDeferredWakes();
   return true;
+}
+
+void Conn::RunDeferredWakes() const noexcept {
+  uint32_t wakes = deferred_wakes_.exchange(0, std::memory_order_acquire);
+  if (wakes & kWakeReader) WakeReaderNow();
+  if (wakes & kWakeWriter) WakeWriterNow();
 }
 
 bool Conn::SomebodyWaits() const noexcept {
@@ -257,6 +268,7 @@ void Conn::DrainLocked() const noexcept {
 void Conn::OnCompletionEvent() noexcept {
   {
     SpinGuard guard(&poll_busy_);
+    defer_wakes_ = true;
     armed_.store(false, std::memory_order_relaxed);  // an event disarms the queue
     DrainLocked();
     if (SomebodyWaits()) {
@@ -264,7 +276,9 @@ void Conn::OnCompletionEvent() noexcept {
       ibv_req_notify_cq(cq_, 0);
       DrainLocked();  // what arrived between the drain and the re-arm
     }
+    defer_wakes_ = false;
   }
+  RunDeferredWakes();
   ibv_ack_cq_events(cq_, 1);
 }
 
@@ -361,6 +375,14 @@ void Conn::HandleNote(uint32_t note) const noexcept {
 }
 
 void Conn::WakeReader() const noexcept {
+  if (defer_wakes_) {
+    deferred_wakes_.fetch_or(kWakeReader, std::memory_order_release);
+    return;
+  }
+  WakeReaderNow();
+}
+
+void Conn::WakeReaderNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (proxy_b_ >= 0 && rx_wake_.reader_waiting.load(std::memory_order_relaxed) &&
       rx_wake_.reader_waiting.exchange(0))
@@ -368,6 +390,14 @@ void Conn::WakeReader() const noexcept {
 }
 
 void Conn::WakeWriter() const noexcept {
+  if (defer_wakes_) {
+    deferred_wakes_.fetch_or(kWakeWriter, std::memory_order_release);
+    return;
+  }
+  WakeWriterNow();
+}
+
+void Conn::WakeWriterNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (proxy_b_ >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
       tx_wake_.writer_waiting.exchange(0))

@@ -101,6 +101,13 @@ class Conn final : public Channel {
   void WakeReader() const noexcept;
   bool SomebodyWaits() const noexcept;
   void WakeWriter() const noexcept;
+  // Wake-ups found while draining under poll_busy_ are made after it is released: a
+  // woken thread that polls at once would otherwise spin on the lock of a preempted holder.
+  void RunDeferredWakes() const noexcept;
+  void WakeReaderNow() const noexcept;
+  void WakeWriterNow() const noexcept;
+  static constexpr uint32_t kWakeReader = 1;
+  static constexpr uint32_t kWakeWriter = 2;
 
   rdma_cm_id* id_;
   Device* device_;
@@ -129,6 +136,8 @@ class Conn final : public Channel {
   mutable std::atomic<uint64_t> sq_completed_{0};
   mutable std::atomic_flag poll_busy_ = ATOMIC_FLAG_INIT;
   mutable std::atomic<bool> armed_{true};  // under poll_busy_; Init arms the queue once
+  mutable bool defer_wakes_ = false;       // under poll_busy_: its holder drains
+  mutable std::atomic<uint32_t> deferred_wakes_{0};
   std::atomic<uint64_t> rx_consumed_{0};
 
   // Receiver thread only.
