@@ -1,6 +1,7 @@
 #include "verbs/conn.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -9,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <new>
+#include <unordered_set>
 
 #include "core/log.h"
 #include "core/proxy.h"
@@ -38,6 +41,11 @@ class SpinGuard {
 // The registry: a mutex-protected intrusive list of live connections.
 std::mutex g_registry_mu;
 Conn* g_registry_head = nullptr;
+// Connections with an own completion channel watched by the progress thread, which may
+// hold an event for one that is being destroyed: it looks the key up here first (under
+// g_registry_mu, which it keeps while it handles the event).
+std::unordered_set<const void*>* g_watched = nullptr;
+int g_watch_epoll = -1;
 
 }  // namespace
 
@@ -87,10 +95,18 @@ Conn* Conn::Create(rdma_cm_id* id, Device* device, uint32_t ring_size, bool send
 int Conn::Init(bool send_notify) noexcept {
   send_notify_ = send_notify;
   if (int rc = device_->GetSlot(ring_size(), &slot_); rc < 0) return rc;
-  cq_ = ibv_create_cq(device_->context(), int(kSendDepth + kRecvDepth), this,
-                      device_->comp_channel(), 0);
+  cq_ = ibv_create_cq(device_->context(), int(kSendDepth + kRecvDepth), this, SetUpOwnChannel(), 0);
   if (!cq_) return -(errno ? errno : ENOMEM);
   if (ibv_req_notify_cq(cq_, 0) != 0) return -(errno ? errno : EIO);
+  if (own_.channel) {
+    // The first event (armed above) goes to the progress thread, as with the device's channel.
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
+    watched_.store(true, std::memory_order_relaxed);
+    if (sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_ADD, own_.channel->fd, &ev) != 0)
+      return -(errno ? errno : EIO);
+  }
   ibv_qp_init_attr attr{};
   attr.send_cq = cq_;
   attr.recv_cq = cq_;
@@ -239,6 +255,8 @@ bool Conn::Poll() const noexcept {
     defer_wakes_ = false;
   }
   RunDeferredWakes();
+  if (own_.channel && !watched_.load(std::memory_order_relaxed) && SomebodyWaitsOnProxy())
+    WatchFromProgress();
   return true;
 }
 
@@ -249,6 +267,10 @@ void Conn::RunDeferredWakes() const noexcept {
 }
 
 bool Conn::SomebodyWaits() const noexcept {
+  return SomebodyWaitsOnProxy() || direct_readers_.load(std::memory_order_relaxed) != 0;
+}
+
+bool Conn::SomebodyWaitsOnProxy() const noexcept {
   return rx_wake_.reader_waiting.load(std::memory_order_relaxed) != 0 ||
          tx_wake_.writer_waiting.load(std::memory_order_relaxed) != 0;
 }
@@ -385,8 +407,14 @@ void Conn::WakeReader() const noexcept {
 void Conn::WakeReaderNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (proxy_b_ >= 0 && rx_wake_.reader_waiting.load(std::memory_order_relaxed) &&
-      rx_wake_.reader_waiting.exchange(0))
+      rx_wake_.reader_waiting.exchange(0)) {
     proxy::WriteToken(&rx_wake_, proxy_b_);
+  } else if (proxy_b_ >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
+             rx_wake_.tokens.load(std::memory_order_relaxed) == 0) {
+    // A reader asleep on the own channel whose event another thread took (the progress
+    // thread, or another reader): its ppoll would not return for it, the proxy wakes it.
+    proxy::WriteToken(&rx_wake_, proxy_b_);
+  }
 }
 
 void Conn::WakeWriter() const noexcept {
@@ -463,6 +491,90 @@ bool Conn::Flush(int timeout_ms) noexcept {
     if (sys::MonotonicMs() > deadline) return false;
     sched_yield();
   }
+}
+
+// ------------------------------------------------------------------------ own channel
+
+void SetConnWatchEpoll(int epoll_fd) noexcept {
+  g_watch_epoll = epoll_fd;
+}
+
+ibv_comp_channel* Conn::SetUpOwnChannel() noexcept {
+  if (g_watch_epoll < 0) return device_->comp_channel();
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    if (!g_watched) g_watched = new (std::nothrow) std::unordered_set<const void*>();
+    if (!g_watched) return device_->comp_channel();
+    try {
+      g_watched->insert(this);
+    } catch (...) {
+      return device_->comp_channel();
+    }
+  }
+  own_.conn = this;
+  ibv_comp_channel* channel = ibv_create_comp_channel(device_->context());
+  if (!channel) return device_->comp_channel();  // ~OwnChannel drops the registration
+  sys::fcntl(channel->fd, F_SETFL, sys::fcntl(channel->fd, F_GETFL) | O_NONBLOCK);
+  own_.channel = channel;
+  return channel;
+}
+
+Conn::OwnChannel::~OwnChannel() {
+  if (conn) {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    g_watched->erase(conn);
+  }
+  if (!channel) return;
+  if (conn->orphaned_.load(std::memory_order_acquire)) {
+    // A forked child: the channel and the epoll registration are the parent's.
+    sys::close(channel->fd);
+    return;
+  }
+  sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_DEL, channel->fd, nullptr);
+  ibv_destroy_comp_channel(channel);
+}
+
+void Conn::OnWatchEvent(uint64_t key) noexcept {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  auto* conn = reinterpret_cast<Conn*>(uintptr_t(key & ~uint64_t(1)));
+  if (!g_watched || g_watched->count(conn) == 0) return;  // destroyed since
+  // The one shot fired. Cleared before taking the events: a proxy sleeper that announces
+  // itself after this store arms it again (Poll), one that did before is seen below.
+  conn->watched_.store(false, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  conn->TakeEvents(1 << 30);
+  if (conn->SomebodyWaitsOnProxy()) conn->WatchFromProgress();
+}
+
+void Conn::WatchFromProgress() const noexcept {
+  if (watched_.exchange(true, std::memory_order_seq_cst)) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
+  sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_MOD, own_.channel->fd, &ev);
+}
+
+void Conn::TakeEvents(int max) noexcept {
+  if (!own_.channel || orphaned_.load(std::memory_order_relaxed)) return;
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  for (int i = 0; i < max && ibv_get_cq_event(own_.channel, &cq, &context) == 0; ++i)
+    OnCompletionEvent();  // acks
+}
+
+int Conn::BeginRxSleep() noexcept {
+  if (!own_.channel || proxy_b_ < 0 || orphaned_.load(std::memory_order_relaxed)) return -1;
+  direct_readers_.fetch_add(1, std::memory_order_seq_cst);
+  return own_.channel->fd;
+}
+
+void Conn::EndRxSleep(bool woken) noexcept {
+  direct_readers_.fetch_sub(1, std::memory_order_seq_cst);
+  // One event at most: an event disarms the queue until OnCompletionEvent arms it again, so
+  // a second one can only follow that; it stays readable on the channel for the next
+  // sleeper (whose ppoll then returns at once) or the progress thread's one shot (epoll
+  // reports it when armed). Not woken by the channel: nothing to take now, the same way.
+  if (woken) TakeEvents(1);
 }
 
 // ------------------------------------------------------------------------ Channel

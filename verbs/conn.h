@@ -7,11 +7,13 @@
 // consumer cursor into the sender's credit word with an immediate, every quarter ring.
 //
 // Progress: whoever needs an answer polls the completion queue (a spinning reader or
-// writer, under a spin lock); the process's progress thread polls on completion events and
-// turns them into proxy wake-ups for sleepers. The queue is armed for events only while a
-// thread sleeps on the connection, so a busy connection costs the progress thread nothing.
-// So the busy polling is done by the waiting application thread for at most SLIP_SPIN_US,
-// and an idle connection costs no CPU.
+// writer, under a spin lock). The queue is armed for events only while a thread sleeps on
+// the connection, so a busy connection costs no system call. Its events go to a completion
+// channel of its own: a blocking reader sleeps on that channel itself (Stream's direct
+// sleep: one wake-up per message), and the process's progress thread watches it (one shot,
+// armed only while somebody sleeps through the proxy: epoll/poll/select, a blocking send)
+// to turn completions into proxy wake-ups. So the busy polling is done by the waiting
+// application thread for at most SLIP_SPIN_US, and an idle connection costs no CPU.
 //
 // Thread safety: the Channel contract (one sender, one receiver at a time); posting to the
 // send queue is serialised by a spin lock since both sides post (data and credits).
@@ -78,6 +80,12 @@ class Conn final : public Channel {
   void CloseTx() noexcept override;
   void CloseRx() noexcept override;
   void Abort() noexcept override { aborting_ = true; }
+  int BeginRxSleep() noexcept override;
+  void EndRxSleep(bool woken) noexcept override;
+
+  // Progress thread: a connection's own completion channel is readable (`key`: its address
+  // with bit 0 set). Looks the connection up among the live ones first.
+  static void OnWatchEvent(uint64_t key) noexcept;
 
  private:
   Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept;
@@ -106,6 +114,14 @@ class Conn final : public Channel {
   void RunDeferredWakes() const noexcept;
   void WakeReaderNow() const noexcept;
   void WakeWriterNow() const noexcept;
+  // The connection's own completion channel (see OwnChannel), or the device's.
+  ibv_comp_channel* SetUpOwnChannel() noexcept;
+  // Takes the completion events waiting on the own channel (non-blocking), at most `max`.
+  void TakeEvents(int max) noexcept;
+  bool SomebodyWaitsOnProxy() const noexcept;
+  // Asks the progress thread (one shot) for the next event on the own channel: only while
+  // a thread waits through the proxy (epoll/poll/select, a blocking send).
+  void WatchFromProgress() const noexcept;
   static constexpr uint32_t kWakeReader = 1;
   static constexpr uint32_t kWakeWriter = 2;
 
@@ -153,12 +169,35 @@ class Conn final : public Channel {
   uint64_t sq_posted_ = 0;
   uint32_t unsignaled_ = 0;
 
+  // Direct sleepers (BeginRxSleep): blocking readers asleep on the own channel's fd.
+  mutable std::atomic<int> direct_readers_{0};
+  mutable std::atomic<bool> watched_{false};  // the progress thread's one shot is armed
+
   // The registry's intrusive list.
   Conn* prev_ = nullptr;
   Conn* next_ = nullptr;
   friend void OrphanAllConns() noexcept;
   friend void FlushAllConns(int timeout_ms) noexcept;
+
+  // A completion channel of the connection's own, so that a blocking reader can sleep on
+  // it (one wake-up per message, as rsocket's reader) while the progress thread serves
+  // proxy sleepers from the same channel. Declared last: destroyed first among the
+  // members, after the destructor's body has destroyed the completion queue.
+  class OwnChannel {
+   public:
+    ~OwnChannel();
+    ibv_comp_channel* channel = nullptr;
+    const Conn* conn = nullptr;
+  };
+  OwnChannel own_;
 };
+
+// The progress thread's epoll descriptor, where connections register their own channels.
+void SetConnWatchEpoll(int epoll_fd) noexcept;
+// True for an epoll key that Conn registered (Conn::OnWatchEvent takes it).
+inline bool IsConnWatchKey(uint64_t key) noexcept {
+  return (key & 1) != 0;
+}
 
 // Every live Conn of the process (for fork and exit).
 void ConnRegistryLock() noexcept;

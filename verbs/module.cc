@@ -177,6 +177,7 @@ int VerbsModule::Start(char* error, size_t error_len) noexcept {
     snprintf(error, error_len, "epoll: %s", strerror(errno));
     return -EIO;
   }
+  SetConnWatchEpoll(epoll_fd_);  // connections' own completion channels (odd keys)
   // Rings must be pinned: say once, clearly, when the limit cannot hold even one.
   rlimit rl{};
   if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
@@ -258,6 +259,8 @@ void VerbsModule::Run() noexcept {
       if (events[i].data.ptr == nullptr) {
         rdma_cm_event* event = nullptr;
         while (rdma_get_cm_event(cm_channel_, &event) == 0) HandleCmEvent(event);
+      } else if (IsConnWatchKey(events[i].data.u64)) {
+        Conn::OnWatchEvent(events[i].data.u64);
       } else {
         HandleCompletions(static_cast<Device*>(events[i].data.ptr));
       }
