@@ -261,6 +261,8 @@ bool Conn::Poll() const noexcept {
 }
 
 void Conn::RunDeferredWakes() const noexcept {
+  // A load first: every poll comes here, and a read-modify-write on every one would cost.
+  if (deferred_wakes_.load(std::memory_order_relaxed) == 0) return;
   uint32_t wakes = deferred_wakes_.exchange(0, std::memory_order_acquire);
   if (wakes & kWakeReader) WakeReaderNow();
   if (wakes & kWakeWriter) WakeWriterNow();
