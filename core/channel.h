@@ -86,6 +86,17 @@ class Channel {
   virtual bool AnchorCarriesStream() const noexcept { return false; }
   virtual void OnAnchorReady(uint32_t events) noexcept { (void)events; }
 
+  // --- direct sleep (optional) ---
+  // A transport whose news arrive on a descriptor of its own (verbs: the connection's
+  // completion channel) lets a blocking recv sleep on it next to the proxy, woken by the
+  // kernel itself rather than by a token that another thread writes. BeginRxSleep announces
+  // the sleeper (before it checks for bytes one last time) and returns the descriptor, or -1
+  // when the reader must sleep on the proxy as usual; EndRxSleep withdraws it and, when the
+  // descriptor woke it (`woken`), takes what woke it. Every other wake-up (EOF, error,
+  // shutdown, peer gone) still comes through the proxy.
+  virtual int BeginRxSleep() noexcept { return -1; }
+  virtual void EndRxSleep(bool woken) noexcept { (void)woken; }
+
  protected:
   explicit Channel(uint32_t ring_size) noexcept : ring_size_(ring_size) {}
 

@@ -1,5 +1,6 @@
 #include "core/stream.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -315,6 +316,7 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
 }
 
 int Stream::WaitReadable(uint64_t seen) noexcept {
+  if (int fd = channel_->BeginRxSleep(); fd >= 0) return WaitReadableDirect(seen, fd);
   WakeState* wake = channel_->RxWake();
   rx_sleepers_.fetch_add(1, std::memory_order_relaxed);
   wake->reader_waiting.store(1, std::memory_order_relaxed);
@@ -340,6 +342,96 @@ int Stream::WaitReadable(uint64_t seen) noexcept {
       proxy::WriteToken(wake, proxy_b_);
   }
   return rc;
+}
+
+// A blocking recv over a transport with a wake descriptor (verbs: the completion channel)
+// sleeps in ppoll on that descriptor and the proxy: the kernel wakes it when a completion
+// arrives, with no thread in between (the proxy's token path costs a second thread's
+// wake-up per message). EOF, errors, shutdown and a dead peer still arrive on the proxy.
+int Stream::WaitReadableDirect(uint64_t seen, int wake_fd) noexcept {
+  rx_sleepers_.fetch_add(1, std::memory_order_relaxed);
+  int rc = 0;
+  // BeginRxSleep announced us (and the poll below arms the transport's events), so a
+  // publish after this check wakes the descriptor.
+  bool woken = false;
+  if (channel_->RxProduced() == seen && !RxFinished()) rc = SleepDirect(wake_fd, &woken);
+  channel_->EndRxSleep(woken);
+  // Another thread may sleep on this socket too (on the descriptor or the proxy): if bytes
+  // are here, wake one, as the proxy path hands its token on.
+  if (rx_sleepers_.fetch_sub(1, std::memory_order_relaxed) > 1) {
+    WakeState* wake = channel_->RxWake();
+    if (HasRxData() && wake->tokens.load(std::memory_order_relaxed) == 0)
+      proxy::WriteToken(wake, proxy_b_);
+  }
+  return rc;
+}
+
+namespace {
+
+// After a signal handler interrupted a sleep that the kernel never restarts (ppoll), decides
+// what a recv on a TCP socket without SO_RCVTIMEO would have done: restart when the handler
+// has SA_RESTART. Which signal it was is not known here, so this restarts only when every
+// handler that could have run (installed, signal not blocked in this thread) has SA_RESTART.
+bool SignalWouldRestart() noexcept {
+  struct KernelSigaction {
+    void* handler;
+    unsigned long flags;
+    void* restorer;
+    uint64_t mask;
+  };
+  uint64_t blocked = 0;
+  if (::syscall(SYS_rt_sigprocmask, SIG_BLOCK, nullptr, &blocked, sizeof(blocked)) != 0)
+    return false;
+  for (int sig = 1; sig <= 64; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP || (blocked & (1ull << (sig - 1)))) continue;
+    KernelSigaction old{};
+    if (::syscall(SYS_rt_sigaction, sig, nullptr, &old, sizeof(uint64_t)) != 0) continue;
+    if (old.handler == reinterpret_cast<void*>(SIG_DFL) ||
+        old.handler == reinterpret_cast<void*>(SIG_IGN))
+      continue;
+    if (!(old.flags & SA_RESTART)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// Sleeps until the proxy or `wake_fd` is readable, with the semantics of a recv on A:
+// SO_RCVTIMEO (read from A, where setsockopt mirrors it) ends it with EAGAIN, a signal with
+// EINTR, or a restart as SA_RESTART would (see SignalWouldRestart). Returns 0 or -errno.
+int Stream::SleepDirect(int wake_fd, bool* woken) noexcept {
+  timeval tv{};
+  socklen_t len = sizeof(tv);
+  if (sys::getsockopt(proxy_a_, SOL_SOCKET, SO_RCVTIMEO, &tv, &len) != 0) tv = timeval{};
+  const bool timed = tv.tv_sec != 0 || tv.tv_usec != 0;
+  const uint64_t deadline =
+      timed ? NowNs() + uint64_t(tv.tv_sec) * 1000000000ull + uint64_t(tv.tv_usec) * 1000ull : 0;
+  for (;;) {
+    pollfd fds[2] = {{proxy_a_, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    timespec ts{};
+    if (timed) {
+      uint64_t now = NowNs();
+      if (now >= deadline) return -EAGAIN;
+      ts.tv_sec = time_t((deadline - now) / 1000000000ull);
+      ts.tv_nsec = long((deadline - now) % 1000000000ull);
+    }
+    long n = ::syscall(SYS_ppoll, fds, 2, timed ? &ts : nullptr, nullptr, 0);
+    if (n > 0) {
+      *woken = (fds[1].revents & POLLIN) != 0;
+      // Tokens on A with no bytes behind them (a wake-up meant for us, handed on by whoever
+      // took the completion event first) are taken here: A must not stay readable for
+      // nothing, or the next sleep would return at once.
+      WakeState* wake = channel_->RxWake();
+      if ((fds[0].revents & POLLIN) && !HasRxData() &&
+          wake->tokens.load(std::memory_order_relaxed) != 0)
+        proxy::DrainTokens(wake, proxy_a_);
+      return 0;
+    }
+    if (n == 0) return -EAGAIN;
+    if (errno != EINTR) return -errno;
+    // As signal(7) says for sockets: with a receive timeout, never restarted.
+    if (timed || !SignalWouldRestart()) return -EINTR;
+  }
 }
 
 // ---------------------------------------------------------------------------- control

@@ -86,6 +86,8 @@ class Stream {
   bool RxFinished() const noexcept;  // EOF, peer gone or SHUT_RD: no more bytes will come
   bool TxFinished() const noexcept;  // sending can only fail now
   int WaitReadable(uint64_t seen) noexcept;
+  int WaitReadableDirect(uint64_t seen, int wake_fd) noexcept;
+  int SleepDirect(int wake_fd, bool* woken) noexcept;
   int WaitWritable() noexcept;
 
   std::unique_ptr<Channel> channel_;

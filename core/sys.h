@@ -84,6 +84,9 @@ inline int poll(pollfd* fds, nfds_t n, int timeout_ms) noexcept {
 inline int epoll_ctl(int epfd, int op, int fd, epoll_event* ev) noexcept {
   return static_cast<int>(::syscall(SYS_epoll_ctl, epfd, op, fd, ev));
 }
+inline int epoll_wait(int epfd, epoll_event* events, int max, int timeout_ms) noexcept {
+  return static_cast<int>(::syscall(SYS_epoll_pwait, epfd, events, max, timeout_ms, nullptr, 8));
+}
 
 // CLOCK_MONOTONIC in milliseconds: deadlines of the control path.
 inline uint64_t MonotonicMs() noexcept {

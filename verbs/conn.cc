@@ -1,6 +1,7 @@
 #include "verbs/conn.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/epoll.h>
@@ -11,6 +12,8 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <new>
+#include <unordered_set>
 
 #include "core/log.h"
 #include "core/proxy.h"
@@ -41,6 +44,11 @@ class SpinGuard {
 // The registry: a mutex-protected intrusive list of live connections.
 std::mutex g_registry_mu;
 Conn* g_registry_head = nullptr;
+// Connections with an own completion channel watched by the progress thread, which may
+// hold an event for one that is being destroyed: it looks the key up here first (under
+// g_registry_mu, which it keeps while it handles the event).
+std::unordered_set<const void*>* g_watched = nullptr;
+int g_watch_epoll = -1;
 
 }  // namespace
 
@@ -90,10 +98,18 @@ Conn* Conn::Create(rdma_cm_id* id, Device* device, uint32_t ring_size, bool send
 int Conn::Init(bool send_notify) noexcept {
   send_notify_ = send_notify;
   if (int rc = device_->GetSlot(ring_size(), &slot_); rc < 0) return rc;
-  cq_ = ibv_create_cq(device_->context(), int(kSendDepth + kRecvDepth), this,
-                      device_->comp_channel(), 0);
+  cq_ = ibv_create_cq(device_->context(), int(kSendDepth + kRecvDepth), this, SetUpOwnChannel(), 0);
   if (!cq_) return -(errno ? errno : ENOMEM);
   if (ibv_req_notify_cq(cq_, 0) != 0) return -(errno ? errno : EIO);
+  if (own_.channel) {
+    // The first event (armed above) goes to the progress thread, as with the device's channel.
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
+    watched_.store(true, std::memory_order_relaxed);
+    if (sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_ADD, own_.channel->fd, &ev) != 0)
+      return -(errno ? errno : EIO);
+  }
   ibv_qp_init_attr attr{};
   attr.send_cq = cq_;
   attr.recv_cq = cq_;
@@ -141,7 +157,10 @@ Conn::~Conn() {
   // A FAILOVER the peer sent while we were closing: the control thread no longer reads the
   // anchor, and the bytes the peer lost must still go out, on TCP.
   if (mode_.load() == Mode::kRdma && CanFailover()) TakePeerFailover(0);
-  // A peer that closed its side reads nothing more: no notes, nothing to wait for.
+  // A peer that closed its side reads nothing more: no notes, nothing to wait for. (Its
+  // CLOSED note may still sit in the completion queue: take it first, or we would wait for
+  // acknowledgements from a queue pair that is already gone.)
+  if (cq_ && qp_ && have_peer_) Poll();
   if (mode_.load() == Mode::kRdma && id_ && qp_ && have_peer_ &&
       error_.load(std::memory_order_acquire) == 0 &&
       !peer_closed_.load(std::memory_order_acquire) && !aborting_) {
@@ -275,6 +294,7 @@ bool Conn::Poll() const noexcept {
     // Waits for a concurrent poller rather than skipping: a caller deciding EOF or reset
     // must see every completion that has arrived, and drains are short.
     SpinGuard guard(&poll_busy_);
+    defer_wakes_ = true;
     DrainLocked();
     // Completion events only while somebody sleeps on this connection: an event wakes the
     // progress thread (a context switch per message), which spinning threads do not need.
@@ -285,12 +305,28 @@ bool Conn::Poll() const noexcept {
       ibv_req_notify_cq(cq_, 0);
       DrainLocked();
     }
+    defer_wakes_ = false;
   }
+  RunDeferredWakes();
+  if (own_.channel && !watched_.load(std::memory_order_relaxed) && SomebodyWaitsOnProxy())
+    WatchFromProgress();
   const_cast<Conn*>(this)->MaybeFailover();
   return true;
 }
 
+void Conn::RunDeferredWakes() const noexcept {
+  // A load first: every poll comes here, and a read-modify-write on every one would cost.
+  if (deferred_wakes_.load(std::memory_order_relaxed) == 0) return;
+  uint32_t wakes = deferred_wakes_.exchange(0, std::memory_order_acquire);
+  if (wakes & kWakeReader) WakeReaderNow();
+  if (wakes & kWakeWriter) WakeWriterNow();
+}
+
 bool Conn::SomebodyWaits() const noexcept {
+  return SomebodyWaitsOnProxy() || direct_readers_.load(std::memory_order_relaxed) != 0;
+}
+
+bool Conn::SomebodyWaitsOnProxy() const noexcept {
   return rx_wake_.reader_waiting.load(std::memory_order_relaxed) != 0 ||
          tx_wake_.writer_waiting.load(std::memory_order_relaxed) != 0;
 }
@@ -310,6 +346,7 @@ void Conn::DrainLocked() const noexcept {
 void Conn::OnCompletionEvent() noexcept {
   {
     SpinGuard guard(&poll_busy_);
+    defer_wakes_ = true;
     armed_.store(false, std::memory_order_relaxed);  // an event disarms the queue
     DrainLocked();
     if (SomebodyWaits()) {
@@ -317,7 +354,9 @@ void Conn::OnCompletionEvent() noexcept {
       ibv_req_notify_cq(cq_, 0);
       DrainLocked();  // what arrived between the drain and the re-arm
     }
+    defer_wakes_ = false;
   }
+  RunDeferredWakes();
   ibv_ack_cq_events(cq_, 1);
   MaybeFailover();
 }
@@ -418,13 +457,35 @@ void Conn::HandleNote(uint32_t note) const noexcept {
 }
 
 void Conn::WakeReader() const noexcept {
+  if (defer_wakes_) {
+    deferred_wakes_.fetch_or(kWakeReader, std::memory_order_release);
+    return;
+  }
+  WakeReaderNow();
+}
+
+void Conn::WakeReaderNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (proxy_b_ >= 0 && rx_wake_.reader_waiting.load(std::memory_order_relaxed) &&
-      rx_wake_.reader_waiting.exchange(0))
+      rx_wake_.reader_waiting.exchange(0)) {
     proxy::WriteToken(&rx_wake_, proxy_b_);
+  } else if (proxy_b_ >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
+             rx_wake_.tokens.load(std::memory_order_relaxed) == 0) {
+    // A reader asleep on the own channel whose event another thread took (the progress
+    // thread, or another reader): its ppoll would not return for it, the proxy wakes it.
+    proxy::WriteToken(&rx_wake_, proxy_b_);
+  }
 }
 
 void Conn::WakeWriter() const noexcept {
+  if (defer_wakes_) {
+    deferred_wakes_.fetch_or(kWakeWriter, std::memory_order_release);
+    return;
+  }
+  WakeWriterNow();
+}
+
+void Conn::WakeWriterNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (proxy_b_ >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
       tx_wake_.writer_waiting.exchange(0))
@@ -587,12 +648,13 @@ void Conn::OnAnchorReady(uint32_t events) noexcept {
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
     uint64_t before = anchor_path_.received();
     anchor_path_.Pull(rx_consumed_.load(std::memory_order_acquire));
-    if (anchor_path_.received() != before) WakeReader();
+    // (Never under the poll lock: the wake-ups go out at once.)
+    if (anchor_path_.received() != before) WakeReaderNow();
   }
   if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) {
     uint64_t before = anchor_path_.sent();
     anchor_path_.Push(tx_published_.load(std::memory_order_acquire));
-    if (anchor_path_.sent() != before) WakeWriter();
+    if (anchor_path_.sent() != before) WakeWriterNow();
   }
   if (anchor_path_.eof() || anchor_path_.error() || anchor_path_.peer_closed()) WakeAtEnd();
 }
@@ -634,7 +696,9 @@ void Conn::FinishOnAnchor() noexcept {
   const uint64_t published = tx_published_.load();
   if (mode_.load() == Mode::kFailing && !TakePeerFailover(5000)) {
     if (published != tx_credit_.load())
-      SLIP_LOG(kWarn, "verbs: closed during failover without the peer's answer: %llu bytes lost",
+      SLIP_LOG(kWarn,
+               "verbs: closed during failover without the peer's answer: up to %llu bytes "
+               "not confirmed as received",
                (unsigned long long)(published - tx_credit_.load()));
     return;
   }
@@ -684,6 +748,8 @@ bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
     if (error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma) return false;
     // A peer that failed over waits for our answer, not for acknowledgements.
     if (own_anchor && TakePeerFailover(0)) return false;
+    // A peer that closed reads nothing more, and may disconnect before it acknowledges.
+    if (peer_closed_.load(std::memory_order_acquire)) return true;
     {
       SpinGuard guard(&post_busy_);
       if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
@@ -691,6 +757,92 @@ bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
     if (sys::MonotonicMs() > deadline) return false;
     sched_yield();
   }
+}
+
+// ------------------------------------------------------------------------ own channel
+
+void SetConnWatchEpoll(int epoll_fd) noexcept {
+  g_watch_epoll = epoll_fd;
+}
+
+ibv_comp_channel* Conn::SetUpOwnChannel() noexcept {
+  if (g_watch_epoll < 0) return device_->comp_channel();
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    if (!g_watched) g_watched = new (std::nothrow) std::unordered_set<const void*>();
+    if (!g_watched) return device_->comp_channel();
+    try {
+      g_watched->insert(this);
+    } catch (...) {
+      return device_->comp_channel();
+    }
+  }
+  own_.conn = this;
+  ibv_comp_channel* channel = ibv_create_comp_channel(device_->context());
+  if (!channel) return device_->comp_channel();  // ~OwnChannel drops the registration
+  sys::fcntl(channel->fd, F_SETFL, sys::fcntl(channel->fd, F_GETFL) | O_NONBLOCK);
+  own_.channel = channel;
+  return channel;
+}
+
+Conn::OwnChannel::~OwnChannel() {
+  if (conn) {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    g_watched->erase(conn);
+  }
+  if (!channel) return;
+  if (conn->orphaned_.load(std::memory_order_acquire)) {
+    // A forked child: the channel and the epoll registration are the parent's.
+    sys::close(channel->fd);
+    return;
+  }
+  sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_DEL, channel->fd, nullptr);
+  ibv_destroy_comp_channel(channel);
+}
+
+void Conn::OnWatchEvent(uint64_t key) noexcept {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  auto* conn = reinterpret_cast<Conn*>(uintptr_t(key & ~uint64_t(1)));
+  if (!g_watched || g_watched->count(conn) == 0) return;  // destroyed since
+  // The one shot fired. Cleared before taking the events: a proxy sleeper that announces
+  // itself after this store arms it again (Poll), one that did before is seen below.
+  conn->watched_.store(false, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  conn->TakeEvents(1 << 30);
+  if (conn->SomebodyWaitsOnProxy()) conn->WatchFromProgress();
+}
+
+void Conn::WatchFromProgress() const noexcept {
+  if (watched_.exchange(true, std::memory_order_seq_cst)) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
+  sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_MOD, own_.channel->fd, &ev);
+}
+
+void Conn::TakeEvents(int max) noexcept {
+  if (!own_.channel || orphaned_.load(std::memory_order_relaxed)) return;
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  for (int i = 0; i < max && ibv_get_cq_event(own_.channel, &cq, &context) == 0; ++i)
+    OnCompletionEvent();  // acks
+}
+
+int Conn::BeginRxSleep() noexcept {
+  if (!own_.channel || proxy_b_ < 0 || orphaned_.load(std::memory_order_relaxed)) return -1;
+  // After failover the news come from the anchor, through the control thread and the proxy.
+  if (mode_.load(std::memory_order_acquire) != Mode::kRdma) return -1;
+  direct_readers_.fetch_add(1, std::memory_order_seq_cst);
+  return own_.channel->fd;
+}
+
+void Conn::EndRxSleep(bool woken) noexcept {
+  direct_readers_.fetch_sub(1, std::memory_order_seq_cst);
+  // One event at most: an event disarms the queue until OnCompletionEvent arms it again, so
+  // a second one can only follow that; it stays readable on the channel for the next
+  // sleeper (whose ppoll then returns at once) or the progress thread's one shot (epoll
+  // reports it when armed). Not woken by the channel: nothing to take now, the same way.
+  if (woken) TakeEvents(1);
 }
 
 // ------------------------------------------------------------------------ Channel

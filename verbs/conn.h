@@ -7,11 +7,13 @@
 // consumer cursor into the sender's credit word with an immediate, every quarter ring.
 //
 // Progress: whoever needs an answer polls the completion queue (a spinning reader or
-// writer, under a spin lock); the process's progress thread polls on completion events and
-// turns them into proxy wake-ups for sleepers. The queue is armed for events only while a
-// thread sleeps on the connection, so a busy connection costs the progress thread nothing.
-// So the busy polling is done by the waiting application thread for at most SLIP_SPIN_US,
-// and an idle connection costs no CPU.
+// writer, under a spin lock). The queue is armed for events only while a thread sleeps on
+// the connection, so a busy connection costs no system call. Its events go to a completion
+// channel of its own: a blocking reader sleeps on that channel itself (Stream's direct
+// sleep: one wake-up per message), and the process's progress thread watches it (one shot,
+// armed only while somebody sleeps through the proxy: epoll/poll/select, a blocking send)
+// to turn completions into proxy wake-ups. So the busy polling is done by the waiting
+// application thread for at most SLIP_SPIN_US, and an idle connection costs no CPU.
 //
 // Failover: when the queue pair fails (a completion error, a disconnect without the peer's
 // orderly notes, the device going away) or the peer says its own failed, the connection
@@ -104,6 +106,13 @@ class Conn final : public Channel {
   bool AnchorCarriesStream() const noexcept override { return mode_.load() == Mode::kTcp; }
   void OnAnchorReady(uint32_t events) noexcept override;
 
+  int BeginRxSleep() noexcept override;
+  void EndRxSleep(bool woken) noexcept override;
+
+  // Progress thread: a connection's own completion channel is readable (`key`: its address
+  // with bit 0 set). Looks the connection up among the live ones first.
+  static void OnWatchEvent(uint64_t key) noexcept;
+
  private:
   Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept;
   int Init(bool send_notify) noexcept;
@@ -142,6 +151,21 @@ class Conn final : public Channel {
   void WakeReader() const noexcept;
   bool SomebodyWaits() const noexcept;
   void WakeWriter() const noexcept;
+  // Wake-ups found while draining under poll_busy_ are made after it is released: a
+  // woken thread that polls at once would otherwise spin on the lock of a preempted holder.
+  void RunDeferredWakes() const noexcept;
+  void WakeReaderNow() const noexcept;
+  void WakeWriterNow() const noexcept;
+  // The connection's own completion channel (see OwnChannel), or the device's.
+  ibv_comp_channel* SetUpOwnChannel() noexcept;
+  // Takes the completion events waiting on the own channel (non-blocking), at most `max`.
+  void TakeEvents(int max) noexcept;
+  bool SomebodyWaitsOnProxy() const noexcept;
+  // Asks the progress thread (one shot) for the next event on the own channel: only while
+  // a thread waits through the proxy (epoll/poll/select, a blocking send).
+  void WatchFromProgress() const noexcept;
+  static constexpr uint32_t kWakeReader = 1;
+  static constexpr uint32_t kWakeWriter = 2;
 
   rdma_cm_id* id_;
   Device* device_;
@@ -170,6 +194,8 @@ class Conn final : public Channel {
   mutable std::atomic<uint64_t> sq_completed_{0};
   mutable std::atomic_flag poll_busy_ = ATOMIC_FLAG_INIT;
   mutable std::atomic<bool> armed_{true};  // under poll_busy_; Init arms the queue once
+  mutable bool defer_wakes_ = false;       // under poll_busy_: its holder drains
+  mutable std::atomic<uint32_t> deferred_wakes_{0};
   std::atomic<uint64_t> rx_consumed_{0};
 
   // Receiver thread only.
@@ -196,12 +222,35 @@ class Conn final : public Channel {
   uint64_t sq_posted_ = 0;
   uint32_t unsignaled_ = 0;
 
+  // Direct sleepers (BeginRxSleep): blocking readers asleep on the own channel's fd.
+  mutable std::atomic<int> direct_readers_{0};
+  mutable std::atomic<bool> watched_{false};  // the progress thread's one shot is armed
+
   // The registry's intrusive list.
   Conn* prev_ = nullptr;
   Conn* next_ = nullptr;
   friend void OrphanAllConns() noexcept;
   friend void FlushAllConns(int timeout_ms) noexcept;
+
+  // A completion channel of the connection's own, so that a blocking reader can sleep on
+  // it (one wake-up per message, as rsocket's reader) while the progress thread serves
+  // proxy sleepers from the same channel. Declared last: destroyed first among the
+  // members, after the destructor's body has destroyed the completion queue.
+  class OwnChannel {
+   public:
+    ~OwnChannel();
+    ibv_comp_channel* channel = nullptr;
+    const Conn* conn = nullptr;
+  };
+  OwnChannel own_;
 };
+
+// The progress thread's epoll descriptor, where connections register their own channels.
+void SetConnWatchEpoll(int epoll_fd) noexcept;
+// True for an epoll key that Conn registered (Conn::OnWatchEvent takes it).
+inline bool IsConnWatchKey(uint64_t key) noexcept {
+  return (key & 1) != 0;
+}
 
 // Every live Conn of the process (for fork and exit).
 void ConnRegistryLock() noexcept;

@@ -177,6 +177,7 @@ int VerbsModule::Start(char* error, size_t error_len) noexcept {
     snprintf(error, error_len, "epoll: %s", strerror(errno));
     return -EIO;
   }
+  SetConnWatchEpoll(epoll_fd_);  // connections' own completion channels (odd keys)
   // Rings must be pinned: say once, clearly, when the limit cannot hold even one.
   rlimit rl{};
   if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
@@ -250,12 +251,16 @@ void VerbsModule::Run() noexcept {
   pthread_setname_np(pthread_self(), "slip-verbs");
   epoll_event events[16];
   for (;;) {
-    int n = epoll_wait(epoll_fd_, events, 16, 500);
+    // The raw call: the interposed epoll_wait would prepare every accelerated stream for a
+    // sleep (arming all their proxies) and spin SLIP_SPIN_US first, on every wake-up.
+    int n = sys::epoll_wait(epoll_fd_, events, 16, 500);
     if (forked_.load(std::memory_order_acquire)) return;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.ptr == nullptr) {
         rdma_cm_event* event = nullptr;
         while (rdma_get_cm_event(cm_channel_, &event) == 0) HandleCmEvent(event);
+      } else if (IsConnWatchKey(events[i].data.u64)) {
+        Conn::OnWatchEvent(events[i].data.u64);
       } else {
         HandleCompletions(static_cast<Device*>(events[i].data.ptr));
       }
