@@ -8,6 +8,7 @@
 
 #include "core/sys.h"
 #include "preload/accel_list.h"
+#include "preload/closer.h"
 #include "preload/control.h"
 #include "preload/verbs_loader.h"
 
@@ -73,14 +74,24 @@ void Teardown(SlipSocket* s) noexcept {
   // No Close(): a forked process may still hold this connection. The peer learns that the
   // last holder is gone from the anchor's FIN, which the kernel sends when the last
   // descriptor of the TCP socket closes.
+  bool lingering = false;
   if (s->stream && s->anchor_fd >= 0) {
     // An abortive close resets the anchor (the kernel sends RST); the transport must not
     // announce an orderly end before it.
     linger lg{};
     socklen_t len = sizeof(lg);
-    if (sys::getsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff &&
-        lg.l_linger == 0)
-      s->stream->channel()->Abort();
+    if (sys::getsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff) {
+      if (lg.l_linger == 0) s->stream->channel()->Abort();
+      lingering = lg.l_linger > 0;
+    }
+  }
+  // A verbs connection's orderly end takes round trips (a TCP close does not wait for its
+  // own): the closer thread does it, unless the application asked close() to wait
+  // (SO_LINGER with a timeout).
+  if (s->stream && s->anchor_fd >= 0 && !lingering &&
+      s->stream->channel()->kind() == TransportKind::kVerbs) {
+    CloseLater(std::move(s->stream), s->anchor_fd);
+    s->anchor_fd = -1;
   }
   s->stream.reset();
   if (s->anchor_fd >= 0) sys::close(s->anchor_fd);

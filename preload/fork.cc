@@ -7,6 +7,7 @@
 
 #include "core/stats.h"
 #include "preload/accel_list.h"
+#include "preload/closer.h"
 #include "preload/control.h"
 #include "preload/fd_table.h"
 #include "preload/verbs_loader.h"
@@ -28,9 +29,11 @@ void Prepare() {
   TableForkPrepare();
   AccelListForkPrepare();
   if (verbs::Module* m = VerbsIfLoaded()) m->ForkPrepare();
+  CloserForkPrepare();
 }
 
 void Parent() {
+  CloserForkParent();
   if (verbs::Module* m = VerbsIfLoaded()) m->ForkParent();
   AccelListForkParent();
   TableForkParent();
@@ -55,6 +58,7 @@ void RewatchAnchor(SlipSocket* s, void*) {
 
 void Child() {
   // The parent's queue pairs are not ours: inherited verbs connections fail (ECONNRESET).
+  CloserForkChild();
   if (verbs::Module* m = VerbsIfLoaded()) m->ForkChild();
   AccelListForkChild();
   TableForkChild();

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/stats.h"
 #include "core/sys.h"
+#include "preload/closer.h"
 #include "preload/control.h"
 #include "preload/fork.h"
 #include "preload/verbs_loader.h"
@@ -69,6 +70,7 @@ __attribute__((destructor)) void SlipstreamExit() {
   if (!rt.enabled) return;
   // Writes posted but not yet acknowledged would die with the process: TCP would still
   // deliver them, so wait for them (bounded).
+  DrainCloser(5000);
   if (verbs::Module* m = VerbsIfLoaded()) m->FlushAll(5000);
   if (!rt.config.stats_file.empty()) StatsWriteExitRecord(rt.config.stats_file.c_str());
   StatsShutdown();
