@@ -39,7 +39,7 @@
 #   SLIP_BENCH_RDMA_SETUP_SEQ=50       setup: sequential connects per run (REPEAT runs)
 #   SLIP_BENCH_RDMA_SETUP_T=120        setup: timeout of each storm client, seconds
 #   SLIP_BENCH_RDMA_SETUP_RSOCKET=1    setup: 0 skips the rsocket column
-#   SLIP_VM_TIMEOUT=900            the whole guest (rxe-run kills it then)
+#   SLIP_VM_TIMEOUT=1500           the whole guest (rxe-run kills it then)
 # Exit status: 0 when every benchmark figure was measured, every program ran plainly and
 # under Slipstream, and every setup figure was measured with Slipstream's connections all on
 # verbs (rsocket's failures are findings, not failures); 1 otherwise; rxe-run's
@@ -108,12 +108,25 @@ stop() {
   SRC=$?
 }
 
+# drain PORT PID: waits (at most 60 s, while PID lives) until the server has no connection
+# on PORT left open (ESTAB or CLOSE-WAIT): a server that never ends by itself then gets its
+# SIGINT only once it has closed every connection (closing a verbs connection is slow).
+drain() {
+  local port=$1 pid=$2 i
+  for ((i = 0; i < 300; i++)); do
+    ss -Htn "sport = :$port" | grep -qE '^(ESTAB|CLOSE-WAIT) ' || return 0
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.2
+  done
+}
+
 # pair NAME MODE PORT LIMIT GRACE SERVER... :: CLIENT...
 #   MODE: plain, rsocket (both ends with LD_PRELOAD=$RS) or slip (both under slip-run
 #   --transports=verbs,tcp). The client may run LIMIT seconds; the server 30 s more (it
 #   starts first, and starting is slow in an emulated guest on a busy host); after the
 #   client, the server has GRACE seconds to end by itself, then gets SIGINT.
 #   Files: $RAW/NAME.{server.log,out,err,stats.jsonl}.
+#   With DRAIN=1, the server's GRACE starts once it has closed every connection (drain).
 #   Sets CRC, SRC (124: timed out), PATHS, PATH_NOTE, PRE.
 pair() {
   local name=$1 mode=$2 port=$3 limit=$4 grace=$5
@@ -135,6 +148,7 @@ pair() {
   fi
   timeout -s INT -k 5 "$limit" "${wrap[@]}" "${client[@]}" >"$PRE.out" 2>"$PRE.err"
   CRC=$?
+  [[ ${DRAIN:-0} == 1 ]] && drain "$port" "$spid"
   stop "$spid" "$grace"
   paths
 }
@@ -324,9 +338,10 @@ setup_rec() {
     --arg max "$max" --arg unit "$unit" --arg transport "$tr" --arg paths "$PATH_NOTE" \
     --arg status "$status" --arg error "$err" --argjson n "$#" \
     --argjson conns "${SETUP_TOTAL:-0}" --argjson inflight "${SETUP_INFLIGHT:-0}" \
+    --arg close "${CLOSE_MS:-}" \
     '{kind: "setup", test: $test, column: $column, value: $value, min: $min, max: $max,
       unit: $unit, runs: $n, conns: $conns, inflight: $inflight, transport: $transport,
-      paths: $paths, status: $status, error: $error}'
+      paths: $paths, status: $status, error: $error, close_ms_per_conn: $close}'
   say "setup $test $column: $status ${val:+$val $unit }[$tr; $PATH_NOTE]${err:+: $err}"
 }
 
@@ -345,7 +360,7 @@ setup_storm() {
   local column=$1 mode=$2 port=$3 limit=$4 t0=$SECONDS gate
   local total=$((SETUP_CONNS * SETUP_ROUNDS))
   gate=$(gates "storm.$column" "$SETUP_ROUNDS")
-  pair "setup.storm.$column" "$mode" "$port" "$limit" 1 \
+  DRAIN=1 pair "setup.storm.$column" "$mode" "$port" "$limit" 1 \
     "$STORM" serve --port "$port" --mode close :: \
     "$STORM" client --port "$port" --mode storm --conns "$SETUP_CONNS" \
     --concurrency "$SETUP_INFLIGHT" --rounds "$SETUP_ROUNDS" --gate "$gate"
@@ -372,10 +387,10 @@ setup_storm() {
 # is SETUP_SEQ / the time of the connects.
 setup_seq() {
   local column=$1 mode=$2 port=$3 runs=$4 t0=$SECONDS r gate
-  local status=ok err="" tr="" vals=() v
+  local status=ok err="" tr="" vals=() closes=() v
   for ((r = 1; r <= runs; r++)); do
     gate=$(gates "seq.$column.$r" 2)
-    pair "setup.seq.$column.$r" "$mode" "$port" "$ST" 2 \
+    DRAIN=1 pair "setup.seq.$column.$r" "$mode" "$port" "$ST" 1 \
       "$STORM" serve --port "$port" --mode hold :: \
       "$STORM" client --port "$port" --mode hold --conns "$SETUP_SEQ" --gate "$gate"
     port=$((port + 1))
@@ -391,10 +406,14 @@ setup_seq() {
       [[ -n $err ]] && { status=FAIL err="run $r: $err"; break; }
     fi
     vals+=("$v")
+    closes+=("$(jq -rR --argjson n "$SETUP_SEQ" 'fromjson? | select(.event == "closed") |
+      .close_s * 1e6 / $n | round / 1000' "$PRE.out" 2>/dev/null)")
   done
   [[ $status == FAIL ]] && vals=()
+  CLOSE_MS=$(printf '%s\n' "${closes[@]}" | grep . | median)
   SETUP_TOTAL=$((SETUP_SEQ * runs)) SETUP_INFLIGHT=1 \
     setup_rec sequential "$column" "$status" "$err" conn/s "$tr" "${vals[@]}"
+  CLOSE_MS=""
   say "setup sequential $column: $((SECONDS - t0)) s"
 }
 
@@ -572,7 +591,7 @@ if [[ $PARTS == all || $PARTS == setup ]]; then
   cc -O2 -Wall -Wextra -include "$OUT/bin/storm-addr.h" -o "$OUT/bin/storm" \
     tests/stress/storm.c || { echo "error: cannot build tests/stress/storm.c" >&2; exit 2; }
 fi
-: "${SLIP_VM_TIMEOUT:=900}"
+: "${SLIP_VM_TIMEOUT:=1500}"
 export SLIP_VM_TIMEOUT
 echo "bench-rdma: one guest run (tests/vm/rxe-run), output in $OUT/"
 start=$SECONDS
@@ -680,7 +699,7 @@ if part setup; then
     "alone (create id to established), storm the whole life of each batch. Slipstream's" \
     "connections must all be verbs at both ends (slip-run's stats) and rxe0 must have sent" \
     "packets. Each column's path and any error:"
-  jq -r '.setup[] | "- \(.column) \(.test): \(.status), \(.runs) figure(s), \(.transport)\(if .paths != "" then "; " + .paths else "" end)\(if .error != "" then "; " + .error else "" end)"' \
+  jq -r '.setup[] | "- \(.column) \(.test): \(.status), \(.runs) figure(s), \(.transport)\(if (.close_ms_per_conn // "") != "" then "; closing all: \(.close_ms_per_conn) ms per connection" else "" end)\(if .paths != "" then "; " + .paths else "" end)\(if .error != "" then "; " + .error else "" end)"' \
     "$OUT/results.json"
   jq -r '.cmtime // empty |
     def line($o; $u): [$o | to_entries[] | "\(.key | gsub("_"; " ")) \(.value)"] | join(", ") + " " + $u;
