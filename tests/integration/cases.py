@@ -308,6 +308,32 @@ def forged(t, variant):
     t.expect_pairing(server, client)
 
 
+@case("orphan_confirm", variants=("run",))
+def orphan_confirm(t, _):
+    """A plain client sends a valid CONFIRM with nothing registered for it (what a Slipstream
+    client would send to a server that lost its registration): the Slipstream server
+    declines it rather than passing those bytes to its application, which never sees that
+    connection and then serves a real Slipstream client on shm, both streams intact. (The
+    server accepts 2 s after listening, so that the CONFIRM is there at accept: a CONFIRM
+    that arrives later cannot be told from a plain client's bytes without delaying them.)"""
+    server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--seed", 100,
+                                  "--total", BULK_BYTES), slip=True,
+                     env={"IT_ACCEPT_DELAY_S": "2"})
+    orphan = t.start("orphan", py("orphan_confirm.py", "--port", t.port))
+    orphan.expect_exit(0)
+    said = orphan.json_output()
+    t.check(said.get("declined") and said.get("ended"),
+            f"the orphan CONFIRM was not declined (it reached the application?): {said}")
+    client = t.start("client", py("bulk.py", "client", "--port", t.port, "--seed", 200,
+                                  "--total", BULK_BYTES), slip=True)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    server_report, client_report = server.json_output(), client.json_output()
+    t.expect_same_stream("client -> server", client_report, server_report)
+    t.expect_same_stream("server -> client", server_report, client_report)
+    t.expect_pairing(server, client)
+
+
 def pick_source_port(t):
     """A free port for the client to bind, different from the test port."""
     while True:

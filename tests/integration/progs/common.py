@@ -7,6 +7,7 @@ import os
 import selectors
 import socket
 import sys
+import time
 
 LOOPBACK = os.environ.get("SLIP_TEST_HOST", "127.0.0.1")  # see harness.py
 MiB = 1 << 20
@@ -41,8 +42,11 @@ def listen(port, address=LOOPBACK):
 
 
 def accept_one(port, address=LOOPBACK):
-    """Accepts one connection on `port` and closes the listener."""
+    """Accepts one connection on `port` and closes the listener. IT_ACCEPT_DELAY_S (a test's
+    knob) waits that long between listen and accept, so that a client's first bytes are
+    there when the connection is accepted."""
     with listen(port, address) as listener:
+        time.sleep(float(os.environ.get("IT_ACCEPT_DELAY_S", "0")))
         conn, _ = listener.accept()
     return conn
 
