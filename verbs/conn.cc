@@ -640,6 +640,11 @@ bool Conn::EnterTcpLocked(uint64_t peer_received) noexcept {
            (unsigned long long)(published - peer_received), (unsigned long long)peer_received);
   if (tx_finished_.load(std::memory_order_seq_cst)) anchor_path_.Finish(tx_published_.load());
   OnAnchorReady(EPOLLIN | EPOLLOUT);
+  // Send credit jumped from the last credit note to what the peer received (often with
+  // nothing to resend): a writer asleep on a full ring must look again, and a reader
+  // asleep on the completion channel must move to the proxy.
+  WakeWriterNow();
+  WakeReaderNow();
   return true;
 }
 
