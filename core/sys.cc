@@ -1,5 +1,8 @@
 #include "core/sys.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <atomic>
 #include <cerrno>
 
@@ -27,6 +30,21 @@ int MoveHigh(int fd, int floor) noexcept {
   }
   close(fd);
   return moved;
+}
+
+int StartServiceThread(void* (*main)(void*), void* arg, const char* name) noexcept {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);  // inherited by the new thread
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t thread;
+  int rc = pthread_create(&thread, &attr, main, arg);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (rc == 0) pthread_setname_np(thread, name);
+  return rc;
 }
 
 }  // namespace slip::sys

@@ -112,4 +112,8 @@ int MoveHigh(int fd, int floor) noexcept;
 int HiddenFdFloor() noexcept;
 void SetHiddenFdFloor(int floor) noexcept;
 
+// Starts a detached service thread named `name` with every signal blocked: the shim's own
+// threads must never take the application's signals. Returns 0 or pthread_create's error.
+int StartServiceThread(void* (*main)(void*), void* arg, const char* name) noexcept;
+
 }  // namespace slip::sys

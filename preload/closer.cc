@@ -1,8 +1,5 @@
 #include "preload/closer.h"
 
-#include <pthread.h>
-#include <signal.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -59,22 +56,10 @@ void* CloserMain(void*) {
 
 bool StartLocked(CloserState& st) noexcept {
   if (st.started) return true;
-  // The thread must never take the application's signals.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t thread;
-  int rc = pthread_create(&thread, &attr, CloserMain, nullptr);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (rc != 0) {
+  if (int rc = sys::StartServiceThread(CloserMain, nullptr, "slipstream-close"); rc != 0) {
     SLIP_LOG(kWarn, "cannot start the closer thread (error %d); closing in place", rc);
     return false;
   }
-  pthread_setname_np(thread, "slipstream-close");
   st.started = true;
   return true;
 }

@@ -1,7 +1,5 @@
 #include "preload/control.h"
 
-#include <pthread.h>
-#include <signal.h>
 #include <sys/epoll.h>
 
 #include <cerrno>
@@ -122,23 +120,13 @@ int StartLocked(ControlState& st) noexcept {
   int epfd = epoll_create1(EPOLL_CLOEXEC);
   if (epfd < 0) return -1;
   epfd = sys::MoveHigh(epfd, sys::HiddenFdFloor());
-  // The thread must never take the application's signals.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t thread;
-  int rc = pthread_create(&thread, &attr, ControlMain, reinterpret_cast<void*>(intptr_t(epfd)));
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (rc != 0) {
+  if (int rc = sys::StartServiceThread(ControlMain, reinterpret_cast<void*>(intptr_t(epfd)),
+                                       "slipstream-ctl");
+      rc != 0) {
     sys::close(epfd);
     SLIP_LOG(kError, "cannot start the control thread (error %d)", rc);
     return -1;
   }
-  pthread_setname_np(thread, "slipstream-ctl");
   st.epfd = epfd;
   return epfd;
 }

@@ -666,9 +666,12 @@ void Conn::OnAnchorReady(uint32_t events) noexcept {
 
 void Conn::WakeAtEnd() const noexcept {
   if (proxy_b_ < 0) return;
-  // As the EOF note and Fail do: readers see EOF (or the error) on A, writers wake.
-  if (anchor_path_.eof() || anchor_path_.error()) sys::shutdown(proxy_b_, SHUT_WR);
-  if (anchor_path_.peer_closed() || anchor_path_.error()) proxy::Unfill(proxy_b_);
+  // As the EOF note and Fail do: readers see EOF (or the error) on A, writers wake. Once
+  // each: every later read of the ring would come here again.
+  if ((anchor_path_.eof() || anchor_path_.error()) && !rx_end_woken_.exchange(true))
+    sys::shutdown(proxy_b_, SHUT_WR);
+  if ((anchor_path_.peer_closed() || anchor_path_.error()) && !tx_end_woken_.exchange(true))
+    proxy::Unfill(proxy_b_);
 }
 
 bool Conn::TakePeerFailover(int timeout_ms) noexcept {

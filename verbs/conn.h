@@ -216,6 +216,8 @@ class Conn final : public Channel {
   std::mutex failover_mu_;
   uint64_t rx_received_ = 0;  // our FAILOVER's count, under failover_mu_
   mutable AnchorPath anchor_path_;
+  mutable std::atomic<bool> rx_end_woken_{false};  // WakeAtEnd: proxy shut for readers
+  mutable std::atomic<bool> tx_end_woken_{false};  // WakeAtEnd: writers woken
 
   // Send queue, under post_busy_.
   std::atomic_flag post_busy_ = ATOMIC_FLAG_INIT;

@@ -35,11 +35,16 @@ def case(name, variants=tuple(PAIRINGS)):
     return register
 
 
-def run_bulk(t, server_slip, client_slip, client_env=None, server_args=(), client_args=()):
+def run_bulk(t, server_slip, client_slip, client_env=None, server_args=(), client_args=(),
+             server_env=None, before_client=None):
     """progs/bulk.py both ways at once. Checks both streams; returns the server, the client,
-    and the (sent, received) bytes of each, by program."""
+    and the (sent, received) bytes of each, by program. `before_client()` runs once the
+    server listens, before the client starts."""
     server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--seed", 100,
-                                  "--total", BULK_BYTES, *server_args), slip=server_slip)
+                                  "--total", BULK_BYTES, *server_args), slip=server_slip,
+                     env=server_env)
+    if before_client:
+        before_client()
     client = t.start("client", py("bulk.py", "client", "--port", t.port, "--seed", 200,
                                   "--total", BULK_BYTES, *client_args), slip=client_slip,
                      env=client_env)
@@ -288,23 +293,17 @@ def forged(t, variant):
     sent to the Slipstream server's rendezvous first. A Slipstream client's own registration
     and CONFIRM still win (shm, both streams intact); a plain client's bytes reach the
     server untouched (tcp), whatever the forger registered."""
-    client_slip = variant == "slip_client"
     source_port = pick_source_port(t)
-    server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--seed", 100,
-                                  "--total", BULK_BYTES), slip=True)
-    forger = t.start("forger", py("forge_register.py", "--port", t.port,
-                                  "--source-port", source_port))
-    forger.expect_exit(0)
-    t.check(forger.json_output().get("registered") or t.settings.plain,
-            "forger: found no rendezvous to register with")
-    client = t.start("client", py("bulk.py", "client", "--port", t.port, "--seed", 200,
-                                  "--total", BULK_BYTES, "--source-port", source_port),
-                     slip=client_slip)
-    client.expect_exit(0)
-    server.expect_exit(0)
-    server_report, client_report = server.json_output(), client.json_output()
-    t.expect_same_stream("client -> server", client_report, server_report)
-    t.expect_same_stream("server -> client", server_report, client_report)
+
+    def forge():
+        forger = t.start("forger", py("forge_register.py", "--port", t.port,
+                                      "--source-port", source_port))
+        forger.expect_exit(0)
+        t.check(forger.json_output().get("registered") or t.settings.plain,
+                "forger: found no rendezvous to register with")
+
+    server, client, _ = run_bulk(t, True, variant == "slip_client",
+                                 client_args=("--source-port", source_port), before_client=forge)
     t.expect_pairing(server, client)
 
 
@@ -316,21 +315,15 @@ def orphan_confirm(t, _):
     connection and then serves a real Slipstream client on shm, both streams intact. (The
     server accepts 2 s after listening, so that the CONFIRM is there at accept: a CONFIRM
     that arrives later cannot be told from a plain client's bytes without delaying them.)"""
-    server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--seed", 100,
-                                  "--total", BULK_BYTES), slip=True,
-                     env={"IT_ACCEPT_DELAY_S": "2"})
-    orphan = t.start("orphan", py("orphan_confirm.py", "--port", t.port))
-    orphan.expect_exit(0)
-    said = orphan.json_output()
-    t.check(said.get("declined") and said.get("ended"),
-            f"the orphan CONFIRM was not declined (it reached the application?): {said}")
-    client = t.start("client", py("bulk.py", "client", "--port", t.port, "--seed", 200,
-                                  "--total", BULK_BYTES), slip=True)
-    client.expect_exit(0)
-    server.expect_exit(0)
-    server_report, client_report = server.json_output(), client.json_output()
-    t.expect_same_stream("client -> server", client_report, server_report)
-    t.expect_same_stream("server -> client", server_report, client_report)
+    def orphan_first():
+        orphan = t.start("orphan", py("orphan_confirm.py", "--port", t.port))
+        orphan.expect_exit(0)
+        said = orphan.json_output()
+        t.check(said.get("declined") and said.get("ended"),
+                f"the orphan CONFIRM was not declined (it reached the application?): {said}")
+
+    server, client, _ = run_bulk(t, True, True, server_env={"IT_ACCEPT_DELAY_S": "2"},
+                                 before_client=orphan_first)
     t.expect_pairing(server, client)
 
 
