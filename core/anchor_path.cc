@@ -9,6 +9,65 @@
 
 namespace slip {
 
+namespace {
+
+// Waits for `events` on `fd` until `deadline` (monotonic ms); false once it passed.
+bool WaitUntil(int fd, short events, uint64_t deadline) noexcept {
+  uint64_t now = sys::MonotonicMs();
+  if (now >= deadline) return false;
+  pollfd pfd{fd, events, 0};
+  sys::poll(&pfd, 1, int(deadline - now));
+  return true;
+}
+
+}  // namespace
+
+bool SendFailover(int fd, const wire::Failover& failover, int timeout_ms) noexcept {
+  wire::Message msg;
+  msg.type = wire::Type::kFailover;
+  msg.failover = failover;
+  uint8_t buf[wire::kMaxMessageSize];
+  const size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = sys::send(fd, buf + done, len - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      done += size_t(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return false;
+    // A message half written is a stream the peer cannot parse: finish it if at all possible.
+    if (!WaitUntil(fd, POLLOUT, done ? deadline + 1000 : deadline)) return false;
+  }
+  return true;
+}
+
+bool ReceiveFailover(int fd, int timeout_ms, wire::Failover* out) noexcept {
+  const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
+  uint8_t buf[wire::kMaxMessageSize];
+  for (;;) {
+    ssize_t n = sys::recv(fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_PEEK);
+    if (n > 0) {
+      wire::Message msg;
+      size_t used = 0;
+      wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
+      if (st == wire::ParseStatus::kOk && msg.type == wire::Type::kFailover) {
+        sys::recv(fd, buf, used, MSG_DONTWAIT);
+        *out = msg.failover;
+        return true;
+      }
+      if (st != wire::ParseStatus::kNeedMore) return false;
+    } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      return false;
+    }
+    if (!WaitUntil(fd, POLLIN, deadline)) return false;
+    // A partial message keeps POLLIN set: do not spin on it.
+    if (n > 0) sys::poll(nullptr, 0, 1);
+  }
+}
+
 void AnchorPath::Start(int fd, uint8_t* rx_ring, const uint8_t* tx_ring, uint32_t ring_size,
                        uint64_t rx_from, uint64_t tx_from) noexcept {
   fd_ = fd;
@@ -97,10 +156,7 @@ bool AnchorPath::PushAll(uint64_t published, int timeout_ms) noexcept {
   for (;;) {
     if (Push(published) == published) return true;
     if (peer_closed() || error() != 0) return false;
-    uint64_t now = sys::MonotonicMs();
-    if (now >= deadline) return false;
-    pollfd pfd{fd_, POLLOUT, 0};
-    sys::poll(&pfd, 1, int(deadline - now));
+    if (!WaitUntil(fd_, POLLOUT, deadline)) return false;
   }
 }
 

@@ -20,7 +20,16 @@
 #include <cstdint>
 #include <mutex>
 
+#include "core/wire.h"
+
 namespace slip {
+
+// The FAILOVER exchange on the anchor. Both wait at most `timeout_ms` (0: no wait).
+// Sends `failover` whole (a short write continues), or returns false.
+bool SendFailover(int fd, const wire::Failover& failover, int timeout_ms) noexcept;
+// Consumes one whole FAILOVER at the head of the anchor's bytes. False, consuming nothing,
+// on anything else there (other bytes, EOF, an error) or when none came in time.
+bool ReceiveFailover(int fd, int timeout_ms, wire::Failover* out) noexcept;
 
 class AnchorPath {
  public:

@@ -564,6 +564,8 @@ const char* CauseText(wire::FailoverCause cause) noexcept {
       return "the queue pair failed";
     case wire::FailoverCause::kDeviceRemoved:
       return "the RDMA device went away";
+    case wire::FailoverCause::kHandBack:
+      return "the peer handed the connection back to TCP (exec)";
   }
   return "?";
 }
@@ -583,17 +585,12 @@ bool Conn::StopRdmaLocked(wire::FailoverCause cause) noexcept {
     DrainLocked();
   }
   rx_received_ = rx_produced_.load(std::memory_order_acquire);
-  wire::Message msg;
-  msg.type = wire::Type::kFailover;
-  msg.failover = wire::Failover{.received = rx_received_,
-                                .sent = tx_published_.load(std::memory_order_seq_cst),
-                                .cause = cause};
-  uint8_t buf[wire::kMaxMessageSize];
-  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
-  ssize_t n = sys::send(anchor_fd_.load(), buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-  if (n != ssize_t(len)) {
+  const wire::Failover mine{.received = rx_received_,
+                            .sent = tx_published_.load(std::memory_order_seq_cst),
+                            .cause = cause};
+  if (!SendFailover(anchor_fd_.load(), mine, 0)) {
     SLIP_LOG(kWarn, "verbs: %s, and the TCP connection cannot take FAILOVER (%s); resetting",
-             CauseText(cause), n < 0 ? strerror(errno) : "short write");
+             CauseText(cause), strerror(errno));
     return false;
   }
   SLIP_LOG(kWarn, "verbs: %s: the connection continues on TCP (%llu bytes received over RDMA)",
@@ -676,28 +673,8 @@ void Conn::WakeAtEnd() const noexcept {
 
 bool Conn::TakePeerFailover(int timeout_ms) noexcept {
   const int fd = anchor_fd_.load();
-  if (fd < 0) return false;
-  const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
-  uint8_t buf[wire::kMaxMessageSize];
-  for (;;) {
-    ssize_t n = sys::recv(fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_PEEK);
-    if (n > 0) {
-      wire::Message msg;
-      size_t used = 0;
-      wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
-      if (st == wire::ParseStatus::kOk && msg.type == wire::Type::kFailover) {
-        sys::recv(fd, buf, used, MSG_DONTWAIT);
-        return OnPeerFailover(msg.failover);
-      }
-      if (st != wire::ParseStatus::kNeedMore) return false;
-    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-      return false;
-    }
-    uint64_t now = sys::MonotonicMs();
-    if (now >= deadline) return false;
-    pollfd pfd{fd, POLLIN, 0};
-    sys::poll(&pfd, 1, int(deadline - now));
-  }
+  wire::Failover peer;
+  return fd >= 0 && ReceiveFailover(fd, timeout_ms, &peer) && OnPeerFailover(peer);
 }
 
 void Conn::FinishOnAnchor() noexcept {

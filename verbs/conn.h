@@ -105,6 +105,8 @@ class Conn final : public Channel {
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
   bool AnchorCarriesStream() const noexcept override { return mode_.load() == Mode::kTcp; }
   void OnAnchorReady(uint32_t events) noexcept override;
+  // A fork child's copy fails at once (the queue pair is the parent's): never shared.
+  bool SharedWithOtherProcess() const noexcept override { return false; }
 
   int BeginRxSleep() noexcept override;
   void EndRxSleep(bool woken) noexcept override;

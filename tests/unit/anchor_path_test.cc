@@ -237,5 +237,51 @@ TEST(AnchorPath, ReportsResetAndClosedPeer) {
   close(fds[0]);
 }
 
+// The FAILOVER exchange: a whole message is taken and nothing after it; one split across
+// segments waits for its tail; anything else (other bytes, EOF, silence) is refused with
+// the bytes left where they were.
+TEST(FailoverExchange, TakesOneWholeMessageAndNothingElse) {
+  int fds[2];
+  TcpPair(fds);
+  const wire::Failover sent{
+      .received = 0x1234567890ull, .sent = 77, .cause = wire::FailoverCause::kHandBack};
+  ASSERT_TRUE(SendFailover(fds[0], sent, 1000));
+  const uint8_t after[3] = {'a', 'b', 'c'};
+  ASSERT_EQ(send(fds[0], after, sizeof(after), 0), ssize_t(sizeof(after)));
+  wire::Failover got;
+  ASSERT_TRUE(ReceiveFailover(fds[1], 1000, &got));
+  EXPECT_EQ(got.received, sent.received);
+  EXPECT_EQ(got.sent, sent.sent);
+  EXPECT_EQ(got.cause, sent.cause);
+  // The stream's bytes behind it stay for the application, and they are no FAILOVER.
+  EXPECT_FALSE(ReceiveFailover(fds[1], 50, &got));
+  uint8_t rest[8];
+  ASSERT_EQ(recv(fds[1], rest, sizeof(rest), 0), ssize_t(sizeof(after)));
+  EXPECT_EQ(memcmp(rest, after, sizeof(after)), 0);
+
+  // Split in two segments: the reader waits for the tail.
+  wire::Message msg;
+  msg.type = wire::Type::kFailover;
+  msg.failover = sent;
+  uint8_t buf[wire::kMaxMessageSize];
+  const size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  ASSERT_EQ(send(fds[0], buf, 10, 0), 10);
+  std::thread tail([&] {
+    usleep(30000);
+    send(fds[0], buf + 10, len - 10, 0);
+  });
+  EXPECT_TRUE(ReceiveFailover(fds[1], 2000, &got));
+  tail.join();
+  EXPECT_EQ(got.received, sent.received);
+
+  // Silence: refused once the time is up.
+  EXPECT_FALSE(ReceiveFailover(fds[1], 30, &got));
+  // EOF: refused.
+  shutdown(fds[0], SHUT_WR);
+  EXPECT_FALSE(ReceiveFailover(fds[1], 1000, &got));
+  close(fds[0]);
+  close(fds[1]);
+}
+
 }  // namespace
 }  // namespace slip
