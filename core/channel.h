@@ -86,6 +86,26 @@ class Channel {
   virtual bool AnchorCarriesStream() const noexcept { return false; }
   virtual void OnAnchorReady(uint32_t events) noexcept { (void)events; }
 
+  // --- hand-back (exec) ---
+  // The process is about to exec with this connection's descriptor: the new image knows
+  // nothing of rings, so the stream goes back to the anchor for good. `consumed` is what
+  // the application read. Sends FAILOVER (cause kHandBack, received = `consumed`), takes
+  // the peer's answer and writes onto the anchor what the peer did not receive, all within
+  // `timeout_ms`. True when the anchor now carries the stream exactly: in from byte
+  // `consumed`, out after the last byte published (EOF following it if the sending side
+  // was closed). False leaves the connection unusable. The caller stopped the control
+  // thread's watch on the anchor first.
+  virtual bool HandBack(uint64_t consumed, int timeout_ms) noexcept {
+    (void)consumed;
+    (void)timeout_ms;
+    return false;
+  }
+  // True while another process also holds this end of the connection (fork): a hand-back
+  // would take the stream from under it.
+  virtual bool SharedWithOtherProcess() const noexcept { return true; }
+  // In a fork child, for each inherited connection: the child is one more holder.
+  virtual void AfterForkChild() noexcept {}
+
   // --- direct sleep (optional) ---
   // A transport whose news arrive on a descriptor of its own (verbs: the connection's
   // completion channel) lets a blocking recv sleep on it next to the proxy, woken by the

@@ -351,7 +351,8 @@ const char* ReasonName(Reason r) noexcept {
                                            "reuseport",
                                            "no_rdma_device",
                                            "no_rdma_path",
-                                           "memlock"};
+                                           "memlock",
+                                           "exec"};
   static_assert(std::size(kNames) == static_cast<size_t>(Reason::kCount));
   auto i = static_cast<size_t>(r);
   return i < std::size(kNames) ? kNames[i] : "unknown";

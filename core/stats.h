@@ -37,6 +37,7 @@ enum class Reason : uint8_t {
   kNoRdmaDevice,       // verbs allowed, but no usable RDMA device (or rdma-core missing)
   kNoRdmaPath,         // the peer cannot be reached over RDMA (address/route/timeout)
   kMemlock,            // RLIMIT_MEMLOCK too low to register the rings
+  kExec,               // handed back to TCP because the process exec'd with it
   kCount
 };
 const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
@@ -44,7 +45,7 @@ const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
 enum class SlotState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
 
 constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
-constexpr uint32_t kStatsVersion = 3;         // 3: reasons kNoRdmaDevice..kMemlock
+constexpr uint32_t kStatsVersion = 4;         // 3: kNoRdmaDevice..kMemlock; 4: kExec
 constexpr uint32_t kStatsSlots = 8192;
 
 struct alignas(64) ConnSlot {

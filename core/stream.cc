@@ -93,6 +93,12 @@ Stream::~Stream() {
   sys::close(proxy_b_);
 }
 
+bool Stream::HandBack(int timeout_ms) noexcept {
+  std::scoped_lock lock(rx_mu_, tx_mu_);
+  if (peer_gone_.load(std::memory_order_acquire)) return false;
+  return channel_->HandBack(consumed_.load(std::memory_order_relaxed), timeout_ms);
+}
+
 bool Stream::HasRxData() const noexcept {
   return channel_->RxProduced() != consumed_.load(std::memory_order_relaxed);
 }

@@ -65,6 +65,12 @@ class Stream {
   // already here, the reader gets ECONNRESET once, as on TCP.
   void MarkPeerGone(bool reset = false) noexcept;
 
+  // The process execs with this connection: the stream goes back to the TCP anchor for
+  // good, from the byte the application read up to (Channel::HandBack). Takes both sides'
+  // locks, so a send or receive in progress finishes first. False when the channel cannot
+  // (peer gone, no answer in `timeout_ms`): the connection is then unusable.
+  bool HandBack(int timeout_ms) noexcept;
+
   Channel* channel() noexcept { return channel_.get(); }
   uint64_t bytes_produced() const noexcept { return produced_.load(std::memory_order_relaxed); }
 

@@ -180,8 +180,7 @@ bool ParsePayload(Type type, Reader* r, Message* out) noexcept {
       out->failover.sent = r->U64();
       uint32_t cause = r->U32();
       uint32_t reserved = r->U32();
-      if (cause > static_cast<uint32_t>(FailoverCause::kDeviceRemoved) || reserved != 0)
-        return false;
+      if (cause > static_cast<uint32_t>(FailoverCause::kHandBack) || reserved != 0) return false;
       out->failover.cause = static_cast<FailoverCause>(cause);
       return true;
     }

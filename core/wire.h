@@ -97,6 +97,7 @@ enum class FailoverCause : uint32_t {
   kPeerRequest = 0,  // an answer: the other end failed over first
   kTransportError = 1,
   kDeviceRemoved = 2,
+  kHandBack = 3,  // the process is about to exec: the stream goes back to plain TCP for good
 };
 
 struct Failover {

@@ -1,7 +1,9 @@
 #include "preload/control.h"
 
+#include <sched.h>
 #include <sys/epoll.h>
 
+#include <atomic>
 #include <cerrno>
 #include <mutex>
 
@@ -18,6 +20,8 @@ namespace {
 struct ControlState {
   std::mutex mu;
   int epfd = -1;
+  // Odd while the thread handles the events of one epoll_wait.
+  std::atomic<uint64_t> batches{0};
 };
 
 ControlState& State() noexcept {
@@ -96,6 +100,7 @@ void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
 
 void* ControlMain(void* arg) {
   int epfd = int(reinterpret_cast<intptr_t>(arg));
+  std::atomic<uint64_t>& batches = State().batches;
   epoll_event events[64];
   for (;;) {
     // The real call: the interposed one would prepare every stream for a sleep of ours.
@@ -105,6 +110,7 @@ void* ControlMain(void* arg) {
       SLIP_LOG(kError, "control thread: epoll_wait failed (errno %d); exiting", errno);
       return nullptr;
     }
+    batches.fetch_add(1, std::memory_order_seq_cst);
     for (int i = 0; i < n; ++i) {
       uint64_t key = events[i].data.u64;
       SlipSocket* s = SocketAt(uint32_t(key >> 32));
@@ -112,6 +118,7 @@ void* ControlMain(void* arg) {
       if (s->kind == SockKind::kAccel && s->stream) HandleAnchor(s, epfd, events[i].events);
       Release(s);
     }
+    batches.fetch_add(1, std::memory_order_seq_cst);
   }
 }
 
@@ -158,8 +165,17 @@ void ControlUnwatch(SlipSocket* s) noexcept {
     sys::epoll_ctl(st.epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
 }
 
+void ControlQuiesce() noexcept {
+  std::atomic<uint64_t>& batches = State().batches;
+  const uint64_t seen = batches.load(std::memory_order_seq_cst);
+  if (seen & 1) {
+    while (batches.load(std::memory_order_seq_cst) == seen) sched_yield();
+  }
+}
+
 void ControlResetAfterFork() noexcept {
   ControlState& st = State();
+  st.batches.store(0, std::memory_order_relaxed);
   // Runs in the single-threaded child: the parent's lock state is meaningless here.
   new (&st.mu) std::mutex();
   if (st.epfd >= 0) sys::close(st.epfd);

@@ -18,6 +18,9 @@ bool ControlReady() noexcept;
 void ControlWatch(SlipSocket* s) noexcept;
 // Stops watching (called before the socket is torn down).
 void ControlUnwatch(SlipSocket* s) noexcept;
+// Returns once the thread is not handling a batch of events that began before the call:
+// after ControlUnwatch, the caller then owns the anchor's bytes alone.
+void ControlQuiesce() noexcept;
 // After fork, in the child: the thread is gone; forget it (a new one starts on demand).
 void ControlResetAfterFork() noexcept;
 

@@ -228,6 +228,18 @@ bool TableInUse() noexcept {
   return g_in_use.load(std::memory_order_relaxed);
 }
 
+void ForEachTrackedFd(void (*fn)(int fd, SlipSocket* s, void* ctx), void* ctx) noexcept {
+  Table& t = GetTable();
+  if (!TableInUse()) return;
+  for (size_t fd = 0; fd < t.size; ++fd) {
+    if (!t.slots[fd].load(std::memory_order_relaxed)) continue;
+    if (SlipSocket* s = Lookup(int(fd))) {
+      fn(int(fd), s, ctx);
+      Release(s);
+    }
+  }
+}
+
 void ForEachLiveSocket(void (*fn)(SlipSocket* s, void* ctx), void* ctx) noexcept {
   Pool& pool = GetPool();
   std::lock_guard<std::mutex> lock(pool.mu);

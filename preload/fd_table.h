@@ -95,6 +95,9 @@ void Remove(int fd) noexcept;
 // True if any descriptor may be tracked (cheap pre-check for plain programs).
 bool TableInUse() noexcept;
 
+// Calls `fn` for every tracked descriptor, with the socket it refers to (a reference is
+// held during the call). Not under any lock: for rare whole-process work (exec).
+void ForEachTrackedFd(void (*fn)(int fd, SlipSocket* s, void* ctx), void* ctx) noexcept;
 // Calls `fn` for every socket that is alive (some reference held), under the pool lock.
 void ForEachLiveSocket(void (*fn)(SlipSocket* s, void* ctx), void* ctx) noexcept;
 // fork(): the pool lock is taken around fork so that the child never inherits it held.

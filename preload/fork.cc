@@ -9,6 +9,7 @@
 #include "preload/accel_list.h"
 #include "preload/closer.h"
 #include "preload/control.h"
+#include "preload/exec.h"
 #include "preload/fd_table.h"
 #include "preload/verbs_loader.h"
 
@@ -53,10 +54,13 @@ void CollectSlot(SlipSocket* s, void* ctx) {
 }
 
 void RewatchAnchor(SlipSocket* s, void*) {
-  if (s->kind == SockKind::kAccel && s->anchor_fd >= 0) ControlWatch(s);
+  if (s->kind != SockKind::kAccel || s->anchor_fd < 0) return;
+  ControlWatch(s);
+  if (s->stream) s->stream->channel()->AfterForkChild();  // one more holder
 }
 
 void Child() {
+  ExecNoteProcess();
   // The parent's queue pairs are not ours: inherited verbs connections fail (ECONNRESET).
   CloserForkChild();
   if (verbs::Module* m = VerbsIfLoaded()) m->ForkChild();
@@ -78,6 +82,7 @@ void Child() {
 }  // namespace
 
 void InstallForkHandlers() noexcept {
+  ExecNoteProcess();
   pthread_atfork(Prepare, Parent, Child);
 }
 

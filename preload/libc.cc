@@ -51,6 +51,12 @@ LibcCalls Load() noexcept {
   Resolve(c.ppoll, "ppoll");
   Resolve(c.select, "select");
   Resolve(c.pselect, "pselect");
+  Resolve(c.execve, "execve");
+  Resolve(c.execveat, "execveat");
+  Resolve(c.fexecve, "fexecve");
+  Resolve(c.execv, "execv");
+  Resolve(c.execvp, "execvp");
+  Resolve(c.execvpe, "execvpe");
   return c;
 }
 

@@ -51,6 +51,12 @@ struct LibcCalls {
   int (*ppoll)(pollfd*, nfds_t, const timespec*, const sigset_t*);
   int (*select)(int, fd_set*, fd_set*, fd_set*, timeval*);
   int (*pselect)(int, fd_set*, fd_set*, fd_set*, const timespec*, const sigset_t*);
+  int (*execve)(const char*, char* const*, char* const*);
+  int (*execveat)(int, const char*, char* const*, char* const*, int);
+  int (*fexecve)(int, char* const*, char* const*);
+  int (*execv)(const char*, char* const*);
+  int (*execvp)(const char*, char* const*);
+  int (*execvpe)(const char*, char* const*, char* const*);
 };
 
 // Resolved on first use; safe to call from any thread and from constructors.

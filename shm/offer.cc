@@ -131,16 +131,18 @@ int SendCancel(int rendezvous, const Offer& offer, const wire::Endpoint& client,
 }
 
 std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int* proxy_a, int* proxy_b) noexcept {
-  auto channel =
-      MakeChannel(offer->region, offer->region_size, /*is_client=*/true, offer->server_b);
+  // The memfd stays open with the channel, out of the application's way.
+  offer->memfd = sys::MoveHigh(offer->memfd, sys::HiddenFdFloor());
+  auto channel = MakeChannel(offer->region, offer->region_size, offer->memfd,
+                             /*is_client=*/true, offer->server_b, offer->client_b);
   if (!channel) return nullptr;
   offer->region = nullptr;  // owned by the channel now
   offer->server_b = -1;
+  offer->memfd = -1;
   *proxy_a = offer->client_a;
   *proxy_b = offer->client_b;
   offer->client_a = offer->client_b = -1;
   CloseIf(&offer->server_a);  // the server holds its own end now
-  CloseIf(&offer->memfd);     // the mapping stays
   return channel;
 }
 

@@ -54,7 +54,9 @@ inline size_t RegionSize(uint32_t ring_size) noexcept {
 #include "core/channel.h"
 
 namespace slip::shm {
-// Builds the channel over a mapped region; takes ownership of the mapping and `peer_b`.
-std::unique_ptr<Channel> MakeChannel(void* region, size_t region_size, bool is_client,
-                                     int peer_b) noexcept;
+// Builds the channel over a mapped region; takes ownership of the mapping, the region's
+// `memfd` (kept: its locks count the processes holding this end) and `peer_b`. `own_b` is
+// B of this end's proxy, owned by the Stream. On failure the caller keeps everything.
+std::unique_ptr<Channel> MakeChannel(void* region, size_t region_size, int memfd, bool is_client,
+                                     int peer_b, int own_b) noexcept;
 }  // namespace slip::shm

@@ -279,13 +279,14 @@ std::unique_ptr<Channel> AcceptRegistration(Registration* reg, const wire::Confi
     munmap(region, msg.region_size);
     return nullptr;
   }
-  auto channel = MakeChannel(region, msg.region_size, /*is_client=*/false, reg->fds[3]);
+  auto channel = MakeChannel(region, msg.region_size, reg->fds[0], /*is_client=*/false, reg->fds[3],
+                             reg->fds[2]);
   if (!channel) {
     munmap(region, msg.region_size);
     *reason = wire::DeclineReason::kResources;
     return nullptr;
   }
-  reg->fds[3] = -1;
+  reg->fds[0] = reg->fds[3] = -1;
   *proxy_a = reg->fds[1];
   *proxy_b = reg->fds[2];
   reg->fds[1] = reg->fds[2] = -1;

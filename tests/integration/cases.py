@@ -991,6 +991,47 @@ def fork_exec(t, pairing):
     t.expect_pairing(server, client, count=2)
 
 
+@case("exec", variants=("both",))
+def exec_handback(t, _):
+    """The server execs itself with an accelerated connection inherited (not close-on-exec),
+    after a failed exec of a missing program: the connection goes back to TCP at the byte
+    the old program had read, and the new program continues both streams (seeded random,
+    up to 6 MiB each way, every byte checked on both sides). The client, which never
+    noticed, ends up on TCP with reason failover; the server logged the hand-back."""
+    env = {"SLIP_LOG": "info"}
+    seed = random.randrange(1 << 30)
+    print(f"exec: seed {seed}")
+    args = ("exec", "--port", t.port, "--seed", seed)
+    server = t.serve("server", py("corners.py", "server", *args), slip=True, env=env)
+    client = t.start("client", py("corners.py", "client", *args), slip=True, env=env)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    said = server.json_output()
+    print(f"exec: handed back at {said['exec_at_received']} B received, "
+          f"{said['exec_at_sent']} B sent")
+    t.check("handed back to TCP for exec" in server.stderr(),
+            "the server's log does not say it handed the connection back")
+    t.check("handed the connection back to TCP (exec)" in client.stderr(),
+            "the client's log does not say its peer handed the connection back")
+    t.expect_stats(client, "tcp", "failover")
+
+
+@case("exec_shared", variants=("both",))
+def exec_shared(t, _):
+    """The server forks and the child execs itself with the connection inherited while the
+    parent keeps its copy: the exec'd program's descriptor reports a reset (not the
+    stream's bytes, not a hang), and the parent serves the whole connection on shm, both
+    streams checked byte for byte."""
+    args = ("exec_shared", "--port", t.port, "--seed", random.randrange(1 << 30))
+    server = t.serve("server", py("corners.py", "server", *args), slip=True)
+    client = t.start("client", py("corners.py", "client", *args), slip=True)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    t.check("another process also holds" in server.stderr(),
+            "the exec'd child's log does not say another process holds the connection")
+    t.expect_pairing(server, client)
+
+
 BANNER_CONNECTIONS = 20
 BANNER_MAX_MEDIAN_MS = 50
 

@@ -609,14 +609,14 @@ TEST(WireFields, ConfirmReserved) {
 
 TEST(WireFields, FailoverCause) {
   const Message m = samples::Typical(Type::kFailover);
-  for (uint32_t c = 0; c <= static_cast<uint32_t>(FailoverCause::kDeviceRemoved); ++c) {
+  for (uint32_t c = 0; c <= static_cast<uint32_t>(FailoverCause::kHandBack); ++c) {
     const Parsed p = Parse(EncodeWith(m, kFailoverCauseAt, c, 4));
     ASSERT_EQ(p.status, ParseStatus::kOk) << c;
     EXPECT_EQ(p.msg.failover.cause, static_cast<FailoverCause>(c));
     EXPECT_EQ(p.msg.failover.received, m.failover.received);
     EXPECT_EQ(p.msg.failover.sent, m.failover.sent);
   }
-  for (uint32_t c : {3u, 4u, 0xffu, 0x80000000u, 0xffffffffu})
+  for (uint32_t c : {4u, 5u, 0xffu, 0x80000000u, 0xffffffffu})
     EXPECT_EQ(StatusWith(m, kFailoverCauseAt, c, 4), ParseStatus::kBadField) << c;
   for (int bit = 0; bit < 32; ++bit)
     EXPECT_EQ(StatusWith(m, kFailoverReservedAt, 1ull << bit, 4), ParseStatus::kBadField) << bit;

@@ -14,6 +14,16 @@ Usage: corners.py ROLE MODE --port PORT [options]; ROLE is server or client; MOD
              again on the port: refused without SO_REUSEADDR, accepted with it.
   v6only     an IPV6_V6ONLY listener on [::]: IPv4 connections are refused; then an IPv4
              listener on the same port takes them, each listener its own family.
+  exec       the server reads part of the client's stream and sends part of its own, tries
+             to exec a missing program (ENOENT: it must go on with the connection intact),
+             reads and sends a little more, then execs itself (exec_child) with the socket
+             inherited; the new program checks the rest of the client's stream byte for byte
+             from where the old one stopped and sends the rest of its own. Both streams are
+             seeded random bytes of random length, so each side checks every byte.
+  exec_shared the server forks; the child execs itself with the socket inherited while the
+             parent keeps its copy and serves the client to the end: the exec'd program must
+             get an error on that descriptor (never the stream's bytes), the parent's stream
+             stays intact.
 
 A "round" on a connection: the client sends an 8-byte length and that many random bytes,
 the server answers with their SHA-256. Each side reports one JSON line.
@@ -334,8 +344,157 @@ def v6only(args):
     report(role="client", v4_refused_by_v6only=refused, served_by=[first, second, third])
 
 
+# --- exec --------------------------------------------------------------------------------
+
+EXEC_MIN = 2 << 20  # each direction: more than a ring, so that the writers wait on full
+EXEC_MAX = 6 << 20  # rings across the exec
+
+
+def exec_streams(seed):
+    """The client's and the server's streams: seeded, so both ends (and the exec'd program)
+    know every byte."""
+    rng = random.Random(seed)
+    up = rng.randbytes(EXEC_MIN + random_size(rng, EXEC_MAX - EXEC_MIN))
+    down = rng.randbytes(EXEC_MIN + random_size(rng, EXEC_MAX - EXEC_MIN))
+    return up, down
+
+
+def check_prefix(sock, expected, offset, count):
+    """Reads `count` bytes that must equal expected[offset:offset+count]."""
+    got = recv_exact(sock, count)
+    if got != expected[offset:offset + count]:
+        fail(f"bytes {offset}..{offset + count} of the stream differ "
+             f"(got {len(got)} B)")
+    return offset + count
+
+
+def exec_self(sock, mode, args, **extra):
+    os.set_inheritable(sock.fileno(), True)
+    argv = [sys.executable, os.path.abspath(__file__), "server", mode, "--port", str(args.port),
+            "--seed", str(args.seed), "--fd", str(sock.fileno())]
+    for key, value in extra.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    os.execv(sys.executable, argv)
+
+
+def exec_client(args):
+    up, down = exec_streams(args.seed)
+    sock = socket.create_connection((LOOPBACK, args.port))
+
+    def send_all():
+        sock.sendall(up)
+        sock.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    got = bytearray()
+    while chunk := sock.recv(1 << 20):
+        got += chunk
+    sender.join()
+    if bytes(got) != down:
+        first = next((i for i, (a, b) in enumerate(zip(got, down)) if a != b), min(len(got), len(down)))
+        fail(f"the server's stream differs from byte {first} (got {len(got)} of {len(down)} B)")
+    sock.close()
+    report(role="client", sent=len(up), received=len(got))
+
+
+def exec_server(args):
+    up, down = exec_streams(args.seed)
+    rng = random.Random(args.seed + 1)
+    with listen(args.port) as listener:
+        conn, _ = listener.accept()
+    read = check_prefix(conn, up, 0, rng.randrange(len(up) // 3 + 1))
+    sent = rng.randrange(len(down) // 3 + 1)
+    conn.sendall(down[:sent])
+    # A failed exec: this program goes on, the connection too.
+    try:
+        os.execv("/nonexistent/corners-exec-test", ["corners-exec-test"])
+    except FileNotFoundError:
+        pass
+    else:
+        fail("exec of a missing program did not fail")
+    read = check_prefix(conn, up, read, rng.randrange((len(up) - read) // 2 + 1))
+    more = rng.randrange((len(down) - sent) // 2 + 1)
+    conn.sendall(down[sent:sent + more])
+    exec_self(conn, "exec_child", args, read_from=read, sent_from=sent + more)
+
+
+def exec_child(args):
+    """The exec'd program: continues the inherited connection where the old image left it."""
+    up, down = exec_streams(args.seed)
+    sock = socket.socket(fileno=args.fd)
+    sender = threading.Thread(target=lambda: (sock.sendall(down[args.sent_from:]),
+                                              sock.shutdown(socket.SHUT_WR)))
+    sender.start()
+    rest = bytearray()
+    while chunk := sock.recv(1 << 20):
+        rest += chunk
+    sender.join()
+    if bytes(rest) != up[args.read_from:]:
+        first = next((i for i, (a, b) in enumerate(zip(rest, up[args.read_from:])) if a != b),
+                     min(len(rest), len(up) - args.read_from))
+        fail(f"after exec: the client's stream differs from byte {args.read_from + first} "
+             f"(got {len(rest)} B from byte {args.read_from}, expected {len(up) - args.read_from})")
+    sock.close()
+    report(role="server", received=args.read_from + len(rest), sent=len(down),
+           exec_at_received=args.read_from, exec_at_sent=args.sent_from)
+
+
+def exec_shared_server(args):
+    up, down = exec_streams(args.seed)
+    with listen(args.port) as listener:
+        conn, _ = listener.accept()
+    read = check_prefix(conn, up, 0, min(len(up), 4096))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            exec_self(conn, "exec_orphan", args)
+        finally:
+            os._exit(3)
+    # The parent keeps its copy and serves the whole connection.
+    sender = threading.Thread(target=lambda: (conn.sendall(down), conn.shutdown(socket.SHUT_WR)))
+    sender.start()
+    rest = bytearray()
+    while chunk := conn.recv(1 << 20):
+        rest += chunk
+    sender.join()
+    if bytes(rest) != up[read:]:
+        fail(f"the parent's stream differs after the child's exec (got {len(rest)} B)")
+    _, status = os.waitpid(pid, 0)
+    conn.close()
+    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        fail(f"the exec'd program saw the stream's bytes or no error: wait status {status}")
+    report(role="server", received=read + len(rest), sent=len(down))
+
+
+def exec_orphan(args):
+    """Exec'd while another process (the parent) holds the connection: this descriptor must
+    fail, not yield the stream's bytes."""
+    sock = socket.socket(fileno=args.fd)
+    sock.settimeout(10)
+    try:
+        data = sock.recv(4096)
+    except ConnectionResetError as e:
+        print(f"exec_orphan: recv failed as expected: {e!r}", file=sys.stderr)
+        os._exit(0)
+    except OSError as e:  # a timeout: the descriptor hangs instead of failing
+        print(f"exec_orphan: recv failed with {e!r}", file=sys.stderr)
+        os._exit(1)
+    print(f"exec_orphan: recv returned {len(data)} B", file=sys.stderr)
+    os._exit(0 if not data else 1)
+
+
+def exec_mode(args):
+    (exec_server if args.role == "server" else exec_client)(args)
+
+
+def exec_shared(args):
+    (exec_shared_server if args.role == "server" else exec_client)(args)
+
+
 MODES = {"fork_own": fork_own, "fork_exec": fork_exec, "banner": banner,
-         "reuseaddr": reuseaddr, "v6only": v6only}
+         "reuseaddr": reuseaddr, "v6only": v6only, "exec": exec_mode,
+         "exec_shared": exec_shared, "exec_child": exec_child, "exec_orphan": exec_orphan}
 
 
 def main():
@@ -345,6 +504,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--sleep", type=float, default=1.0)
     parser.add_argument("--count", type=int, default=20)
+    parser.add_argument("--fd", type=int, help="exec'd modes: the inherited socket")
+    parser.add_argument("--read-from", type=int, default=0)
+    parser.add_argument("--sent-from", type=int, default=0)
     args = parser.parse_args()
     MODES[args.mode](args)
 

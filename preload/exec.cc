@@ -1,0 +1,284 @@
+// exec: what an accelerated descriptor becomes in the program that replaces this one.
+//
+// The new image knows nothing of rings, proxies or control threads, so an inherited
+// descriptor (no FD_CLOEXEC) of an accelerated connection would be a proxy with nobody
+// behind it: reads would block forever, or return wake-up tokens as data. Before exec,
+// each such connection that only this process holds goes back to its TCP socket at the
+// byte the application read up to (Stream::HandBack; docs/DESIGN.md, "Exec"), and the TCP
+// socket takes the application's numbers: the new program continues the stream on plain
+// TCP. Where that cannot be done, the program gets a socket that reports ECONNRESET
+// instead, never a silently different stream:
+// - another process holds the connection too (fork): that process keeps it, only this
+//   image's numbers change, and they are put back if exec fails;
+// - the hand-back failed (the peer is gone or did not answer; verbs connections cannot
+//   yet): the connection is reset, since bytes may be missing.
+// A vfork child shares the parent's memory and runs no fork handlers: nothing is touched.
+#include "preload/exec.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdarg>
+#include <vector>
+
+#include "core/log.h"
+#include "core/stats.h"
+#include "core/sys.h"
+#include "preload/accel_list.h"
+#include "preload/control.h"
+#include "preload/export.h"
+#include "preload/fd_table.h"
+#include "preload/libc.h"
+#include "preload/runtime.h"
+
+using namespace slip;
+using namespace slip::preload;
+
+namespace slip::preload {
+
+// The inherited connections of one exec call.
+struct ExecPlan {
+  struct Entry {
+    int fd;
+    SlipSocket* s;  // a reference is held until exec fails (or for good)
+    bool cloexec;
+  };
+  // Numbers that got a reset socket for a connection another process holds: put back if
+  // exec fails.
+  struct Saved {
+    int fd;
+    int proxy;  // a hidden duplicate of what the number referred to
+    bool cloexec;
+  };
+  std::vector<Entry> fds;
+  std::vector<Saved> saved;
+};
+
+namespace {
+
+std::atomic<pid_t> g_pid{0};
+
+// How long exec waits for a process it just forked from to close its copy (the
+// pre-forking server, socat's fork+exec) before treating the connection as shared.
+constexpr uint64_t kHolderWaitMs = 200;
+
+void Collect(int fd, SlipSocket* s, void* ctx) noexcept {
+  if (s->kind != SockKind::kAccel) return;
+  int flags = sys::fcntl(fd, F_GETFD);
+  if (flags < 0) return;
+  Acquire(s);
+  try {
+    static_cast<ExecPlan*>(ctx)->fds.push_back({fd, s, (flags & FD_CLOEXEC) != 0});
+  } catch (...) {
+    Release(s);
+  }
+}
+
+// Reads fail with ECONNRESET (then EOF), writes with EPIPE: one end of a socket pair whose
+// other end was closed with a byte unread.
+int MakeResetSocket() noexcept {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return -1;
+  char byte = 0;
+  sys::send(sv[0], &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  sys::close(sv[1]);
+  return sv[0];
+}
+
+void Put(int what, int fd, bool cloexec) noexcept {
+  sys::dup3(what, fd, cloexec ? O_CLOEXEC : 0);
+}
+
+bool WaitSoleHolder(const Channel* channel) noexcept {
+  const uint64_t deadline = sys::MonotonicMs() + kHolderWaitMs;
+  while (channel->SharedWithOtherProcess()) {
+    if (sys::MonotonicMs() >= deadline) return false;
+    usleep(2000);
+  }
+  return true;
+}
+
+// Another process holds the connection: this image's inheritable numbers get a reset
+// socket, the connection stays as it is for the other holder.
+void LeaveToOtherHolder(SlipSocket* s, ExecPlan* plan) noexcept {
+  int reset = MakeResetSocket();
+  for (const ExecPlan::Entry& e : plan->fds) {
+    if (e.s != s || e.cloexec) continue;
+    int proxy = reset < 0 ? -1 : sys::fcntl(e.fd, F_DUPFD_CLOEXEC, sys::HiddenFdFloor());
+    if (proxy < 0) continue;
+    try {
+      plan->saved.push_back({e.fd, proxy, e.cloexec});
+    } catch (...) {
+      sys::close(proxy);
+      continue;
+    }
+    Put(reset, e.fd, false);
+    SLIP_LOG(kWarn,
+             "fd %d: exec with a connection that another process also holds: that process "
+             "keeps it, the new program gets a reset socket in its place",
+             e.fd);
+  }
+  if (reset >= 0) sys::close(reset);
+}
+
+// Only this process holds the connection: hand it back to TCP, or reset it.
+void HandBackOrReset(SlipSocket* s, ExecPlan* plan) noexcept {
+  ControlUnwatch(s);
+  ControlQuiesce();  // the anchor's bytes (the peer's answer) are ours alone now
+  const int timeout_ms = int(GetRuntime().config.handshake_timeout_ms);
+  const bool handed_back = s->stream->HandBack(timeout_ms);
+  // The hidden TCP socket must not outlive the new program's own descriptor.
+  sys::fcntl(s->anchor_fd, F_SETFD, FD_CLOEXEC);
+  if (handed_back) {
+    AccelListRemove(s);
+    for (const ExecPlan::Entry& e : plan->fds) {
+      if (e.s != s) continue;
+      Put(s->anchor_fd, e.fd, e.cloexec);
+      // If exec fails, this image goes on with a TCP socket under its epoll sets too.
+      for (SlipSocket::EpollReg& reg : s->epoll_regs) {
+        if (reg.fd == e.fd) sys::epoll_ctl(reg.epfd, EPOLL_CTL_ADD, e.fd, &reg.event);
+      }
+      SLIP_LOG(kInfo, "fd %d: handed back to TCP for exec", e.fd);
+    }
+    sys::fcntl(s->anchor_fd, F_SETFL, s->nonblocking.load() ? O_NONBLOCK : 0);
+    // The stream stays allocated (a thread may still be inside it) until the last close.
+    s->kind = SockKind::kPlain;
+    StatsSetTransport(s->stats, TransportKind::kTcp, Reason::kExec);
+    return;
+  }
+  // Bytes may be missing: the peer must see a reset, not an orderly end.
+  s->stream->channel()->Abort();
+  linger abortive{1, 0};
+  sys::setsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &abortive, sizeof(abortive));
+  int reset = MakeResetSocket();
+  for (const ExecPlan::Entry& e : plan->fds) {
+    if (e.s != s) continue;
+    SLIP_LOG(kWarn,
+             "fd %d: cannot hand the connection back to TCP for exec; it is reset (the "
+             "program gets a reset socket)",
+             e.fd);
+    if (reset >= 0) Put(reset, e.fd, e.cloexec);
+    Remove(e.fd);  // (the plan's reference keeps the socket until exec is over)
+  }
+  if (reset >= 0) sys::close(reset);
+}
+
+}  // namespace
+
+void ExecNoteProcess() noexcept {
+  g_pid.store(pid_t(syscall(SYS_getpid)), std::memory_order_relaxed);
+}
+
+ExecGuard::ExecGuard() noexcept {
+  if (!TableInUse() || !AccelListNonEmpty()) return;
+  if (pid_t(syscall(SYS_getpid)) != g_pid.load(std::memory_order_relaxed)) return;  // vfork
+  auto* plan = new (std::nothrow) ExecPlan();
+  if (!plan) return;
+  plan_ = plan;
+  ForEachTrackedFd(Collect, plan);
+  for (const ExecPlan::Entry& e : plan->fds) {
+    if (e.cloexec) continue;
+    SlipSocket* s = e.s;
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (s->kind != SockKind::kAccel || !s->stream) continue;  // done for an earlier number
+    if (WaitSoleHolder(s->stream->channel()))
+      HandBackOrReset(s, plan);
+    else
+      LeaveToOtherHolder(s, plan);
+  }
+}
+
+ExecGuard::~ExecGuard() {
+  // Only reached when exec failed: this image goes on.
+  if (!plan_) return;
+  const int err = errno;
+  for (const ExecPlan::Saved& saved : plan_->saved) {
+    Put(saved.proxy, saved.fd, saved.cloexec);
+    sys::close(saved.proxy);
+  }
+  for (const ExecPlan::Entry& e : plan_->fds) Release(e.s);
+  delete plan_;
+  errno = err;
+}
+
+}  // namespace slip::preload
+
+namespace {
+
+// Runs `call(argv, envp)` with execl's variadic arguments as an argv array (and, for
+// execle, the environment that follows them).
+template <typename Call>
+int WithArgv(const char* arg0, va_list ap, bool with_env, Call call) noexcept {
+  std::vector<char*> argv;
+  try {
+    argv.push_back(const_cast<char*>(arg0));
+    while (argv.back() != nullptr) argv.push_back(va_arg(ap, char*));
+  } catch (...) {
+    errno = ENOMEM;
+    return -1;
+  }
+  char** envp = with_env ? va_arg(ap, char**) : nullptr;
+  return call(argv.data(), envp);
+}
+
+}  // namespace
+
+SLIP_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
+  ExecGuard guard;
+  return Libc().execve(path, argv, envp);
+}
+
+SLIP_EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* const envp[],
+                         int flags) {
+  ExecGuard guard;
+  return Libc().execveat(dirfd, path, argv, envp, flags);
+}
+
+SLIP_EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
+  ExecGuard guard;
+  return Libc().fexecve(fd, argv, envp);
+}
+
+SLIP_EXPORT int execv(const char* path, char* const argv[]) {
+  ExecGuard guard;
+  return Libc().execv(path, argv);
+}
+
+SLIP_EXPORT int execvp(const char* file, char* const argv[]) {
+  ExecGuard guard;
+  return Libc().execvp(file, argv);
+}
+
+SLIP_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
+  ExecGuard guard;
+  return Libc().execvpe(file, argv, envp);
+}
+
+SLIP_EXPORT int execl(const char* path, const char* arg0, ...) {
+  va_list ap;
+  va_start(ap, arg0);
+  int rc = WithArgv(arg0, ap, false, [path](char** argv, char**) { return execv(path, argv); });
+  va_end(ap);
+  return rc;
+}
+
+SLIP_EXPORT int execlp(const char* file, const char* arg0, ...) {
+  va_list ap;
+  va_start(ap, arg0);
+  int rc = WithArgv(arg0, ap, false, [file](char** argv, char**) { return execvp(file, argv); });
+  va_end(ap);
+  return rc;
+}
+
+SLIP_EXPORT int execle(const char* path, const char* arg0, ...) {
+  va_list ap;
+  va_start(ap, arg0);
+  int rc = WithArgv(arg0, ap, true,
+                    [path](char** argv, char** envp) { return execve(path, argv, envp); });
+  va_end(ap);
+  return rc;
+}

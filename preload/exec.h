@@ -1,0 +1,26 @@
+// exec support: inherited accelerated descriptors go back to TCP (see exec.cc).
+#pragma once
+
+namespace slip::preload {
+
+struct ExecPlan;
+
+// Records this process's id (at start-up and in a fork child): exec from any other task
+// sharing our memory (a vfork child) must not touch the parent's state.
+void ExecNoteProcess() noexcept;
+
+// Around one exec call: the constructor hands inherited accelerated connections back to
+// TCP (or gives their numbers a reset socket); the destructor, reached only when exec
+// failed, puts back what can be put back.
+class ExecGuard {
+ public:
+  ExecGuard() noexcept;
+  ~ExecGuard();
+  ExecGuard(const ExecGuard&) = delete;
+  ExecGuard& operator=(const ExecGuard&) = delete;
+
+ private:
+  ExecPlan* plan_ = nullptr;
+};
+
+}  // namespace slip::preload
