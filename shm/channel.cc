@@ -207,15 +207,7 @@ bool ShmChannel::OnPeerFailover(const wire::Failover& peer) noexcept {
   const uint64_t received = rx_->produced.load(std::memory_order_acquire);
   const uint64_t published = tx_->produced.load(std::memory_order_seq_cst);
   const uint64_t credited = tx_->consumed.load(std::memory_order_acquire);
-  if (peer.received < credited || peer.received > published || received > peer.sent) {
-    SLIP_LOG(kWarn,
-             "shm: the peer's FAILOVER (received %llu, sent %llu) does not fit this end "
-             "(credited %llu, published %llu, received %llu); reset",
-             (unsigned long long)peer.received, (unsigned long long)peer.sent,
-             (unsigned long long)credited, (unsigned long long)published,
-             (unsigned long long)received);
-    return false;
-  }
+  if (!FailoverFits(peer, credited, published, received)) return false;
   const wire::Failover answer{
       .received = received, .sent = published, .cause = wire::FailoverCause::kPeerRequest};
   if (!SendFailover(anchor_, answer, 1000)) {
@@ -255,37 +247,15 @@ void ShmChannel::OnAnchorReady(uint32_t events) noexcept {
 
 bool ShmChannel::HandBack(uint64_t consumed, int timeout_ms) noexcept {
   std::lock_guard<std::mutex> lock(switch_mu_);
+  // On TCP already (the peer handed back first), the bytes the application did not read
+  // came over TCP: they cannot be given back to the anchor.
   if (anchor_ < 0 || tcp()) return false;
-  const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
-  auto left = [deadline]() noexcept {
-    uint64_t now = sys::MonotonicMs();
-    return now >= deadline ? 0 : int(deadline - now);
-  };
-  const uint64_t published = tx_->produced.load(std::memory_order_seq_cst);
-  const wire::Failover mine{
-      .received = consumed, .sent = published, .cause = wire::FailoverCause::kHandBack};
-  wire::Failover peer;
-  if (!SendFailover(anchor_, mine, left()) || !ReceiveFailover(anchor_, left(), &peer)) {
-    SLIP_LOG(kWarn, "shm: no FAILOVER answer from the peer within %d ms", timeout_ms);
-    return false;
-  }
-  if (peer.received > published || peer.received < tx_->consumed.load() || peer.sent < consumed) {
-    SLIP_LOG(kWarn,
-             "shm: the peer's answer (received %llu, sent %llu) does not fit this end "
-             "(published %llu, consumed %llu)",
-             (unsigned long long)peer.received, (unsigned long long)peer.sent,
-             (unsigned long long)published, (unsigned long long)consumed);
-    return false;
-  }
-  // Normally nothing: the peer's ring held everything we published.
-  if (peer.received < published) {
-    AnchorPath resend;
-    resend.Start(anchor_, rx_data_, tx_data_, ring_size(), consumed, peer.received);
-    if (!resend.PushAll(published, left())) return false;
-  }
-  if (tx_->eof.load(std::memory_order_acquire)) sys::shutdown(anchor_, SHUT_WR);
-  aborted_ = true;  // nothing of ours is left to flush
-  return true;
+  aborted_ = true;  // whatever happens, nothing of ours is left to flush
+  // The peer's ring holds everything we published: normally nothing is resent.
+  return HandBackOnAnchor(anchor_, tx_data_, ring_size(), consumed,
+                          tx_->consumed.load(std::memory_order_acquire),
+                          tx_->produced.load(std::memory_order_seq_cst),
+                          tx_->eof.load(std::memory_order_acquire) != 0, timeout_ms);
 }
 
 bool ShmChannel::SharedWithOtherProcess() const noexcept {

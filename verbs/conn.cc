@@ -572,18 +572,20 @@ const char* CauseText(wire::FailoverCause cause) noexcept {
 
 }  // namespace
 
+void Conn::HaltRdmaLocked() noexcept {
+  SpinGuard guard(&poll_busy_);
+  mode_.store(Mode::kFailing, std::memory_order_seq_cst);
+  // Nothing may land in our ring after we count what arrived: the queue pair goes to the
+  // error state first (late writes are dropped), then the completions that made it are
+  // taken.
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  if (qp_) ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
+  DrainLocked();
+}
+
 bool Conn::StopRdmaLocked(wire::FailoverCause cause) noexcept {
-  {
-    SpinGuard guard(&poll_busy_);
-    mode_.store(Mode::kFailing, std::memory_order_seq_cst);
-    // Nothing may land in our ring after we count what arrived: the queue pair goes to
-    // the error state first (late writes are dropped), then the completions that made it
-    // are taken.
-    ibv_qp_attr attr{};
-    attr.qp_state = IBV_QPS_ERR;
-    if (qp_) ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
-    DrainLocked();
-  }
+  HaltRdmaLocked();
   rx_received_ = rx_produced_.load(std::memory_order_acquire);
   const wire::Failover mine{.received = rx_received_,
                             .sent = tx_published_.load(std::memory_order_seq_cst),
@@ -602,6 +604,8 @@ bool Conn::OnPeerFailover(const wire::Failover& peer) noexcept {
   if (anchor_fd_.load() < 0 || !have_peer_ || orphaned_.load()) return false;
   std::lock_guard<std::mutex> lock(failover_mu_);
   if (error_.load(std::memory_order_acquire) != 0 || mode_.load() == Mode::kTcp) return false;
+  if (peer.cause == wire::FailoverCause::kHandBack)
+    SLIP_LOG(kInfo, "verbs: the peer handed the connection back to TCP (exec)");
   if (mode_.load() == Mode::kRdma && !StopRdmaLocked(wire::FailoverCause::kPeerRequest)) {
     Fail(ECONNRESET);
     return false;
@@ -675,6 +679,24 @@ bool Conn::TakePeerFailover(int timeout_ms) noexcept {
   const int fd = anchor_fd_.load();
   wire::Failover peer;
   return fd >= 0 && ReceiveFailover(fd, timeout_ms, &peer) && OnPeerFailover(peer);
+}
+
+bool Conn::HandBack(uint64_t consumed, int timeout_ms) noexcept {
+  const int fd = anchor_fd_.load();
+  if (!CanFailover()) return false;
+  std::lock_guard<std::mutex> lock(failover_mu_);
+  // After a failover the bytes the application did not read came over TCP already: they
+  // cannot be given back to the anchor.
+  if (mode_.load() != Mode::kRdma || error_.load(std::memory_order_acquire) != 0) return false;
+  // Whatever happens now, this end never speaks on the anchor again (the new program owns
+  // its bytes): no close notes, no failover of our own.
+  aborting_ = true;
+  HaltRdmaLocked();
+  // What our last writes did not deliver is still in the send mirror.
+  return HandBackOnAnchor(fd, slot_.tx_mirror(), ring_size(), consumed,
+                          tx_credit_.load(std::memory_order_acquire),
+                          tx_published_.load(std::memory_order_seq_cst),
+                          tx_finished_.load(std::memory_order_seq_cst), timeout_ms);
 }
 
 void Conn::FinishOnAnchor() noexcept {

@@ -105,6 +105,7 @@ class Conn final : public Channel {
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
   bool AnchorCarriesStream() const noexcept override { return mode_.load() == Mode::kTcp; }
   void OnAnchorReady(uint32_t events) noexcept override;
+  bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
   // A fork child's copy fails at once (the queue pair is the parent's): never shared.
   bool SharedWithOtherProcess() const noexcept override { return false; }
 
@@ -139,6 +140,9 @@ class Conn final : public Channel {
   // Under the poll lock (or anywhere): remembers a transport failure for MaybeFailover.
   void RequestFailover(wire::FailoverCause cause) noexcept;
   void MaybeFailover() noexcept;  // a failure noticed under the poll lock, acted on after it
+  // Under failover_mu_: mode kFailing, the queue pair in the error state, its completions
+  // taken. Nothing lands in our ring after this.
+  void HaltRdmaLocked() noexcept;
   bool StopRdmaLocked(wire::FailoverCause cause) noexcept;
   bool EnterTcpLocked(uint64_t peer_received) noexcept;
   // Takes a FAILOVER the peer sent on the anchor, waiting up to `timeout_ms` (only when
