@@ -11,7 +11,7 @@
 //   server -> client (in band, first bytes):                   DECLINE(reason) on failure
 //                                                              (success is silent; ACCEPT
 //                                                              stays defined, unused)
-//   client -> rendezvous (if the TCP handshake was too slow):  CANCEL
+//   CANCEL stays defined, unused: a withdrawal is the region's claim word (shm/shm.h)
 //
 // Once accelerated, either end (in band, when its transport fails):  FAILOVER (bytes it
 // received); the other answers with its own, then both carry the stream on the TCP

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <ctime>
 #include <vector>
@@ -51,8 +52,8 @@ struct Registered {
   // True once the client withdrew everything it registered (its TCP handshake was slow).
   bool Withdrawn() noexcept {
     bool any = false;
-    for (const shm::Registration& r : shm) {
-      if (!listener->rendezvous->Cancelled(client, server, r.msg.nonce)) return false;
+    for (shm::Registration& r : shm) {
+      if (shm::ReadClaim(&r) != shm::Claim::kWithdrawn) return false;
       any = true;
     }
     if (verbs) {
@@ -61,7 +62,23 @@ struct Registered {
     }
     return any;
   }
+
+  // At the deadline: stops waiting for every shm registration whose client has not decided
+  // yet (shm.h, Claim). Returns the nonce of one whose client has committed to its CONFIRM
+  // (it is on its way: the connection must not be handed over as plain TCP), or 0.
+  uint64_t Abandon() noexcept {
+    uint64_t committed = 0;
+    for (shm::Registration& r : shm) {
+      if (shm::Abandon(&r) == shm::Claim::kConfirmed) committed = r.msg.nonce;
+    }
+    return committed;
+  }
 };
+
+// How long a server waits, after its deadline, for the CONFIRM of a client that committed
+// to sending it just before (at least): only a client held up between the two would take
+// longer, and that connection is then dropped, never handed over as plain TCP.
+constexpr int64_t kCommittedWaitMs = 1000;
 
 // True when the bytes already queued on `fd` start with a whole, valid CONFIRM (nothing is
 // consumed).
@@ -79,10 +96,15 @@ bool PeekConfirm(int fd, wire::Confirm* confirm) noexcept {
 }
 
 // Waits for the client's first bytes. Returns kOk with the CONFIRM consumed, kNotSlipstream
-// (bytes left in place, or EOF), or kNeedMore on timeout / withdrawal (*cancelled set).
-wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm,
-                              bool* cancelled) noexcept {
-  const int64_t deadline = int64_t(sys::MonotonicMs()) + GetRuntime().config.handshake_timeout_ms;
+// (bytes left in place, or EOF), or kNeedMore when no CONFIRM will come: the client withdrew
+// (*cancelled set) or the server stopped waiting before it decided. *lost is set instead
+// when a client committed to its CONFIRM but it did not come even after kCommittedWaitMs
+// more: that connection must be dropped.
+wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm, bool* cancelled,
+                              uint64_t* lost) noexcept {
+  const int64_t timeout = GetRuntime().config.handshake_timeout_ms;
+  int64_t deadline = int64_t(sys::MonotonicMs()) + timeout;
+  uint64_t committed = 0;
   uint8_t buf[wire::kMaxMessageSize];
   for (;;) {
     ssize_t n = sys::recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
@@ -100,18 +122,29 @@ wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm,
     } else if (errno != EAGAIN && errno != EINTR) {
       return wire::ParseStatus::kNotSlipstream;  // the application will see the error itself
     }
-    if (reg->Withdrawn()) {
+    if (!committed && reg->Withdrawn()) {
       *cancelled = true;
       return wire::ParseStatus::kNeedMore;
     }
     int64_t left = deadline - int64_t(sys::MonotonicMs());
-    if (left <= 0) return wire::ParseStatus::kNeedMore;
-    pollfd p[2] = {{fd, POLLIN, 0},
-                   {reg->listener->rendezvous ? reg->listener->rendezvous->fd() : -1, POLLIN, 0}};
-    // A partial CONFIRM keeps POLLIN set, and a verbs withdrawal has no descriptor to
-    // watch: sleep briefly instead of spinning.
-    if (n > 0 || reg->verbs) left = 1;
-    sys::poll(p, 2, int(left > 100 ? 100 : left));
+    if (left <= 0) {
+      if (committed) {
+        *lost = committed;
+        return wire::ParseStatus::kNeedMore;
+      }
+      // Giving up is safe only for registrations whose client has not committed: each is
+      // marked so (atomically) and its client, finding it, stays plain. One that committed
+      // first sends its CONFIRM next: wait for it (and look again at once, it may be here).
+      committed = reg->Abandon();
+      if (!committed) return wire::ParseStatus::kNeedMore;
+      deadline = int64_t(sys::MonotonicMs()) + std::max(timeout, kCommittedWaitMs);
+      continue;
+    }
+    pollfd p{fd, POLLIN, 0};
+    // A partial CONFIRM keeps POLLIN set, and a withdrawal (a word in the region, or verbs
+    // state) has no descriptor to watch: sleep briefly instead of spinning.
+    if (n > 0) left = 1;
+    sys::poll(&p, 1, int(left > 10 ? 10 : left));
   }
 }
 
@@ -168,9 +201,10 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
   }
   if (reg.shm.empty() && !reg.verbs) {
     // A client that confirmed although nothing was registered for it believes it runs on
-    // a ring: its CONFIRM must not reach the application as data. (Seen once, in a storm
-    // under load, and not understood yet: docs/COMPATIBILITY.md.) Caught only when the
-    // CONFIRM is already here; it is then declined, and that client gets a reset.
+    // a ring: its CONFIRM must not reach the application as data. (A registration dropped
+    // unaccepted, after 30 s or pushed out of a full table, is abandoned first, so only a
+    // client that had already confirmed gets here, its CONFIRM queued long since.) It is
+    // declined, and that client gets a reset.
     if (wire::Confirm orphan; PeekConfirm(fd, &orphan)) {
       SLIP_LOG(kWarn,
                "fd %d: a CONFIRM arrived with nothing registered for its connection; "
@@ -190,7 +224,17 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
   }
   wire::Confirm confirm;
   bool cancelled = false;
-  wire::ParseStatus st = ReadConfirm(fd, &reg, &confirm, &cancelled);
+  uint64_t lost = 0;
+  wire::ParseStatus st = ReadConfirm(fd, &reg, &confirm, &cancelled, &lost);
+  if (lost) {
+    SLIP_LOG(kWarn,
+             "fd %d: the client committed to its CONFIRM but it did not come; dropping the "
+             "connection rather than passing it on as plain TCP",
+             fd);
+    if (reg.verbs) reg.verbs->DropPending(listener->verbs_listener, reg.client, reg.server);
+    SendDecline(fd, lost, wire::DeclineReason::kUnspecified);
+    return Outcome::kDropped;
+  }
   if (st != wire::ParseStatus::kOk) {
     Reason why = cancelled                            ? Reason::kConnectSlow
                  : st == wire::ParseStatus::kNeedMore ? Reason::kHandshakeTimeout

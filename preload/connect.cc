@@ -1,8 +1,9 @@
 // The client side of detect-and-negotiate.
 //
 // Same host only (shm): find the listener's rendezvous, bind the local port, register the
-// 4-tuple, nonce, region and proxies BEFORE the SYN, connect, then send CONFIRM as the
-// first in-band bytes and switch the descriptor to the proxy. The client does not wait
+// 4-tuple, nonce, region and proxies BEFORE the SYN, connect, claim the region (unless the
+// server already gave up waiting: shm.h, Claim), then send CONFIRM as the first in-band
+// bytes and switch the descriptor to the proxy. The client does not wait
 // for an answer: the server reads the ring once it accepts (success is silent), and the control
 // thread handles a DECLINE. A plain server has no rendezvous and costs one refused
 // AF_UNIX connect: no round trip, no byte in the stream.
@@ -337,18 +338,26 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
   bool established = rc == 0;
   if (!established && (err == EINPROGRESS || err == EINTR))
     established = WaitEstablished(fd, kConnectSlackMs);
+  sys::close(rendezvous);
   if (!established) {
     if (err == EINPROGRESS || err == EINTR) {
-      // Withdraw the registration; the server will see the CANCEL and treat it as plain.
-      shm::SendCancel(rendezvous, offer, client, server);
+      // Withdraw the registration: the server's accept() reads the claim and goes plain.
+      shm::ClaimWithdraw(&offer);
       MarkPlain(s, fd, Reason::kConnectSlow, kRoleClient, addr);
     }
-    sys::close(rendezvous);
     errno = err;
     return rc;
   }
-  sys::close(rendezvous);
 
+  if (!shm::ClaimConfirm(&offer)) {
+    // The server accepted the connection and stopped waiting for our CONFIRM before we
+    // sent it (SLIP_HANDSHAKE_TIMEOUT_MS; this thread was held up): its application has the
+    // connection as plain TCP, so nothing of ours may enter the stream.
+    SLIP_LOG(kInfo, "fd %d: the server stopped waiting for our CONFIRM; plain", fd);
+    MarkPlain(s, fd, Reason::kHandshakeTimeout, kRoleClient, addr);
+    errno = err;
+    return rc;
+  }
   if (int src = SendConfirm(fd, offer.nonce, offer.ring_size); src < 0) {
     // The connection broke right away; the application will see that on TCP.
     MarkPlain(s, fd, Reason::kResources, kRoleClient);

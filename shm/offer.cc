@@ -1,4 +1,4 @@
-// The client side of shm: building the region and proxies, registering, cancelling.
+// The client side of shm: building the region and proxies, registering, claiming.
 #include <sys/mman.h>
 #include <sys/un.h>
 
@@ -122,12 +122,25 @@ int SendRegister(int rendezvous, const Offer& offer, const wire::Endpoint& clien
   return EncodeAndSend(rendezvous, msg, fds, 4);
 }
 
-int SendCancel(int rendezvous, const Offer& offer, const wire::Endpoint& client,
-               const wire::Endpoint& server) noexcept {
-  wire::Message msg;
-  msg.type = wire::Type::kCancel;
-  msg.cancel = wire::Cancel{client, server, offer.nonce};
-  return EncodeAndSend(rendezvous, msg, nullptr, 0);
+namespace {
+
+std::atomic<uint32_t>& ClaimOf(Offer* offer) noexcept {
+  return static_cast<RegionControl*>(offer->region)->header.claim;
+}
+
+}  // namespace
+
+bool ClaimConfirm(Offer* offer) noexcept {
+  uint32_t expected = uint32_t(Claim::kOpen);
+  return ClaimOf(offer).compare_exchange_strong(expected, uint32_t(Claim::kConfirmed),
+                                                std::memory_order_acq_rel) ||
+         expected == uint32_t(Claim::kConfirmed);
+}
+
+void ClaimWithdraw(Offer* offer) noexcept {
+  uint32_t expected = uint32_t(Claim::kOpen);
+  ClaimOf(offer).compare_exchange_strong(expected, uint32_t(Claim::kWithdrawn),
+                                         std::memory_order_acq_rel);
 }
 
 std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int* proxy_a, int* proxy_b) noexcept {

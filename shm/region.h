@@ -24,6 +24,9 @@ struct RegionHeader {
   uint32_t magic;
   uint32_t ring_size;
   uint64_t nonce;
+  // Who decided whether the CONFIRM comes (shm::Claim, shm.h): set once, by compare and
+  // exchange from kOpen, by whichever end decides first. Zero (kOpen) in a fresh region.
+  std::atomic<uint32_t> claim;
 };
 
 struct DirectionControl {
@@ -42,6 +45,8 @@ struct alignas(64) RegionControl {
 static_assert(sizeof(RegionControl) <= kControlPage, "control block must fit its page");
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "cursors must be lock-free across processes");
+static_assert(std::atomic<uint32_t>::is_always_lock_free,
+              "the claim must be lock-free across processes");
 
 inline size_t RegionSize(uint32_t ring_size) noexcept {
   return kControlPage + 2 * size_t(ring_size);

@@ -22,7 +22,6 @@ namespace {
 
 constexpr uint64_t kRegistrationTtlNs = 30ull * 1000000000ull;
 constexpr size_t kMaxPending = 4096;
-constexpr size_t kMaxCancels = 1024;
 
 uint64_t MonotonicNs() noexcept {
   timespec ts;
@@ -80,25 +79,66 @@ int RendezvousNamesFor(const sockaddr* dest, sockaddr_un out[3], socklen_t lens[
 // ---------------------------------------------------------------------------- Registration
 
 Registration::~Registration() {
+  if (header) munmap(header, kControlPage);
   CloseFds(fds, 4);
 }
 
 Registration::Registration(Registration&& o) noexcept
-    : msg(o.msg), received_ns(o.received_ns), cancelled(o.cancelled) {
+    : msg(o.msg), received_ns(o.received_ns), header(o.header) {
   std::memcpy(fds, o.fds, sizeof(fds));
   std::fill(o.fds, o.fds + 4, -1);
+  o.header = nullptr;
 }
 
 Registration& Registration::operator=(Registration&& o) noexcept {
   if (this != &o) {
+    if (header) munmap(header, kControlPage);
     CloseFds(fds, 4);
     msg = o.msg;
     received_ns = o.received_ns;
-    cancelled = o.cancelled;
+    header = o.header;
+    o.header = nullptr;
     std::memcpy(fds, o.fds, sizeof(fds));
     std::fill(o.fds, o.fds + 4, -1);
   }
   return *this;
+}
+
+namespace {
+
+// The claim word of a registration's region, mapping its first page on first use; nullptr
+// when the region is not one a Slipstream client builds (its size must be sealed: one the
+// client could still shrink would turn our access into a SIGBUS).
+std::atomic<uint32_t>* ClaimWord(Registration* reg) noexcept {
+  if (!reg->header) {
+    struct stat st;
+    constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+    int seals = reg->fds[0] < 0 ? -1 : sys::fcntl(reg->fds[0], F_GET_SEALS);
+    if (seals < 0 || (seals & kSizeSeals) != kSizeSeals || fstat(reg->fds[0], &st) != 0 ||
+        !S_ISREG(st.st_mode) || uint64_t(st.st_size) < kControlPage)
+      return nullptr;
+    void* page = mmap(nullptr, kControlPage, PROT_READ | PROT_WRITE, MAP_SHARED, reg->fds[0], 0);
+    if (page == MAP_FAILED) return nullptr;
+    reg->header = page;
+  }
+  return &static_cast<RegionControl*>(reg->header)->header.claim;
+}
+
+}  // namespace
+
+Claim ReadClaim(Registration* reg) noexcept {
+  std::atomic<uint32_t>* word = ClaimWord(reg);
+  return word ? Claim(word->load(std::memory_order_acquire)) : Claim::kOpen;
+}
+
+Claim Abandon(Registration* reg) noexcept {
+  std::atomic<uint32_t>* word = ClaimWord(reg);
+  if (!word) return Claim::kAbandoned;  // nobody can confirm it
+  uint32_t expected = uint32_t(Claim::kOpen);
+  if (word->compare_exchange_strong(expected, uint32_t(Claim::kAbandoned),
+                                    std::memory_order_acq_rel))
+    return Claim::kAbandoned;
+  return Claim(expected);
 }
 
 // ---------------------------------------------------------------------------- Rendezvous
@@ -174,19 +214,27 @@ void Rendezvous::ReadOne(int conn, uint64_t now) noexcept {
              st == wire::ParseStatus::kOk ? "trailing bytes" : wire::ParseStatusName(st));
     return;
   }
-  if (msg.type == wire::Type::kCancel && nfds == 0) {
-    if (cancels_.size() >= kMaxCancels) cancels_.erase(cancels_.begin());
-    cancels_.push_back(msg.cancel);
-    return;
-  }
+  // CANCEL is no longer sent (the region's claim word says it; it never arrived anyway,
+  // one message being read per connection): an old client's is ignored.
+  if (msg.type == wire::Type::kCancel && nfds == 0) return;
   if (msg.type != wire::Type::kRegister || nfds != 4 || msg.reg.fd_count != 4) {
     SLIP_LOG(kWarn, "rendezvous: dropped a registration with %d descriptors", nfds);
     return;
   }
   reg.msg = msg.reg;
   reg.received_ns = now;
-  if (pending_.size() >= kMaxPending) pending_.erase(pending_.begin());
+  if (pending_.size() >= kMaxPending) {
+    DropLocked(&pending_.front());
+    pending_.erase(pending_.begin());
+  }
   pending_.push_back(std::move(reg));
+}
+
+// A registration leaves the table without its connection being accepted (expired, or
+// pushed out): its client must not confirm after that. Nothing to do when it already did
+// (a CONFIRM queued at accept, with nothing registered, is declined there) or withdrew.
+void Rendezvous::DropLocked(Registration* reg) noexcept {
+  Abandon(reg);
 }
 
 void Rendezvous::DrainLocked() noexcept {
@@ -203,8 +251,11 @@ void Rendezvous::DrainLocked() noexcept {
 }
 
 void Rendezvous::ExpireLocked(uint64_t now) noexcept {
-  std::erase_if(pending_,
-                [now](const Registration& r) { return now - r.received_ns > kRegistrationTtlNs; });
+  std::erase_if(pending_, [this, now](Registration& r) {
+    if (now - r.received_ns <= kRegistrationTtlNs) return false;
+    DropLocked(&r);
+    return true;
+  });
   while (pending_conns_.size() > kMaxPending) {
     sys::close(pending_conns_.front());
     pending_conns_.erase(pending_conns_.begin());
@@ -231,16 +282,6 @@ size_t Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& serv
     }
   }
   return found;
-}
-
-bool Rendezvous::Cancelled(const wire::Endpoint& client, const wire::Endpoint& server,
-                           uint64_t nonce) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
-  DrainLocked();
-  for (const wire::Cancel& c : cancels_) {
-    if (c.client == client && c.server == server && c.nonce == nonce) return true;
-  }
-  return false;
 }
 
 // ---------------------------------------------------------------------------- accept

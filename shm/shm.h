@@ -52,9 +52,22 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept;
 // Sends REGISTER with the region and proxies over the rendezvous socket (non-blocking).
 int SendRegister(int rendezvous, const Offer& offer, const wire::Endpoint& client,
                  const wire::Endpoint& server) noexcept;
-// Withdraws a registration (the TCP handshake took too long).
-int SendCancel(int rendezvous, const Offer& offer, const wire::Endpoint& client,
-               const wire::Endpoint& server) noexcept;
+
+// Whether a registered connection's CONFIRM comes, decided once, in the region's header
+// (RegionHeader::claim), by whichever end moves it from kOpen first (compare and exchange):
+//   kConfirmed  the client, just before it sends CONFIRM: the server must wait for it;
+//   kWithdrawn  the client, when its TCP handshake was too slow: it stays plain;
+//   kAbandoned  the server, when it stops waiting (SLIP_HANDSHAKE_TIMEOUT_MS): the client,
+//               finding it so, stays plain and sends nothing of ours.
+// Without it, a server that gave up and a client that confirmed a moment later left the
+// CONFIRM in the stream of a connection the server's application reads as plain TCP.
+enum class Claim : uint32_t { kOpen = 0, kConfirmed = 1, kWithdrawn = 2, kAbandoned = 3 };
+
+// Client: claims the connection before sending CONFIRM. False when the server already
+// gave up (the connection is plain on its side): send nothing of ours then.
+bool ClaimConfirm(Offer* offer) noexcept;
+// Client: withdraws (the TCP handshake took too long); the connection stays plain.
+void ClaimWithdraw(Offer* offer) noexcept;
 
 // The client's channel once connected; takes the region and client_b... out of `offer`.
 // `*proxy_a`/`*proxy_b` receive the client's proxy pair.
@@ -70,8 +83,18 @@ struct Registration {
   wire::Register msg;
   int fds[4] = {-1, -1, -1, -1};  // memfd, server A, server B, client B
   uint64_t received_ns = 0;
-  bool cancelled = false;
+  void* header = nullptr;  // the region's first page, mapped once its claim is needed
 };
+
+// Server: the registration's claim as the client left it (maps the region's first page on
+// first use). A region that cannot be mapped safely (no Slipstream client sends one, a
+// forger might) reads as kOpen: the server waits for the connection's first bytes as for
+// any registration, and gives it up at its deadline.
+Claim ReadClaim(Registration* reg) noexcept;
+// Server: stops waiting for the registration's CONFIRM unless the client already committed
+// to it. Returns kAbandoned (now, or before), kWithdrawn, or kConfirmed: the CONFIRM is on
+// its way, so the connection must not be handed over as plain TCP.
+Claim Abandon(Registration* reg) noexcept;
 
 // The listening side.
 class Rendezvous {
@@ -88,9 +111,6 @@ class Rendezvous {
   // first). Returns how many were found; they go to *out.
   size_t Take(const wire::Endpoint& client, const wire::Endpoint& server,
               std::vector<Registration>* out) noexcept;
-  // True if a CANCEL for (client, server, nonce) has arrived (drains the socket).
-  bool Cancelled(const wire::Endpoint& client, const wire::Endpoint& server,
-                 uint64_t nonce) noexcept;
   // Reads whatever arrived (keeps the queue short between accepts).
   void Drain() noexcept;
 
@@ -98,12 +118,12 @@ class Rendezvous {
   explicit Rendezvous(int fd) noexcept : fd_(fd) {}
   void DrainLocked() noexcept;
   void ExpireLocked(uint64_t now) noexcept;
+  void DropLocked(Registration* reg) noexcept;
   void ReadOne(int conn, uint64_t now) noexcept;
 
   const int fd_;
   std::mutex mu_;
   std::vector<Registration> pending_;
-  std::vector<wire::Cancel> cancels_;
   std::vector<int> pending_conns_;  // accepted, message not read yet
 };
 

@@ -327,6 +327,48 @@ def orphan_confirm(t, _):
     t.expect_pairing(server, client)
 
 
+LATE_CONFIRM_TIMEOUT_MS = 300  # the server's SLIP_HANDSHAKE_TIMEOUT_MS in late_confirm
+LATE_CONFIRM_DELAY_S = 0.8  # how long its client is held up: past that, within the +1 s
+
+
+@case("late_confirm", variants=("abandoned", "committed"))
+def late_confirm(t, variant):
+    """The storm bug (docs/COMPATIBILITY.md): a registered client held up between its TCP
+    handshake and its CONFIRM for longer than the server's SLIP_HANDSHAKE_TIMEOUT_MS. The
+    server's application must never read that CONFIRM. abandoned: the client decides only
+    after the server gave up; it finds the region's claim abandoned and stays plain, and the
+    application reads exactly its plain bytes (tcp, handshake_timeout). committed: the client
+    claimed the region first; the server keeps waiting, takes the late CONFIRM and its ring
+    (shm), and its application reads nothing (the client then closes without a byte)."""
+    server = t.serve("server", py("late_confirm.py", "server", "--port", t.port), slip=True,
+                     env={"SLIP_HANDSHAKE_TIMEOUT_MS": str(LATE_CONFIRM_TIMEOUT_MS)})
+    client = t.start("client", py("late_confirm.py", "client", "--port", t.port,
+                                  "--mode", variant, "--delay", LATE_CONFIRM_DELAY_S))
+    client.expect_exit(0)
+    server.expect_exit(0)
+    said, got = client.json_output(), server.json_output()
+    received = bytes.fromhex(got["received"])
+    t.check(not received.startswith(b"SLIP"),
+            f"the server's application read a CONFIRM as data: {received[:40]!r} "
+            f"(client: {said})")
+    if not server.slip:
+        t.check(not said["registered"], f"registered with a plain server? {said}")
+        return
+    t.check(said["registered"], f"client: found no rendezvous: {said}")
+    if variant == "abandoned":
+        t.check(said["claim"] == 3 and not said["sent_confirm"],
+                f"the server did not mark the registration abandoned when it gave up: {said}")
+        t.check(received == b"plain bytes, ours to read\n" and got["end"] == "eof",
+                f"the application read {received!r} ({got['end']}), not the plain bytes")
+        t.expect_stats(server, "tcp", "handshake_timeout")
+    else:
+        t.check(said["claim"] == 0 and said["sent_confirm"], f"client: {said}")
+        t.check(got["count"] == 0 and got["end"] in ("eof", "reset"),
+                f"the application read {received!r} ({got['end']}) from a client that "
+                "wrote nothing on its ring")
+        t.expect_stats(server, ACCEL, "")
+
+
 def pick_source_port(t):
     """A free port for the client to bind, different from the test port."""
     while True:
