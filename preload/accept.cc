@@ -66,11 +66,15 @@ struct Registered {
   // At the deadline: stops waiting for every shm registration whose client has not decided
   // yet (shm.h, Claim). Returns the nonce of one whose client has committed to its CONFIRM
   // (it is on its way: the connection must not be handed over as plain TCP), or 0.
+  // A verbs client commits by sending its HELLO before its SYN (the request then has it
+  // here, since we hold its TCP connection) and withdraws only by disconnecting.
   uint64_t Abandon() noexcept {
     uint64_t committed = 0;
     for (shm::Registration& r : shm) {
       if (shm::Abandon(&r) == shm::Claim::kConfirmed) committed = r.msg.nonce;
     }
+    if (verbs && !committed)
+      committed = verbs->PendingCommitted(listener->verbs_listener, client, server);
     return committed;
   }
 };
@@ -122,7 +126,8 @@ wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm, b
     } else if (errno != EAGAIN && errno != EINTR) {
       return wire::ParseStatus::kNotSlipstream;  // the application will see the error itself
     }
-    if (!committed && reg->Withdrawn()) {
+    // (A committed shm claim is never withdrawn; a verbs client may still disconnect.)
+    if (reg->Withdrawn()) {
       *cancelled = true;
       return wire::ParseStatus::kNeedMore;
     }

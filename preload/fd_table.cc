@@ -77,11 +77,17 @@ void Teardown(SlipSocket* s) noexcept {
   bool lingering = false;
   if (s->stream && s->anchor_fd >= 0) {
     // An abortive close resets the anchor (the kernel sends RST); the transport must not
-    // announce an orderly end before it.
+    // announce an orderly end before it. The reset goes first, before the transport is
+    // torn down, so that the peer sees the reset rather than a failing transport.
     linger lg{};
     socklen_t len = sizeof(lg);
     if (sys::getsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff) {
-      if (lg.l_linger == 0) s->stream->channel()->Abort();
+      if (lg.l_linger == 0) {
+        s->stream->channel()->Abort();
+        s->stream->channel()->SetAnchor(-1);
+        sys::close(s->anchor_fd);
+        s->anchor_fd = -1;
+      }
       lingering = lg.l_linger > 0;
     }
   }

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/epoll.h>
@@ -154,6 +156,7 @@ Conn::~Conn() {
     if (proxy_b_ >= 0) sys::close(proxy_b_);
     return;
   }
+  closing_.store(true, std::memory_order_release);
   // A FAILOVER the peer sent while we were closing: the control thread no longer reads the
   // anchor, and the bytes the peer lost must still go out, on TCP.
   if (mode_.load() == Mode::kRdma && CanFailover()) TakePeerFailover(0);
@@ -173,6 +176,7 @@ Conn::~Conn() {
     if (consumed != credit_sent_ && PostCredit(consumed)) credit_sent_ = consumed;
     bool eof = eof_sent_ || PostNote(nullptr, 0, Note::kEof, 0);
     bool closed = closed_sent_ || PostNote(nullptr, 0, Note::kClosed, 0);
+    closed_sent_.store(closed, std::memory_order_release);
     SLIP_LOG(kDebug, "verbs: closing: credit %llu, eof %d, closed %d",
              (unsigned long long)credit_sent_, int(eof), int(closed));
     if (!FlushRdma(5000, true) && mode_.load() == Mode::kRdma)
@@ -505,6 +509,7 @@ void Conn::Fail(int error) noexcept {
 }
 
 void Conn::OnDisconnect() noexcept {
+  peer_disconnected_.store(true, std::memory_order_release);
   if (mode_.load(std::memory_order_acquire) != Mode::kRdma)
     return;  // the peer's side of a failover
   // The peer's EOF and CLOSED notes, if any, came before its DREQ, but may still sit in
@@ -513,6 +518,15 @@ void Conn::OnDisconnect() noexcept {
   {
     SpinGuard guard(&poll_busy_);
     DrainLocked();
+  }
+  if (closed_sent_.load(std::memory_order_acquire) && !peer_closed_.load()) {
+    // We told the peer we read no more, and it went (a peer that saw our CLOSED note may
+    // close without notes of its own): the end of the connection, not a failing transport.
+    // What we still send has no reader, as on TCP after the peer's close.
+    rx_eof_.store(true, std::memory_order_release);
+    peer_closed_.store(true, std::memory_order_release);
+    WakeWriterNow();
+    return;
   }
   if (!rx_eof_.load(std::memory_order_acquire) || !peer_closed_.load(std::memory_order_acquire))
     TransportFailed(wire::FailoverCause::kTransportError);
@@ -549,9 +563,30 @@ void Conn::MaybeFailover() noexcept {
   if (!failover_wanted_.load(std::memory_order_acquire) || mode_.load() != Mode::kRdma) return;
   std::lock_guard<std::mutex> lock(failover_mu_);
   if (mode_.load() != Mode::kRdma || error_.load(std::memory_order_acquire) != 0) return;
+  if (!CanFailover()) {  // (an abortive close took the anchor since the request)
+    Fail(ECONNRESET);
+    return;
+  }
+  if (AnchorGone()) {
+    // The peer reset the connection (SO_LINGER {1, 0} closes its anchor before its queue
+    // pair, or it died with bytes unread): its reset, not a failing transport.
+    SLIP_LOG(kDebug, "verbs: the queue pair went down after the peer reset the connection");
+    Fail(ECONNRESET);
+    return;
+  }
   // The peer answers with its own FAILOVER, which the control thread hands to
   // OnPeerFailover.
   if (!StopRdmaLocked(failover_cause_.load(std::memory_order_relaxed))) Fail(ECONNRESET);
+}
+
+bool Conn::AnchorGone() const noexcept {
+  const int fd = anchor_fd_.load();
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  // TCP_INFO, not a peek or SO_ERROR: those would take the pending ECONNRESET from the
+  // control thread, which reports it to the application.
+  return fd >= 0 && sys::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+         info.tcpi_state == TCP_CLOSE;
 }
 
 namespace {
@@ -591,12 +626,20 @@ bool Conn::StopRdmaLocked(wire::FailoverCause cause) noexcept {
                             .sent = tx_published_.load(std::memory_order_seq_cst),
                             .cause = cause};
   if (!SendFailover(anchor_fd_.load(), mine, 0)) {
-    SLIP_LOG(kWarn, "verbs: %s, and the TCP connection cannot take FAILOVER (%s); resetting",
-             CauseText(cause), strerror(errno));
+    // A peer that reset the connection meanwhile is gone, not a failure of ours to report.
+    const LogLevel level =
+        errno == ECONNRESET || errno == EPIPE ? LogLevel::kDebug : LogLevel::kWarn;
+    if (LogEnabled(level))
+      LogWrite(level, "verbs: %s, and the TCP connection cannot take FAILOVER (%s); resetting",
+               CauseText(cause), strerror(errno));
     return false;
   }
-  SLIP_LOG(kWarn, "verbs: %s: the connection continues on TCP (%llu bytes received over RDMA)",
-           CauseText(cause), (unsigned long long)rx_received_);
+  // While closing (the application has let go) the outcome is what matters, and
+  // FinishOnAnchor says it if bytes may be lost.
+  const LogLevel level = closing_.load() ? LogLevel::kInfo : LogLevel::kWarn;
+  if (LogEnabled(level))
+    LogWrite(level, "verbs: %s: the connection continues on TCP (%llu bytes received over RDMA)",
+             CauseText(cause), (unsigned long long)rx_received_);
   return true;
 }
 
@@ -702,7 +745,13 @@ bool Conn::HandBack(uint64_t consumed, int timeout_ms) noexcept {
 void Conn::FinishOnAnchor() noexcept {
   const uint64_t published = tx_published_.load();
   if (mode_.load() == Mode::kFailing && !TakePeerFailover(5000)) {
-    if (published != tx_credit_.load())
+    // A peer that closed its TCP connection too (EOF or reset) has ended, as a TCP peer
+    // that closes with bytes unread would: nothing is lost that it still wanted.
+    uint8_t byte;
+    const int fd = anchor_fd_.load();
+    const bool peer_ended =
+        AnchorGone() || (fd >= 0 && sys::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0);
+    if (published != tx_credit_.load() && !peer_ended)
       SLIP_LOG(kWarn,
                "verbs: closed during failover without the peer's answer: up to %llu bytes "
                "not confirmed as received",
@@ -755,8 +804,12 @@ bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
     if (error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma) return false;
     // A peer that failed over waits for our answer, not for acknowledgements.
     if (own_anchor && TakePeerFailover(0)) return false;
-    // A peer that closed reads nothing more, and may disconnect before it acknowledges.
-    if (peer_closed_.load(std::memory_order_acquire)) return true;
+    // A peer that went away acknowledges nothing more (our queue pair, ours and not
+    // rdma_cm's, would retry for seconds). One that only closed still acknowledges: its
+    // queue pair lives until its own notes are acknowledged, and ours (EOF, CLOSED) must
+    // arrive, or it would take our disconnect for a failing transport.
+    if (peer_disconnected_.load(std::memory_order_acquire))
+      return peer_closed_.load(std::memory_order_acquire);
     {
       SpinGuard guard(&post_busy_);
       if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;

@@ -143,6 +143,8 @@ class Conn final : public Channel {
   // Under failover_mu_: mode kFailing, the queue pair in the error state, its completions
   // taken. Nothing lands in our ring after this.
   void HaltRdmaLocked() noexcept;
+  // The TCP anchor was reset (or closed for good): the peer is gone.
+  bool AnchorGone() const noexcept;
   bool StopRdmaLocked(wire::FailoverCause cause) noexcept;
   bool EnterTcpLocked(uint64_t peer_received) noexcept;
   // Takes a FAILOVER the peer sent on the anchor, waiting up to `timeout_ms` (only when
@@ -208,9 +210,11 @@ class Conn final : public Channel {
   uint64_t credit_sent_ = 0;
   // Sender thread only.
   uint64_t tx_posted_ = 0;
-  bool eof_sent_ = false;     // CloseTx (sender side)
-  bool closed_sent_ = false;  // CloseRx (receiver side)
-  bool aborting_ = false;     // SO_LINGER {1, 0}: no orderly notes at close
+  bool eof_sent_ = false;                       // CloseTx (sender side)
+  std::atomic<bool> closed_sent_{false};        // CloseRx or close: we read no more
+  std::atomic<bool> closing_{false};            // the destructor runs: the application let go
+  std::atomic<bool> peer_disconnected_{false};  // rdma_cm's DISCONNECTED arrived
+  bool aborting_ = false;                       // SO_LINGER {1, 0}: no orderly notes at close
 
   // Failover.
   std::atomic<int> anchor_fd_{-1};

@@ -104,6 +104,8 @@ class VerbsModule final : public Module {
                   const wire::Endpoint& server) noexcept override;
   bool PendingWithdrawn(Listener* listener, const wire::Endpoint& client,
                         const wire::Endpoint& server) noexcept override;
+  uint64_t PendingCommitted(Listener* listener, const wire::Endpoint& client,
+                            const wire::Endpoint& server) noexcept override;
   void DropPending(Listener* listener, const wire::Endpoint& client,
                    const wire::Endpoint& server) noexcept override;
   std::unique_ptr<Channel> AcceptPending(Listener* listener, const wire::Endpoint& client,
@@ -521,6 +523,18 @@ bool VerbsModule::PendingWithdrawn(Listener* l, const wire::Endpoint& client,
     any = true;
   }
   return any;
+}
+
+uint64_t VerbsModule::PendingCommitted(Listener* l, const wire::Endpoint& client,
+                                       const wire::Endpoint& server) noexcept {
+  std::lock_guard<std::mutex> lock(l->mu);
+  for (const Pending& p : l->pending) {
+    Hello hello;
+    if (p.client == client && p.server == server && !p.withdrawn && p.conn &&
+        p.conn->HelloReceived(&hello) && hello.nonce == p.nonce)
+      return p.nonce;
+  }
+  return 0;
 }
 
 // Moves every request pending for the tuple out of the listener's table.

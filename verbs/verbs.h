@@ -49,6 +49,11 @@ class Module {
   // True once every request pending for the tuple was withdrawn by its client.
   virtual bool PendingWithdrawn(Listener* listener, const wire::Endpoint& client,
                                 const wire::Endpoint& server) noexcept = 0;
+  // At the listener's deadline for a CONFIRM: the nonce of a pending request whose client
+  // committed to sending it (its HELLO, sent before its SYN, arrived, and it did not
+  // disconnect), or 0. Such a connection must not be handed over as plain TCP.
+  virtual uint64_t PendingCommitted(Listener* listener, const wire::Endpoint& client,
+                                    const wire::Endpoint& server) noexcept = 0;
   // The connection stays plain (no valid CONFIRM): its pending requests are forged or
   // stale, so they are rejected now rather than left to expire.
   virtual void DropPending(Listener* listener, const wire::Endpoint& client,

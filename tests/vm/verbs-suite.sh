@@ -24,11 +24,8 @@ IT="$BUILD/tests/integration"
 # queue pairs exceed a 2 GiB emulated guest), fork/forking/fork_own/fork_exec/exec_shared
 # (a verbs connection cannot cross fork), perf_*/slipstat/sliprun/badenv (no transport
 # involved). exec.both is here: the exec'd program continues the stream on TCP.
-# semantics.both is not in the list: over verbs two of its 37 sub-tests fail today
-# (threads_accept: with four threads connecting at once, one server-side accept finds no
-# pending rdma_cm request and reads the client's CONFIRM as data; linger_abort: the second
-# recv after the reset). Run it with SLIP_VERBS_CASES=semantics.both.
-CASES=${SLIP_VERBS_CASES-"bulk.both bulk.server bulk.client socat.both iperf3.both
+# semantics.both (37 sub-tests of the socket API's corners) is here too.
+CASES=${SLIP_VERBS_CASES-"semantics.both bulk.both bulk.server bulk.client socat.both iperf3.both
 sockperf.both asyncio.both poll.both select.both et.both sendfile.both banner.both exec.both
 kill.sender_killed kill.receiver_killed kill.recv_blocked_client_killed
 kill.recv_blocked_server_killed"}
