@@ -41,6 +41,23 @@ def register_message(source_port, server_port, nonce):
     return bytes(message)
 
 
+def send_register(port, source_port, nonce, fds):
+    """Sends REGISTER with `fds` (memfd, server A, server B, client B) to the listener's
+    rendezvous on `port`, trying the names a client would; False if there is none."""
+    message = register_message(source_port, port, nonce)
+    for scope in ("127.0.0.1", "*4", "*"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(f"\0slipstream-v1:{port}:{scope}")
+        except OSError:
+            sock.close()
+            continue
+        sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("4i", *fds))])
+        sock.close()
+        return True
+    return False
+
+
 def main():
     parser = argument_parser(__doc__)
     parser.add_argument("--nonce", type=lambda v: int(v, 0), default=0x1234)
@@ -49,19 +66,7 @@ def main():
     os.ftruncate(memfd, REGION)
     pairs = [socket.socketpair(), socket.socketpair()]
     fds = [memfd, pairs[0][0].fileno(), pairs[0][1].fileno(), pairs[1][0].fileno()]
-    message = register_message(args.source_port, args.port, args.nonce)
-    for scope in ("127.0.0.1", "*4", "*"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            sock.connect(f"\0slipstream-v1:{args.port}:{scope}")
-        except OSError:
-            sock.close()
-            continue
-        sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("4i", *fds))])
-        sock.close()
-        report(registered=True)
-        return
-    report(registered=False)
+    report(registered=send_register(args.port, args.source_port, args.nonce, fds))
 
 
 if __name__ == "__main__":

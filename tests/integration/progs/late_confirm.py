@@ -31,7 +31,7 @@ import struct
 import time
 
 from common import LOOPBACK, accept_one, argument_parser, report
-from forge_register import MAGIC, VERSION, crc32c, register_message
+from forge_register import MAGIC, VERSION, crc32c, send_register
 
 PLAIN = b"plain bytes, ours to read\n"
 RING = 1 << 20
@@ -68,21 +68,6 @@ def serve(port):
     report(received=received.hex(), count=len(received), end=end)
 
 
-def register(port, source_port, nonce, fds):
-    message = register_message(source_port, port, nonce)
-    for scope in ("127.0.0.1", "*4", "*"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            sock.connect(f"\0slipstream-v1:{port}:{scope}")
-        except OSError:
-            sock.close()
-            continue
-        sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("4i", *fds))])
-        sock.close()
-        return True
-    return False
-
-
 def client(port, mode, delay):
     nonce = int.from_bytes(os.urandom(8), "little") | 1
     memfd = os.memfd_create("slipstream", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -99,7 +84,7 @@ def client(port, mode, delay):
 
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     tcp.bind((LOOPBACK, 0))
-    registered = register(port, tcp.getsockname()[1], nonce, fds)
+    registered = send_register(port, tcp.getsockname()[1], nonce, fds)
     tcp.connect((LOOPBACK, port))
     before, sent_confirm = None, False
     if registered and mode == "committed":
