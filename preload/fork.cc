@@ -8,6 +8,7 @@
 #include "core/stats.h"
 #include "preload/accel_list.h"
 #include "preload/closer.h"
+#include "preload/connector.h"
 #include "preload/control.h"
 #include "preload/fd_table.h"
 #include "preload/verbs_loader.h"
@@ -25,6 +26,9 @@ struct InheritedSlot {
 };
 
 void Prepare() {
+  // First, holding nothing: connects in progress settle (the connector's thread, which
+  // the child will not have, needs the locks below to finish them).
+  ConnectorForkPrepare();
   // Lock order: pool, then accelerated list (the order Teardown uses), then verbs.
   TableForkPrepare();
   AccelListForkPrepare();
