@@ -325,6 +325,10 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
       len < (addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6)))
     return Libc().connect(fd, addr, len);
   std::lock_guard<std::mutex> lock(s->mu);
+  if (s->kind == SockKind::kConnecting) {  // another thread's connect got here first
+    errno = EALREADY;
+    return -1;
+  }
   if (s->kind != SockKind::kTcp) return Libc().connect(fd, addr, len);
 
   int rendezvous = -1;
