@@ -34,7 +34,7 @@ kill.sender_killed kill.receiver_killed kill.recv_blocked_client_killed
 kill.recv_blocked_server_killed"}
 VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
 forged_nonce.run memlock.run negative_cache.run nbconnect.verbs nbconnect.plain_server
-nbconnect.refused gid.default gid.explicit gid.missing_client gid.missing_server
+nbconnect.refused nbconnect.closed gid.default gid.explicit gid.missing_client gid.missing_server
 failover.device_removed"}
 
 passed=0

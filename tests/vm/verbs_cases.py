@@ -213,7 +213,7 @@ def nbconnect_argv(role, t, *extra, port=None):
             port or t.port, *extra]
 
 
-@case("nbconnect", variants=("verbs", "plain_server", "refused"))
+@case("nbconnect", variants=("verbs", "plain_server", "refused", "closed"))
 def nbconnect(t, variant):
     """Non-blocking connect never blocks on detection (tests/vm/progs/nbconnect.py).
     verbs: the Slipstream server is stopped (SIGSTOP: its rdma_cm listener cannot answer)
@@ -224,13 +224,21 @@ def nbconnect(t, variant):
     plain_server: the server is not Slipstream: the rdma_cm request is rejected after
     connect() returned, the TCP socket goes back to the number and its epoll registration
     (made right after connect()) still reports the completion; content intact, stats tcp.
-    refused: nothing listens: the completion is EPOLLOUT with SO_ERROR ECONNREFUSED."""
-    count = 12 if variant == "verbs" else 4
+    refused: nothing listens: the completion is EPOLLOUT with SO_ERROR ECONNREFUSED.
+    closed: the server is stopped and the client's handshake timeout short (1.5 s): of 8
+    connects issued, 4 numbers are taken back while connecting (dup2 of /dev/null over
+    them, two closed first); the connector's fallback after the timeout must leave those
+    numbers alone (still /dev/null at the end) and put the other 4 back on TCP, where
+    they complete and carry their bytes intact (stats: tcp, handshake_timeout)."""
+    count = {"verbs": 12, "closed": 8}.get(variant, 4)
+    served = count - 4 if variant == "closed" else count
     log = t.dir / "client.log"
     env = {"SLIP_LOG": "debug", "SLIP_LOG_FILE": str(log)}
     if variant == "verbs":
         # Generous, so that nothing times out while the server is stopped.
         env["SLIP_HANDSHAKE_TIMEOUT_MS"] = "20000"
+    if variant == "closed":
+        env["SLIP_HANDSHAKE_TIMEOUT_MS"] = "1500"
     if variant == "refused":
         client = t.start("client", nbconnect_argv("client", t, "--count", count, "--expect-error",
                                                   "ECONNREFUSED", port=pick_port()),
@@ -242,14 +250,18 @@ def nbconnect(t, variant):
         t.check(all(r.get("connections") == [] for r in records),
                 f"a refused connect is no connection, stats: {records}")
         return
-    server = t.serve("server", nbconnect_argv("server", t, "--count", count),
-                     slip=variant == "verbs")
-    if variant == "verbs":
+    server = t.serve("server", nbconnect_argv("server", t, "--count", served),
+                     slip=variant in ("verbs", "closed"))
+    stopped = variant in ("verbs", "closed")
+    if stopped:
         server.signal(signal.SIGSTOP)
+    extra = ["--expect-pending"] if stopped else []
+    if variant == "closed":
+        # Held past the handshake timeout: the fallbacks happen while the server is stopped.
+        extra += ["--replace", 4, "--hold-ms", 4000]
     try:
-        client = t.start("client", nbconnect_argv(
-            "client", t, "--count", count, *(["--expect-pending"] if variant == "verbs" else [])),
-            slip=True, env=env)
+        client = t.start("client", nbconnect_argv("client", t, "--count", count, *extra),
+                         slip=True, env=env)
         client.wait_until(lambda: '"issued"' in client.stdout(), "the connects issued",
                           timeout=60)
     finally:
@@ -259,8 +271,11 @@ def nbconnect(t, variant):
     issued = json.loads(next(line for line in client.stdout().splitlines() if '"issued"' in line))
     print("client:", issued)
     report = client.json_output()
-    t.check(report["ok"] == count, f"client: {report}")
-    if variant == "verbs":
+    t.check(report["ok"] == served, f"client: {report}")
+    if variant == "closed":
+        t.check(len(issued["replaced"]) == 4, f"client: {issued}")
+        t.expect_stats(client, "tcp", "handshake_timeout", count=served)
+    elif variant == "verbs":
         t.check(issued["complete_at_once"] == 0 and issued["second_connect"] == "EALREADY",
                 f"connect() did not return before detection: {issued}")
         # The server was stopped throughout: only a connect() that does not wait for the

@@ -10,7 +10,9 @@ client: issues --count non-blocking connects in a loop, each registered with one
   --expect-error), getpeername and a second connect() (0 or EISCONN); with --expect-pending,
   also that none was complete when the loop ended and that a second connect() said
   EALREADY then. Connected sockets then exchange random sizes both ways, checked with
-  SHA-256 on both ends. Prints {"connections": N, "ok": N, ...} last.
+  SHA-256 on both ends. With --replace K, K of the connecting numbers are taken back
+  (dup2 of /dev/null over them, half of them closed first) and must still be /dev/null at
+  the end. Prints {"connections": N, "ok": N, ...} last.
 """
 import argparse
 import errno
@@ -20,6 +22,7 @@ import os
 import random
 import select
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -34,6 +37,11 @@ parser.add_argument("--max-size", type=int, default=256 * 1024)
 parser.add_argument("--expect-pending", action="store_true")
 parser.add_argument("--expect-error", default="")
 parser.add_argument("--timeout", type=float, default=60)
+parser.add_argument("--replace", type=int, default=0,
+                    help="client: after the loop, put /dev/null at this many of the "
+                         "connecting numbers (dup2 over them; every other one closed first)")
+parser.add_argument("--hold-ms", type=int, default=0,
+                    help="client: sleep this long after the loop, before saying issued")
 args = parser.parse_args()
 
 
@@ -92,8 +100,22 @@ for _ in range(args.count):
     socks.append(s)
 complete_at_once = len(ep.poll(0))
 again = errno.errorcode.get(socks[0].connect_ex((args.host, args.port)), "0")
+# Numbers the application takes back while their connect is in flight: whatever the
+# connector does with those connections later must never touch the numbers again.
+replaced = []
+null = os.open(os.devnull, os.O_RDONLY)
+for k, s in enumerate(socks[1:1 + 2 * args.replace:2]):
+    ep.unregister(s.fileno())
+    fd = s.detach()
+    if k % 2:
+        os.close(fd)
+    os.dup2(null, fd)
+    replaced.append(fd)
+socks = [s for s in socks if s.fileno() >= 0]
+time.sleep(args.hold_ms / 1000)
 print(json.dumps({"issued": args.count, "slowest_connect_ms": round(slowest * 1000, 2),
-                  "complete_at_once": complete_at_once, "second_connect": again}), flush=True)
+                  "complete_at_once": complete_at_once, "second_connect": again,
+                  "replaced": replaced}), flush=True)
 problems = []
 if args.expect_pending:
     if complete_at_once:
@@ -164,6 +186,9 @@ for t in threads:
     t.join()
 ok += results.count("ok")
 problems += [f"connection {i}: {r}" for i, r in enumerate(results) if r not in (None, "ok")]
+for fd in replaced:
+    if not stat.S_ISCHR(os.fstat(fd).st_mode):
+        problems.append(f"fd {fd}: no longer /dev/null: the connector wrote over it")
 for s in socks:
     s.close()
 print(json.dumps({"connections": len(socks), "ok": ok, "problems": problems}))
