@@ -109,7 +109,17 @@ for k, s in enumerate(socks[1:1 + 2 * args.replace:2]):
     fd = s.detach()
     if k % 2:
         os.close(fd)
-    os.dup2(null, fd)
+    for attempt in range(100):
+        try:
+            os.dup2(null, fd)
+            break
+        except OSError as e:
+            # EBUSY: the number, just closed, is being taken by another thread's open()
+            # at this instant (the shim's own threads open descriptors low, then move
+            # them high); the kernel says so rather than wait. Try again.
+            if e.errno != errno.EBUSY or attempt == 99:
+                raise
+            time.sleep(0.001)
     replaced.append(fd)
 socks = [s for s in socks if s.fileno() >= 0]
 time.sleep(args.hold_ms / 1000)
