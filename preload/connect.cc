@@ -10,6 +10,7 @@
 //
 // Otherwise (another host, or shm not allowed) verbs: VerbsConnect below does the rdma_cm
 // exchange before the SYN, then the same CONFIRM (docs/DESIGN.md, "Detection across hosts").
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -23,6 +24,7 @@
 #include "core/proxy.h"
 #include "core/sys.h"
 #include "core/wire.h"
+#include "preload/connector.h"
 #include "preload/control.h"
 #include "preload/fd_table.h"
 #include "preload/handshake.h"
@@ -115,12 +117,7 @@ bool WaitEstablished(int fd, int timeout_ms) noexcept {
   return sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0;
 }
 
-int SendConfirm(int fd, uint64_t nonce, uint32_t ring_size) noexcept {
-  wire::Message msg;
-  msg.type = wire::Type::kConfirm;
-  msg.confirm = wire::Confirm{nonce, ring_size};
-  return SendInBand(fd, msg);
-}
+}  // namespace
 
 // CONFIRM is in the stream but the connection cannot be installed: plain TCP is no longer
 // safe, so fail the connection the way TCP would rather than corrupt it.
@@ -134,31 +131,36 @@ int ResetAfterConfirm(SlipSocket* s, int fd) noexcept {
   return -1;
 }
 
-// The verbs path (another host, or this host's RDMA device): resolve over RDMA, bind to
-// the RDMA route's source address, REQ/REP with the listener's twin, and only then the
-// SYN. Returns Reason::kNone when it ran connect() itself (*rc/*err are connect's
-// answer); any other reason means nothing happened yet beyond, perhaps, the bind.
-Reason VerbsConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len, int* rc,
-                    int* err) noexcept {
+verbs::Module* VerbsCandidate(SlipSocket* s, int fd, const sockaddr* addr, Reason* why) noexcept {
+  (void)s;
   const Runtime& rt = GetRuntime();
   wire::Endpoint server;
-  if (!rt.config.Allows(TransportKind::kVerbs)) return Reason::kPolicy;
-  if (!wire::EndpointFromSockaddr(addr, &server)) return Reason::kUnsupported;
-  if (IsLoopback(server)) return Reason::kNoRdmaPath;  // rdma_cm has no loopback device
+  *why = Reason::kPolicy;
+  if (!rt.config.Allows(TransportKind::kVerbs)) return nullptr;
+  *why = Reason::kUnsupported;
+  if (!wire::EndpointFromSockaddr(addr, &server)) return nullptr;
+  *why = Reason::kNoRdmaPath;
+  if (IsLoopback(server)) return nullptr;  // rdma_cm has no loopback device
   sockaddr_storage local{};
   socklen_t llen = sizeof(local);
   sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
-  if (!PolicyAllows(rt.config, reinterpret_cast<sockaddr*>(&local), addr)) return Reason::kPolicy;
+  *why = Reason::kPolicy;
+  if (!PolicyAllows(rt.config, reinterpret_cast<sockaddr*>(&local), addr)) return nullptr;
   wire::Endpoint bound;
+  *why = Reason::kUnsupported;  // the application chose its port: keep out of its way
   if (wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &bound) && bound.port != 0)
-    return Reason::kUnsupported;  // the application chose its port: keep out of its way
+    return nullptr;
   verbs::Module* m = Verbs();
-  if (!m) return Reason::kNoRdmaDevice;
-  if (!ControlReady()) return Reason::kResources;
-  sockaddr_storage source{};
-  Reason why = Reason::kNone;
-  verbs::ClientConn* conn = m->Resolve(addr, &source, &why);
-  if (!conn) return why;
+  *why = Reason::kNoRdmaDevice;
+  if (!m) return nullptr;
+  *why = Reason::kResources;
+  if (!ControlReady()) return nullptr;
+  *why = Reason::kNone;
+  return m;
+}
+
+bool BindToRdmaSource(SlipSocket* s, int fd, const sockaddr_storage& source,
+                      wire::Endpoint* client) noexcept {
   // An IPv6 socket reaching an IPv4 peer binds to the v4-mapped source.
   sockaddr_storage bind_to = source;
   socklen_t bind_len = source.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
@@ -166,14 +168,42 @@ Reason VerbsConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len, 
     sockaddr_in6 mapped{};
     mapped.sin6_family = AF_INET6;
     mapped.sin6_addr.s6_addr[10] = mapped.sin6_addr.s6_addr[11] = 0xff;
-    std::memcpy(&mapped.sin6_addr.s6_addr[12], &reinterpret_cast<sockaddr_in*>(&source)->sin_addr,
-                4);
+    std::memcpy(&mapped.sin6_addr.s6_addr[12],
+                &reinterpret_cast<const sockaddr_in*>(&source)->sin_addr, 4);
     std::memcpy(&bind_to, &mapped, sizeof(mapped));
     bind_len = sizeof(mapped);
   }
+  return sys::bind(fd, reinterpret_cast<sockaddr*>(&bind_to), bind_len) == 0 &&
+         LocalEndpoint(fd, client) == 0;
+}
+
+int SendConfirm(int fd, uint64_t nonce, uint32_t ring_size) noexcept {
+  wire::Message msg;
+  msg.type = wire::Type::kConfirm;
+  msg.confirm = wire::Confirm{nonce, ring_size};
+  return SendInBand(fd, msg);
+}
+
+namespace {
+
+// The verbs path for a blocking connect (another host, or this host's RDMA device):
+// resolve over RDMA, bind to the RDMA route's source address, REQ/REP with the listener's
+// twin, and only then the SYN. Returns Reason::kNone when it ran connect() itself (*rc/*err
+// are connect's answer); any other reason means nothing happened yet beyond, perhaps, the
+// bind. (A non-blocking connect goes to the connector instead: preload/connector.h.)
+Reason VerbsConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len, int* rc,
+                    int* err) noexcept {
+  const Runtime& rt = GetRuntime();
+  Reason why = Reason::kNone;
+  verbs::Module* m = VerbsCandidate(s, fd, addr, &why);
+  if (!m) return why;
+  wire::Endpoint server;
+  wire::EndpointFromSockaddr(addr, &server);
+  sockaddr_storage source{};
+  verbs::ClientConn* conn = m->Resolve(addr, &source, &why);
+  if (!conn) return why;
   wire::Endpoint client;
-  if (sys::bind(fd, reinterpret_cast<sockaddr*>(&bind_to), bind_len) != 0 ||
-      LocalEndpoint(fd, &client) < 0) {
+  if (!BindToRdmaSource(s, fd, source, &client)) {
     m->Abort(conn);
     return Reason::kUnsupported;
   }
@@ -296,16 +326,31 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
       len < (addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6)))
     return Libc().connect(fd, addr, len);
   std::lock_guard<std::mutex> lock(s->mu);
+  if (s->kind == SockKind::kConnecting) {  // another thread's connect got here first
+    errno = EALREADY;
+    return -1;
+  }
   if (s->kind != SockKind::kTcp) return Libc().connect(fd, addr, len);
 
   int rendezvous = -1;
   Reason reason = ShmDetect(fd, addr, &rendezvous);
   if (reason != Reason::kNone) {
     int rc = 0, err = 0;
-    Reason verbs_reason = VerbsConnect(s, fd, addr, len, &rc, &err);
-    if (verbs_reason == Reason::kNone) {
-      errno = err;
-      return rc;
+    const int fl = sys::fcntl(fd, F_GETFL);
+    Reason verbs_reason;
+    if (fl >= 0 && (fl & O_NONBLOCK)) {
+      // Never blocks: the exchange continues on the connector's thread.
+      verbs_reason = ConnectInBackground(s, fd, addr, len);
+      if (verbs_reason == Reason::kNone) {
+        errno = EINPROGRESS;
+        return -1;
+      }
+    } else {
+      verbs_reason = VerbsConnect(s, fd, addr, len, &rc, &err);
+      if (verbs_reason == Reason::kNone) {
+        errno = err;
+        return rc;
+      }
     }
     // Say why in the terms of the transport that came closest.
     if (verbs_reason != Reason::kPolicy &&

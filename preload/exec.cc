@@ -29,6 +29,7 @@
 #include "core/stats.h"
 #include "core/sys.h"
 #include "preload/accel_list.h"
+#include "preload/connector.h"
 #include "preload/control.h"
 #include "preload/export.h"
 #include "preload/fd_table.h"
@@ -174,8 +175,12 @@ void ExecNoteProcess() noexcept {
 }
 
 ExecGuard::ExecGuard() noexcept {
-  if (!TableInUse() || !AccelListNonEmpty()) return;
+  if (!TableInUse()) return;
   if (pid_t(syscall(SYS_getpid)) != g_pid.load(std::memory_order_relaxed)) return;  // vfork
+  // A socket still connecting is a placeholder the new program could never use: let the
+  // connects in flight settle first (bounded), as fork does.
+  ConnectorForkPrepare();
+  if (!AccelListNonEmpty()) return;
   auto* plan = new (std::nothrow) ExecPlan();
   if (!plan) return;
   plan_ = plan;

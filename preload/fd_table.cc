@@ -116,6 +116,7 @@ void SlipSocket::Reset() noexcept {
   no_rendezvous = Reason::kPeerNotSlipstream;
   stats_pending.store(false, std::memory_order_relaxed);
   pending_reason = Reason::kNone;
+  connecting.store(false, std::memory_order_relaxed);
   kind = SockKind::kTcp;
   family = 0;
   nonblocking.store(false, std::memory_order_relaxed);
@@ -215,19 +216,32 @@ void Remove(int fd) noexcept {
   }
 }
 
+void ForgetEpollLocked(SlipSocket* s, int fd) noexcept {
+  // Accelerated and connecting sockets: the shim holds its own descriptor of the proxy's
+  // file, so the kernel would not end these registrations when the application closes its
+  // last descriptor.
+  if (s->kind != SockKind::kAccel && s->kind != SockKind::kConnecting) return;
+  const bool last = s->table_fds.load(std::memory_order_relaxed) == 1;
+  std::erase_if(s->epoll_regs, [fd, last](const SlipSocket::EpollReg& r) {
+    if (r.fd != fd) return false;
+    if (last) sys::epoll_ctl(r.epfd, EPOLL_CTL_DEL, fd, nullptr);
+    return true;
+  });
+}
+
 void ForgetEpollOnClose(int fd) noexcept {
   SlipSocket* s = Lookup(fd);
   if (!s) return;
-  if (s->kind == SockKind::kAccel) {
+  if (s->kind == SockKind::kAccel || s->kind == SockKind::kConnecting) {
     std::lock_guard<std::mutex> lock(s->mu);
-    const bool last = s->table_fds.load(std::memory_order_relaxed) == 1;
-    std::erase_if(s->epoll_regs, [fd, last](const SlipSocket::EpollReg& r) {
-      if (r.fd != fd) return false;
-      if (last) sys::epoll_ctl(r.epfd, EPOLL_CTL_DEL, fd, nullptr);
-      return true;
-    });
+    ForgetEpollLocked(s, fd);
   }
   Release(s);
+}
+
+bool TableHolds(int fd, const SlipSocket* s) noexcept {
+  Table& t = GetTable();
+  return fd >= 0 && size_t(fd) < t.size && t.slots[fd].load(std::memory_order_acquire) == s;
 }
 
 bool TableInUse() noexcept {

@@ -25,10 +25,12 @@
 namespace slip::preload {
 
 enum class SockKind : uint8_t {
-  kTcp,       // an AF_INET/AF_INET6 stream socket, not connected yet
-  kListener,  // listening; may publish a rendezvous
-  kPlain,     // a connected TCP socket that stays plain (counted, passed through)
-  kAccel,     // accelerated: the application holds the proxy, the TCP socket is hidden
+  kTcp,         // an AF_INET/AF_INET6 stream socket, not connected yet
+  kListener,    // listening; may publish a rendezvous
+  kPlain,       // a connected TCP socket that stays plain (counted, passed through)
+  kAccel,       // accelerated: the application holds the proxy, the TCP socket is hidden
+  kConnecting,  // a non-blocking connect over verbs in progress (preload/connector.h): the
+                // application holds a filled proxy, the TCP socket is hidden at anchor_fd
 };
 
 struct SlipSocket {
@@ -40,6 +42,9 @@ struct SlipSocket {
   int family = 0;
   std::atomic<bool> nonblocking{false};
   std::mutex mu;  // control-path transitions (listen, connect, accept)
+  // kConnecting (set and cleared under `mu`; read without it to decide whether a call must
+  // take `mu` to serialise with the connector's swap of the descriptor number).
+  std::atomic<bool> connecting{false};
 
   ConnSlot* stats = nullptr;
   std::unique_ptr<shm::Rendezvous> rendezvous;        // kListener
@@ -50,7 +55,7 @@ struct SlipSocket {
   std::atomic<bool> stats_pending{false};
   Reason pending_reason = Reason::kNone;
   std::unique_ptr<Stream> stream;  // kAccel
-  int anchor_fd = -1;              // kAccel: the hidden TCP socket
+  int anchor_fd = -1;              // kAccel, kConnecting: the hidden TCP socket
 
   // The application's epoll registrations of this socket (under `mu`). While kTcp: when
   // connect() swaps the descriptor to the proxy they must move with it, or epoll would
@@ -72,6 +77,8 @@ struct SlipSocket {
 // close(fd) is about to run: if `fd` is the application's last descriptor of an
 // accelerated socket, its epoll registrations go now, as the kernel's would.
 void ForgetEpollOnClose(int fd) noexcept;
+// The same with `s->mu` held by the caller (`s` is the socket at `fd`).
+void ForgetEpollLocked(SlipSocket* s, int fd) noexcept;
 
 // Closes a listener's rdma_cm twin, if it has one.
 void UnlistenVerbs(SlipSocket* s) noexcept;
@@ -92,6 +99,9 @@ SlipSocket* Lookup(int fd) noexcept;
 void Install(int fd, SlipSocket* s) noexcept;
 // Forgets `fd`; drops the table's reference.
 void Remove(int fd) noexcept;
+// True if the table entry of `fd` is `s` (the connector, under `s->mu`, checks that the
+// application has not closed or replaced the number before swapping what it refers to).
+bool TableHolds(int fd, const SlipSocket* s) noexcept;
 // True if any descriptor may be tracked (cheap pre-check for plain programs).
 bool TableInUse() noexcept;
 

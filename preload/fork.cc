@@ -8,6 +8,7 @@
 #include "core/stats.h"
 #include "preload/accel_list.h"
 #include "preload/closer.h"
+#include "preload/connector.h"
 #include "preload/control.h"
 #include "preload/exec.h"
 #include "preload/fd_table.h"
@@ -26,6 +27,9 @@ struct InheritedSlot {
 };
 
 void Prepare() {
+  // First, holding nothing: connects in progress settle (the connector's thread, which
+  // the child will not have, needs the locks below to finish them).
+  ConnectorForkPrepare();
   // Lock order: pool, then accelerated list (the order Teardown uses), then verbs.
   TableForkPrepare();
   AccelListForkPrepare();

@@ -27,6 +27,12 @@ void CopyTimeouts(int from, int to) noexcept {
   }
 }
 
+// The common tail: the stream, the anchor, stats, and the watchers. False: out of memory,
+// nothing changed.
+bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
+                  int anchor, int fl_flags, const sockaddr_storage& local,
+                  const sockaddr_storage& remote, int role) noexcept;
+
 }  // namespace
 
 int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
@@ -71,14 +77,10 @@ int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
       SLIP_LOG(kWarn, "fd %d: cannot move its epoll registration (errno %d)", fd, errno);
   }
   // They stay recorded: they are now the proxy's, and close() ends them.
-  sys::fcntl(anchor, F_SETFL, fl_flags | O_NONBLOCK);
-
-  StreamOptions options;
-  options.spin_us = GetRuntime().config.spin_us;
-  auto* stream = new (std::nothrow) Stream(std::move(channel), proxy_a, proxy_b, options);
-  // (A failed allocation here would leave the proxy at fd with nothing behind it; the
-  // anchor is put back so the application keeps a working TCP socket.)
-  if (!stream) {
+  if (!AttachStream(s, fd, std::move(channel), proxy_a, proxy_b, anchor, fl_flags, local, remote,
+                    role)) {
+    // (A failed allocation here would leave the proxy at fd with nothing behind it; the
+    // anchor is put back so the application keeps a working TCP socket.)
     sys::dup3(anchor, fd, (fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0);
     sys::fcntl(fd, F_SETFL, fl_flags);
     sys::close(anchor);
@@ -86,18 +88,53 @@ int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
     sys::close(proxy_b);
     return -ENOMEM;
   }
+  return 0;
+}
+
+int InstallBehindProxy(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
+                       int proxy_b, int anchor, int role) noexcept {
+  sockaddr_storage local{}, remote{};
+  socklen_t llen = sizeof(local), rlen = sizeof(remote);
+  sys::getsockname(anchor, reinterpret_cast<sockaddr*>(&local), &llen);
+  sys::getpeername(anchor, reinterpret_cast<sockaddr*>(&remote), &rlen);
+  int fd_flags = sys::fcntl(fd, F_GETFD);
+  int fl_flags = sys::fcntl(fd, F_GETFL);
+  if (fd_flags < 0 || fl_flags < 0) return -errno;
+  // As InstallAccelerated: the anchor is inherited across exec exactly when the
+  // application's descriptor is.
+  sys::fcntl(anchor, F_SETFD, (fd_flags & FD_CLOEXEC) ? FD_CLOEXEC : 0);
+  CopyTimeouts(anchor, proxy_a);
+  return AttachStream(s, fd, std::move(channel), proxy_a, proxy_b, anchor, fl_flags, local, remote,
+                      role)
+             ? 0
+             : -ENOMEM;
+}
+
+namespace {
+
+bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
+                  int anchor, int fl_flags, const sockaddr_storage& local,
+                  const sockaddr_storage& remote, int role) noexcept {
+  sys::fcntl(anchor, F_SETFL, fl_flags | O_NONBLOCK);
+  StreamOptions options;
+  options.spin_us = GetRuntime().config.spin_us;
+  auto* stream = new (std::nothrow) Stream(std::move(channel), proxy_a, proxy_b, options);
+  if (!stream) return false;
   s->stream.reset(stream);
   s->anchor_fd = anchor;
   if (GetRuntime().config.failover) s->stream->channel()->SetAnchor(anchor);
   s->nonblocking.store(fl_flags & O_NONBLOCK, std::memory_order_relaxed);
   s->stats = StatsOpen(s->stream->channel()->kind(), Reason::kNone, role,
-                       reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote));
+                       reinterpret_cast<const sockaddr*>(&local),
+                       reinterpret_cast<const sockaddr*>(&remote));
   s->kind = SockKind::kAccel;
   AccelListAdd(s);
   ControlWatch(s);
   SLIP_LOG(kDebug, "fd %d accelerated (%s), anchor fd %d", fd,
            TransportName(s->stream->channel()->kind()), anchor);
-  return 0;
+  return true;
 }
+
+}  // namespace
 
 }  // namespace slip::preload

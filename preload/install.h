@@ -17,4 +17,10 @@ struct SlipSocket;
 int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
                        int proxy_b, int role) noexcept;
 
+// The connector's variant (a non-blocking connect over verbs): the proxy end `proxy_a` is
+// already at `fd` and the TCP socket already hidden at `anchor`; makes `s` an accelerated
+// socket owning them and `channel`. On failure (-errno) nothing was taken.
+int InstallBehindProxy(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
+                       int proxy_b, int anchor, int role) noexcept;
+
 }  // namespace slip::preload

@@ -10,6 +10,7 @@
 #include <cstdarg>
 
 #include "core/sys.h"
+#include "preload/connector.h"
 #include "preload/export.h"
 #include "preload/fd_table.h"
 #include "preload/handshake.h"
@@ -27,9 +28,50 @@ bool IsTcpSocket(int domain, int type, int protocol) noexcept {
 }
 
 // The descriptor that socket-level calls should reach: the hidden TCP socket for an
-// accelerated connection, the descriptor itself otherwise.
+// accelerated or connecting one, the descriptor itself otherwise.
 int KernelSocket(const SocketRef& ref, int fd) noexcept {
-  return (ref && ref->kind == SockKind::kAccel) ? ref->anchor_fd : fd;
+  return (ref && (ref->kind == SockKind::kAccel || ref->kind == SockKind::kConnecting))
+             ? ref->anchor_fd
+             : fd;
+}
+
+// Runs `call(kernel_socket)`; for a connecting socket under its mutex, since the connector
+// may be moving the TCP socket back to `fd` and closing the hidden number meanwhile.
+template <typename Call>
+int OnKernelSocket(const SocketRef& ref, int fd, Call&& call) noexcept {
+  if (ref && ref->connecting.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(ref->mu);
+    return call(KernelSocket(ref, fd));
+  }
+  return call(KernelSocket(ref, fd));
+}
+
+// close(), dup2() and dup3() are about to end what `fd` refers to: forget it, and for a
+// connecting socket do so (and the call) under its mutex, so that the connector, which
+// checks the number under the same mutex, never writes over a number reused meanwhile.
+template <typename Call>
+int EndNumber(int fd, Call&& call) noexcept {
+  if (!TableInUse()) return call();
+  {
+    SocketRef ref(fd);
+    if (ref && ref->connecting.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(ref->mu);
+      ForgetEpollLocked(ref.get(), fd);
+      Remove(fd);
+      return call();
+    }
+  }
+  ForgetEpollOnClose(fd);
+  Remove(fd);
+  return call();
+}
+
+// A connecting socket's number refers to a placeholder proxy: a copy of it would not
+// follow the swap back to TCP, so a dup waits until the connect has settled.
+void SettleBeforeDup(int oldfd) noexcept {
+  if (!TableInUse()) return;
+  SocketRef ref(oldfd);
+  if (ref) WaitConnectSettled(ref.get());
 }
 
 // An exec'd program that inherits an accelerated descriptor must also inherit the hidden
@@ -91,20 +133,29 @@ SLIP_EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
 
 SLIP_EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
   SocketRef ref(fd);
+  if (ref && ref->connecting.load(std::memory_order_acquire)) {
+    errno = EALREADY;  // as TCP answers while its handshake is under way
+    return -1;
+  }
+  if (ref && ref->kind == SockKind::kAccel) {
+    errno = EISCONN;  // (the proxy, a connected AF_UNIX socket, would say something else)
+    return -1;
+  }
   if (!ref || ref->kind != SockKind::kTcp) return Libc().connect(fd, addr, len);
   return SlipConnect(ref.get(), fd, addr, len);
 }
 
 SLIP_EXPORT int close(int fd) {
-  if (TableInUse()) {
-    ForgetEpollOnClose(fd);
-    Remove(fd);
-  }
-  return Libc().close(fd);
+  return EndNumber(fd, [fd] { return Libc().close(fd); });
 }
 
 SLIP_EXPORT int shutdown(int fd, int how) {
   SocketRef ref(fd);
+  if (ref && ref->connecting.load(std::memory_order_acquire)) {
+    // (The placeholder proxy must not be shut down; TCP would abort its handshake.)
+    errno = ENOTCONN;
+    return -1;
+  }
   if (!ref || ref->kind != SockKind::kAccel) return Libc().shutdown(fd, how);
   if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
     errno = EINVAL;
@@ -118,28 +169,24 @@ SLIP_EXPORT int shutdown(int fd, int how) {
 }
 
 SLIP_EXPORT int dup(int oldfd) {
+  SettleBeforeDup(oldfd);
   int fd = Libc().dup(oldfd);
   if (TableInUse()) TrackDup(oldfd, fd);
   return fd;
 }
 
 SLIP_EXPORT int dup3(int oldfd, int newfd, int flags) {
-  if (TableInUse() && oldfd != newfd) {
-    ForgetEpollOnClose(newfd);
-    Remove(newfd);
-  }
-  int fd = Libc().dup3(oldfd, newfd, flags);
+  if (oldfd == newfd) return Libc().dup3(oldfd, newfd, flags);  // EINVAL
+  SettleBeforeDup(oldfd);
+  int fd = EndNumber(newfd, [&] { return Libc().dup3(oldfd, newfd, flags); });
   if (TableInUse()) TrackDup(oldfd, fd, flags & O_CLOEXEC);
   return fd;
 }
 
 SLIP_EXPORT int dup2(int oldfd, int newfd) {
   if (oldfd == newfd) return Libc().dup2(oldfd, newfd);
-  if (TableInUse()) {
-    ForgetEpollOnClose(newfd);
-    Remove(newfd);
-  }
-  int fd = Libc().dup2(oldfd, newfd);
+  SettleBeforeDup(oldfd);
+  int fd = EndNumber(newfd, [&] { return Libc().dup2(oldfd, newfd); });
   if (TableInUse()) TrackDup(oldfd, fd);
   return fd;
 }
@@ -147,6 +194,12 @@ SLIP_EXPORT int dup2(int oldfd, int newfd) {
 namespace {
 
 int FcntlImpl(int fd, int cmd, void* arg) noexcept {
+  // A copy, or a change of O_NONBLOCK, of a connecting socket waits until it settled: the
+  // number refers to a placeholder until then (and a blocking call must never sleep there).
+  if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC || cmd == F_SETFL) && TableInUse()) {
+    SocketRef ref(fd);
+    if (ref) WaitConnectSettled(ref.get());
+  }
   int rc = Libc().fcntl(fd, cmd, arg);
   if (rc < 0 || !TableInUse()) return rc;
   if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
@@ -185,6 +238,7 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
   va_end(ap);
   SocketRef ref(fd);
   if (!ref) return Libc().ioctl(fd, request, arg);
+  if (request == FIONBIO) WaitConnectSettled(ref.get());  // as F_SETFL
   if (ref->kind == SockKind::kAccel) {
     if (request == FIONREAD) {
       *static_cast<int*>(arg) = int(ref->stream->ReadableBytes());
@@ -207,12 +261,14 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
 
 SLIP_EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
   SocketRef ref(fd);
-  return Libc().getsockopt(KernelSocket(ref, fd), level, name, val, len);
+  return OnKernelSocket(ref, fd,
+                        [&](int k) { return Libc().getsockopt(k, level, name, val, len); });
 }
 
 SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
   SocketRef ref(fd);
-  int rc = Libc().setsockopt(KernelSocket(ref, fd), level, name, val, len);
+  int rc =
+      OnKernelSocket(ref, fd, [&](int k) { return Libc().setsockopt(k, level, name, val, len); });
   // Blocking calls of an accelerated socket sleep on the proxy: it carries the timeouts.
   if (rc == 0 && ref && ref->kind == SockKind::kAccel && level == SOL_SOCKET &&
       (name == SO_RCVTIMEO || name == SO_SNDTIMEO))
@@ -222,10 +278,10 @@ SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen
 
 SLIP_EXPORT int getsockname(int fd, sockaddr* addr, socklen_t* len) {
   SocketRef ref(fd);
-  return Libc().getsockname(KernelSocket(ref, fd), addr, len);
+  return OnKernelSocket(ref, fd, [&](int k) { return Libc().getsockname(k, addr, len); });
 }
 
 SLIP_EXPORT int getpeername(int fd, sockaddr* addr, socklen_t* len) {
   SocketRef ref(fd);
-  return Libc().getpeername(KernelSocket(ref, fd), addr, len);
+  return OnKernelSocket(ref, fd, [&](int k) { return Libc().getpeername(k, addr, len); });
 }

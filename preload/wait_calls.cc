@@ -60,15 +60,10 @@ struct FdSets {
 
 }  // namespace
 
-SLIP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
-  int rc = Libc().epoll_ctl(epfd, op, fd, event);
-  if (rc != 0 || !TableInUse()) return rc;
-  SocketRef ref(fd);
-  if (!ref || (ref->kind != SockKind::kTcp && ref->kind != SockKind::kAccel)) return rc;
-  // Book-keeping only (the kernel did the work): registrations of a socket that may yet be
-  // swapped to a proxy by connect(), or that close() must end (fd_table.h).
-  std::lock_guard<std::mutex> lock(ref->mu);
-  auto& regs = ref->epoll_regs;
+namespace {
+
+void RecordEpollReg(SlipSocket* s, int epfd, int op, int fd, const epoll_event* event) noexcept {
+  auto& regs = s->epoll_regs;
   std::erase_if(regs,
                 [epfd, fd](const SlipSocket::EpollReg& r) { return r.epfd == epfd && r.fd == fd; });
   if (op != EPOLL_CTL_DEL && event) {
@@ -77,6 +72,33 @@ SLIP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
     } catch (...) {
     }
   }
+}
+
+}  // namespace
+
+SLIP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
+  if (TableInUse()) {
+    SocketRef ref(fd);
+    if (ref && ref->connecting.load(std::memory_order_acquire)) {
+      // The connector may be moving the number back to the TCP socket: the call and its
+      // record happen under the socket's mutex, so that the swap moves this registration
+      // too (a registration made on the placeholder proxy just before would be lost).
+      std::lock_guard<std::mutex> lock(ref->mu);
+      int rc = Libc().epoll_ctl(epfd, op, fd, event);
+      if (rc == 0) RecordEpollReg(ref.get(), epfd, op, fd, event);
+      return rc;
+    }
+  }
+  int rc = Libc().epoll_ctl(epfd, op, fd, event);
+  if (rc != 0 || !TableInUse()) return rc;
+  SocketRef ref(fd);
+  if (!ref || (ref->kind != SockKind::kTcp && ref->kind != SockKind::kAccel &&
+               ref->kind != SockKind::kConnecting))
+    return rc;
+  // Book-keeping only (the kernel did the work): registrations of a socket that may yet be
+  // swapped to a proxy by connect(), or that close() must end (fd_table.h).
+  std::lock_guard<std::mutex> lock(ref->mu);
+  RecordEpollReg(ref.get(), epfd, op, fd, event);
   return rc;
 }
 

@@ -39,20 +39,6 @@ constexpr int kListenBacklog = 1024;
 constexpr uint64_t kPendingTtlMs = 30000;
 constexpr size_t kMaxPendingPerListener = 1024;
 
-// Waits for the next event on a private channel, up to `deadline_ms`. Returns it (the
-// caller acks) or nullptr on timeout/error.
-rdma_cm_event* NextEvent(rdma_event_channel* channel, uint64_t deadline_ms) noexcept {
-  for (;;) {
-    rdma_cm_event* event = nullptr;
-    if (rdma_get_cm_event(channel, &event) == 0) return event;
-    if (errno != EAGAIN && errno != EINTR) return nullptr;
-    uint64_t now = sys::MonotonicMs();
-    if (now >= deadline_ms) return nullptr;
-    pollfd p{channel->fd, POLLIN, 0};
-    sys::poll(&p, 1, int(deadline_ms - now));
-  }
-}
-
 bool SetNonblocking(int fd) noexcept {
   int flags = fcntl(fd, F_GETFL);
   return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
@@ -86,11 +72,18 @@ struct Listener {
 };
 
 struct ClientConn {
-  rdma_event_channel* channel = nullptr;  // private until the handshake is done
+  // Where the client stands: resolving the address, then the route; resolved (the caller
+  // binds its TCP socket); the REQ sent; the REP taken (the id now reports to the module's
+  // channel).
+  enum class Stage : uint8_t { kAddr, kRoute, kResolved, kRequest, kAccepted };
+  rdma_event_channel* channel = nullptr;  // private until Finish/Abort
   rdma_cm_id* id = nullptr;
   Conn* conn = nullptr;
   wire::Endpoint dest;
   uint64_t nonce = 0;
+  uint8_t ring_log2 = 0;
+  Stage stage = Stage::kAddr;
+  uint64_t deadline_ms = 0;
 };
 
 class VerbsModule final : public Module {
@@ -116,6 +109,12 @@ class VerbsModule final : public Module {
                       Reason* why) noexcept override;
   bool Handshake(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
                  uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
+  ClientConn* StartResolve(const sockaddr* dest, Reason* why) noexcept override;
+  bool StartHandshake(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
+                      uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
+  Step Advance(ClientConn* conn, sockaddr_storage* source, Reason* why) noexcept override;
+  int EventFd(ClientConn* conn) noexcept override { return conn->channel->fd; }
+  uint64_t Deadline(ClientConn* conn) noexcept override { return conn->deadline_ms; }
   std::unique_ptr<Channel> Finish(ClientConn* conn, int proxy_b) noexcept override;
   void Abort(ClientConn* conn) noexcept override;
   void ForkPrepare() noexcept override;
@@ -137,6 +136,11 @@ class VerbsModule final : public Module {
   Reason MemlockReason(int error, uint32_t ring_size) noexcept;
   bool IsListenerId(rdma_cm_id* id) noexcept;
   void ReleaseClient(ClientConn* c) noexcept;
+  Step TakeEvent(ClientConn* c, rdma_cm_event* event, sockaddr_storage* source,
+                 Reason* why) noexcept;
+  Step Fail(ClientConn* c, Reason why, Reason* out) noexcept;
+  // Blocking use of Advance: waits on the event descriptor until a step is decided.
+  Step WaitStep(ClientConn* c, sockaddr_storage* source, Reason* why) noexcept;
 
   const Config* config_;
   rdma_event_channel* cm_channel_ = nullptr;
@@ -624,8 +628,7 @@ void VerbsModule::ReleaseClient(ClientConn* c) noexcept {
   delete c;
 }
 
-ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
-                                 Reason* why) noexcept {
+ClientConn* VerbsModule::StartResolve(const sockaddr* dest, Reason* why) noexcept {
   *why = Reason::kNoRdmaPath;
   if (forked_.load()) {
     *why = Reason::kUnsupported;
@@ -645,52 +648,166 @@ ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
   }
   c->dest = ep;
   c->channel = rdma_create_event_channel();
+  // Each connecting id has a channel of its own (its descriptor is what a caller waits
+  // on); it lives among the hidden descriptors, since it may outlive the connect() call.
+  if (c->channel) c->channel->fd = sys::MoveHigh(c->channel->fd, sys::HiddenFdFloor());
   if (!c->channel || !SetNonblocking(c->channel->fd) ||
       rdma_create_id(c->channel, &c->id, nullptr, RDMA_PS_TCP) != 0) {
     *why = Reason::kResources;
     ReleaseClient(c);
     return nullptr;
   }
-  const int timeout = int(config_->handshake_timeout_ms);
-  const uint64_t deadline = sys::MonotonicMs() + config_->handshake_timeout_ms;
+  c->deadline_ms = sys::MonotonicMs() + config_->handshake_timeout_ms;
   sockaddr_storage dst{};
   std::memcpy(&dst, dest, dest->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
-  bool ok = rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&dst), timeout) == 0;
-  for (rdma_cm_event_type want : {RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ROUTE_RESOLVED}) {
-    if (!ok) break;
-    if (want == RDMA_CM_EVENT_ROUTE_RESOLVED) {
-      if (!DeviceAllowed(c->id->verbs)) {
-        *why = Reason::kNoRdmaDevice;
-        ok = false;
-        break;
-      }
-      ok = rdma_resolve_route(c->id, timeout) == 0;
-      if (!ok) break;
-    }
-    rdma_cm_event* event = NextEvent(c->channel, deadline);
-    ok = event && event->event == want;
-    if (event) rdma_ack_cm_event(event);
-  }
-  if (!ok) {
-    if (*why == Reason::kNoRdmaPath)
-      negative_.Insert(ep, *why, sys::MonotonicMs() + config_->negative_ttl_ms);
+  if (rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&dst),
+                        int(config_->handshake_timeout_ms)) != 0) {
+    Fail(c, Reason::kNoRdmaPath, why);
     ReleaseClient(c);
     return nullptr;
   }
-  const sockaddr* src = rdma_get_local_addr(c->id);
-  std::memset(source, 0, sizeof(*source));
-  std::memcpy(source, src, src->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
-  if (source->ss_family == AF_INET)
-    reinterpret_cast<sockaddr_in*>(source)->sin_port = 0;
-  else
-    reinterpret_cast<sockaddr_in6*>(source)->sin6_port = 0;
-  *why = Reason::kNone;
+  c->stage = ClientConn::Stage::kAddr;
   return c;
 }
 
-bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
-                            const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
-                            Reason* why) noexcept {
+VerbsModule::Step VerbsModule::Fail(ClientConn* c, Reason why, Reason* out) noexcept {
+  // A destination without an RDMA path, or whose rdma_cm peer is not Slipstream, is
+  // remembered: the next connection there goes plain at once.
+  if (why == Reason::kNoRdmaPath || why == Reason::kPeerNotSlipstream)
+    negative_.Insert(c->dest, why, sys::MonotonicMs() + config_->negative_ttl_ms);
+  *out = why;
+  return Step::kFailed;
+}
+
+VerbsModule::Step VerbsModule::Advance(ClientConn* c, sockaddr_storage* source,
+                                       Reason* why) noexcept {
+  for (;;) {
+    if (c->stage == ClientConn::Stage::kAccepted || c->stage == ClientConn::Stage::kResolved)
+      return c->stage == ClientConn::Stage::kAccepted ? Step::kAccepted : Step::kWaiting;
+    rdma_cm_event* event = nullptr;
+    if (rdma_get_cm_event(c->channel, &event) == 0) {
+      Step step = TakeEvent(c, event, source, why);  // acks
+      if (step != Step::kWaiting) return step;
+      continue;
+    }
+    if (errno != EAGAIN && errno != EINTR) return Fail(c, Reason::kNoRdmaPath, why);
+    if (sys::MonotonicMs() < c->deadline_ms) return Step::kWaiting;
+    if (c->stage == ClientConn::Stage::kRequest) {
+      // No answer to the REQ: remembered as no path, reported as a timeout.
+      Fail(c, Reason::kNoRdmaPath, why);
+      *why = Reason::kHandshakeTimeout;
+      return Step::kFailed;
+    }
+    return Fail(c, Reason::kNoRdmaPath, why);
+  }
+}
+
+VerbsModule::Step VerbsModule::TakeEvent(ClientConn* c, rdma_cm_event* event,
+                                         sockaddr_storage* source, Reason* why) noexcept {
+  const rdma_cm_event_type type = event->event;
+  switch (c->stage) {
+    case ClientConn::Stage::kAddr: {
+      rdma_ack_cm_event(event);
+      if (type != RDMA_CM_EVENT_ADDR_RESOLVED) return Fail(c, Reason::kNoRdmaPath, why);
+      if (!DeviceAllowed(c->id->verbs)) {
+        *why = Reason::kNoRdmaDevice;
+        return Step::kFailed;
+      }
+      const int left =
+          int(c->deadline_ms > sys::MonotonicMs() ? c->deadline_ms - sys::MonotonicMs() : 1);
+      if (rdma_resolve_route(c->id, left) != 0) return Fail(c, Reason::kNoRdmaPath, why);
+      c->stage = ClientConn::Stage::kRoute;
+      return Step::kWaiting;
+    }
+    case ClientConn::Stage::kRoute: {
+      rdma_ack_cm_event(event);
+      if (type != RDMA_CM_EVENT_ROUTE_RESOLVED) return Fail(c, Reason::kNoRdmaPath, why);
+      const sockaddr* src = rdma_get_local_addr(c->id);
+      std::memset(source, 0, sizeof(*source));
+      std::memcpy(source, src,
+                  src->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+      if (source->ss_family == AF_INET)
+        reinterpret_cast<sockaddr_in*>(source)->sin_port = 0;
+      else
+        reinterpret_cast<sockaddr_in6*>(source)->sin6_port = 0;
+      c->stage = ClientConn::Stage::kResolved;
+      *why = Reason::kNone;
+      return Step::kResolved;
+    }
+    case ClientConn::Stage::kRequest:
+      break;
+    default:
+      rdma_ack_cm_event(event);  // nothing is expected now (an address change, say)
+      return Step::kWaiting;
+  }
+  bool ok = false;
+  // The queue pair is not rdma_cm's, so the REP arrives as CONNECT_RESPONSE: we move the
+  // queue pair to RTS ourselves and then complete the exchange (rdma_establish sends RTU).
+  if (type == RDMA_CM_EVENT_CONNECT_RESPONSE) {
+    Rep rep;
+    ParseResult pr = ParseRep(static_cast<const uint8_t*>(event->param.conn.private_data),
+                              event->param.conn.private_data_len, &rep);
+    if (pr != ParseResult::kOk || rep.nonce != c->nonce || rep.ring_log2 != c->ring_log2) {
+      SLIP_LOG(kWarn, "verbs: the listener answered with bad private data (%s)",
+               ParseResultName(pr));
+      *why = Reason::kDeclined;
+    } else if (int rc = c->conn->Connect(config_->gid_index); rc < 0) {
+      SLIP_LOG(kInfo, "verbs: cannot ready the queue pair (%s)", strerror(-rc));
+      *why = Reason::kNoRdmaPath;
+    } else if (rdma_establish(c->id) != 0) {
+      *why = Reason::kNoRdmaPath;
+    } else {
+      c->conn->SetPeer(rep.ring_addr, rep.rkey, (rep.flags & kFlagSendNotify) != 0);
+      ok = true;
+    }
+    rdma_ack_cm_event(event);
+    if (!ok) return Step::kFailed;
+  } else {
+    rdma_ack_cm_event(event);
+    // REJECTED: no Slipstream listener there (or it refused us): plain, and remembered
+    // for a while. Anything else (UNREACHABLE, CONNECT_ERROR): no path.
+    return Fail(
+        c, type == RDMA_CM_EVENT_REJECTED ? Reason::kPeerNotSlipstream : Reason::kNoRdmaPath, why);
+  }
+  if (!c->conn->SendHello(c->nonce)) {
+    *why = Reason::kResources;
+    return Step::kFailed;
+  }
+  // From now on the progress thread sees this id's events (DISCONNECTED). The private
+  // channel stays open (its descriptor may still be in a caller's wait set) until Finish
+  // or Abort.
+  if (rdma_migrate_id(c->id, cm_channel_) != 0) {
+    *why = Reason::kResources;
+    return Step::kFailed;
+  }
+  c->stage = ClientConn::Stage::kAccepted;
+  *why = Reason::kNone;
+  return Step::kAccepted;
+}
+
+VerbsModule::Step VerbsModule::WaitStep(ClientConn* c, sockaddr_storage* source,
+                                        Reason* why) noexcept {
+  for (;;) {
+    Step step = Advance(c, source, why);
+    if (step != Step::kWaiting) return step;
+    uint64_t now = sys::MonotonicMs();
+    pollfd p{c->channel->fd, POLLIN, 0};
+    sys::poll(&p, 1, c->deadline_ms > now ? int(c->deadline_ms - now) : 0);
+  }
+}
+
+ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
+                                 Reason* why) noexcept {
+  ClientConn* c = StartResolve(dest, why);
+  if (!c) return nullptr;
+  if (WaitStep(c, source, why) == Step::kResolved) return c;
+  ReleaseClient(c);
+  return nullptr;
+}
+
+bool VerbsModule::StartHandshake(ClientConn* c, const wire::Endpoint& client,
+                                 const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
+                                 Reason* why) noexcept {
   int err = 0;
   Device* dev = DeviceFor(c->id->verbs, &err);
   bool send_notify = dev && SendNotify(dev);
@@ -700,9 +817,10 @@ bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
     return false;
   }
   c->nonce = nonce;
+  c->ring_log2 = uint8_t(__builtin_ctz(ring_size));
   Req req;
   req.flags = send_notify ? kFlagSendNotify : 0;
-  req.ring_log2 = uint8_t(__builtin_ctz(ring_size));
+  req.ring_log2 = c->ring_log2;
   req.nonce = nonce;
   req.client = client;
   req.server = server;
@@ -717,54 +835,17 @@ bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
     *why = Reason::kNoRdmaPath;
     return false;
   }
-  rdma_cm_event* event = NextEvent(c->channel, sys::MonotonicMs() + config_->handshake_timeout_ms);
-  if (!event) {
-    *why = Reason::kHandshakeTimeout;
-    negative_.Insert(c->dest, Reason::kNoRdmaPath, sys::MonotonicMs() + config_->negative_ttl_ms);
-    return false;
-  }
-  bool ok = false;
-  // The queue pair is not rdma_cm's, so the REP arrives as CONNECT_RESPONSE: we move the
-  // queue pair to RTS ourselves and then complete the exchange (rdma_establish sends RTU).
-  if (event->event == RDMA_CM_EVENT_CONNECT_RESPONSE) {
-    Rep rep;
-    ParseResult pr = ParseRep(static_cast<const uint8_t*>(event->param.conn.private_data),
-                              event->param.conn.private_data_len, &rep);
-    if (pr != ParseResult::kOk || rep.nonce != nonce || rep.ring_log2 != req.ring_log2) {
-      SLIP_LOG(kWarn, "verbs: the listener answered with bad private data (%s)",
-               ParseResultName(pr));
-      *why = Reason::kDeclined;
-    } else if (int rc = c->conn->Connect(config_->gid_index); rc < 0) {
-      SLIP_LOG(kInfo, "verbs: cannot ready the queue pair (%s)", strerror(-rc));
-      *why = Reason::kNoRdmaPath;
-    } else if (rdma_establish(c->id) != 0) {
-      *why = Reason::kNoRdmaPath;
-    } else {
-      c->conn->SetPeer(rep.ring_addr, rep.rkey, (rep.flags & kFlagSendNotify) != 0);
-      ok = true;
-    }
-  } else if (event->event == RDMA_CM_EVENT_REJECTED) {
-    // No Slipstream listener there (or it refused us): plain, and remembered for a while.
-    *why = Reason::kPeerNotSlipstream;
-    negative_.Insert(c->dest, *why, sys::MonotonicMs() + config_->negative_ttl_ms);
-  } else {
-    *why = Reason::kNoRdmaPath;
-    negative_.Insert(c->dest, *why, sys::MonotonicMs() + config_->negative_ttl_ms);
-  }
-  rdma_ack_cm_event(event);
-  if (!ok) return false;
-  if (!c->conn->SendHello(nonce)) {
-    *why = Reason::kResources;
-    return false;
-  }
-  // From now on the progress thread sees this id's events (DISCONNECTED).
-  if (rdma_migrate_id(c->id, cm_channel_) != 0) {
-    *why = Reason::kResources;
-    return false;
-  }
-  rdma_destroy_event_channel(c->channel);
-  c->channel = nullptr;
+  c->stage = ClientConn::Stage::kRequest;
+  c->deadline_ms = sys::MonotonicMs() + config_->handshake_timeout_ms;
   return true;
+}
+
+bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
+                            const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
+                            Reason* why) noexcept {
+  if (!StartHandshake(c, client, server, nonce, ring_size, why)) return false;
+  sockaddr_storage unused;
+  return WaitStep(c, &unused, why) == Step::kAccepted;
 }
 
 std::unique_ptr<Channel> VerbsModule::Finish(ClientConn* c, int proxy_b) noexcept {

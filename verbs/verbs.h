@@ -75,6 +75,28 @@ class Module {
   virtual bool Handshake(ClientConn* conn, const wire::Endpoint& client,
                          const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
                          Reason* why) noexcept = 0;
+  // The same two steps without blocking (a non-blocking connect(), docs/DESIGN.md
+  // "Non-blocking connect"): StartResolve begins address and route resolution and returns
+  // at once (nullptr with *why set when the negative cache or a local check answers);
+  // StartHandshake sends the REQ once the TCP socket is bound. Between them the caller
+  // waits for EventFd(conn) to turn readable, or for Deadline(conn) (monotonic ms), and
+  // then calls Advance, which takes what arrived without blocking and says where the
+  // connection stands. Many connections may be in flight at once, each on its own
+  // descriptor, so their rdma_cm exchanges overlap. After kFailed the caller calls Abort.
+  enum class Step : uint8_t {
+    kWaiting,   // nothing decided yet: wait for EventFd or the deadline
+    kResolved,  // *source is the local address to bind to; StartHandshake next
+    kAccepted,  // the listener answered: the queue pair is ready, the SYN may go
+    kFailed,    // *why says why (the negative cache remembers it where it should)
+  };
+  virtual ClientConn* StartResolve(const sockaddr* dest, Reason* why) noexcept = 0;
+  virtual bool StartHandshake(ClientConn* conn, const wire::Endpoint& client,
+                              const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
+                              Reason* why) noexcept = 0;
+  virtual Step Advance(ClientConn* conn, sockaddr_storage* source, Reason* why) noexcept = 0;
+  virtual int EventFd(ClientConn* conn) noexcept = 0;
+  virtual uint64_t Deadline(ClientConn* conn) noexcept = 0;
+
   // The TCP connection is up and CONFIRM sent: the client's channel. Consumes `conn`.
   virtual std::unique_ptr<Channel> Finish(ClientConn* conn, int proxy_b) noexcept = 0;
   // Gives up (the TCP connect failed or was slow): the listener drops its pending request.

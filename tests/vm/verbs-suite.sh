@@ -7,7 +7,8 @@
 #    shm: an accelerated connection must report transport "verbs", and a Slipstream peer
 #    of a plain one "tcp" with its reason. Content is checked by every case (SHA-256).
 # 2. Verbs-only cases (tests/vm/verbs_cases.py): forged and malformed rdma_cm requests,
-#    SEND-based notification (the iWARP path), RLIMIT_MEMLOCK, the negative cache, and
+#    SEND-based notification (the iWARP path), RLIMIT_MEMLOCK, the negative cache,
+#    non-blocking connects that never block on detection, and
 #    failover to TCP when the RDMA device is deleted mid-stream (last: it re-creates rxe0).
 #
 # Prints one line per test and ends with "N passed, N failed"; exit status 1 if any failed.
@@ -30,8 +31,9 @@ sockperf.both asyncio.both poll.both select.both et.both sendfile.both banner.bo
 kill.sender_killed kill.receiver_killed kill.recv_blocked_client_killed
 kill.recv_blocked_server_killed"}
 VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
-forged_nonce.run memlock.run negative_cache.run gid.default gid.explicit gid.missing_client
-gid.missing_server failover.device_removed"}
+forged_nonce.run memlock.run negative_cache.run nbconnect.verbs nbconnect.plain_server
+nbconnect.refused nbconnect.closed gid.default gid.explicit gid.missing_client gid.missing_server
+failover.device_removed"}
 
 passed=0
 failed=0

@@ -9,7 +9,9 @@ negative cache, and failover to TCP when the RDMA device goes away mid-stream. E
 checks the bytes it moved (SHA-256) and the transport used.
 """
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -204,6 +206,85 @@ def gid(t, variant):
         stats = proc.stats_records()[0]["connections"]
         t.check(len(stats) == 1 and stats[0]["transport"] == "tcp",
                 f"{proc.name}: expected one connection on TCP, stats {stats}")
+
+
+def nbconnect_argv(role, t, *extra, port=None):
+    return [PYTHON, HERE / "progs" / "nbconnect.py", role, "--host", LOOPBACK, "--port",
+            port or t.port, *extra]
+
+
+@case("nbconnect", variants=("verbs", "plain_server", "refused", "closed"))
+def nbconnect(t, variant):
+    """Non-blocking connect never blocks on detection (tests/vm/progs/nbconnect.py).
+    verbs: the Slipstream server is stopped (SIGSTOP: its rdma_cm listener cannot answer)
+    while the client issues 12 non-blocking connects: each must return EINPROGRESS at once,
+    none complete, a second connect() says EALREADY; then the server continues and every
+    connection completes with EPOLLOUT and SO_ERROR 0 (getpeername works, connect() says
+    EISCONN), random sizes go both ways intact (SHA-256), and both ends' stats say verbs.
+    plain_server: the server is not Slipstream: the rdma_cm request is rejected after
+    connect() returned, the TCP socket goes back to the number and its epoll registration
+    (made right after connect()) still reports the completion; content intact, stats tcp.
+    refused: nothing listens: the completion is EPOLLOUT with SO_ERROR ECONNREFUSED.
+    closed: the server is stopped and the client's handshake timeout short (1.5 s): of 8
+    connects issued, 4 numbers are taken back while connecting (dup2 of /dev/null over
+    them, two closed first); the connector's fallback after the timeout must leave those
+    numbers alone (still /dev/null at the end) and put the other 4 back on TCP, where
+    they complete and carry their bytes intact (stats: tcp, handshake_timeout)."""
+    count = {"verbs": 12, "closed": 8}.get(variant, 4)
+    served = count - 4 if variant == "closed" else count
+    log = t.dir / "client.log"
+    env = {"SLIP_LOG": "debug", "SLIP_LOG_FILE": str(log)}
+    if variant == "verbs":
+        # Generous, so that nothing times out while the server is stopped.
+        env["SLIP_HANDSHAKE_TIMEOUT_MS"] = "20000"
+    if variant == "closed":
+        env["SLIP_HANDSHAKE_TIMEOUT_MS"] = "1500"
+    if variant == "refused":
+        client = t.start("client", nbconnect_argv("client", t, "--count", count, "--expect-error",
+                                                  "ECONNREFUSED", port=pick_port()),
+                         slip=True, env=env)
+        client.expect_exit(0)
+        report = client.json_output()
+        t.check(report["ok"] == count, f"refused: {report}")
+        records = client.stats_records()  # none at all: no connection, no record
+        t.check(all(r.get("connections") == [] for r in records),
+                f"a refused connect is no connection, stats: {records}")
+        return
+    server = t.serve("server", nbconnect_argv("server", t, "--count", served),
+                     slip=variant in ("verbs", "closed"))
+    stopped = variant in ("verbs", "closed")
+    if stopped:
+        server.signal(signal.SIGSTOP)
+    extra = ["--expect-pending"] if stopped else []
+    if variant == "closed":
+        # Held past the handshake timeout: the fallbacks happen while the server is stopped.
+        extra += ["--replace", 4, "--hold-ms", 4000]
+    try:
+        client = t.start("client", nbconnect_argv("client", t, "--count", count, *extra),
+                         slip=True, env=env)
+        client.wait_until(lambda: '"issued"' in client.stdout(), "the connects issued",
+                          timeout=60)
+    finally:
+        server.signal(signal.SIGCONT)
+    client.expect_exit(0, timeout=120)
+    server.expect_exit(0, timeout=120)
+    issued = json.loads(next(line for line in client.stdout().splitlines() if '"issued"' in line))
+    print("client:", issued)
+    report = client.json_output()
+    t.check(report["ok"] == served, f"client: {report}")
+    if variant == "closed":
+        t.check(len(issued["replaced"]) == 4, f"client: {issued}")
+        t.expect_stats(client, "tcp", "handshake_timeout", count=served)
+    elif variant == "verbs":
+        t.check(issued["complete_at_once"] == 0 and issued["second_connect"] == "EALREADY",
+                f"connect() did not return before detection: {issued}")
+        # The server was stopped throughout: only a connect() that does not wait for the
+        # listener's answer can have returned at all; the bound is a sanity check.
+        t.check(issued["slowest_connect_ms"] < 2000, f"a connect() was slow: {issued}")
+        t.expect_stats(server, "verbs", "", count=count)
+        t.expect_stats(client, "verbs", "", count=count)
+    else:
+        t.expect_stats(client, "tcp", "peer_not_slipstream", count=count)
 
 
 RXE_COUNTERS = Path("/sys/class/infiniband/rxe0/ports/1/hw_counters")
