@@ -175,8 +175,8 @@ Conn::~Conn() {
     uint64_t consumed = rx_consumed_.load(std::memory_order_acquire);
     if (consumed != credit_sent_ && PostCredit(consumed)) credit_sent_ = consumed;
     bool eof = eof_sent_ || PostNote(nullptr, 0, Note::kEof, 0);
-    bool closed = closed_sent_ || PostNote(nullptr, 0, Note::kClosed, 0);
-    closed_sent_.store(closed, std::memory_order_release);
+    // Said before the note goes: a disconnect from then on is the end we ask for.
+    bool closed = closed_sent_.exchange(true) || PostNote(nullptr, 0, Note::kClosed, 0);
     SLIP_LOG(kDebug, "verbs: closing: credit %llu, eof %d, closed %d",
              (unsigned long long)credit_sent_, int(eof), int(closed));
     if (!FlushRdma(5000, true) && mode_.load() == Mode::kRdma)
@@ -509,7 +509,12 @@ void Conn::Fail(int error) noexcept {
 }
 
 void Conn::OnDisconnect() noexcept {
-  peer_disconnected_.store(true, std::memory_order_release);
+  // Said last, once the notes are taken and the outcome settled: a closing end's flush
+  // stops at it and reads peer_closed_ then.
+  struct SayDisconnected {
+    std::atomic<bool>* flag;
+    ~SayDisconnected() { flag->store(true, std::memory_order_release); }
+  } say{&peer_disconnected_};
   if (mode_.load(std::memory_order_acquire) != Mode::kRdma)
     return;  // the peer's side of a failover
   // The peer's EOF and CLOSED notes, if any, came before its DREQ, but may still sit in
