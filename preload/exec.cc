@@ -174,9 +174,13 @@ void ExecNoteProcess() noexcept {
   g_pid.store(pid_t(syscall(SYS_getpid)), std::memory_order_relaxed);
 }
 
+bool InVforkChild() noexcept {
+  const pid_t pid = g_pid.load(std::memory_order_relaxed);
+  return pid != 0 && pid_t(syscall(SYS_getpid)) != pid;
+}
+
 ExecGuard::ExecGuard() noexcept {
-  if (!TableInUse()) return;
-  if (pid_t(syscall(SYS_getpid)) != g_pid.load(std::memory_order_relaxed)) return;  // vfork
+  if (!TableInUse() || InVforkChild()) return;
   // A socket still connecting is a placeholder the new program could never use: let the
   // connects in flight settle first (bounded), as fork does.
   ConnectorForkPrepare();

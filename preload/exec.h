@@ -8,6 +8,9 @@ struct ExecPlan;
 // Records this process's id (at start-up and in a fork child): exec from any other task
 // sharing our memory (a vfork child) must not touch the parent's state.
 void ExecNoteProcess() noexcept;
+// True in a task that shares our memory but is another process: a vfork child (it runs
+// no fork handlers). One system call.
+bool InVforkChild() noexcept;
 
 // Around one exec call: the constructor hands inherited accelerated connections back to
 // TCP (or gives their numbers a reset socket); the destructor, reached only when exec

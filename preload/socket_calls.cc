@@ -11,6 +11,7 @@
 
 #include "core/sys.h"
 #include "preload/connector.h"
+#include "preload/exec.h"
 #include "preload/export.h"
 #include "preload/fd_table.h"
 #include "preload/handshake.h"
@@ -64,6 +65,14 @@ int EndNumber(int fd, Call&& call) noexcept {
   ForgetEpollOnClose(fd);
   Remove(fd);
   return call();
+}
+
+// A vfork child (Python's subprocess uses one) shares our memory but has its own
+// descriptor table: its close/dup2/fcntl must reach the kernel without touching the fd
+// table, which is the parent's (a dup2 of a socket onto its stdin made the parent's stdin
+// read the socket's ring).
+bool SharedMemoryChild() noexcept {
+  return TableInUse() && InVforkChild();
 }
 
 // A connecting socket's number refers to a placeholder proxy: a copy of it would not
@@ -146,6 +155,7 @@ SLIP_EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
 }
 
 SLIP_EXPORT int close(int fd) {
+  if (SharedMemoryChild()) return Libc().close(fd);
   return EndNumber(fd, [fd] { return Libc().close(fd); });
 }
 
@@ -169,6 +179,7 @@ SLIP_EXPORT int shutdown(int fd, int how) {
 }
 
 SLIP_EXPORT int dup(int oldfd) {
+  if (SharedMemoryChild()) return Libc().dup(oldfd);
   SettleBeforeDup(oldfd);
   int fd = Libc().dup(oldfd);
   if (TableInUse()) TrackDup(oldfd, fd);
@@ -176,7 +187,7 @@ SLIP_EXPORT int dup(int oldfd) {
 }
 
 SLIP_EXPORT int dup3(int oldfd, int newfd, int flags) {
-  if (oldfd == newfd) return Libc().dup3(oldfd, newfd, flags);  // EINVAL
+  if (oldfd == newfd || SharedMemoryChild()) return Libc().dup3(oldfd, newfd, flags);
   SettleBeforeDup(oldfd);
   int fd = EndNumber(newfd, [&] { return Libc().dup3(oldfd, newfd, flags); });
   if (TableInUse()) TrackDup(oldfd, fd, flags & O_CLOEXEC);
@@ -184,7 +195,7 @@ SLIP_EXPORT int dup3(int oldfd, int newfd, int flags) {
 }
 
 SLIP_EXPORT int dup2(int oldfd, int newfd) {
-  if (oldfd == newfd) return Libc().dup2(oldfd, newfd);
+  if (oldfd == newfd || SharedMemoryChild()) return Libc().dup2(oldfd, newfd);
   SettleBeforeDup(oldfd);
   int fd = EndNumber(newfd, [&] { return Libc().dup2(oldfd, newfd); });
   if (TableInUse()) TrackDup(oldfd, fd);
@@ -194,6 +205,7 @@ SLIP_EXPORT int dup2(int oldfd, int newfd) {
 namespace {
 
 int FcntlImpl(int fd, int cmd, void* arg) noexcept {
+  if (SharedMemoryChild()) return Libc().fcntl(fd, cmd, arg);
   // A copy, or a change of O_NONBLOCK, of a connecting socket waits until it settled: the
   // number refers to a placeholder until then (and a blocking call must never sleep there).
   if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC || cmd == F_SETFL) && TableInUse()) {
@@ -236,6 +248,7 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
   va_start(ap, request);
   void* arg = va_arg(ap, void*);
   va_end(ap);
+  if (SharedMemoryChild()) return Libc().ioctl(fd, request, arg);
   SocketRef ref(fd);
   if (!ref) return Libc().ioctl(fd, request, arg);
   if (request == FIONBIO) WaitConnectSettled(ref.get());  // as F_SETFL

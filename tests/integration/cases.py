@@ -1074,6 +1074,22 @@ def exec_shared(t, _):
     t.expect_pairing(server, client)
 
 
+@case("vfork_stdin", variants=("run",))
+def vfork_stdin(t, _):
+    """subprocess.Popen(..., stdin=accelerated socket): Python's vfork child dup2s the
+    socket onto its stdin through the shim; the parent's own fd 0 and the socket's bytes
+    must stay as they were (the child shares the parent's memory, not its descriptors)."""
+    prog = t.start("prog", py("vfork_stdin.py", "--port", t.port), slip=True)
+    prog.expect_exit(0)
+    said = prog.json_output()
+    t.check(said.get("stdin") == "from-the-pipe", f"the parent's stdin: {said}")
+    if prog.slip:  # both ends of the connection are this process's, both accelerated
+        records = prog.stats_records()
+        conns = records[0]["connections"] if len(records) == 1 else []
+        t.check(len(conns) == 2 and all(c["transport"] == ACCEL for c in conns),
+                f"expected both ends {ACCEL}: {records}")
+
+
 BANNER_CONNECTIONS = 20
 BANNER_MAX_MEDIAN_MS = 50
 
