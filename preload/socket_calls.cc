@@ -68,9 +68,9 @@ int EndNumber(int fd, Call&& call) noexcept {
 }
 
 // A vfork child (Python's subprocess uses one) shares our memory but has its own
-// descriptor table: its close/dup2/fcntl must reach the kernel without touching the fd
-// table, which is the parent's (a dup2 of a socket onto its stdin made the parent's stdin
-// read the socket's ring).
+// descriptor table: its close, dup*, and fcntl/ioctl that change flags must reach the
+// kernel without touching the fd table, which is the parent's (a dup2 of a socket onto its stdin
+// made the parent's stdin read the socket's ring).
 bool SharedMemoryChild() noexcept {
   return TableInUse() && InVforkChild();
 }
@@ -205,7 +205,9 @@ SLIP_EXPORT int dup2(int oldfd, int newfd) {
 namespace {
 
 int FcntlImpl(int fd, int cmd, void* arg) noexcept {
-  if (SharedMemoryChild()) return Libc().fcntl(fd, cmd, arg);
+  // (Only the commands that change what the shim records; the others stay one call.)
+  if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC || cmd == F_SETFL) && SharedMemoryChild())
+    return Libc().fcntl(fd, cmd, arg);
   // A copy, or a change of O_NONBLOCK, of a connecting socket waits until it settled: the
   // number refers to a placeholder until then (and a blocking call must never sleep there).
   if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC || cmd == F_SETFL) && TableInUse()) {
@@ -248,7 +250,8 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
   va_start(ap, request);
   void* arg = va_arg(ap, void*);
   va_end(ap);
-  if (SharedMemoryChild()) return Libc().ioctl(fd, request, arg);
+  // (FIONBIO changes what the shim records; FIONREAD must stay free of system calls.)
+  if (request == FIONBIO && SharedMemoryChild()) return Libc().ioctl(fd, request, arg);
   SocketRef ref(fd);
   if (!ref) return Libc().ioctl(fd, request, arg);
   if (request == FIONBIO) WaitConnectSettled(ref.get());  // as F_SETFL

@@ -90,10 +90,12 @@ class ShmChannel final : public Channel {
     std::memcpy(tx_data_ + offset, src, len);
   }
   void TxPublish(uint64_t produced) noexcept override {
-    // Published before the mode is read, as EnterTcp sets the mode before it pushes what
-    // is published: a publish racing with the switch is sent by one of the two.
-    tx_->produced.store(produced, std::memory_order_seq_cst);
-    if (mode_.load(std::memory_order_seq_cst) == Mode::kTcp) {
+    // Published before the mode is read (the fence also orders it before the reader's
+    // sleep flag), as OnPeerFailover sets the mode before it pushes what is published: a
+    // publish racing with the switch is sent by one of the two.
+    tx_->produced.store(produced, std::memory_order_release);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (mode_.load(std::memory_order_relaxed) == Mode::kTcp) {
       path_.Push(produced);
       return;
     }

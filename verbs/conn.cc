@@ -658,30 +658,17 @@ bool Conn::OnPeerFailover(const wire::Failover& peer) noexcept {
     Fail(ECONNRESET);
     return false;
   }
-  // We cannot have received more than the peer published.
-  if (rx_received_ > peer.sent) {
-    SLIP_LOG(kWarn, "verbs: the peer's FAILOVER says %llu bytes sent, we received %llu; resetting",
-             (unsigned long long)peer.sent, (unsigned long long)rx_received_);
-    Fail(EPROTO);
-    return false;
-  }
-  return EnterTcpLocked(peer.received);
+  return EnterTcpLocked(peer);
 }
 
-bool Conn::EnterTcpLocked(uint64_t peer_received) noexcept {
-  uint64_t published = tx_published_.load(std::memory_order_seq_cst);
-  uint64_t credited = tx_credit_.load(std::memory_order_acquire);
-  // The peer cannot have received what we never published, nor less than it credited; and
-  // only what it did not receive is still in our ring.
-  if (peer_received < credited || peer_received > published) {
-    SLIP_LOG(kWarn,
-             "verbs: the peer's FAILOVER says %llu bytes received, outside [%llu, %llu]; "
-             "resetting",
-             (unsigned long long)peer_received, (unsigned long long)credited,
-             (unsigned long long)published);
+bool Conn::EnterTcpLocked(const wire::Failover& peer) noexcept {
+  const uint64_t published = tx_published_.load(std::memory_order_seq_cst);
+  // Only what the peer did not receive is still in our ring.
+  if (!FailoverFits(peer, tx_credit_.load(std::memory_order_acquire), published, rx_received_)) {
     Fail(EPROTO);
     return false;
   }
+  const uint64_t peer_received = peer.received;
   anchor_path_.Start(anchor_fd_.load(), slot_.rx_ring(), slot_.tx_mirror(), ring_size(),
                      rx_received_, peer_received);
   mode_.store(Mode::kTcp, std::memory_order_seq_cst);

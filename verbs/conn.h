@@ -146,7 +146,7 @@ class Conn final : public Channel {
   // The TCP anchor was reset (or closed for good): the peer is gone.
   bool AnchorGone() const noexcept;
   bool StopRdmaLocked(wire::FailoverCause cause) noexcept;
-  bool EnterTcpLocked(uint64_t peer_received) noexcept;
+  bool EnterTcpLocked(const wire::Failover& peer) noexcept;
   // Takes a FAILOVER the peer sent on the anchor, waiting up to `timeout_ms` (only when
   // nobody else reads the anchor: the control thread no longer watches it).
   bool TakePeerFailover(int timeout_ms) noexcept;
