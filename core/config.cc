@@ -314,6 +314,8 @@ constexpr Option kOptions[] = {
      [](std::string_view v, Config* c, Why*) {
        return ParseRange(v, 0, 3600000, &c->negative_ttl_ms);
      }},
+    {"SLIP_VERBS_REUSE", "expected a decimal integer between 0 and 1024",
+     [](std::string_view v, Config* c, Why*) { return ParseRange(v, 0, 1024, &c->verbs_reuse); }},
 };
 
 // Quotes the value for the one-line error: control characters become '?' so the message

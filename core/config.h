@@ -58,6 +58,9 @@ struct Config {
   int gid_index = -1;  // SLIP_GID_INDEX: 0..255, -1 = RoCEv2 GID of the IP
   VerbsNotify verbs_notify = VerbsNotify::kAuto;  // SLIP_VERBS_NOTIFY=auto|imm|send
   uint32_t negative_ttl_ms = 10000;               // SLIP_NEGATIVE_TTL_MS, 0..3600000
+  // SLIP_VERBS_REUSE, 0..1024: queue pairs a process keeps after their connections closed,
+  // for the next connections to the same listener (0: every connection makes its own).
+  uint32_t verbs_reuse = 16;
   // SLIP_FAILOVER=0|1: a connection whose transport fails continues on its TCP connection
   // (0: it resets, as before failover existed; for tests and for the cautious).
   bool failover = true;

@@ -385,6 +385,34 @@ Reason ConnectInBackground(SlipSocket* s, int fd, const sockaddr* addr, socklen_
   // The negative cache answers here, before anything changes: a plain peer costs nothing.
   verbs::ClientConn* conn = m->StartResolve(addr, &why);
   if (!conn) return why;
+  // A parked queue pair (docs/DESIGN.md "Reusing queue pairs") is resolved at once: its
+  // CLAIM leaves now, and the thread only waits for the answer (no event would wake it
+  // for a step that has nothing to wait for).
+  uint64_t nonce = 0;
+  const uint32_t ring_size = GetRuntime().config.ring_size;
+  sockaddr_storage source{};
+  switch (m->Advance(conn, &source, &why)) {
+    case verbs::Module::Step::kResolved: {
+      wire::Endpoint client, server;
+      wire::EndpointFromSockaddr(addr, &server);
+      if (!BindToRdmaSource(s, fd, source, &client)) {
+        m->Abort(conn);
+        return Reason::kUnsupported;
+      }
+      nonce = sys::RandomNonce();
+      SLIP_LOG(kDebug, "fd %d: verbs request from port %u", fd, client.port);
+      if (!m->StartHandshake(conn, client, server, nonce, ring_size, &why)) {
+        m->Abort(conn);
+        return why;
+      }
+      break;
+    }
+    case verbs::Module::Step::kFailed:
+      m->Abort(conn);
+      return why;
+    default:
+      break;
+  }
   auto* j = new (std::nothrow) Job();
   int pair[2] = {-1, -1};
   const int fd_flags = sys::fcntl(fd, F_GETFD);
@@ -420,6 +448,8 @@ Reason ConnectInBackground(SlipSocket* s, int fd, const sockaddr* addr, socklen_
   j->dest_len = len;
   j->m = m;
   j->conn = conn;
+  j->nonce = nonce;
+  j->ring_size = ring_size;
   // Neither readable nor writable, as a connecting TCP socket polls; the file status flags
   // (O_NONBLOCK) are the application's.
   proxy::Fill(j->proxy_a);

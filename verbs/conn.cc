@@ -156,34 +156,7 @@ Conn::~Conn() {
     if (proxy_b_ >= 0) sys::close(proxy_b_);
     return;
   }
-  closing_.store(true, std::memory_order_release);
-  // A FAILOVER the peer sent while we were closing: the control thread no longer reads the
-  // anchor, and the bytes the peer lost must still go out, on TCP.
-  if (mode_.load() == Mode::kRdma && CanFailover()) TakePeerFailover(0);
-  // A peer that closed its side reads nothing more: no notes, nothing to wait for. (Its
-  // CLOSED note may still sit in the completion queue: take it first, or we would wait for
-  // acknowledgements from a queue pair that is already gone.)
-  if (cq_ && qp_ && have_peer_) Poll();
-  if (mode_.load() == Mode::kRdma && id_ && qp_ && have_peer_ &&
-      error_.load(std::memory_order_acquire) == 0 &&
-      !peer_closed_.load(std::memory_order_acquire) && !aborting_) {
-    // The last holder in this process closes (a forked child cannot hold a verbs
-    // connection): as TCP's close, EOF for the peer's reader and EPIPE for its writer,
-    // delivered before the disconnect so that the peer tells a close from a crash. A final
-    // exact credit first: the peer decides "reset, our bytes were unread" from it, and
-    // credits otherwise go out only every quarter ring.
-    uint64_t consumed = rx_consumed_.load(std::memory_order_acquire);
-    if (consumed != credit_sent_ && PostCredit(consumed)) credit_sent_ = consumed;
-    bool eof = eof_sent_ || PostNote(nullptr, 0, Note::kEof, 0);
-    // Said before the note goes: a disconnect from then on is the end we ask for.
-    bool closed = closed_sent_.exchange(true) || PostNote(nullptr, 0, Note::kClosed, 0);
-    SLIP_LOG(kDebug, "verbs: closing: credit %llu, eof %d, closed %d",
-             (unsigned long long)credit_sent_, int(eof), int(closed));
-    if (!FlushRdma(5000, true) && mode_.load() == Mode::kRdma)
-      SLIP_LOG(kWarn, "verbs: closing with writes not acknowledged by the peer");
-  }
-  MaybeFailover();
-  if (mode_.load() != Mode::kRdma && !aborting_) FinishOnAnchor();
+  if (!stream_closed_) CloseStream(false);
   {
     // No reposting of receives once the queue pair starts going away.
     SpinGuard guard(&poll_busy_);
@@ -195,6 +168,58 @@ Conn::~Conn() {
   if (cq_) ibv_destroy_cq(cq_);   // likewise for completion events
   if (slot_.base) device_->PutSlot(slot_);
   if (proxy_b_ >= 0) sys::close(proxy_b_);
+}
+
+bool Conn::CloseStream(bool may_linger) noexcept {
+  if (stream_closed_ || orphaned_.load(std::memory_order_acquire)) return false;
+  stream_closed_ = true;
+  closing_.store(true, std::memory_order_release);
+  // A FAILOVER the peer sent while we were closing: the control thread no longer reads the
+  // anchor, and the bytes the peer lost must still go out, on TCP.
+  if (mode_.load() == Mode::kRdma && CanFailover()) TakePeerFailover(0);
+  // The peer's notes may still sit in the completion queue: take them first (a peer that
+  // closed without keeping its queue pair is about to disconnect, and we would wait for
+  // acknowledgements from a queue pair that is going away).
+  if (cq_ && qp_ && have_peer_) Poll();
+  const bool peer_leaves = peer_closed_.load(std::memory_order_acquire) &&
+                           !peer_lingers_.load(std::memory_order_acquire);
+  bool linger = may_linger && own_.channel && !closed_sent_.load() && !aborting_ && !peer_leaves &&
+                !peer_disconnected_.load(std::memory_order_acquire);
+  bool orderly = false;
+  if (mode_.load() == Mode::kRdma && id_ && qp_ && have_peer_ && streamed_ &&
+      error_.load(std::memory_order_acquire) == 0 && !peer_leaves && !aborting_) {
+    // The last holder in this process closes (a forked child cannot hold a verbs
+    // connection): as TCP's close, EOF for the peer's reader and EPIPE for its writer,
+    // delivered before the disconnect so that the peer tells a close from a crash. A final
+    // exact credit first: the peer decides "reset, our bytes were unread" from it, and
+    // credits otherwise go out only every quarter ring.
+    uint64_t consumed = rx_consumed_.load(std::memory_order_acquire);
+    if (consumed != credit_sent_ && PostCredit(consumed)) credit_sent_ = consumed;
+    bool eof = eof_sent_ || PostNote(nullptr, 0, Note::kEof, 0);
+    // Said before the note goes: a disconnect from then on is the end we ask for.
+    bool closed = closed_sent_.exchange(true) ||
+                  PostNote(nullptr, 0, Note::kClosed, linger ? kClosedLingers : 0);
+    SLIP_LOG(kDebug, "verbs: closing: credit %llu, eof %d, closed %d, keeping the queue pair %d",
+             (unsigned long long)credit_sent_, int(eof), int(closed), int(linger));
+    const bool flushed = FlushRdma(5000, true);
+    if (!flushed && mode_.load() == Mode::kRdma)
+      SLIP_LOG(kWarn, "verbs: closing with writes not acknowledged by the peer");
+    orderly = eof && closed && flushed;
+  }
+  MaybeFailover();
+  if (mode_.load() != Mode::kRdma && !aborting_) FinishOnAnchor();
+  linger = linger && orderly && mode_.load() == Mode::kRdma &&
+           error_.load(std::memory_order_acquire) == 0 &&
+           !peer_disconnected_.load(std::memory_order_acquire);
+  if (!linger) return false;
+  // The stream is over: its descriptors are the application's (the anchor) or go now.
+  anchor_fd_.store(-1, std::memory_order_release);
+  if (proxy_b_ >= 0) {
+    const int b = proxy_b_;
+    proxy_b_ = -1;
+    sys::close(b);
+  }
+  return true;
 }
 
 int Conn::Connect(int gid_override) noexcept {
@@ -242,6 +267,7 @@ void Conn::SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept
 
 void Conn::SetProxy(int proxy_b) noexcept {
   proxy_b_ = proxy_b;
+  streamed_ = true;
   // Anything that arrived before the stream existed must still wake its first sleeper.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b_, SHUT_WR);
@@ -289,6 +315,189 @@ bool Conn::HelloReceived(Hello* hello) const noexcept {
   return true;
 }
 
+// ------------------------------------------------------------------------ reuse
+
+bool Conn::SendLink(const LinkMsg& msg) noexcept {
+  // From a buffer of the control block, one per kind: a SEND's bytes must stay put until
+  // it completes. A PARKED may still be in flight when the CLAIM goes; the next message of
+  // a kind follows a whole stream.
+  uint8_t* buf =
+      slot_.control() + (msg.kind == LinkKind::kParked ? kParkedOutOffset : kClaimOutOffset);
+  const size_t len = EncodeLink(msg, buf, kRecvBufSize);
+  ibv_sge sge{uint64_t(uintptr_t(buf)), uint32_t(len), slot_.remote_mr->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  if (len <= max_inline_) wr.send_flags = IBV_SEND_INLINE;
+  return PostChain(&wr, 1);
+}
+
+void Conn::HandleLink(const LinkMsg& msg) const noexcept {
+  auto* self = const_cast<Conn*>(this);
+  switch (msg.kind) {
+    case LinkKind::kParked:
+      // Follows the peer's CLOSED, which said it would keep the queue pair.
+      if (peer_closed_.load(std::memory_order_acquire) &&
+          peer_lingers_.load(std::memory_order_acquire)) {
+        peer_parked_.store(true, std::memory_order_release);
+        return;
+      }
+      break;
+    case LinkKind::kClaim:
+      // Only a listener's parked queue pair is claimed, once, after the client parked.
+      if (!client_role_ && parked_.load(std::memory_order_acquire) &&
+          peer_parked_.load(std::memory_order_acquire) && !claim_taken_.load()) {
+        claim_ = msg;
+        claim_taken_.store(true, std::memory_order_release);
+        return;
+      }
+      break;
+    case LinkKind::kAnswer:
+      if (claiming_.load(std::memory_order_acquire) && msg.nonce == claim_nonce_ &&
+          answer_.load() == 0) {
+        answer_.store(msg.accepted ? 1 : -1, std::memory_order_release);
+        return;
+      }
+      break;
+  }
+  SLIP_LOG(kWarn,
+           "verbs: unexpected link message %u from the peer (client %d, parked %d, peer "
+           "parked %d, peer closed %d/%d, claim %d, claiming %d); resetting",
+           unsigned(msg.kind), int(client_role_), int(parked_.load()), int(peer_parked_.load()),
+           int(peer_closed_.load()), int(peer_lingers_.load()), int(claim_taken_.load()),
+           int(claiming_.load()));
+  self->Fail(EPROTO);
+}
+
+void Conn::Park() noexcept {
+  // Parked before PARKED goes out (a listener's queue pair must take the CLAIM that may
+  // follow it), claimable only after (a client's CLAIM must not overtake its PARKED).
+  parked_.store(true, std::memory_order_seq_cst);
+  // Arms the completion queue and the progress thread's watch (WantsProgress).
+  Poll();
+  LinkMsg parked;
+  parked.kind = LinkKind::kParked;
+  if (!SendLink(parked)) {
+    Fail(ECONNRESET);
+    return;
+  }
+  parked_said_.store(true, std::memory_order_release);
+}
+
+bool Conn::ParkedDead() const noexcept {
+  return error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma ||
+         peer_disconnected_.load(std::memory_order_acquire) ||
+         (peer_closed_.load(std::memory_order_acquire) &&
+          !peer_lingers_.load(std::memory_order_acquire));
+}
+
+bool Conn::Claimable() const noexcept {
+  Poll();
+  return parked_said_.load(std::memory_order_acquire) && client_role_ && !ParkedDead() &&
+         peer_parked_.load(std::memory_order_acquire);
+}
+
+void Conn::ResetStream() noexcept {
+  // Both ends' last writes of the old stream landed before the PARKED that preceded this
+  // (the client's claim, or the listener's answer to it): nothing old arrives any more.
+  rx_wake_.reader_waiting.store(0);
+  rx_wake_.writer_waiting.store(0);
+  rx_wake_.tokens.store(0);
+  tx_wake_.reader_waiting.store(0);
+  tx_wake_.writer_waiting.store(0);
+  tx_wake_.tokens.store(0);
+  rx_produced_.store(0);
+  rx_consumed_.store(0);
+  tx_credit_.store(0);
+  *reinterpret_cast<volatile uint64_t*>(slot_.control() + kCreditInOffset) = 0;
+  rx_eof_.store(false);
+  peer_closed_.store(false);
+  peer_lingers_.store(false);
+  peer_parked_.store(false);
+  parked_said_.store(false);
+  deferred_wakes_.store(0);
+  credit_sent_ = 0;
+  tx_posted_ = 0;
+  eof_sent_ = false;
+  closed_sent_.store(false);
+  closing_.store(false);
+  aborting_ = false;
+  anchor_fd_.store(-1);
+  failover_wanted_.store(false);
+  tx_published_.store(0);
+  tx_finished_.store(false);
+  rx_received_ = 0;
+  rx_end_woken_.store(false);
+  tx_end_woken_.store(false);
+  streamed_ = false;
+  stream_closed_ = false;
+  answer_.store(0);
+  claim_taken_.store(false);
+}
+
+bool Conn::SendClaim(uint64_t nonce, uint16_t client_port, uint16_t server_port) noexcept {
+  {
+    // From now on this thread takes the queue pair's events (EventFd): the progress
+    // thread's watch stands down (OnWatchEvent checks claiming_ under the same lock).
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    claiming_.store(true, std::memory_order_seq_cst);
+    if (own_.channel && watched_.exchange(false)) {
+      epoll_event ev{};
+      ev.events = EPOLLONESHOT;
+      ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
+      sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_MOD, own_.channel->fd, &ev);
+    }
+  }
+  parked_.store(false, std::memory_order_seq_cst);
+  ResetStream();
+  claim_nonce_ = nonce;
+  Poll();  // arms the queue: the answer must wake EventFd()
+  LinkMsg claim;
+  claim.kind = LinkKind::kClaim;
+  claim.ring_log2 = uint8_t(__builtin_ctz(ring_size()));
+  claim.nonce = nonce;
+  claim.client_port = client_port;
+  claim.server_port = server_port;
+  return SendLink(claim);
+}
+
+int Conn::TakeAnswer() noexcept {
+  TakeEvents(1 << 30);
+  Poll();
+  int answer = answer_.load(std::memory_order_acquire);
+  if (answer == 0 && error_.load(std::memory_order_acquire) != 0) answer = -1;
+  if (answer != 0) claiming_.store(false, std::memory_order_release);
+  return answer;
+}
+
+bool Conn::TakeClaim(LinkMsg* claim) noexcept {
+  if (!claim_taken_.load(std::memory_order_acquire) || !parked_.load()) return false;
+  *claim = claim_;
+  return true;
+}
+
+void Conn::BeginClaimed(const LinkMsg& claim) noexcept {
+  parked_.store(false, std::memory_order_seq_cst);
+  ResetStream();
+  // The claim is this connection's HELLO: the client's ring is the one we know.
+  Hello hello;
+  hello.ring_log2 = claim.ring_log2;
+  hello.nonce = claim.nonce;
+  hello.ring_addr = peer_ring_addr_;
+  hello.rkey = peer_rkey_;
+  hello_ = hello;
+  hello_received_.store(true, std::memory_order_release);
+}
+
+bool Conn::SendAnswer(uint64_t nonce, bool accepted) noexcept {
+  LinkMsg answer;
+  answer.kind = LinkKind::kAnswer;
+  answer.accepted = accepted;
+  answer.nonce = nonce;
+  return SendLink(answer);
+}
+
 // ------------------------------------------------------------------------ polling
 
 bool Conn::Poll() const noexcept {
@@ -312,7 +521,7 @@ bool Conn::Poll() const noexcept {
     defer_wakes_ = false;
   }
   RunDeferredWakes();
-  if (own_.channel && !watched_.load(std::memory_order_relaxed) && SomebodyWaitsOnProxy())
+  if (own_.channel && !watched_.load(std::memory_order_relaxed) && WantsProgress())
     WatchFromProgress();
   const_cast<Conn*>(this)->MaybeFailover();
   return true;
@@ -327,7 +536,12 @@ void Conn::RunDeferredWakes() const noexcept {
 }
 
 bool Conn::SomebodyWaits() const noexcept {
-  return SomebodyWaitsOnProxy() || direct_readers_.load(std::memory_order_relaxed) != 0;
+  return SomebodyWaitsOnProxy() || direct_readers_.load(std::memory_order_relaxed) != 0 ||
+         parked_.load(std::memory_order_relaxed) || claiming_.load(std::memory_order_relaxed);
+}
+
+bool Conn::WantsProgress() const noexcept {
+  return SomebodyWaitsOnProxy() || parked_.load(std::memory_order_relaxed);
 }
 
 bool Conn::SomebodyWaitsOnProxy() const noexcept {
@@ -405,6 +619,8 @@ void Conn::Handle(const ibv_wc& wc) const noexcept {
                ParseHello(buf, wc.byte_len, &hello) == ParseResult::kOk) {
       hello_ = hello;
       hello_received_.store(true, std::memory_order_release);
+    } else if (LinkMsg msg; ParseLink(buf, wc.byte_len, &msg) == ParseResult::kOk) {
+      HandleLink(msg);
     } else {
       SLIP_LOG(kWarn, "verbs: malformed message from the peer (%u bytes); resetting", wc.byte_len);
       self->Fail(EPROTO);
@@ -454,6 +670,7 @@ void Conn::HandleNote(uint32_t note) const noexcept {
       if (proxy_b_ >= 0) sys::shutdown(proxy_b_, SHUT_WR);
       break;
     case Note::kClosed:
+      peer_lingers_.store((note & kNoteValueMask) == kClosedLingers, std::memory_order_release);
       peer_closed_.store(true, std::memory_order_release);
       WakeWriter();
       break;
@@ -856,12 +1073,15 @@ void Conn::OnWatchEvent(uint64_t key) noexcept {
   std::lock_guard<std::mutex> lock(g_registry_mu);
   auto* conn = reinterpret_cast<Conn*>(uintptr_t(key & ~uint64_t(1)));
   if (!g_watched || g_watched->count(conn) == 0) return;  // destroyed since
+  // A client waiting for its claim's answer takes its events itself (they are what wakes
+  // it): taken here, the answer would come without waking it.
+  if (conn->claiming_.load(std::memory_order_acquire)) return;
   // The one shot fired. Cleared before taking the events: a proxy sleeper that announces
   // itself after this store arms it again (Poll), one that did before is seen below.
   conn->watched_.store(false, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   conn->TakeEvents(1 << 30);
-  if (conn->SomebodyWaitsOnProxy()) conn->WatchFromProgress();
+  if (conn->WantsProgress()) conn->WatchFromProgress();
 }
 
 void Conn::WatchFromProgress() const noexcept {

@@ -22,6 +22,13 @@
 // filled and drained over TCP (core/anchor_path.h). Modes: kRdma -> kFailing (ours sent,
 // waiting for the peer's) -> kTcp.
 //
+// Reuse (docs/DESIGN.md "Reusing queue pairs"): a queue pair outlives its stream. When both
+// ends close in order, each says in its CLOSED note that it keeps the queue pair, then
+// parks it (PARKED); the next connection from the same client to the same listener claims
+// it (CLAIM, ANSWER) instead of a new rdma_cm exchange and queue pair. The stream's state
+// starts again from zero at the claim: by then both ends' last writes have landed (RC
+// delivers in order, and each end's PARKED follows its last write).
+//
 // Thread safety: the Channel contract (one sender, one receiver at a time); posting to the
 // send queue is serialised by a spin lock since both sides post (data and credits); the
 // failover steps by a mutex (they run on the control, progress or application threads).
@@ -66,6 +73,39 @@ class Conn final : public Channel {
   // The client's first SEND: its ring for the server.
   bool SendHello(uint64_t nonce) noexcept;
   bool HelloReceived(Hello* hello) const noexcept;
+
+  // --- reuse ---
+  // The client end of a connection to `dest` (what a later connect() there may reuse).
+  void SetClientOf(const wire::Endpoint& dest) noexcept {
+    client_role_ = true;
+    dest_ = dest;
+  }
+  bool client_role() const noexcept { return client_role_; }
+  const wire::Endpoint& dest() const noexcept { return dest_; }
+  // The application let go of the stream: the orderly close (notes, then every write
+  // acknowledged) or, after failover, the rest on the anchor. With `may_linger` an orderly
+  // close keeps the queue pair; returns true when it did (then Park() or delete), false
+  // when only deleting is left.
+  bool CloseStream(bool may_linger) noexcept;
+  // Listed by the module: says PARKED and lets the progress thread take what arrives.
+  void Park() noexcept;
+  // Both ends parked, nothing failed: a connection may claim it (client end).
+  bool Claimable() const noexcept;
+  // Gone for good (the peer disconnected or will, an error): to be deleted.
+  bool ParkedDead() const noexcept;
+  bool PeerParked() const noexcept { return peer_parked_.load(std::memory_order_acquire); }
+  // Client: takes the queue pair for a new connection and sends the CLAIM; the answer
+  // comes as an event on EventFd(), and TakeAnswer() says it: 1 accepted, -1 refused or
+  // failed, 0 not yet.
+  bool SendClaim(uint64_t nonce, uint16_t client_port, uint16_t server_port) noexcept;
+  int TakeAnswer() noexcept;
+  int EventFd() const noexcept { return own_.channel ? own_.channel->fd : -1; }
+  // Listener: the CLAIM that arrived on this parked queue pair, if any (taken once).
+  bool TakeClaim(LinkMsg* claim) noexcept;
+  // Listener: starts the claimed connection (its HELLO is the claim) and answers it.
+  void BeginClaimed(const LinkMsg& claim) noexcept;
+  bool SendAnswer(uint64_t nonce, bool accepted) noexcept;
+  bool orphaned() const noexcept { return orphaned_.load(std::memory_order_acquire); }
 
   // Progress thread: a completion event for this connection's CQ. Drains it and re-arms.
   void OnCompletionEvent() noexcept;
@@ -164,6 +204,13 @@ class Conn final : public Channel {
   void RunDeferredWakes() const noexcept;
   void WakeReaderNow() const noexcept;
   void WakeWriterNow() const noexcept;
+  bool SendLink(const LinkMsg& msg) noexcept;
+  void HandleLink(const LinkMsg& msg) const noexcept;
+  // The stream's state back to a new connection's (a claimed queue pair).
+  void ResetStream() noexcept;
+  // The progress thread drains this queue pair: somebody sleeps through the proxy, or it
+  // is parked (its PARKED, CLAIM and the peer's last notes come with nobody polling).
+  bool WantsProgress() const noexcept;
   // The connection's own completion channel (see OwnChannel), or the device's.
   ibv_comp_channel* SetUpOwnChannel() noexcept;
   // Takes the completion events waiting on the own channel (non-blocking), at most `max`.
@@ -199,6 +246,21 @@ class Conn final : public Channel {
   mutable std::atomic<int> error_{0};
   mutable std::atomic<bool> hello_received_{false};
   mutable Hello hello_;
+
+  // Reuse.
+  bool client_role_ = false;
+  wire::Endpoint dest_{};
+  bool streamed_ = false;                          // SetProxy: a stream used it
+  bool stream_closed_ = false;                     // CloseStream ran
+  std::atomic<bool> parked_{false};                // listed by the module
+  std::atomic<bool> parked_said_{false};           // and our PARKED posted
+  mutable std::atomic<bool> peer_lingers_{false};  // its CLOSED said it keeps the queue pair
+  mutable std::atomic<bool> peer_parked_{false};   // its PARKED arrived
+  std::atomic<bool> claiming_{false};              // client: CLAIM sent, answer awaited
+  uint64_t claim_nonce_ = 0;
+  mutable std::atomic<int> answer_{0};            // client: 1 accepted, -1 refused
+  mutable std::atomic<bool> claim_taken_{false};  // listener: a CLAIM arrived
+  mutable LinkMsg claim_;
   mutable std::atomic<uint64_t> sq_completed_{0};
   mutable std::atomic_flag poll_busy_ = ATOMIC_FLAG_INIT;
   mutable std::atomic<bool> armed_{true};  // under poll_busy_; Init arms the queue once

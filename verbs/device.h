@@ -19,14 +19,17 @@
 namespace slip::verbs {
 
 // Control block layout, right after the receive ring (same memory region).
-constexpr size_t kCreditInOffset = 0;    // u64: the peer writes our send credit here
-constexpr size_t kCreditOutOffset = 64;  // u64: source of our credit writes when not inline
-constexpr size_t kHelloOutOffset = 128;  // the HELLO we send (client)
-constexpr size_t kRecvBufOffset = 256;   // receive buffers for SENDs
+constexpr size_t kCreditInOffset = 0;     // u64: the peer writes our send credit here
+constexpr size_t kCreditOutOffset = 64;   // u64: source of our credit writes when not inline
+constexpr size_t kHelloOutOffset = 128;   // the HELLO we send (client)
+constexpr size_t kParkedOutOffset = 160;  // our PARKED (reuse)
+constexpr size_t kClaimOutOffset = 192;   // our CLAIM (client) or ANSWER (listener)
+constexpr size_t kRecvBufOffset = 256;    // receive buffers for SENDs
 constexpr size_t kRecvBufSize = 32;
 constexpr uint32_t kRecvDepth = 128;
 constexpr size_t kControlSize = 8192;
 static_assert(kRecvBufOffset + kRecvDepth * kRecvBufSize <= kControlSize);
+static_assert(kClaimOutOffset + kRecvBufSize <= kRecvBufOffset);
 
 struct Slot {
   uint8_t* base = nullptr;  // rx ring, then the control block, then the tx mirror

@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "core/sys.h"
 #include "verbs/conn.h"
+#include "verbs/conn_handle.h"
 #include "verbs/device.h"
 #include "verbs/negative_cache.h"
 #include "verbs/private_data.h"
@@ -38,6 +39,12 @@ constexpr int kListenBacklog = 1024;
 // may wait keeps a flood of requests without SYNs from pinning unbounded memory.
 constexpr uint64_t kPendingTtlMs = 30000;
 constexpr size_t kMaxPendingPerListener = 1024;
+// Parked queue pairs (docs/DESIGN.md "Reusing queue pairs"): one whose peer has not closed
+// yet waits this long for it; a client's idle one this long for a connection to claim it;
+// a listener's (which the client drops first) longer.
+constexpr uint64_t kLingerMs = 30000;
+constexpr uint64_t kClientIdleMs = 10000;
+constexpr uint64_t kListenerIdleMs = 60000;
 
 bool SetNonblocking(int fd) noexcept {
   int flags = fcntl(fd, F_GETFL);
@@ -67,6 +74,8 @@ struct Pending {
 struct Listener {
   rdma_cm_id* id = nullptr;
   uint16_t port = 0;
+  wire::Endpoint addr{};  // as bound (claims must name it, unless it is the wildcard)
+  bool wildcard = false;
   std::mutex mu;
   std::vector<Pending> pending;
 };
@@ -74,8 +83,9 @@ struct Listener {
 struct ClientConn {
   // Where the client stands: resolving the address, then the route; resolved (the caller
   // binds its TCP socket); the REQ sent; the REP taken (the id now reports to the module's
-  // channel).
-  enum class Stage : uint8_t { kAddr, kRoute, kResolved, kRequest, kAccepted };
+  // channel). A parked queue pair taken for the connection: kReused (resolved, not yet
+  // said), kResolved, the CLAIM sent (kClaim), the ANSWER taken (kAccepted).
+  enum class Stage : uint8_t { kAddr, kRoute, kResolved, kRequest, kAccepted, kReused, kClaim };
   rdma_event_channel* channel = nullptr;  // private until Finish/Abort
   rdma_cm_id* id = nullptr;
   Conn* conn = nullptr;
@@ -84,9 +94,15 @@ struct ClientConn {
   uint8_t ring_log2 = 0;
   Stage stage = Stage::kAddr;
   uint64_t deadline_ms = 0;
+  bool reused = false;  // conn is a parked queue pair (no rdma_cm exchange of its own)
 };
 
-class VerbsModule final : public Module {
+struct ParkedConn {
+  Conn* conn = nullptr;
+  uint64_t since_ms = 0;
+};
+
+class VerbsModule final : public Module, public ConnOwner {
  public:
   explicit VerbsModule(const Config* config) noexcept : config_(config) {}
   int Start(char* error, size_t error_len) noexcept;
@@ -113,7 +129,9 @@ class VerbsModule final : public Module {
   bool StartHandshake(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
                       uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
   Step Advance(ClientConn* conn, sockaddr_storage* source, Reason* why) noexcept override;
-  int EventFd(ClientConn* conn) noexcept override { return conn->channel->fd; }
+  int EventFd(ClientConn* conn) noexcept override {
+    return conn->channel ? conn->channel->fd : conn->conn->EventFd();
+  }
   uint64_t Deadline(ClientConn* conn) noexcept override { return conn->deadline_ms; }
   std::unique_ptr<Channel> Finish(ClientConn* conn, int proxy_b) noexcept override;
   void Abort(ClientConn* conn) noexcept override;
@@ -121,6 +139,7 @@ class VerbsModule final : public Module {
   void ForkParent() noexcept override;
   void ForkChild() noexcept override;
   void FlushAll(int timeout_ms) noexcept override;
+  void Release(Conn* conn) noexcept override;
 
  private:
   void Run() noexcept;
@@ -139,8 +158,25 @@ class VerbsModule final : public Module {
   Step TakeEvent(ClientConn* c, rdma_cm_event* event, sockaddr_storage* source,
                  Reason* why) noexcept;
   Step Fail(ClientConn* c, Reason why, Reason* out) noexcept;
+  Step Resolved(ClientConn* c, sockaddr_storage* source, Reason* why) noexcept;
   // Blocking use of Advance: waits on the event descriptor until a step is decided.
   Step WaitStep(ClientConn* c, sockaddr_storage* source, Reason* why) noexcept;
+  // Reuse: a parked client queue pair to `dest` whose listener parked too, or nullptr.
+  Conn* TakeParked(const wire::Endpoint& dest) noexcept;
+  void PutParked(Conn* conn) noexcept;
+  size_t ParkedCount() noexcept;
+  ClientConn* Reuse(const wire::Endpoint& dest) noexcept;
+  bool SendClaim(ClientConn* c, const wire::Endpoint& client, const wire::Endpoint& server,
+                 uint32_t ring_size, Reason* why) noexcept;
+  // Progress thread: CLAIMs that arrived on the listener's parked queue pairs, and the
+  // parked queue pairs that died or waited too long.
+  void ServeClaims() noexcept;
+  void ServeClaim(Conn* conn, const LinkMsg& claim) noexcept;
+  void SweepParked() noexcept;
+  // Deletes the oldest parked queue pair (its ring slot goes back to the device's pool):
+  // a new connection that could not get resources tries once more. False if none.
+  bool EvictParked() noexcept;
+  Listener* ListenerFor(const wire::Endpoint& server) noexcept;
 
   const Config* config_;
   rdma_event_channel* cm_channel_ = nullptr;
@@ -152,6 +188,8 @@ class VerbsModule final : public Module {
   NegativeCache negative_;
   std::atomic<bool> forked_{false};
   std::atomic<bool> memlock_reported_{false};
+  std::mutex park_mu_;  // parked_ (a leaf: nothing else is taken under it)
+  std::vector<ParkedConn> parked_;
 };
 
 // ------------------------------------------------------------------------ start
@@ -271,7 +309,9 @@ void VerbsModule::Run() noexcept {
         HandleCompletions(static_cast<Device*>(events[i].data.ptr));
       }
     }
+    ServeClaims();
     ExpirePending();
+    SweepParked();
   }
 }
 
@@ -355,6 +395,8 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
     Device* dev = DeviceFor(id->verbs, &err);
     bool send_notify = dev && (SendNotify(dev) || (req.flags & kFlagSendNotify));
     conn = dev ? Conn::Create(id, dev, 1u << req.ring_log2, send_notify, &err) : nullptr;
+    if (!conn && dev && EvictParked())  // parked rings may hold what the limit allows
+      conn = Conn::Create(id, dev, 1u << req.ring_log2, send_notify, &err);
     int ready = conn ? conn->Connect(config_->gid_index) : -1;
     if (conn && ready < 0) {
       SLIP_LOG(kInfo, "verbs: cannot ready a queue pair for a request (%s)", strerror(-ready));
@@ -460,6 +502,9 @@ Listener* VerbsModule::Listen(const sockaddr* local, Reason* why) noexcept {
   auto* l = new (std::nothrow) Listener();
   if (!l) return nullptr;
   l->port = ep.port;
+  l->addr = ep;
+  l->wildcard = true;
+  for (uint8_t byte : ep.addr) l->wildcard = l->wildcard && byte == 0;
   if (rdma_create_id(cm_channel_, &l->id, l, RDMA_PS_TCP) != 0) {
     delete l;
     return nullptr;
@@ -613,13 +658,22 @@ std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::End
   }
   conn->SetPeer(hello.ring_addr, hello.rkey, false);
   conn->SetProxy(b);
-  return conn;
+  auto* handle = new (std::nothrow) ConnHandle(conn.get(), this);
+  if (!handle) {
+    *why = wire::DeclineReason::kResources;
+    return nullptr;  // (the Conn goes with its proxy end)
+  }
+  conn.release();
+  return std::unique_ptr<Channel>(handle);
 }
 
 // ------------------------------------------------------------------------ connecting
 
 void VerbsModule::ReleaseClient(ClientConn* c) noexcept {
-  if (c->conn) {
+  if (c->conn && c->reused &&
+      (c->stage == ClientConn::Stage::kReused || c->stage == ClientConn::Stage::kResolved)) {
+    PutParked(c->conn);  // not claimed yet: still the peer's parked queue pair too
+  } else if (c->conn) {
     delete c->conn;  // destroys the id too
   } else if (c->id) {
     rdma_destroy_id(c->id);
@@ -641,6 +695,7 @@ ClientConn* VerbsModule::StartResolve(const sockaddr* dest, Reason* why) noexcep
     *why = cached;
     return nullptr;
   }
+  if (ClientConn* c = Reuse(ep)) return c;
   auto* c = new (std::nothrow) ClientConn();
   if (!c) {
     *why = Reason::kResources;
@@ -679,8 +734,43 @@ VerbsModule::Step VerbsModule::Fail(ClientConn* c, Reason why, Reason* out) noex
   return Step::kFailed;
 }
 
+// The id's local address (port 0) is where the caller binds its TCP socket.
+VerbsModule::Step VerbsModule::Resolved(ClientConn* c, sockaddr_storage* source,
+                                        Reason* why) noexcept {
+  const sockaddr* src = rdma_get_local_addr(c->id);
+  std::memset(source, 0, sizeof(*source));
+  std::memcpy(source, src, src->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  if (source->ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(source)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(source)->sin6_port = 0;
+  c->stage = ClientConn::Stage::kResolved;
+  *why = Reason::kNone;
+  return Step::kResolved;
+}
+
 VerbsModule::Step VerbsModule::Advance(ClientConn* c, sockaddr_storage* source,
                                        Reason* why) noexcept {
+  if (c->stage == ClientConn::Stage::kReused) {
+    // The parked queue pair's own address is the source (its listener knows it).
+    return Resolved(c, source, why);
+  }
+  if (c->stage == ClientConn::Stage::kClaim) {
+    const int answer = c->conn->TakeAnswer();
+    if (answer > 0) {
+      c->stage = ClientConn::Stage::kAccepted;
+      *why = Reason::kNone;
+      return Step::kAccepted;
+    }
+    if (answer < 0 || sys::MonotonicMs() >= c->deadline_ms) {
+      // Not remembered: the listener's process refused this one queue pair (its listener
+      // went, say), or is slow; the next connection asks rdma_cm as usual.
+      *why = answer < 0 ? Reason::kDeclined : Reason::kHandshakeTimeout;
+      SLIP_LOG(kInfo, "verbs: the claim of a parked queue pair failed (%s)", ReasonName(*why));
+      return Step::kFailed;
+    }
+    return Step::kWaiting;
+  }
   for (;;) {
     if (c->stage == ClientConn::Stage::kAccepted || c->stage == ClientConn::Stage::kResolved)
       return c->stage == ClientConn::Stage::kAccepted ? Step::kAccepted : Step::kWaiting;
@@ -722,17 +812,7 @@ VerbsModule::Step VerbsModule::TakeEvent(ClientConn* c, rdma_cm_event* event,
     case ClientConn::Stage::kRoute: {
       rdma_ack_cm_event(event);
       if (type != RDMA_CM_EVENT_ROUTE_RESOLVED) return Fail(c, Reason::kNoRdmaPath, why);
-      const sockaddr* src = rdma_get_local_addr(c->id);
-      std::memset(source, 0, sizeof(*source));
-      std::memcpy(source, src,
-                  src->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
-      if (source->ss_family == AF_INET)
-        reinterpret_cast<sockaddr_in*>(source)->sin_port = 0;
-      else
-        reinterpret_cast<sockaddr_in6*>(source)->sin6_port = 0;
-      c->stage = ClientConn::Stage::kResolved;
-      *why = Reason::kNone;
-      return Step::kResolved;
+      return Resolved(c, source, why);
     }
     case ClientConn::Stage::kRequest:
       break;
@@ -791,7 +871,7 @@ VerbsModule::Step VerbsModule::WaitStep(ClientConn* c, sockaddr_storage* source,
     Step step = Advance(c, source, why);
     if (step != Step::kWaiting) return step;
     uint64_t now = sys::MonotonicMs();
-    pollfd p{c->channel->fd, POLLIN, 0};
+    pollfd p{EventFd(c), POLLIN, 0};
     sys::poll(&p, 1, c->deadline_ms > now ? int(c->deadline_ms - now) : 0);
   }
 }
@@ -808,10 +888,16 @@ ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
 bool VerbsModule::StartHandshake(ClientConn* c, const wire::Endpoint& client,
                                  const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
                                  Reason* why) noexcept {
+  if (c->reused) {
+    c->nonce = nonce;
+    return SendClaim(c, client, server, ring_size, why);
+  }
   int err = 0;
   Device* dev = DeviceFor(c->id->verbs, &err);
   bool send_notify = dev && SendNotify(dev);
   c->conn = dev ? Conn::Create(c->id, dev, ring_size, send_notify, &err) : nullptr;
+  if (!c->conn && dev && EvictParked())  // parked rings may hold what the limit allows
+    c->conn = Conn::Create(c->id, dev, ring_size, send_notify, &err);
   if (!c->conn) {
     *why = MemlockReason(err, ring_size);
     return false;
@@ -854,16 +940,226 @@ std::unique_ptr<Channel> VerbsModule::Finish(ClientConn* c, int proxy_b) noexcep
     Abort(c);
     return nullptr;
   }
-  std::unique_ptr<Channel> channel(c->conn);
+  auto* handle = new (std::nothrow) ConnHandle(c->conn, this);
+  if (!handle) {
+    sys::close(b);
+    Abort(c);
+    return nullptr;
+  }
   c->conn->SetProxy(b);
+  c->conn->SetClientOf(c->dest);
   c->conn = nullptr;
   c->id = nullptr;
   ReleaseClient(c);
-  return channel;
+  return std::unique_ptr<Channel>(handle);
 }
 
 void VerbsModule::Abort(ClientConn* c) noexcept {
   ReleaseClient(c);
+}
+
+// ------------------------------------------------------------------------ reuse
+
+void VerbsModule::Release(Conn* conn) noexcept {
+  // The closing thread (the closer, or close() itself with SO_LINGER) runs the close: the
+  // notes and their acknowledgements, as before reuse existed.
+  const bool room = !forked_.load() && config_->verbs_reuse > 0 &&
+                    ParkedCount() < config_->verbs_reuse && !conn->orphaned();
+  if (!conn->CloseStream(room)) {
+    delete conn;
+    return;
+  }
+  // Listed before PARKED goes out: a claim that follows it must find the queue pair here.
+  {
+    std::lock_guard<std::mutex> lock(park_mu_);
+    try {
+      parked_.push_back(ParkedConn{conn, sys::MonotonicMs()});
+    } catch (...) {
+      conn = nullptr;
+    }
+  }
+  if (!conn) return;  // (out of memory: leaked, as nothing else could be done safely)
+  conn->Park();
+  SLIP_LOG(kDebug, "verbs: queue pair %u parked for reuse", conn->qp_num());
+}
+
+size_t VerbsModule::ParkedCount() noexcept {
+  std::lock_guard<std::mutex> lock(park_mu_);
+  return parked_.size();
+}
+
+Conn* VerbsModule::TakeParked(const wire::Endpoint& dest) noexcept {
+  std::lock_guard<std::mutex> lock(park_mu_);
+  // The newest first: its peer is the most likely still there.
+  for (size_t i = parked_.size(); i-- > 0;) {
+    Conn* conn = parked_[i].conn;
+    if (!conn->client_role() || !(conn->dest() == dest) ||
+        conn->ring_size() != config_->ring_size || !conn->Claimable())
+      continue;
+    parked_.erase(parked_.begin() + long(i));
+    return conn;
+  }
+  return nullptr;
+}
+
+void VerbsModule::PutParked(Conn* conn) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(park_mu_);
+    try {
+      parked_.push_back(ParkedConn{conn, sys::MonotonicMs()});
+      return;
+    } catch (...) {
+    }
+  }
+  delete conn;
+}
+
+ClientConn* VerbsModule::Reuse(const wire::Endpoint& dest) noexcept {
+  if (config_->verbs_reuse == 0) return nullptr;
+  Conn* conn = TakeParked(dest);
+  if (!conn) return nullptr;
+  auto* c = new (std::nothrow) ClientConn();
+  if (!c) {
+    PutParked(conn);
+    return nullptr;
+  }
+  c->conn = conn;
+  c->id = conn->id();
+  c->dest = dest;
+  c->reused = true;
+  c->stage = ClientConn::Stage::kReused;
+  c->deadline_ms = sys::MonotonicMs();  // nothing to wait for: Advance says kResolved
+  SLIP_LOG(kDebug, "verbs: reusing parked queue pair %u", conn->qp_num());
+  return c;
+}
+
+bool VerbsModule::SendClaim(ClientConn* c, const wire::Endpoint& client,
+                            const wire::Endpoint& server, uint32_t ring_size,
+                            Reason* why) noexcept {
+  *why = Reason::kResources;
+  if (c->stage != ClientConn::Stage::kResolved || ring_size != c->conn->ring_size() ||
+      !(server == c->dest))
+    return false;
+  c->ring_log2 = uint8_t(__builtin_ctz(ring_size));
+  c->stage = ClientConn::Stage::kClaim;  // from here on the queue pair is this connection's
+  c->deadline_ms = sys::MonotonicMs() + config_->handshake_timeout_ms;
+  if (!c->conn->SendClaim(c->nonce, client.port, server.port)) return false;
+  *why = Reason::kNone;
+  return true;
+}
+
+Listener* VerbsModule::ListenerFor(const wire::Endpoint& server) noexcept {
+  for (Listener* l : listeners_) {
+    if (l->port == server.port && (l->wildcard || SameAddress(l->addr, server))) return l;
+  }
+  return nullptr;
+}
+
+void VerbsModule::ServeClaims() noexcept {
+  std::vector<std::pair<Conn*, LinkMsg>> claims;
+  {
+    std::lock_guard<std::mutex> lock(park_mu_);
+    for (size_t i = 0; i < parked_.size();) {
+      LinkMsg claim;
+      if (parked_[i].conn->TakeClaim(&claim)) {
+        try {
+          claims.emplace_back(parked_[i].conn, claim);
+        } catch (...) {
+          ++i;  // served on a later round
+          continue;
+        }
+        parked_.erase(parked_.begin() + long(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  for (auto& [conn, claim] : claims) ServeClaim(conn, claim);
+}
+
+void VerbsModule::ServeClaim(Conn* conn, const LinkMsg& claim) noexcept {
+  // The claim names ports only: the addresses are the queue pair's own, which rdma_cm
+  // checked when it was made (OnConnectRequest).
+  Pending p;
+  bool ok = EndpointOf(rdma_get_peer_addr(conn->id()), &p.client) &&
+            EndpointOf(rdma_get_local_addr(conn->id()), &p.server) &&
+            (1u << claim.ring_log2) == conn->ring_size();
+  p.client.port = claim.client_port;
+  p.server.port = claim.server_port;
+  p.nonce = claim.nonce;
+  p.ring_log2 = claim.ring_log2;
+  p.conn = conn;
+  p.expires_ms = sys::MonotonicMs() +
+                 std::max<uint64_t>(kPendingTtlMs, 2 * uint64_t(config_->handshake_timeout_ms));
+  bool queued = false;
+  if (ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Listener* l = ListenerFor(p.server);
+    if (l) {
+      std::lock_guard<std::mutex> llock(l->mu);
+      if (l->pending.size() < kMaxPendingPerListener) {
+        // Pending before the answer: the client's SYN follows the answer.
+        conn->BeginClaimed(claim);
+        try {
+          l->pending.push_back(p);
+          queued = true;
+        } catch (...) {
+        }
+      }
+    }
+  }
+  SLIP_LOG(kDebug, "verbs: claim of queue pair %u for port %u: %s", conn->qp_num(),
+           claim.server_port, queued ? "pending" : "refused");
+  if (queued && conn->SendAnswer(claim.nonce, true)) return;
+  if (queued) {
+    // The answer could not go: the request is withdrawn before anyone waits for it.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (Listener* l = ListenerFor(p.server)) {
+      std::lock_guard<std::mutex> llock(l->mu);
+      std::erase_if(l->pending, [conn](const Pending& q) { return q.conn == conn; });
+    }
+  } else {
+    conn->SendAnswer(claim.nonce, false);
+  }
+  delete conn;  // the client learns from its disconnect too
+}
+
+void VerbsModule::SweepParked() noexcept {
+  std::vector<Conn*> gone;
+  const uint64_t now = sys::MonotonicMs();
+  {
+    std::lock_guard<std::mutex> lock(park_mu_);
+    for (size_t i = 0; i < parked_.size();) {
+      const ParkedConn& p = parked_[i];
+      const uint64_t idle = p.conn->client_role() ? kClientIdleMs : kListenerIdleMs;
+      const uint64_t limit = p.conn->PeerParked() ? idle : kLingerMs;
+      if (!p.conn->ParkedDead() && now - p.since_ms < limit) {
+        ++i;
+        continue;
+      }
+      try {
+        gone.push_back(p.conn);
+      } catch (...) {
+        ++i;
+        continue;
+      }
+      parked_.erase(parked_.begin() + long(i));
+    }
+  }
+  for (Conn* conn : gone) delete conn;  // disconnects: the peer drops its end
+}
+
+bool VerbsModule::EvictParked() noexcept {
+  Conn* oldest = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(park_mu_);
+    if (parked_.empty()) return false;
+    oldest = parked_.front().conn;
+    parked_.erase(parked_.begin());
+  }
+  SLIP_LOG(kDebug, "verbs: dropping parked queue pair %u for a new connection", oldest->qp_num());
+  delete oldest;
+  return true;
 }
 
 void VerbsModule::ForkPrepare() noexcept {

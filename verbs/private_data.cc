@@ -186,4 +186,53 @@ ParseResult ParseHello(const uint8_t* data, size_t len, Hello* out) noexcept {
   return ParseResult::kOk;
 }
 
+size_t EncodeLink(const LinkMsg& msg, uint8_t* out, size_t cap) noexcept {
+  if (cap < kLinkSize) return 0;
+  Writer w{out};
+  w.U32(kLinkMagic);
+  w.U8(kVersion);
+  w.U8(uint8_t(msg.kind));
+  w.U8(msg.ring_log2);
+  w.U8(msg.accepted ? 1 : 0);
+  w.U64(msg.nonce);
+  w.U16(msg.client_port);
+  w.U16(msg.server_port);
+  return kLinkSize;
+}
+
+ParseResult ParseLink(const uint8_t* data, size_t len, LinkMsg* out) noexcept {
+  if (!data) return ParseResult::kShort;
+  Reader r{data};
+  if (ParseResult h = Header(&r, len, kLinkSize, kLinkMagic); h != ParseResult::kOk) return h;
+  LinkMsg msg;
+  const uint8_t kind = r.U8();
+  msg.ring_log2 = r.U8();
+  const uint8_t accepted = r.U8();
+  msg.nonce = r.U64();
+  msg.client_port = r.U16();
+  msg.server_port = r.U16();
+  msg.accepted = accepted == 1;
+  // Each kind uses its fields; the others must be zero.
+  bool valid = false;
+  switch (kind) {
+    case uint8_t(LinkKind::kParked):
+      valid = msg.ring_log2 == 0 && accepted == 0 && msg.nonce == 0 && msg.client_port == 0 &&
+              msg.server_port == 0;
+      break;
+    case uint8_t(LinkKind::kClaim):
+      valid = RingLog2Valid(msg.ring_log2) && accepted == 0 && msg.client_port != 0 &&
+              msg.server_port != 0;
+      break;
+    case uint8_t(LinkKind::kAnswer):
+      valid = msg.ring_log2 == 0 && accepted <= 1 && msg.client_port == 0 && msg.server_port == 0;
+      break;
+    default:
+      break;
+  }
+  if (!valid) return ParseResult::kBadField;
+  msg.kind = LinkKind(kind);
+  *out = msg;
+  return ParseResult::kOk;
+}
+
 }  // namespace slip::verbs

@@ -109,6 +109,38 @@ struct HelloKind {
   }
 };
 
+struct LinkMsgKind {
+  using Msg = LinkMsg;
+  static constexpr size_t kSize = kLinkSize;
+  static constexpr uint32_t kMagic = kLinkMagic;
+  static size_t Encode(const Msg& m, uint8_t* out, size_t cap) { return EncodeLink(m, out, cap); }
+  static ParseResult Parse(const uint8_t* d, size_t n, Msg* m) { return ParseLink(d, n, m); }
+  static bool Same(const Msg& a, const Msg& b) {
+    return a.kind == b.kind && a.ring_log2 == b.ring_log2 && a.accepted == b.accepted &&
+           a.nonce == b.nonce && a.client_port == b.client_port && a.server_port == b.server_port;
+  }
+  static bool Valid(const Msg& m) {
+    switch (m.kind) {
+      case LinkKind::kParked:
+        return m.ring_log2 == 0 && !m.accepted && m.nonce == 0 && m.client_port == 0 &&
+               m.server_port == 0;
+      case LinkKind::kClaim:
+        return RingValid(m.ring_log2) && !m.accepted && m.client_port && m.server_port;
+      case LinkKind::kAnswer:
+        return m.ring_log2 == 0 && m.client_port == 0 && m.server_port == 0;
+    }
+    return false;
+  }
+  static Msg Sentinel() {
+    Msg m;
+    m.kind = LinkKind(0xee);
+    m.ring_log2 = 0xee;
+    m.nonce = 0xeeeeeeeeeeeeeeee;
+    m.client_port = m.server_port = 0xeeee;
+    return m;
+  }
+};
+
 // Parses an exact-size heap copy of [data, data+len), so that AddressSanitizer sees any read
 // past the end; a rejection must leave the output as it was.
 template <typename K>
@@ -164,6 +196,7 @@ void FuzzOne(const uint8_t* data, size_t size) {
   CheckBoth<ReqKind>(data, size);
   CheckBoth<RepKind>(data, size);
   CheckBoth<HelloKind>(data, size);
+  CheckBoth<LinkMsgKind>(data, size);
   static_assert(kReqSize <= kMaxReqPrivateData);
 }
 

@@ -51,7 +51,20 @@ std::vector<std::vector<uint8_t>> Seeds() {
     hello.ring_addr = rep.ring_addr + 0x100000;
     hello.rkey = rep.rkey + 1;
     add(EncodeHello(hello, buf, sizeof buf), buf);
+    LinkMsg claim;
+    claim.kind = LinkKind::kClaim;
+    claim.ring_log2 = ring;
+    claim.nonce = rep.nonce;
+    claim.client_port = uint16_t(40000 + ring);
+    claim.server_port = 443;
+    add(EncodeLink(claim, buf, sizeof buf), buf);
+    LinkMsg answer;
+    answer.kind = LinkKind::kAnswer;
+    answer.accepted = ring != 20;
+    answer.nonce = rep.nonce;
+    add(EncodeLink(answer, buf, sizeof buf), buf);
   }
+  add(EncodeLink(LinkMsg{}, buf, sizeof buf), buf);  // kParked
   return out;
 }
 

@@ -81,8 +81,14 @@ TEST(Config, VerbsOptions) {
   Config c = MustParse({{"SLIP_DEVICE", "rxe0"},
                         {"SLIP_GID_INDEX", "1"},
                         {"SLIP_VERBS_NOTIFY", "SEND"},
-                        {"SLIP_NEGATIVE_TTL_MS", "0"}});
+                        {"SLIP_NEGATIVE_TTL_MS", "0"},
+                        {"SLIP_VERBS_REUSE", "0"}});
   EXPECT_EQ(c.device, "rxe0");
+  EXPECT_EQ(c.verbs_reuse, 0u);
+  EXPECT_EQ(MustParse({}).verbs_reuse, 16u);
+  EXPECT_EQ(MustParse({{"SLIP_VERBS_REUSE", "1024"}}).verbs_reuse, 1024u);
+  MustFail("SLIP_VERBS_REUSE", "1025");
+  MustFail("SLIP_VERBS_REUSE", "-1");
   EXPECT_EQ(c.gid_index, 1);
   EXPECT_EQ(c.verbs_notify, VerbsNotify::kSend);
   EXPECT_EQ(c.negative_ttl_ms, 0u);
@@ -313,6 +319,7 @@ TEST(Config, UnknownSlipVariables) {
                            "SLIP_GID_INDEX=1",
                            "SLIP_VERBS_NOTIFY=imm",
                            "SLIP_NEGATIVE_TTL_MS=5",
+                           "SLIP_VERBS_REUSE=4",
                            "SLIP_FAILOVER=1",
                            "SLIP_VM_NODE=1",
                            "SLIP_TEST_PLAIN=1",

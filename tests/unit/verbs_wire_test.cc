@@ -127,6 +127,18 @@ struct HelloKind {
   }
 };
 
+struct LinkKind_ {
+  using Msg = LinkMsg;
+  static constexpr size_t kSize = kLinkSize;
+  static constexpr const char* kName = "Link";
+  static size_t Encode(const Msg& m, uint8_t* out, size_t cap) { return EncodeLink(m, out, cap); }
+  static ParseResult Parse(const uint8_t* d, size_t n, Msg* m) { return ParseLink(d, n, m); }
+  static bool Same(const Msg& a, const Msg& b) {
+    return a.kind == b.kind && a.ring_log2 == b.ring_log2 && a.accepted == b.accepted &&
+           a.nonce == b.nonce && a.client_port == b.client_port && a.server_port == b.server_port;
+  }
+};
+
 template <typename K>
 Bytes Encode(const typename K::Msg& m) {
   uint8_t buf[128];
@@ -808,6 +820,76 @@ TEST(VerbsNegativeCache, CapacityBoundSameDeadline) {
     ASSERT_TRUE(cache.Lookup(Dest(i, 9), 0, &why)) << i;
   }
   EXPECT_EQ(cache.size(), 4096u);
+}
+
+LinkMsg MakeLink(LinkKind kind, uint8_t ring_log2, bool accepted, uint64_t nonce,
+                 uint16_t client_port, uint16_t server_port) {
+  LinkMsg m;
+  m.kind = kind;
+  m.ring_log2 = ring_log2;
+  m.accepted = accepted;
+  m.nonce = nonce;
+  m.client_port = client_port;
+  m.server_port = server_port;
+  return m;
+}
+
+std::vector<LinkMsg> ValidLinks() {
+  return {
+      MakeLink(LinkKind::kParked, 0, false, 0, 0, 0),
+      MakeLink(LinkKind::kClaim, 20, false, 0x0102030405060708, 40000, 443),
+      MakeLink(LinkKind::kClaim, kMinRingLog2, false, 0, 1, 65535),
+      MakeLink(LinkKind::kClaim, kMaxRingLog2, false, ~uint64_t(0), 65535, 1),
+      MakeLink(LinkKind::kAnswer, 0, true, 0x0102030405060708, 0, 0),
+      MakeLink(LinkKind::kAnswer, 0, false, 7, 0, 0),
+  };
+}
+
+TEST(VerbsLink, RoundTripsPrefixesAndLongerBuffers) {
+  for (const LinkMsg& m : ValidLinks()) {
+    ExpectRoundTrip<LinkKind_>(m);
+    ExpectEveryPrefixShort<LinkKind_>(m);
+    ExpectLongerBufferParses<LinkKind_>(m);
+  }
+}
+
+TEST(VerbsLink, GoldenBytes) {
+  const LinkMsg claim = MakeLink(LinkKind::kClaim, 20, false, 0x0102030405060708, 0x1234, 0xabcd);
+  const Bytes golden = FromHex("534c4c4b 01 02 14 00 0807060504030201 3412 cdab");
+  EXPECT_EQ(Encode<LinkKind_>(claim), golden);
+  LinkMsg back;
+  ASSERT_EQ(ParseGuarded<LinkKind_>(golden, &back), ParseResult::kOk);
+  EXPECT_TRUE(LinkKind_::Same(back, claim));
+}
+
+// Each kind's unused fields must be zero, its used ones in range; unknown kinds refused.
+TEST(VerbsLink, FieldsPerKind) {
+  constexpr size_t kKindAt = 5, kRingAt = 6, kAcceptedAt = 7, kNonceAt = 8, kClientAt = 16,
+                   kServerAt = 18;
+  const LinkMsg parked = MakeLink(LinkKind::kParked, 0, false, 0, 0, 0);
+  for (size_t at : {kRingAt, kAcceptedAt, kNonceAt, kClientAt, kServerAt})
+    EXPECT_EQ(ResultWith<LinkKind_>(parked, at, 1, 1), ParseResult::kBadField) << at;
+  for (uint64_t kind : {0, 4, 255})
+    EXPECT_EQ(ResultWith<LinkKind_>(parked, kKindAt, kind, 1), ParseResult::kBadField) << kind;
+  const LinkMsg claim = MakeLink(LinkKind::kClaim, 16, false, 9, 1000, 2000);
+  EXPECT_EQ(ResultWith<LinkKind_>(claim, kAcceptedAt, 1, 1), ParseResult::kBadField);
+  EXPECT_EQ(ResultWith<LinkKind_>(claim, kClientAt, 0, 2), ParseResult::kBadField);
+  EXPECT_EQ(ResultWith<LinkKind_>(claim, kServerAt, 0, 2), ParseResult::kBadField);
+  EXPECT_EQ(ResultWith<LinkKind_>(claim, kRingAt, kMinRingLog2 - 1, 1), ParseResult::kBadField);
+  EXPECT_EQ(ResultWith<LinkKind_>(claim, kRingAt, kMaxRingLog2 + 1, 1), ParseResult::kBadField);
+  const LinkMsg answer = MakeLink(LinkKind::kAnswer, 0, true, 9, 0, 0);
+  EXPECT_EQ(ResultWith<LinkKind_>(answer, kAcceptedAt, 2, 1), ParseResult::kBadField);
+  EXPECT_EQ(ResultWith<LinkKind_>(answer, kRingAt, 16, 1), ParseResult::kBadField);
+  EXPECT_EQ(ResultWith<LinkKind_>(answer, kClientAt, 5, 2), ParseResult::kBadField);
+  // Another message's magic is not a link message, and a link message fits a receive buffer.
+  EXPECT_EQ(ParseGuarded<LinkKind_>(Encode<HelloKind>(SampleHello())), ParseResult::kBadMagic);
+  EXPECT_LE(kLinkSize, size_t(32));
+}
+
+TEST(VerbsNote, ClosedCarriesWhetherTheEndLingers) {
+  EXPECT_EQ(NoteKind(EncodeNote(Note::kClosed, kClosedLingers)), Note::kClosed);
+  EXPECT_EQ(EncodeNote(Note::kClosed, kClosedLingers) & kNoteValueMask, kClosedLingers);
+  EXPECT_EQ(EncodeNote(Note::kClosed, 0) & kNoteValueMask, 0u);
 }
 
 }  // namespace

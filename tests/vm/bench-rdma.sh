@@ -13,8 +13,9 @@
 # connection setup: tests/stress/storm.c, rebuilt here with 10.77.0.1 in place of 127.0.0.1
 # (rdma_cm has no loopback), plain, both ends under slip-run --transports=verbs,tcp and
 # under rsocket's preload: "storm" (rounds of short-lived connections, C in flight:
-# nonblocking connect, request, reply, server close, EOF, close) and "sequential" (blocking
-# connects one after another), in connections/s; cmtime (rdmacm-utils) gives the raw
+# nonblocking connect, request, reply, server close, EOF, close), "serial" (the same, one in
+# flight) and "sequential" (blocking connects one after another, all held open), in
+# connections/s; cmtime (rdmacm-utils) gives the raw
 # rdma_cm cost of the same link, step by step. Slipstream's connections must all be verbs
 # (slip-run's stats, both ends) and move RoCE packets (rxe0's counter).
 #
@@ -354,16 +355,18 @@ gates() {
   echo "$dir"
 }
 
-# setup_storm COLUMN MODE PORT LIMIT: one storm run, SETUP_ROUNDS rounds of SETUP_CONNS
-# connections with SETUP_INFLIGHT in flight; the figure is each round's connections/s.
+# setup_storm COLUMN MODE PORT LIMIT [TEST INFLIGHT]: one storm run, SETUP_ROUNDS rounds of
+# SETUP_CONNS connections with INFLIGHT (default SETUP_INFLIGHT) in flight; the figure is
+# each round's connections/s. TEST "serial" (1 in flight: one short-lived connection after
+# another) is the pattern a process that reconnects for every request makes.
 setup_storm() {
-  local column=$1 mode=$2 port=$3 limit=$4 t0=$SECONDS gate
-  local total=$((SETUP_CONNS * SETUP_ROUNDS))
-  gate=$(gates "storm.$column" "$SETUP_ROUNDS")
-  DRAIN=1 pair "setup.storm.$column" "$mode" "$port" "$limit" 1 \
+  local column=$1 mode=$2 port=$3 limit=$4 test=${5:-storm} inflight=${6:-$SETUP_INFLIGHT}
+  local t0=$SECONDS gate total=$((SETUP_CONNS * SETUP_ROUNDS))
+  gate=$(gates "$test.$column" "$SETUP_ROUNDS")
+  DRAIN=1 pair "setup.$test.$column" "$mode" "$port" "$limit" 1 \
     "$STORM" serve --port "$port" --mode close :: \
     "$STORM" client --port "$port" --mode storm --conns "$SETUP_CONNS" \
-    --concurrency "$SETUP_INFLIGHT" --rounds "$SETUP_ROUNDS" --gate "$gate"
+    --concurrency "$inflight" --rounds "$SETUP_ROUNDS" --gate "$gate"
   local status=ok err="" tr vals=() ok
   tr=$(transport "$mode")
   ok=$(jq -rR 'fromjson? | select(.role == "client") | .ok' "$PRE.out" 2>/dev/null)
@@ -377,9 +380,9 @@ setup_storm() {
     err=$(verbs_check "$total")
     [[ -n $err ]] && status=FAIL
   fi
-  SETUP_TOTAL=$total SETUP_INFLIGHT=$SETUP_INFLIGHT \
-    setup_rec storm "$column" "$status" "$err" conn/s "$tr" "${vals[@]}"
-  say "setup storm $column: $((SECONDS - t0)) s"
+  SETUP_TOTAL=$total SETUP_INFLIGHT=$inflight \
+    setup_rec "$test" "$column" "$status" "$err" conn/s "$tr" "${vals[@]}"
+  say "setup $test $column: $((SECONDS - t0)) s"
 }
 
 # setup_seq COLUMN MODE PORT RUNS: RUNS runs of SETUP_SEQ blocking connects one after
@@ -499,8 +502,10 @@ setup_all() {
     return
   fi
   setup_storm tcp plain 7301 "$ST"
+  setup_storm tcp plain 7304 "$ST" serial 1
   setup_seq tcp plain 7311 "$REPEAT"
   setup_storm slipstream slip 7302 "$ST"
+  setup_storm slipstream slip 7305 "$ST" serial 1
   setup_seq slipstream slip 7321 "$REPEAT"
   if [[ $SETUP_RSOCKET == 1 ]]; then
     # One run each, on a short leash: rsocket's preload does not implement epoll.
@@ -686,14 +691,15 @@ if part setup; then
     ["| connections/s (higher is better) | kernel TCP | rsocket | Slipstream | rdma_cm (cmtime) | Slipstream/TCP | Slipstream/rdma_cm |",
      "| --- | --- | --- | --- | --- | --- | --- |"][],
     (["storm", "storm: \($st.conns) short-lived, \($st.inflight) in flight (connect, request, reply, close)"],
-     ["sequential", "sequential: blocking connects, one after another"]) as [$t, $title] |
+     ["serial", "serial: \($st.conns) short-lived, one after another"],
+     ["sequential", "sequential: blocking connects, one after another, all held open"]) as [$t, $title] |
     fig($t; "tcp") as $k | fig($t; "rsocket") as $r | fig($t; "slipstream") as $s |
     fig($t; "rdma_cm") as $c |
     "| \($title) | \(show($k)) | \(show($r)) | \(show($s))\(slipmark($s)) | \(show($c)) | " +
     "\(ratio(num($s); num($k))) | \(ratio(num($s); num($c))) |"' "$OUT/results.json"
   echo
-  echo "Connection setup: storm and sequential are tests/stress/storm.c on $IP" \
-    "(storm: the median of its rounds; sequential: the median of the runs), one guest" \
+  echo "Connection setup: storm, serial and sequential are tests/stress/storm.c on $IP" \
+    "(storm and serial: the median of its rounds; sequential: the median of the runs), one guest" \
     "($settings, TCG: ratios only; host load average before/after: $LOAD0 / $LOAD1)." \
     "rdma_cm: cmtime (rdmacm-utils) on the same link, no data: sequential one connection" \
     "alone (create id to established), storm the whole life of each batch. Slipstream's" \

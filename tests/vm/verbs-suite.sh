@@ -33,7 +33,8 @@ kill.recv_blocked_server_killed"}
 VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
 forged_nonce.run memlock.run negative_cache.run nbconnect.verbs nbconnect.plain_server
 nbconnect.refused nbconnect.closed gid.default gid.explicit gid.missing_client gid.missing_server
-failover.device_removed"}
+failover.device_removed reuse.paced reuse.tight reuse.off reuse.send
+reuse_restart.run"}
 
 passed=0
 failed=0

@@ -170,11 +170,91 @@ def negative_cache(t, variant):
     client.expect_exit(0)
     server.expect_exit(0)
     report = client.json_output()
-    t.check(report == {"connections": 2, "ok": 2}, f"echo failed: {report}")
+    t.check(report["connections"] == 2 and report["ok"] == 2, f"echo failed: {report}")
     t.expect_stats(client, "tcp", "peer_not_slipstream", count=2)
     text = log.read_text() if log.exists() else ""
     t.check(text.count("negative cache") == 1,
             f"expected one answer from the negative cache, log: {text!r}")
+
+
+@case("reuse", variants=("paced", "tight", "off", "send"))
+def reuse(t, variant):
+    """Sequential short connections from one client process to one server process (random
+    sizes from 1 B to 512 KiB, every byte compared): after the first, a connection claims
+    the queue pair that a closed one parked (docs/DESIGN.md "Reusing queue pairs") instead
+    of a new rdma_cm exchange and queue pair. paced: a pause between connections lets both
+    ends park, so every connection after the first reuses; tight: back to back, at least
+    one does; off: SLIP_VERBS_REUSE=0 on the client, none does; send: paced, with iWARP's
+    SEND notifications (SLIP_VERBS_NOTIFY=send). Every connection is on verbs at both ends,
+    and every claim the client made was served by the listener."""
+    count = 12
+    logs = {name: t.dir / f"{name}.log" for name in ("server", "client")}
+    env = {name: {"SLIP_LOG": "debug", "SLIP_LOG_FILE": str(path)} for name, path in logs.items()}
+    if variant == "off":
+        env["client"]["SLIP_VERBS_REUSE"] = "0"
+    if variant == "send":
+        for name in env:
+            env[name]["SLIP_VERBS_NOTIFY"] = "send"
+    twice = [PYTHON, HERE / "progs" / "twice.py"]
+    server = t.serve("server", [*twice, "server", "--host", LOOPBACK, "--port", t.port,
+                                "--count", count], slip=True, env=env["server"])
+    pause = ["--pause", "0.5"] if variant in ("paced", "send") else []
+    client = t.start("client", [*twice, "client", "--host", LOOPBACK, "--port", t.port,
+                                "--count", count, "--seed", 7, *pause],
+                     slip=True, env=env["client"])
+    client.expect_exit(0)
+    server.expect_exit(0)
+    report = client.json_output()
+    t.check(report["connections"] == count and report["ok"] == count, f"echo failed: {report}")
+    moved = report["bytes"]
+    t.expect_stats(client, "verbs", "", count=count, traffic=(moved, moved))
+    t.expect_stats(server, "verbs", "", count=count, traffic=(moved, moved))
+    text = {name: path.read_text() if path.exists() else "" for name, path in logs.items()}
+    reused = text["client"].count("reusing parked queue pair")
+    served = text["server"].count(": pending")
+    print(f"{reused} of {count} connections reused a parked queue pair; {served} claims served")
+    t.check(served == reused, f"the client claimed {reused} queue pairs, the listener served "
+                              f"{served}: {text['server'][-3000:]!r}")
+    expected = {"paced": count - 1, "send": count - 1, "off": 0}.get(variant)
+    if expected is not None:
+        t.check(reused == expected, f"expected {expected} reused queue pairs, got {reused}: "
+                                    f"{text['client'][-3000:]!r}")
+    else:
+        t.check(reused >= 1, f"no connection reused a queue pair: {text['client'][-3000:]!r}")
+
+
+@case("reuse_restart")
+def reuse_restart(t, variant):
+    """The listener's process exits while the client keeps queue pairs parked with it, and a
+    new one listens on the same port: the client's next connections must not use the dead
+    queue pairs (their disconnect retires them). Six connections, two seconds apart, random
+    sizes echoed and compared: three to the first server, three to the second; all on
+    verbs, and the second server's first connection is a new queue pair, not a claim."""
+    logs = {name: t.dir / f"{name}.log" for name in ("server1", "server2", "client")}
+    env = {name: {"SLIP_LOG": "debug", "SLIP_LOG_FILE": str(path)} for name, path in logs.items()}
+    twice = [PYTHON, HERE / "progs" / "twice.py"]
+    server1 = t.serve("server1", [*twice, "server", "--host", LOOPBACK, "--port", t.port,
+                                  "--count", 3], slip=True, env=env["server1"])
+    client = t.start("client", [*twice, "client", "--host", LOOPBACK, "--port", t.port,
+                                "--count", 6, "--seed", 11, "--pause", "2"],
+                     slip=True, env=env["client"])
+    server1.expect_exit(0)
+    server2 = t.serve("server2", [*twice, "server", "--host", LOOPBACK, "--port", t.port,
+                                  "--count", 3], slip=True, env=env["server2"])
+    client.expect_exit(0)
+    server2.expect_exit(0)
+    report = client.json_output()
+    t.check(report["connections"] == 6 and report["ok"] == 6, f"echo failed: {report}")
+    t.expect_stats(client, "verbs", "", count=6)
+    t.expect_stats(server1, "verbs", "", count=3)
+    t.expect_stats(server2, "verbs", "", count=3)
+    text = {name: path.read_text() if path.exists() else "" for name, path in logs.items()}
+    served = [text[name].count(": pending") for name in ("server1", "server2")]
+    reused = text["client"].count("reusing parked queue pair")
+    print(f"claims served: {served}; the client reused {reused}")
+    t.check(served == [2, 2] and reused == 4,
+            f"expected 2 claims served by each server and 4 reuses, got {served}, {reused}: "
+            f"{text['client'][-3000:]!r}")
 
 
 @case("gid", variants=("default", "explicit", "missing_client", "missing_server"))

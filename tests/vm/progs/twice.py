@@ -1,19 +1,25 @@
-"""Echo over N sequential connections, for the negative-cache test.
+"""Echo over N sequential connections (the negative-cache and queue pair reuse tests).
 
 server: accepts --count connections one after another and echoes each until EOF.
-client: connects --count times; each time sends 64 KiB of random bytes, reads them back,
-compares, and closes. Prints {"connections": N, "ok": N} (client) or {"served": N}.
+client: connects --count times; each time sends random bytes (64 KiB, or with --seed a
+random size from 1 B to 512 KiB), reads them back until EOF, compares, and closes; with
+--pause it waits that many seconds before the next connection. Prints
+{"connections": N, "ok": N, "bytes": B} (client) or {"served": N}.
 """
 import argparse
 import json
 import os
+import random
 import socket
+import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("role", choices=["server", "client"])
 parser.add_argument("--host", required=True)
 parser.add_argument("--port", type=int, required=True)
 parser.add_argument("--count", type=int, default=2)
+parser.add_argument("--seed", type=int, default=None)
+parser.add_argument("--pause", type=float, default=0.0)
 args = parser.parse_args()
 
 if args.role == "server":
@@ -26,9 +32,12 @@ if args.role == "server":
                     conn.sendall(data)
     print(json.dumps({"served": args.count}))
 else:
+    rng = random.Random(args.seed)
     ok = 0
-    for _ in range(args.count):
-        payload = os.urandom(65536)
+    moved = 0
+    for i in range(args.count):
+        size = 65536 if args.seed is None else rng.choice([1, 100, 4096, rng.randint(1, 1 << 19)])
+        payload = rng.randbytes(size) if args.seed is not None else os.urandom(size)
         with socket.create_connection((args.host, args.port), timeout=60) as sock:
             sock.sendall(payload)
             sock.shutdown(socket.SHUT_WR)
@@ -36,4 +45,7 @@ else:
             while chunk := sock.recv(65536):
                 back += chunk
         ok += back == payload
-    print(json.dumps({"connections": args.count, "ok": ok}))
+        moved += size
+        if args.pause and i + 1 < args.count:
+            time.sleep(args.pause)
+    print(json.dumps({"connections": args.count, "ok": ok, "bytes": moved}))
