@@ -32,15 +32,19 @@ void DrainTokens(WakeState* wake, int a_fd) noexcept {
 }
 
 void Fill(int a_fd) noexcept {
-  static const char kFill[64] = {};
-  for (int i = 0; i < 64; ++i) {
-    if (sys::send(a_fd, kFill, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1) return;
+  // One send takes what A's minimal send buffer allows and stops short when it is full
+  // (A is writable again only below a quarter of it): one system call, not one per byte.
+  static const char kFill[8192] = {};
+  for (int i = 0; i < 8; ++i) {
+    if (sys::send(a_fd, kFill, sizeof(kFill), MSG_DONTWAIT | MSG_NOSIGNAL) !=
+        ssize_t(sizeof(kFill)))
+      return;
   }
 }
 
 void Unfill(int b_fd) noexcept {
-  char buf[512];
-  while (sys::recv(b_fd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+  char buf[8192];
+  while (sys::recv(b_fd, buf, sizeof(buf), MSG_DONTWAIT) == ssize_t(sizeof(buf))) {
   }
 }
 

@@ -197,8 +197,10 @@ bool Conn::CloseStream(bool may_linger) noexcept {
     if (consumed != credit_sent_ && PostCredit(consumed)) credit_sent_ = consumed;
     bool eof = eof_sent_ || PostNote(nullptr, 0, Note::kEof, 0);
     // Said before the note goes: a disconnect from then on is the end we ask for.
+    // Signalled: the flush below waits for its completion rather than posting a write of
+    // its own for that.
     bool closed = closed_sent_.exchange(true) ||
-                  PostNote(nullptr, 0, Note::kClosed, linger ? kClosedLingers : 0);
+                  PostNote(nullptr, 0, Note::kClosed, linger ? kClosedLingers : 0, true);
     SLIP_LOG(kDebug, "verbs: closing: credit %llu, eof %d, closed %d, keeping the queue pair %d",
              (unsigned long long)credit_sent_, int(eof), int(closed), int(linger));
     const bool flushed = FlushRdma(5000, true);
@@ -1229,7 +1231,8 @@ bool Conn::WaitSendSpace(uint32_t needed) noexcept {
   return true;
 }
 
-bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor) noexcept {
+bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor,
+                    bool signal) noexcept {
   if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma)
     return false;
   const uint32_t imm = htonl(EncodeNote(note, cursor));
@@ -1268,15 +1271,15 @@ bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cu
     ++n;
   }
   for (int i = 0; i + 1 < n; ++i) wrs[i].next = &wrs[i + 1];
-  return PostChain(wrs, n);
+  return PostChain(wrs, n, signal);
 }
 
-bool Conn::PostChain(ibv_send_wr* wrs, int n) noexcept {
+bool Conn::PostChain(ibv_send_wr* wrs, int n, bool signal) noexcept {
   {
     SpinGuard guard(&post_busy_);
     if (!WaitSendSpace(uint32_t(n))) return false;
     unsignaled_ += uint32_t(n);
-    if (unsignaled_ >= kSignalEvery) {
+    if (unsignaled_ >= kSignalEvery || signal) {
       wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
       wrs[n - 1].wr_id = sq_posted_ + uint64_t(n);
       unsignaled_ = 0;

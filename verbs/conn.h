@@ -165,11 +165,13 @@ class Conn final : public Channel {
     uint32_t offset;
     uint32_t len;
   };
-  bool PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor) noexcept;
+  // `signal`: completes with a completion of its own (what a flush waits for).
+  bool PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor,
+                bool signal = false) noexcept;
   bool PostCredit(uint64_t consumed) noexcept;
   // Posts a chained list of n WRs (signalling one in kSignalEvery), waiting for send-queue
   // space; false (and the channel failed) when the queue pair refuses.
-  bool PostChain(ibv_send_wr* wrs, int n) noexcept;
+  bool PostChain(ibv_send_wr* wrs, int n, bool signal = false) noexcept;
   bool WaitSendSpace(uint32_t needed) noexcept;
   bool PostRecv(uint32_t index) noexcept;
   bool FlushRdma(int timeout_ms, bool own_anchor) noexcept;
