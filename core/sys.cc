@@ -32,6 +32,11 @@ int MoveHigh(int fd, int floor) noexcept {
   return moved;
 }
 
+int DupHigh(int fd, int floor) noexcept {
+  const int copy = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+  return copy >= 0 ? copy : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+}
+
 int StartServiceThread(void* (*main)(void*), void* arg, const char* name) noexcept {
   sigset_t all, old;
   sigfillset(&all);

@@ -107,6 +107,9 @@ inline uint64_t RandomNonce() noexcept {
 // Moves `fd` to a descriptor number at or above `floor` (close-on-exec) and closes the
 // original. Keeps hidden descriptors out of the low numbers the application expects.
 int MoveHigh(int fd, int floor) noexcept;
+// A close-on-exec duplicate of `fd` at or above `floor` (below it when the floor is out of
+// reach): one system call where MoveHigh of a plain dup is three.
+int DupHigh(int fd, int floor) noexcept;
 
 // The floor for hidden descriptors, chosen once at start-up.
 int HiddenFdFloor() noexcept;

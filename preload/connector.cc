@@ -419,8 +419,7 @@ Reason ConnectInBackground(SlipSocket* s, int fd, const sockaddr* addr, socklen_
   const int fl_flags = sys::fcntl(fd, F_GETFL);
   int tcp = -1;
   if (j && fd_flags >= 0 && fl_flags >= 0 && proxy::CreatePair(pair) == 0) {
-    tcp = sys::fcntl(fd, F_DUPFD_CLOEXEC, sys::HiddenFdFloor());
-    if (tcp < 0) tcp = sys::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    tcp = sys::DupHigh(fd, sys::HiddenFdFloor());
   }
   bool queued = false;
   if (tcp >= 0) {

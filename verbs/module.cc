@@ -651,7 +651,7 @@ std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::End
     usleep(100);
   }
   if (hello.nonce != nonce || hello.ring_log2 != chosen.ring_log2) return nullptr;
-  int b = sys::MoveHigh(fcntl(proxy_b, F_DUPFD_CLOEXEC, 0), sys::HiddenFdFloor());
+  int b = sys::DupHigh(proxy_b, sys::HiddenFdFloor());
   if (b < 0) {
     *why = wire::DeclineReason::kResources;
     return nullptr;
@@ -935,7 +935,7 @@ bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
 }
 
 std::unique_ptr<Channel> VerbsModule::Finish(ClientConn* c, int proxy_b) noexcept {
-  int b = sys::MoveHigh(fcntl(proxy_b, F_DUPFD_CLOEXEC, 0), sys::HiddenFdFloor());
+  int b = sys::DupHigh(proxy_b, sys::HiddenFdFloor());
   if (b < 0) {
     Abort(c);
     return nullptr;
