@@ -66,6 +66,10 @@ class Channel {
   // The application closes abortively (SO_LINGER {1, 0}): the channel, when destroyed,
   // must not tell the peer an orderly end; the peer sees the reset.
   virtual void Abort() noexcept {}
+  // The stream is done with the channel (Stream's destructor calls this). By default it is
+  // deleted; a transport whose resources outlive the stream takes it back instead (verbs
+  // keeps the queue pair for the next connection: docs/DESIGN.md "Reusing queue pairs").
+  virtual void Destroy() noexcept { delete this; }
 
   // --- failover (docs/DESIGN.md, "Failover") ---
   // A transport that can fail mid-stream continues on the connection's TCP anchor: both

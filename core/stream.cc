@@ -91,6 +91,7 @@ Stream::Stream(std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
 Stream::~Stream() {
   sys::close(proxy_a_);
   sys::close(proxy_b_);
+  if (Channel* channel = channel_.release()) channel->Destroy();
 }
 
 bool Stream::HandBack(int timeout_ms) noexcept {

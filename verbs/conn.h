@@ -49,6 +49,18 @@
 
 namespace slip::verbs {
 
+class Conn;
+
+// Takes a Conn back when its stream lets go (Conn::Destroy): the module, which closes the
+// stream in order and then keeps the queue pair for reuse or deletes the Conn.
+class ConnOwner {
+ public:
+  virtual void Release(Conn* conn) noexcept = 0;
+
+ protected:
+  ~ConnOwner() = default;
+};
+
 class Conn final : public Channel {
  public:
   // Creates the completion queue, the queue pair on `id` and the rings. Returns nullptr
@@ -81,6 +93,8 @@ class Conn final : public Channel {
     dest_ = dest;
   }
   bool client_role() const noexcept { return client_role_; }
+  // Who takes the Conn back when its stream is destroyed (else it is deleted).
+  void SetOwner(ConnOwner* owner) noexcept { owner_ = owner; }
   const wire::Endpoint& dest() const noexcept { return dest_; }
   // The application let go of the stream: the orderly close (notes, then every write
   // acknowledged) or, after failover, the rest on the anchor. With `may_linger` an orderly
@@ -141,6 +155,12 @@ class Conn final : public Channel {
   void CloseTx() noexcept override;
   void CloseRx() noexcept override;
   void Abort() noexcept override { aborting_ = true; }
+  void Destroy() noexcept override {
+    if (owner_)
+      owner_->Release(this);
+    else
+      delete this;
+  }
   void SetAnchor(int fd) noexcept override { anchor_fd_.store(fd, std::memory_order_release); }
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
   bool AnchorCarriesStream() const noexcept override { return mode_.load() == Mode::kTcp; }
@@ -250,6 +270,7 @@ class Conn final : public Channel {
   mutable Hello hello_;
 
   // Reuse.
+  ConnOwner* owner_ = nullptr;
   bool client_role_ = false;
   wire::Endpoint dest_{};
   bool streamed_ = false;                          // SetProxy: a stream used it

@@ -23,7 +23,6 @@
 #include "core/log.h"
 #include "core/sys.h"
 #include "verbs/conn.h"
-#include "verbs/conn_handle.h"
 #include "verbs/device.h"
 #include "verbs/negative_cache.h"
 #include "verbs/private_data.h"
@@ -658,13 +657,8 @@ std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::End
   }
   conn->SetPeer(hello.ring_addr, hello.rkey, false);
   conn->SetProxy(b);
-  auto* handle = new (std::nothrow) ConnHandle(conn.get(), this);
-  if (!handle) {
-    *why = wire::DeclineReason::kResources;
-    return nullptr;  // (the Conn goes with its proxy end)
-  }
-  conn.release();
-  return std::unique_ptr<Channel>(handle);
+  conn->SetOwner(this);
+  return conn;
 }
 
 // ------------------------------------------------------------------------ connecting
@@ -940,18 +934,14 @@ std::unique_ptr<Channel> VerbsModule::Finish(ClientConn* c, int proxy_b) noexcep
     Abort(c);
     return nullptr;
   }
-  auto* handle = new (std::nothrow) ConnHandle(c->conn, this);
-  if (!handle) {
-    sys::close(b);
-    Abort(c);
-    return nullptr;
-  }
+  std::unique_ptr<Channel> channel(c->conn);
   c->conn->SetProxy(b);
   c->conn->SetClientOf(c->dest);
+  c->conn->SetOwner(this);
   c->conn = nullptr;
   c->id = nullptr;
   ReleaseClient(c);
-  return std::unique_ptr<Channel>(handle);
+  return channel;
 }
 
 void VerbsModule::Abort(ClientConn* c) noexcept {
