@@ -198,7 +198,7 @@ def reuse(t, variant):
     twice = [PYTHON, HERE / "progs" / "twice.py"]
     server = t.serve("server", [*twice, "server", "--host", LOOPBACK, "--port", t.port,
                                 "--count", count], slip=True, env=env["server"])
-    pause = ["--pause", "0.5"] if variant in ("paced", "send") else []
+    pause = ["--pause", "1"] if variant in ("paced", "send") else []
     client = t.start("client", [*twice, "client", "--host", LOOPBACK, "--port", t.port,
                                 "--count", count, "--seed", 7, *pause],
                      slip=True, env=env["client"])
