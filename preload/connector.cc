@@ -176,8 +176,11 @@ void Fallback(Job* j, Reason why) noexcept {
   SLIP_LOG(kInfo, "fd %d: verbs not used (%s)", j->fd, ReasonName(why));
   DropConn(j);
   int rc = Libc().connect(j->tcp, reinterpret_cast<const sockaddr*>(&j->dest), j->dest_len);
-  if (rc != 0 && errno != EINPROGRESS)
+  if (rc != 0 && errno != EINPROGRESS) {
+    // (A refusal from this host arrives inside connect(): the socket keeps no error.)
     SLIP_LOG(kInfo, "fd %d: the plain connect failed at once (errno %d)", j->fd, errno);
+    j->s->connect_error.store(errno, std::memory_order_relaxed);
+  }
   SwapBack(j, why, rc == 0);
 }
 
@@ -253,6 +256,7 @@ void StepRdma(Job* j) noexcept {
       // The SYN could not leave (no route, say): the application finds the socket as a
       // failed non-blocking connect leaves it.
       SLIP_LOG(kInfo, "fd %d: connect failed at once (errno %d)", j->fd, errno);
+      j->s->connect_error.store(errno, std::memory_order_relaxed);
       SwapBack(j, Reason::kConnectSlow, false);
       return;
     }

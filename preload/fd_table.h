@@ -45,6 +45,10 @@ struct SlipSocket {
   // kConnecting (set and cleared under `mu`; read without it to decide whether a call must
   // take `mu` to serialise with the connector's swap of the descriptor number).
   std::atomic<bool> connecting{false};
+  // The connector's own plain connect() failed at once (a local refusal, no route): the
+  // kernel reported the error to it, not to the socket, so SO_ERROR and the next connect()
+  // report it here, once, as they would have.
+  std::atomic<int> connect_error{0};
 
   ConnSlot* stats = nullptr;
   std::unique_ptr<shm::Rendezvous> rendezvous;        // kListener

@@ -150,6 +150,12 @@ SLIP_EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
     errno = EISCONN;  // (the proxy, a connected AF_UNIX socket, would say something else)
     return -1;
   }
+  if (ref && ref->connect_error.load(std::memory_order_relaxed) != 0) {
+    if (const int error = ref->connect_error.exchange(0)) {
+      errno = error;
+      return -1;
+    }
+  }
   if (!ref || ref->kind != SockKind::kTcp) return Libc().connect(fd, addr, len);
   return SlipConnect(ref.get(), fd, addr, len);
 }
@@ -277,8 +283,13 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
 
 SLIP_EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
   SocketRef ref(fd);
-  return OnKernelSocket(ref, fd,
-                        [&](int k) { return Libc().getsockopt(k, level, name, val, len); });
+  int rc =
+      OnKernelSocket(ref, fd, [&](int k) { return Libc().getsockopt(k, level, name, val, len); });
+  if (rc == 0 && ref && level == SOL_SOCKET && name == SO_ERROR && val && len &&
+      *len >= socklen_t(sizeof(int)) && *static_cast<int*>(val) == 0 &&
+      ref->connect_error.load(std::memory_order_relaxed) != 0)
+    *static_cast<int*>(val) = ref->connect_error.exchange(0);
+  return rc;
 }
 
 SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
