@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <cerrno>
 #include <cstring>
@@ -86,6 +88,11 @@ void RetireContext(ibv_context* context) noexcept {
                strerror(errno));
   }
   sys::close(null_fd);
+}
+
+bool ContextRetired(const ibv_context* context) noexcept {
+  struct stat st {};
+  return fstat(context->cmd_fd, &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3);
 }
 
 int Device::GetSlot(uint32_t ring_size, Slot* slot) noexcept {

@@ -95,6 +95,8 @@ class Device {
 // After its device was removed and every object of ours on it destroyed: lets the kernel
 // finish the removal although librdmacm keeps `context` open (see device.cc).
 void RetireContext(ibv_context* context) noexcept;
+// True for a context that RetireContext retired (and librdmacm has not closed yet).
+bool ContextRetired(const ibv_context* context) noexcept;
 
 // Bytes one connection pins: what RLIMIT_MEMLOCK must allow per connection.
 size_t SlotBytes(uint32_t ring_size) noexcept;

@@ -109,6 +109,7 @@ struct Removal {
   ibv_context* context = nullptr;
   Device* device = nullptr;  // ours on it, until nothing uses it any more
   bool retired = false;      // RetireContext done
+  bool superseded = false;   // under mu_: the address now holds a new context (DeviceFor)
 };
 
 class VerbsModule final : public Module, public ConnOwner {
@@ -264,11 +265,22 @@ Device* VerbsModule::DeviceFor(ibv_context* context, int* error) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = devices_.find(context);
   if (it != devices_.end()) return it->second;
-  for (const Removal& r : removals_) {
-    if (r.context == context) {
-      *error = -ENODEV;  // removed: an id resolved before it went still names it
-      return nullptr;
+  for (Removal& r : removals_) {
+    if (r.context != context || r.superseded) continue;
+    if (r.retired && !ContextRetired(context)) {
+      // librdmacm closed the retired context and opened a new one at the same address
+      // (the device came back).
+      r.superseded = true;
+      break;
     }
+    *error = -ENODEV;  // removed: an id resolved before it went still names it
+    if (r.retired) {
+      // The device may have come back under the same GUID, which librdmacm matched to its
+      // old entry: a fresh look at the device list marks that entry dead, so the next id
+      // binds to the new device (this one stays plain).
+      if (ibv_context** list = rdma_get_devices(nullptr)) rdma_free_devices(list);
+    }
+    return nullptr;
   }
   Device* dev = Device::Open(context, error);
   if (!dev) return nullptr;
@@ -1201,7 +1213,7 @@ void VerbsModule::NoteRemoved(ibv_context* context) noexcept {
   if (!context) return;
   std::lock_guard<std::mutex> lock(mu_);
   for (const Removal& r : removals_) {
-    if (r.context == context) return;
+    if (r.context == context && !r.superseded) return;
   }
   Removal r;
   r.context = context;
