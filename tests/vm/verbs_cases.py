@@ -435,7 +435,7 @@ def failover(t, variant):
     code, said = removed["added"]
     t.check(code == 0, f"rdma link add rxe0 failed ({code}): {said}")
     t.check(removed["running_after_add"] == ["server", "client"],
-            f"rdma link add rxe0 returned when these still ran: {removed['running_after_add']}")
+            f"after rdma link add rxe0 only these still ran: {removed['running_after_add']}")
     for proc in (server, client):
         t.expect_stats(proc, "tcp", "failover", traffic=traffic[proc])
     for name, path in logs.items():
