@@ -99,7 +99,11 @@ Conn* Conn::Create(rdma_cm_id* id, Device* device, uint32_t ring_size, bool send
 
 int Conn::Init(bool send_notify) noexcept {
   send_notify_ = send_notify;
+  device_->Use();
+  device_held_ = true;
   if (int rc = device_->GetSlot(ring_size(), &slot_); rc < 0) return rc;
+  remote_lkey_ = slot_.remote_mr->lkey;
+  local_lkey_ = slot_.local_mr->lkey;
   cq_ = ibv_create_cq(device_->context(), int(kSendDepth + kRecvDepth), this, SetUpOwnChannel(), 0);
   if (!cq_) return -(errno ? errno : ENOMEM);
   if (ibv_req_notify_cq(cq_, 0) != 0) return -(errno ? errno : EIO);
@@ -129,6 +133,7 @@ int Conn::Init(bool send_notify) noexcept {
     if (qp_) break;
   }
   if (!qp_) return -(errno ? errno : EINVAL);
+  qp_num_ = qp_->qp_num;
   // The queue pair is ours, not rdma_cm's (rdma_create_qp would move it through its states
   // itself): so that Connect can choose the source GID. INIT now, for the receives.
   ibv_qp_attr init{};
@@ -162,12 +167,77 @@ Conn::~Conn() {
     SpinGuard guard(&poll_busy_);
     error_.store(ECONNRESET, std::memory_order_release);
   }
-  if (id_) rdma_disconnect(id_);
-  if (qp_) ibv_destroy_qp(qp_);
-  if (id_) rdma_destroy_id(id_);  // waits until the progress thread acknowledged its events
-  if (cq_) ibv_destroy_cq(cq_);   // likewise for completion events
-  if (slot_.base) device_->PutSlot(slot_);
+  if (rdma_released_.load(std::memory_order_acquire)) {
+    // ReleaseRdma destroyed the verbs objects and left the rings' memory to us.
+    Device::FreeRings(&slot_);
+  } else {
+    if (id_) rdma_disconnect(id_);
+    if (qp_) ibv_destroy_qp(qp_);
+    if (id_) rdma_destroy_id(id_);  // waits until the progress thread acknowledged its events
+    if (cq_) ibv_destroy_cq(cq_);   // likewise for completion events
+    {
+      std::lock_guard<std::mutex> lock(g_registry_mu);
+      DropOwnChannelLocked();  // after the queue that reports to it
+    }
+    if (slot_.base) device_->PutSlot(slot_);
+  }
+  // Last: the device may be destroyed from here on (once removed).
+  if (device_held_) device_->Unuse();
   if (proxy_b_ >= 0) sys::close(proxy_b_);
+}
+
+bool Conn::ReleaseRdma() noexcept {
+  if (rdma_released_.load(std::memory_order_acquire) || orphaned_.load()) return true;
+  // A stream still on RDMA needs all of it (it has not failed over or failed yet).
+  if (mode_.load(std::memory_order_seq_cst) == Mode::kRdma &&
+      error_.load(std::memory_order_acquire) == 0)
+    return false;
+  {
+    // Pollers and posters check the flag under their lock before they touch the queues.
+    SpinGuard post(&post_busy_);
+    SpinGuard poll(&poll_busy_);
+    rdma_released_.store(true, std::memory_order_seq_cst);
+  }
+  // A thread in TakeEvents or the watch got in before the flag: it acknowledges the event
+  // it took (destroying the queue would wait for that) and lets go of the channel.
+  while (channel_users_.load(std::memory_order_seq_cst) != 0) sched_yield();
+  // A reader asleep on the channel (BeginRxSleep) would not wake for it going away: a token
+  // moves it to the proxy (BeginRxSleep refuses from now on), and its sleep no longer holds
+  // the device's file.
+  if (direct_readers_.load(std::memory_order_seq_cst) != 0) WakeReaderNow();
+  if (qp_) ibv_destroy_qp(qp_);
+  if (cq_) ibv_destroy_cq(cq_);
+  DropOwnChannelLocked();
+  Device::DeregisterSlot(&slot_);  // the memory stays: RxData, TxCopy and the TCP path
+  // Every event of the id was acknowledged (the progress thread calls this after its
+  // events), so this does not wait.
+  if (id_) rdma_destroy_id(id_);
+  if (device_held_) {
+    device_held_ = false;
+    device_->Unuse();
+  }
+  SLIP_LOG(kDebug, "verbs: queue pair %u released (its device went away)", qp_num_);
+  return true;
+}
+
+int ReleaseRemovedConns(const Device* device) noexcept {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  int holding = 0;
+  for (Conn* c = g_registry_head; c; c = c->next_) {
+    // Parked queue pairs are deleted instead (SweepParked: a removal fails them); one an
+    // application thread still sets up is not told yet (its own events will fail it).
+    if (c->device_ != device || !c->device_removed_.load(std::memory_order_acquire) ||
+        c->parked_.load(std::memory_order_acquire))
+      continue;
+    if (!c->ReleaseRdma()) ++holding;
+  }
+  return holding;
+}
+
+Conn::ChannelUse::ChannelUse(const Conn* conn) noexcept : conn_(conn) {
+  conn->channel_users_.fetch_add(1, std::memory_order_seq_cst);
+  ok_ = conn->own_.channel && !conn->rdma_released_.load(std::memory_order_seq_cst) &&
+        !conn->orphaned_.load(std::memory_order_relaxed);
 }
 
 bool Conn::CloseStream(bool may_linger) noexcept {
@@ -279,7 +349,7 @@ bool Conn::PostRecv(uint32_t index) noexcept {
   ibv_sge sge{};
   sge.addr = uint64_t(uintptr_t(slot_.control() + kRecvBufOffset + index * kRecvBufSize));
   sge.length = kRecvBufSize;
-  sge.lkey = slot_.remote_mr->lkey;
+  sge.lkey = remote_lkey_;
   ibv_recv_wr wr{};
   wr.wr_id = kRecvTag | index;
   wr.sg_list = &sge;
@@ -296,13 +366,14 @@ bool Conn::SendHello(uint64_t nonce) noexcept {
   hello.rkey = slot_.remote_mr->rkey;
   uint8_t* buf = slot_.control() + kHelloOutOffset;
   size_t len = EncodeHello(hello, buf, kRecvBufSize);
-  ibv_sge sge{uint64_t(uintptr_t(buf)), uint32_t(len), slot_.remote_mr->lkey};
+  ibv_sge sge{uint64_t(uintptr_t(buf)), uint32_t(len), remote_lkey_};
   ibv_send_wr wr{};
   wr.wr_id = 0;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
   SpinGuard guard(&post_busy_);
+  if (rdma_released_.load(std::memory_order_relaxed)) return false;
   ibv_send_wr* bad = nullptr;
   if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
   ++sq_posted_;
@@ -326,7 +397,7 @@ bool Conn::SendLink(const LinkMsg& msg) noexcept {
   uint8_t* buf =
       slot_.control() + (msg.kind == LinkKind::kParked ? kParkedOutOffset : kClaimOutOffset);
   const size_t len = EncodeLink(msg, buf, kRecvBufSize);
-  ibv_sge sge{uint64_t(uintptr_t(buf)), uint32_t(len), slot_.remote_mr->lkey};
+  ibv_sge sge{uint64_t(uintptr_t(buf)), uint32_t(len), remote_lkey_};
   ibv_send_wr wr{};
   wr.sg_list = &sge;
   wr.num_sge = 1;
@@ -444,11 +515,11 @@ bool Conn::SendClaim(uint64_t nonce, uint16_t client_port, uint16_t server_port)
     // thread's watch stands down (OnWatchEvent checks claiming_ under the same lock).
     std::lock_guard<std::mutex> lock(g_registry_mu);
     claiming_.store(true, std::memory_order_seq_cst);
-    if (own_.channel && watched_.exchange(false)) {
+    if (own_.channel && !own_.dropped && watched_.exchange(false)) {
       epoll_event ev{};
       ev.events = EPOLLONESHOT;
       ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
-      sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_MOD, own_.channel->fd, &ev);
+      sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_MOD, own_fd_, &ev);
     }
   }
   parked_.store(false, std::memory_order_seq_cst);
@@ -474,7 +545,8 @@ int Conn::TakeAnswer() noexcept {
 }
 
 bool Conn::TakeClaim(LinkMsg* claim) noexcept {
-  if (!claim_taken_.load(std::memory_order_acquire) || !parked_.load()) return false;
+  if (!claim_taken_.load(std::memory_order_acquire) || !parked_.load() || rdma_released())
+    return false;
   *claim = claim_;
   return true;
 }
@@ -515,7 +587,8 @@ bool Conn::Poll() const noexcept {
     // progress thread (a context switch per message), which spinning threads do not need.
     // The sleeper announced itself (WakeState) before this poll, so arming here, then
     // draining again, cannot miss a completion.
-    if (SomebodyWaits() && !armed_.load(std::memory_order_relaxed)) {
+    if (SomebodyWaits() && !armed_.load(std::memory_order_relaxed) &&
+        !rdma_released_.load(std::memory_order_relaxed)) {
       armed_.store(true, std::memory_order_relaxed);
       ibv_req_notify_cq(cq_, 0);
       DrainLocked();
@@ -552,6 +625,7 @@ bool Conn::SomebodyWaitsOnProxy() const noexcept {
 }
 
 void Conn::DrainLocked() const noexcept {
+  if (rdma_released_.load(std::memory_order_relaxed)) return;  // (under poll_busy_)
   ibv_wc wc[16];
   for (;;) {
     int n = ibv_poll_cq(cq_, 16, wc);
@@ -569,7 +643,7 @@ void Conn::OnCompletionEvent() noexcept {
     defer_wakes_ = true;
     armed_.store(false, std::memory_order_relaxed);  // an event disarms the queue
     DrainLocked();
-    if (SomebodyWaits()) {
+    if (SomebodyWaits() && !rdma_released_.load(std::memory_order_relaxed)) {
       armed_.store(true, std::memory_order_relaxed);
       ibv_req_notify_cq(cq_, 0);
       DrainLocked();  // what arrived between the drain and the re-arm
@@ -577,6 +651,7 @@ void Conn::OnCompletionEvent() noexcept {
     defer_wakes_ = false;
   }
   RunDeferredWakes();
+  // (After ReleaseRdma too: it waits for this thread's ChannelUse before destroying cq_.)
   ibv_ack_cq_events(cq_, 1);
   MaybeFailover();
 }
@@ -839,7 +914,8 @@ void Conn::HaltRdmaLocked() noexcept {
   // taken.
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_ERR;
-  if (qp_) ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
+  if (qp_ && !rdma_released_.load(std::memory_order_relaxed))
+    ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
   DrainLocked();
 }
 
@@ -992,7 +1068,7 @@ bool Conn::Flush(int timeout_ms) noexcept {
 bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
   {
     SpinGuard guard(&post_busy_);
-    if (mode_.load() != Mode::kRdma) return false;
+    if (mode_.load() != Mode::kRdma || rdma_released_.load(std::memory_order_relaxed)) return false;
     if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
     // Unsignalled writes complete silently: a signalled empty write behind them tells
     // when they are all acknowledged.
@@ -1053,10 +1129,21 @@ ibv_comp_channel* Conn::SetUpOwnChannel() noexcept {
   if (!channel) return device_->comp_channel();  // ~OwnChannel drops the registration
   sys::fcntl(channel->fd, F_SETFL, sys::fcntl(channel->fd, F_GETFL) | O_NONBLOCK);
   own_.channel = channel;
+  own_fd_ = channel->fd;
   return channel;
 }
 
+void Conn::DropOwnChannelLocked() noexcept {
+  if (own_.dropped) return;
+  own_.dropped = true;
+  if (own_.conn && g_watched) g_watched->erase(own_.conn);  // OnWatchEvent ignores it now
+  if (!own_.channel) return;
+  sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_DEL, own_.channel->fd, nullptr);
+  ibv_destroy_comp_channel(own_.channel);
+}
+
 Conn::OwnChannel::~OwnChannel() {
+  if (dropped) return;  // ~Conn or ReleaseRdma did it
   if (conn) {
     std::lock_guard<std::mutex> lock(g_registry_mu);
     g_watched->erase(conn);
@@ -1087,15 +1174,18 @@ void Conn::OnWatchEvent(uint64_t key) noexcept {
 }
 
 void Conn::WatchFromProgress() const noexcept {
-  if (watched_.exchange(true, std::memory_order_seq_cst)) return;
+  ChannelUse use(this);
+  if (!use.ok() || watched_.exchange(true, std::memory_order_seq_cst)) return;
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLONESHOT;
   ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
-  sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_MOD, own_.channel->fd, &ev);
+  sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_MOD, own_fd_, &ev);
 }
 
 void Conn::TakeEvents(int max) noexcept {
   if (!own_.channel || orphaned_.load(std::memory_order_relaxed)) return;
+  ChannelUse use(this);
+  if (!use.ok()) return;
   ibv_cq* cq = nullptr;
   void* context = nullptr;
   for (int i = 0; i < max && ibv_get_cq_event(own_.channel, &cq, &context) == 0; ++i)
@@ -1107,7 +1197,12 @@ int Conn::BeginRxSleep() noexcept {
   // After failover the news come from the anchor, through the control thread and the proxy.
   if (mode_.load(std::memory_order_acquire) != Mode::kRdma) return -1;
   direct_readers_.fetch_add(1, std::memory_order_seq_cst);
-  return own_.channel->fd;
+  // Announced, then checked: ReleaseRdma sets the flag, then looks for us (and wakes us).
+  if (rdma_released_.load(std::memory_order_seq_cst)) {
+    direct_readers_.fetch_sub(1, std::memory_order_seq_cst);
+    return -1;
+  }
+  return own_fd_;
 }
 
 void Conn::EndRxSleep(bool woken) noexcept {
@@ -1242,7 +1337,7 @@ bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cu
   for (int i = 0; i < count; ++i, ++n) {
     sges[n].addr = uint64_t(uintptr_t(slot_.tx_mirror() + fragments[i].offset));
     sges[n].length = fragments[i].len;
-    sges[n].lkey = slot_.local_mr->lkey;
+    sges[n].lkey = local_lkey_;
     wrs[n].sg_list = &sges[n];
     wrs[n].num_sge = 1;
     wrs[n].opcode = IBV_WR_RDMA_WRITE;
@@ -1277,7 +1372,7 @@ bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cu
 bool Conn::PostChain(ibv_send_wr* wrs, int n, bool signal) noexcept {
   {
     SpinGuard guard(&post_busy_);
-    if (!WaitSendSpace(uint32_t(n))) return false;
+    if (rdma_released_.load(std::memory_order_relaxed) || !WaitSendSpace(uint32_t(n))) return false;
     unsignaled_ += uint32_t(n);
     if (unsignaled_ >= kSignalEvery || signal) {
       wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
@@ -1308,7 +1403,7 @@ bool Conn::PostCredit(uint64_t consumed) noexcept {
     sge = ibv_sge{uint64_t(uintptr_t(&value)), sizeof(value), 0};
   } else {
     *out = value;  // a later write may overwrite it: a larger credit is still correct
-    sge = ibv_sge{uint64_t(uintptr_t(out)), sizeof(value), slot_.remote_mr->lkey};
+    sge = ibv_sge{uint64_t(uintptr_t(out)), sizeof(value), remote_lkey_};
   }
   uint32_t note_le = EncodeNote(Note::kCredit, consumed);
   ibv_sge note_sge{uint64_t(uintptr_t(&note_le)), 4, 0};

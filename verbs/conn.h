@@ -69,11 +69,12 @@ class Conn final : public Channel {
                       int* error) noexcept;
   ~Conn() override;
 
+  // (Not after ReleaseRdma: the id is gone then.)
   rdma_cm_id* id() const noexcept { return id_; }
   Device* device() const noexcept { return device_; }
   Slot& slot() noexcept { return slot_; }
 
-  uint32_t qp_num() const noexcept { return qp_->qp_num; }
+  uint32_t qp_num() const noexcept { return qp_num_; }
   // Moves the queue pair to RTR and RTS from what rdma_cm learned of the peer (after the
   // REQ on the listening side, after the REP on the connecting side), with the source GID
   // ChooseSourceGid picks (`gid_override`: SLIP_GID_INDEX, or -1). Returns 0 or -errno.
@@ -113,7 +114,7 @@ class Conn final : public Channel {
   // failed, 0 not yet.
   bool SendClaim(uint64_t nonce, uint16_t client_port, uint16_t server_port) noexcept;
   int TakeAnswer() noexcept;
-  int EventFd() const noexcept { return own_.channel ? own_.channel->fd : -1; }
+  int EventFd() const noexcept { return rdma_released() ? -1 : own_fd_; }
   // Listener: the CLAIM that arrived on this parked queue pair, if any (taken once).
   bool TakeClaim(LinkMsg* claim) noexcept;
   // Listener: starts the claimed connection (its HELLO is the claim) and answers it.
@@ -133,6 +134,18 @@ class Conn final : public Channel {
   void TransportFailed(wire::FailoverCause cause) noexcept;
   // After fork in a child: never touch the parent's verbs objects again.
   void Orphan() noexcept;
+
+  // --- device removal (docs/DESIGN.md "Failover") ---
+  // Progress thread: rdma_cm said DEVICE_REMOVAL for this connection's id (and the
+  // connection failed over, or failed).
+  void MarkDeviceRemoved() noexcept { device_removed_.store(true, std::memory_order_release); }
+  // Progress thread, with the registry locked (ReleaseRemovedConns): once the connection no
+  // longer needs RDMA (it is on TCP, waits for the peer's FAILOVER, or failed), destroys its
+  // queue pair, completion queue and channel, deregisters its rings (their memory stays:
+  // the TCP path uses it) and destroys its rdma_cm id, so that the device can go while the
+  // stream lives on. Returns false when it still needs them (nothing done).
+  bool ReleaseRdma() noexcept;
+  bool rdma_released() const noexcept { return rdma_released_.load(std::memory_order_acquire); }
   // Waits (bounded) until everything posted has been acknowledged by the peer (or, after
   // failover, written to the anchor).
   bool Flush(int timeout_ms) noexcept;
@@ -246,8 +259,15 @@ class Conn final : public Channel {
 
   rdma_cm_id* id_;
   Device* device_;
+  bool device_held_ = false;  // counted in device_->users()
   ibv_cq* cq_ = nullptr;
   Slot slot_;
+  // Copies taken at Init: the data path reads these, never the registrations themselves,
+  // which ReleaseRdma may destroy under it.
+  uint32_t remote_lkey_ = 0;
+  uint32_t local_lkey_ = 0;
+  uint32_t qp_num_ = 0;
+  int own_fd_ = -1;  // the own channel's descriptor (a number, still valid as one)
   uint32_t max_inline_ = 0;
   uint32_t sq_depth_ = 0;
   bool send_notify_ = false;
@@ -323,11 +343,32 @@ class Conn final : public Channel {
   mutable std::atomic<int> direct_readers_{0};
   mutable std::atomic<bool> watched_{false};  // the progress thread's one shot is armed
 
+  // Device removal. rdma_released_ is set under both spin locks, so a poller or poster
+  // that holds one sees it before it touches the queues; the own channel is used outside
+  // them (TakeEvents, the watch), counted in channel_users_ (set, then checked: the
+  // release waits for those that got in before the flag).
+  std::atomic<bool> device_removed_{false};
+  std::atomic<bool> rdma_released_{false};
+  mutable std::atomic<int> channel_users_{0};
+  class ChannelUse {
+   public:
+    explicit ChannelUse(const Conn* conn) noexcept;
+    ~ChannelUse() { conn_->channel_users_.fetch_sub(1, std::memory_order_seq_cst); }
+    bool ok() const noexcept { return ok_; }
+
+   private:
+    const Conn* conn_;
+    bool ok_;
+  };
+  // The own channel goes (registry locked): out of the watch set and the epoll, destroyed.
+  void DropOwnChannelLocked() noexcept;
+
   // The registry's intrusive list.
   Conn* prev_ = nullptr;
   Conn* next_ = nullptr;
   friend void OrphanAllConns() noexcept;
   friend void FlushAllConns(int timeout_ms) noexcept;
+  friend int ReleaseRemovedConns(const Device* device) noexcept;
 
   // A completion channel of the connection's own, so that a blocking reader can sleep on
   // it (one wake-up per message, as rsocket's reader) while the progress thread serves
@@ -336,8 +377,9 @@ class Conn final : public Channel {
   class OwnChannel {
    public:
     ~OwnChannel();
-    ibv_comp_channel* channel = nullptr;
+    ibv_comp_channel* channel = nullptr;  // set once at Init, never changed
     const Conn* conn = nullptr;
+    bool dropped = false;  // DropOwnChannelLocked ran
   };
   OwnChannel own_;
 };
@@ -354,5 +396,9 @@ void ConnRegistryLock() noexcept;
 void ConnRegistryUnlock() noexcept;
 void OrphanAllConns() noexcept;  // in a fork child, with the registry locked
 void FlushAllConns(int timeout_ms) noexcept;
+// Progress thread, after the device's DEVICE_REMOVAL events were acknowledged: releases the
+// RDMA objects of every connection on `device` that rdma_cm said lost it (ReleaseRdma).
+// Returns how many of those still hold them.
+int ReleaseRemovedConns(const Device* device) noexcept;
 
 }  // namespace slip::verbs

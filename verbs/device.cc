@@ -2,10 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "core/log.h"
+#include "core/sys.h"
 
 namespace slip::verbs {
 
@@ -44,9 +48,51 @@ Device::~Device() {
 }
 
 void Device::FreeSlot(const Slot& slot) noexcept {
-  if (slot.local_mr) ibv_dereg_mr(slot.local_mr);
-  if (slot.remote_mr) ibv_dereg_mr(slot.remote_mr);
-  if (slot.base) munmap(slot.base, slot.size);
+  Slot s = slot;
+  DeregisterSlot(&s);
+  FreeRings(&s);
+}
+
+void Device::DeregisterSlot(Slot* slot) noexcept {
+  if (slot->local_mr) ibv_dereg_mr(slot->local_mr);
+  if (slot->remote_mr) ibv_dereg_mr(slot->remote_mr);
+  slot->local_mr = nullptr;
+  slot->remote_mr = nullptr;
+}
+
+void Device::FreeRings(Slot* slot) noexcept {
+  if (slot->base) munmap(slot->base, slot->size);
+  slot->base = nullptr;
+}
+
+void RetireContext(ibv_context* context) noexcept {
+  // librdmacm opened the context and closes it only when a later device list shows the
+  // device gone (sync_devices_list), which it never does while no device is left (it
+  // stops at an empty list): on a host whose only device was removed the context stays
+  // open until exit, and a device that cannot disassociate user contexts (rxe) waits for
+  // every one of its files to be closed before `rdma link delete` returns. Nothing of ours
+  // uses the context any more (the caller destroyed our objects and rdma_cm ids on it), so
+  // its two descriptors are replaced by /dev/null: the device's files are released now,
+  // and librdmacm's own later use of the context (closing it, a protection domain of a
+  // straggling id) fails harmlessly instead of touching another file. Read-only, so that a
+  // command written there fails too (EBADF) rather than succeeding without an answer.
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null_fd < 0) {
+    SLIP_LOG(kWarn, "verbs: cannot open /dev/null (%s): the removed device stays open",
+             strerror(errno));
+    return;
+  }
+  for (int fd : {context->async_fd, context->cmd_fd}) {
+    if (fd >= 0 && fd != null_fd && sys::dup3(null_fd, fd, O_CLOEXEC) < 0)
+      SLIP_LOG(kWarn, "verbs: cannot release descriptor %d of the removed device (%s)", fd,
+               strerror(errno));
+  }
+  sys::close(null_fd);
+}
+
+bool ContextRetired(const ibv_context* context) noexcept {
+  struct stat st {};
+  return fstat(context->cmd_fd, &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3);
 }
 
 int Device::GetSlot(uint32_t ring_size, Slot* slot) noexcept {

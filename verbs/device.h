@@ -1,6 +1,12 @@
 // One RDMA device as the transport uses it: a protection domain, a completion channel
 // served by the progress thread, and a pool of registered ring slots.
 //
+// Removal (rdma_cm's DEVICE_REMOVAL: `rdma link delete`, a driver unload): the module stops
+// handing the device out, its connections release what they hold of it (Conn::ReleaseRdma),
+// and once none uses it (users() == 0) the module destroys it and retires the context
+// (RetireContext), so that a device which cannot disassociate user contexts (rxe) can go
+// while the process lives on.
+//
 // Slots are registered once and reused: a connection storm must not pay ibv_reg_mr (a
 // page-pinning system call) per connection. Each slot holds the receive ring and a control
 // block (one remotely writable region) and the send mirror (local only): the sender copies
@@ -11,6 +17,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -62,17 +69,34 @@ class Device {
   // failed under a finite RLIMIT_MEMLOCK (the caller says so and stays on TCP).
   int GetSlot(uint32_t ring_size, Slot* slot) noexcept;
   void PutSlot(const Slot& slot) noexcept;
+  // The slot's registrations go, its memory stays (a connection that failed over to TCP
+  // still reads and writes its rings); FreeRings unmaps it later.
+  static void DeregisterSlot(Slot* slot) noexcept;
+  static void FreeRings(Slot* slot) noexcept;
+
+  // Connections holding objects of this device (queue pair, completion queue, slot): the
+  // device may be destroyed only once none does.
+  void Use() noexcept { users_.fetch_add(1, std::memory_order_relaxed); }
+  void Unuse() noexcept { users_.fetch_sub(1, std::memory_order_release); }
+  int users() const noexcept { return users_.load(std::memory_order_acquire); }
 
  private:
   Device() = default;
   static void FreeSlot(const Slot& slot) noexcept;
 
+  std::atomic<int> users_{0};
   ibv_context* context_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* comp_channel_ = nullptr;
   std::mutex mu_;
   std::vector<Slot> idle_;  // registered, unused
 };
+
+// After its device was removed and every object of ours on it destroyed: lets the kernel
+// finish the removal although librdmacm keeps `context` open (see device.cc).
+void RetireContext(ibv_context* context) noexcept;
+// True for a context that RetireContext retired (and librdmacm has not closed yet).
+bool ContextRetired(const ibv_context* context) noexcept;
 
 // Bytes one connection pins: what RLIMIT_MEMLOCK must allow per connection.
 size_t SlotBytes(uint32_t ring_size) noexcept;

@@ -101,6 +101,16 @@ struct ParkedConn {
   uint64_t since_ms = 0;
 };
 
+// A device that rdma_cm said was removed (DEVICE_REMOVAL), from the event to the end of the
+// process: the context is never handed out again (librdmacm may still name it in an id
+// resolved before the removal).
+struct Removal {
+  ibv_context* context = nullptr;
+  Device* device = nullptr;  // ours on it, until nothing uses it any more
+  bool retired = false;      // RetireContext done
+  bool superseded = false;   // under mu_: the address now holds a new context (DeviceFor)
+};
+
 class VerbsModule final : public Module, public ConnOwner {
  public:
   explicit VerbsModule(const Config* config) noexcept : config_(config) {}
@@ -176,6 +186,13 @@ class VerbsModule final : public Module, public ConnOwner {
   // a new connection that could not get resources tries once more. False if none.
   bool EvictParked() noexcept;
   Listener* ListenerFor(const wire::Endpoint& server) noexcept;
+  // Device removal (docs/DESIGN.md "Failover"): the event's context is noted (and no longer
+  // handed out); after the events were acknowledged, ReapRemoved destroys what the process
+  // holds on it: listener ids bound to it, requests pending on it, parked queue pairs, the
+  // RDMA objects of its connections (which live on over TCP), and then the device.
+  void NoteRemoved(ibv_context* context) noexcept;
+  void ReapRemoved() noexcept;
+  bool ReapRemoval(Removal* removal) noexcept;  // true once nothing is left to do
 
   const Config* config_;
   rdma_event_channel* cm_channel_ = nullptr;
@@ -189,6 +206,8 @@ class VerbsModule final : public Module, public ConnOwner {
   std::atomic<bool> memlock_reported_{false};
   std::mutex park_mu_;  // parked_ (a leaf: nothing else is taken under it)
   std::vector<ParkedConn> parked_;
+  std::vector<Removal> removals_;  // written by the progress thread under mu_
+  bool reaping_ = false;           // progress thread: a removal is not finished yet
 };
 
 // ------------------------------------------------------------------------ start
@@ -245,6 +264,23 @@ Device* VerbsModule::DeviceFor(ibv_context* context, int* error) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = devices_.find(context);
   if (it != devices_.end()) return it->second;
+  for (Removal& r : removals_) {
+    if (r.context != context || r.superseded) continue;
+    if (r.retired && !ContextRetired(context)) {
+      // librdmacm closed the retired context and opened a new one at the same address
+      // (the device came back).
+      r.superseded = true;
+      break;
+    }
+    *error = -ENODEV;  // removed: an id resolved before it went still names it
+    if (r.retired) {
+      // The device may have come back under the same GUID, which librdmacm matched to its
+      // old entry: a fresh look at the device list marks that entry dead, so the next id
+      // binds to the new device (this one stays plain).
+      if (ibv_context** list = rdma_get_devices(nullptr)) rdma_free_devices(list);
+    }
+    return nullptr;
+  }
   Device* dev = Device::Open(context, error);
   if (!dev) return nullptr;
   epoll_event ev{};
@@ -296,7 +332,8 @@ void VerbsModule::Run() noexcept {
   for (;;) {
     // The raw call: the interposed epoll_wait would prepare every accelerated stream for a
     // sleep (arming all their proxies) and spin SLIP_SPIN_US first, on every wake-up.
-    int n = sys::epoll_wait(epoll_fd_, events, 16, 500);
+    // While a removed device still has users, looked at often: `rdma link delete` waits.
+    int n = sys::epoll_wait(epoll_fd_, events, 16, reaping_ ? 20 : 500);
     if (forked_.load(std::memory_order_acquire)) return;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.ptr == nullptr) {
@@ -311,6 +348,7 @@ void VerbsModule::Run() noexcept {
     ServeClaims();
     ExpirePending();
     SweepParked();
+    ReapRemoved();
   }
 }
 
@@ -346,10 +384,14 @@ void VerbsModule::HandleCmEvent(rdma_cm_event* event) noexcept {
           conn->OnDisconnect();
         } else if (event->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
           conn->TransportFailed(wire::FailoverCause::kDeviceRemoved);
+          conn->MarkDeviceRemoved();
         } else {
           conn->Fail(ECONNRESET);
         }
       }
+      // The id cannot be destroyed before this event is acknowledged (rdma_destroy_id
+      // would wait for it): ReapRemoved does it, after the events.
+      if (event->event == RDMA_CM_EVENT_DEVICE_REMOVAL) NoteRemoved(event->id->verbs);
       break;
     }
     default:
@@ -532,6 +574,7 @@ Listener* VerbsModule::Listen(const sockaddr* local, Reason* why) noexcept {
 
 void VerbsModule::Unlisten(Listener* l) noexcept {
   if (!l) return;
+  rdma_cm_id* id = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < listeners_.size(); ++i) {
@@ -540,9 +583,11 @@ void VerbsModule::Unlisten(Listener* l) noexcept {
         break;
       }
     }
+    id = l->id;  // null once its device was removed (ReapRemoval destroyed it)
+    l->id = nullptr;
   }
   if (forked_.load()) return;  // the parent's objects: leave them alone
-  rdma_destroy_id(l->id);
+  if (id) rdma_destroy_id(id);
   std::vector<Pending> dropped;
   {
     std::lock_guard<std::mutex> lock(l->mu);
@@ -1149,6 +1194,114 @@ bool VerbsModule::EvictParked() noexcept {
   }
   SLIP_LOG(kDebug, "verbs: dropping parked queue pair %u for a new connection", oldest->qp_num());
   delete oldest;
+  return true;
+}
+
+// ------------------------------------------------------------------------ device removal
+
+void VerbsModule::NoteRemoved(ibv_context* context) noexcept {
+  if (!context) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Removal& r : removals_) {
+    if (r.context == context && !r.superseded) return;
+  }
+  Removal r;
+  r.context = context;
+  auto it = devices_.find(context);
+  if (it != devices_.end()) r.device = it->second;
+  try {
+    removals_.push_back(r);
+  } catch (...) {
+    SLIP_LOG(kWarn, "verbs: out of memory: the removed device stays open until exit");
+    return;
+  }
+  if (it != devices_.end()) devices_.erase(it);  // a later connection opens a new one
+  reaping_ = true;
+  SLIP_LOG(kInfo, "verbs: RDMA device %s removed: releasing what this process holds of it",
+           ibv_get_device_name(context->device));
+}
+
+void VerbsModule::ReapRemoved() noexcept {
+  if (!reaping_) return;
+  bool done = true;
+  // Only this thread adds removals (under mu_, which DeviceFor reads them under), so it
+  // reads them without the lock; ReapRemoval takes mu_ itself.
+  for (size_t i = 0; i < removals_.size(); ++i) done = ReapRemoval(&removals_[i]) && done;
+  reaping_ = !done;
+}
+
+bool VerbsModule::ReapRemoval(Removal* r) noexcept {
+  if (r->retired) return true;
+  // Listener ids bound to the device (a wildcard listener has none: rdma_cm keeps its own
+  // per-device listeners): the TCP listener goes on serving, plain. Requests pending on
+  // the device are dropped (their clients failed over nothing yet: they go plain).
+  std::vector<rdma_cm_id*> ids;
+  std::vector<Pending> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Listener* l : listeners_) {
+      if (l->id && l->id->verbs == r->context) {
+        try {
+          ids.push_back(l->id);
+          l->id = nullptr;
+        } catch (...) {
+          return false;  // tried again on the next round
+        }
+      }
+      std::lock_guard<std::mutex> llock(l->mu);
+      for (size_t i = 0; i < l->pending.size();) {
+        if (!r->device || l->pending[i].conn->device() != r->device) {
+          ++i;
+          continue;
+        }
+        try {
+          dropped.push_back(l->pending[i]);
+        } catch (...) {
+          ++i;
+          continue;
+        }
+        l->pending[i] = l->pending.back();
+        l->pending.pop_back();
+      }
+    }
+  }
+  for (rdma_cm_id* id : ids) rdma_destroy_id(id);  // its events were acknowledged
+  if (!dropped.empty())
+    SLIP_LOG(kDebug, "verbs: dropping %zu request(s) pending on the removed device",
+             dropped.size());
+  DestroyPending(&dropped);
+  if (r->device) {
+    // Parked queue pairs on it are deleted (their peers see them go); the connections
+    // that failed over keep their rings and release the rest.
+    std::vector<Conn*> gone;
+    {
+      std::lock_guard<std::mutex> lock(park_mu_);
+      for (size_t i = 0; i < parked_.size();) {
+        if (parked_[i].conn->device() != r->device) {
+          ++i;
+          continue;
+        }
+        try {
+          gone.push_back(parked_[i].conn);
+        } catch (...) {
+          ++i;
+          continue;
+        }
+        parked_.erase(parked_.begin() + long(i));
+      }
+    }
+    for (Conn* conn : gone) delete conn;
+    ReleaseRemovedConns(r->device);
+    // A connection that an application thread is still setting up on the device holds it
+    // until that thread lets go (its handshake fails, bounded by its timeout).
+    if (r->device->users() != 0) return false;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, r->device->comp_channel()->fd, nullptr);
+    delete r->device;  // its idle slots, channel and protection domain
+    r->device = nullptr;
+  }
+  RetireContext(r->context);
+  r->retired = true;
+  SLIP_LOG(kInfo, "verbs: released the removed RDMA device");
   return true;
 }
 

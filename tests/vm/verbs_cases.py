@@ -58,16 +58,18 @@ def first_difference(sent, received):
 
 
 def bulk_pair(t, server_slip=True, client_slip=True, server_env=None, client_env=None,
-              client_args=(), client_wrap=(), total=BULK, meanwhile=None, dump=False):
+              client_args=(), client_wrap=(), total=BULK, meanwhile=None, dump=False, hold=None):
     """progs/bulk.py both ways; returns (server, client, traffic) after checking content.
-    `meanwhile(server, client)` runs while the transfer is under way."""
+    `meanwhile(server, client)` runs while the transfer is under way; with `hold` (a path)
+    both ends keep their connection open after the transfer until that file exists."""
+    holds = ["--hold", hold] if hold else []
     dumps = ["--dump", t.dir / "server"] if dump else []
     server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--bind", LOOPBACK,
-                                  "--seed", 1, "--total", total, *dumps), slip=server_slip,
-                     env=server_env)
+                                  "--seed", 1, "--total", total, *dumps, *holds),
+                     slip=server_slip, env=server_env)
     dumps = ["--dump", t.dir / "client"] if dump else []
     argv = py("bulk.py", "client", "--port", t.port, "--host", LOOPBACK, "--seed", 2,
-              "--total", total, *dumps, *client_args)
+              "--total", total, *dumps, *holds, *client_args)
     client = t.start("client", [*client_wrap, *argv], slip=client_slip, env=client_env)
     if client_wrap:
         client.exe = os.path.realpath(PYTHON)  # what the stats record will name
@@ -388,10 +390,19 @@ def failover(t, variant):
     over verbs: both ends fail over to their TCP connection at the byte offsets they agree on
     in FAILOVER messages, and the application sees nothing but a slower stream: both streams
     arrive intact (SHA-256), each end's stats say "tcp", reason "failover", and each log
-    says why. The device is re-created afterwards for the cases that follow."""
+    says why. The device is re-created afterwards for the cases that follow.
+
+    The processes release the device at once (docs/DESIGN.md "Failover"): both ends keep
+    their connection open after the transfer until told (bulk.py --hold), and `rdma link
+    delete` must return while both still run (rxe cannot disassociate a user context: the
+    delete waits until every file of the device is closed), and `rdma link add` too."""
     logs = {name: t.dir / f"{name}.log" for name in ("server", "client")}
     env = {name: {"SLIP_LOG": "info", "SLIP_LOG_FILE": str(path)} for name, path in logs.items()}
+    hold = t.dir / "hold"
     removed = {}
+
+    def running(server, client):
+        return [proc.name for proc in (server, client) if proc.popen.poll() is None]
 
     def remove_device(server, client):
         # Only once RDMA really carries the streams (a few MiB), and well before they end.
@@ -400,11 +411,17 @@ def failover(t, variant):
         began = time.monotonic()
         removed["status"] = rdma_link("delete", "rxe0")
         removed["seconds"] = time.monotonic() - began
+        removed["running"] = running(server, client)
+        removed["added"] = rdma_link("add", "rxe0", "type", "rxe", "netdev", "rxv0")
+        removed["running_after_add"] = running(server, client)
+        hold.touch()
 
     try:
         server, client, traffic = bulk_pair(t, server_env=env["server"], client_env=env["client"],
-                                            total=48 * MiB, meanwhile=remove_device, dump=True)
+                                            total=48 * MiB, meanwhile=remove_device, dump=True,
+                                            hold=hold)
     finally:
+        hold.touch()
         if not RXE_COUNTERS.parent.parent.exists():
             rdma_link("add", "rxe0", "type", "rxe", "netdev", "rxv0")
         for name, path in logs.items():  # shown when the case fails
@@ -412,6 +429,13 @@ def failover(t, variant):
     code, said = removed.get("status", (None, "not attempted"))
     t.check(code == 0, f"rdma link delete rxe0 failed ({code}): {said}")
     print(f"device deleted in {removed['seconds']:.2f} s while the transfer ran")
+    t.check(removed["running"] == ["server", "client"],
+            f"rdma link delete rxe0 returned only after {removed['seconds']:.2f} s, when "
+            f"these still ran: {removed['running']} (the processes held the device)")
+    code, said = removed["added"]
+    t.check(code == 0, f"rdma link add rxe0 failed ({code}): {said}")
+    t.check(removed["running_after_add"] == ["server", "client"],
+            f"after rdma link add rxe0 only these still ran: {removed['running_after_add']}")
     for proc in (server, client):
         t.expect_stats(proc, "tcp", "failover", traffic=traffic[proc])
     for name, path in logs.items():

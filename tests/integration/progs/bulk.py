@@ -15,9 +15,11 @@ The two ends use different socket calls, to cover what the shim interposes:
 
 import hashlib
 import itertools
+import os
 import random
 import socket
 import threading
+import time
 
 from common import MiB, argument_parser, open_connection, random_chunks, random_size, report
 
@@ -114,6 +116,8 @@ def main():
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--total", type=int, default=32 * MiB)
     parser.add_argument("--dump", help="write the bytes sent and received to DUMP.sent/.received")
+    parser.add_argument("--hold", help="after the transfer, keep the connection open until the "
+                        "file HOLD exists (at most 60 s)")
     args = parser.parse_args()
 
     sock = open_connection(args.role, args.port, args.source_port, args.bind, args.host)
@@ -133,6 +137,9 @@ def main():
     thread.join()
     if errors:
         raise errors[0]
+    deadline = time.monotonic() + 60
+    while args.hold and not os.path.exists(args.hold) and time.monotonic() < deadline:
+        time.sleep(0.05)
     sock.close()
     report(sent=sent.count, sent_sha256=sent.sha.hexdigest(),
            received=received.count, received_sha256=received.sha.hexdigest())
