@@ -99,6 +99,9 @@ struct ClientConn {
 struct ParkedConn {
   Conn* conn = nullptr;
   uint64_t since_ms = 0;
+  // Release lists a queue pair before its PARKED goes out and marks it ready after: until
+  // then its closing thread still uses it, and nothing else may take or delete it.
+  bool ready = true;
 };
 
 // A device that rdma_cm said was removed (DEVICE_REMOVAL), from the event to the end of the
@@ -1008,13 +1011,20 @@ void VerbsModule::Release(Conn* conn) noexcept {
   {
     std::lock_guard<std::mutex> lock(park_mu_);
     try {
-      parked_.push_back(ParkedConn{conn, sys::MonotonicMs()});
+      parked_.push_back(ParkedConn{conn, sys::MonotonicMs(), false});
     } catch (...) {
       conn = nullptr;
     }
   }
   if (!conn) return;  // (out of memory: leaked, as nothing else could be done safely)
   conn->Park();
+  {
+    // (A claim may have taken it meanwhile: then it is no longer listed, and a stream's.)
+    std::lock_guard<std::mutex> lock(park_mu_);
+    for (ParkedConn& p : parked_) {
+      if (p.conn == conn) p.ready = true;
+    }
+  }
   SLIP_LOG(kDebug, "verbs: queue pair %u parked for reuse", conn->qp_num());
 }
 
@@ -1028,7 +1038,7 @@ Conn* VerbsModule::TakeParked(const wire::Endpoint& dest) noexcept {
   // The newest first: its peer is the most likely still there.
   for (size_t i = parked_.size(); i-- > 0;) {
     Conn* conn = parked_[i].conn;
-    if (!conn->client_role() || !(conn->dest() == dest) ||
+    if (!parked_[i].ready || !conn->client_role() || !(conn->dest() == dest) ||
         conn->ring_size() != config_->ring_size || !conn->Claimable())
       continue;
     parked_.erase(parked_.begin() + long(i));
@@ -1168,7 +1178,7 @@ void VerbsModule::SweepParked() noexcept {
       const ParkedConn& p = parked_[i];
       const uint64_t idle = p.conn->client_role() ? kClientIdleMs : kListenerIdleMs;
       const uint64_t limit = p.conn->PeerParked() ? idle : kLingerMs;
-      if (!p.conn->ParkedDead() && now - p.since_ms < limit) {
+      if (!p.ready || (!p.conn->ParkedDead() && now - p.since_ms < limit)) {
         ++i;
         continue;
       }
@@ -1188,9 +1198,11 @@ bool VerbsModule::EvictParked() noexcept {
   Conn* oldest = nullptr;
   {
     std::lock_guard<std::mutex> lock(park_mu_);
-    if (parked_.empty()) return false;
-    oldest = parked_.front().conn;
-    parked_.erase(parked_.begin());
+    auto it =
+        std::find_if(parked_.begin(), parked_.end(), [](const ParkedConn& p) { return p.ready; });
+    if (it == parked_.end()) return false;
+    oldest = it->conn;
+    parked_.erase(it);
   }
   SLIP_LOG(kDebug, "verbs: dropping parked queue pair %u for a new connection", oldest->qp_num());
   delete oldest;
@@ -1277,7 +1289,7 @@ bool VerbsModule::ReapRemoval(Removal* r) noexcept {
     {
       std::lock_guard<std::mutex> lock(park_mu_);
       for (size_t i = 0; i < parked_.size();) {
-        if (parked_[i].conn->device() != r->device) {
+        if (parked_[i].conn->device() != r->device || !parked_[i].ready) {
           ++i;
           continue;
         }
