@@ -217,24 +217,32 @@ void Established(Job* j) noexcept {
   proxy::Unfill(j->proxy_b);
 }
 
+// Resolved: the TCP socket bound to the route's source, then the request (REQ, or a
+// parked queue pair's CLAIM) for the now known 4-tuple. kNone when it went; else why not.
+Reason SendRequest(verbs::Module* m, verbs::ClientConn* conn, SlipSocket* s, int fd, int tcp,
+                   const sockaddr* dest, const sockaddr_storage& source, uint64_t* nonce) noexcept {
+  wire::Endpoint client, server;
+  wire::EndpointFromSockaddr(dest, &server);
+  if (!BindToRdmaSource(s, tcp, source, &client)) return Reason::kUnsupported;
+  *nonce = sys::RandomNonce();
+  SLIP_LOG(kDebug, "fd %d: verbs request from port %u", fd, client.port);
+  Reason why = Reason::kNone;
+  if (!m->StartHandshake(conn, client, server, *nonce, GetRuntime().config.ring_size, &why))
+    return why;
+  return Reason::kNone;
+}
+
 void StepRdma(Job* j) noexcept {
   sockaddr_storage source{};
   Reason why = Reason::kNone;
   switch (j->m->Advance(j->conn, &source, &why)) {
     case verbs::Module::Step::kWaiting:
       return;
-    case verbs::Module::Step::kResolved: {
-      wire::Endpoint client, server;
-      wire::EndpointFromSockaddr(reinterpret_cast<const sockaddr*>(&j->dest), &server);
-      if (!BindToRdmaSource(j->s, j->tcp, source, &client))
-        return Fallback(j, Reason::kUnsupported);
-      j->nonce = sys::RandomNonce();
-      j->ring_size = GetRuntime().config.ring_size;
-      SLIP_LOG(kDebug, "fd %d: verbs request from port %u", j->fd, client.port);
-      if (!j->m->StartHandshake(j->conn, client, server, j->nonce, j->ring_size, &why))
-        return Fallback(j, why);
+    case verbs::Module::Step::kResolved:
+      why = SendRequest(j->m, j->conn, j->s, j->fd, j->tcp,
+                        reinterpret_cast<const sockaddr*>(&j->dest), source, &j->nonce);
+      if (why != Reason::kNone) Fallback(j, why);
       return;
-    }
     case verbs::Module::Step::kAccepted: {
       // Only now the SYN: the listener holds the request before the connection can reach
       // its accept(), which makes its classification race-free.
@@ -393,24 +401,15 @@ Reason ConnectInBackground(SlipSocket* s, int fd, const sockaddr* addr, socklen_
   // CLAIM leaves now, and the thread only waits for the answer (no event would wake it
   // for a step that has nothing to wait for).
   uint64_t nonce = 0;
-  const uint32_t ring_size = GetRuntime().config.ring_size;
   sockaddr_storage source{};
   switch (m->Advance(conn, &source, &why)) {
-    case verbs::Module::Step::kResolved: {
-      wire::Endpoint client, server;
-      wire::EndpointFromSockaddr(addr, &server);
-      if (!BindToRdmaSource(s, fd, source, &client)) {
-        m->Abort(conn);
-        return Reason::kUnsupported;
-      }
-      nonce = sys::RandomNonce();
-      SLIP_LOG(kDebug, "fd %d: verbs request from port %u", fd, client.port);
-      if (!m->StartHandshake(conn, client, server, nonce, ring_size, &why)) {
+    case verbs::Module::Step::kResolved:
+      why = SendRequest(m, conn, s, fd, fd, addr, source, &nonce);
+      if (why != Reason::kNone) {
         m->Abort(conn);
         return why;
       }
       break;
-    }
     case verbs::Module::Step::kFailed:
       m->Abort(conn);
       return why;
@@ -452,7 +451,7 @@ Reason ConnectInBackground(SlipSocket* s, int fd, const sockaddr* addr, socklen_
   j->m = m;
   j->conn = conn;
   j->nonce = nonce;
-  j->ring_size = ring_size;
+  j->ring_size = GetRuntime().config.ring_size;
   // Neither readable nor writable, as a connecting TCP socket polls; the file status flags
   // (O_NONBLOCK) are the application's.
   proxy::Fill(j->proxy_a);

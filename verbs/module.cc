@@ -59,6 +59,26 @@ bool SameAddress(const wire::Endpoint& a, const wire::Endpoint& b) noexcept {
   return a.family == b.family && std::memcmp(a.addr, b.addr, 16) == 0;
 }
 
+// Moves the elements for which `take` holds from *from to the end of *out, keeping the
+// others in their order (the parked list is oldest first). One that cannot be moved (out
+// of memory) stays where it is, for a later round.
+template <typename T, typename Take>
+void MoveOutIf(std::vector<T>* from, std::vector<T>* out, Take take) noexcept {
+  size_t kept = 0;
+  for (size_t i = 0; i < from->size(); ++i) {
+    bool moved = false;
+    if (take((*from)[i])) {
+      try {
+        out->push_back((*from)[i]);
+        moved = true;
+      } catch (...) {
+      }
+    }
+    if (!moved) (*from)[kept++] = (*from)[i];
+  }
+  from->erase(from->begin() + long(kept), from->end());
+}
+
 }  // namespace
 
 struct Pending {
@@ -516,20 +536,7 @@ void VerbsModule::ExpirePending() noexcept {
     std::lock_guard<std::mutex> lock(mu_);
     for (Listener* l : listeners_) {
       std::lock_guard<std::mutex> llock(l->mu);
-      for (size_t i = 0; i < l->pending.size();) {
-        if (l->pending[i].expires_ms <= now) {
-          try {
-            expired.push_back(l->pending[i]);
-          } catch (...) {
-            ++i;
-            continue;
-          }
-          l->pending[i] = l->pending.back();
-          l->pending.pop_back();
-        } else {
-          ++i;
-        }
-      }
+      MoveOutIf(&l->pending, &expired, [now](const Pending& p) { return p.expires_ms <= now; });
     }
   }
   if (!expired.empty()) SLIP_LOG(kDebug, "verbs: %zu request(s) expired", expired.size());
@@ -637,21 +644,8 @@ uint64_t VerbsModule::PendingCommitted(Listener* l, const wire::Endpoint& client
 static void TakeTuple(Listener* l, const wire::Endpoint& client, const wire::Endpoint& server,
                       std::vector<Pending>* out) noexcept {
   std::lock_guard<std::mutex> lock(l->mu);
-  for (size_t i = 0; i < l->pending.size();) {
-    Pending& p = l->pending[i];
-    if (!(p.client == client && p.server == server)) {
-      ++i;
-      continue;
-    }
-    try {
-      out->push_back(p);
-    } catch (...) {
-      ++i;  // left to expire
-      continue;
-    }
-    l->pending[i] = l->pending.back();
-    l->pending.pop_back();
-  }
+  MoveOutIf(&l->pending, out,
+            [&](const Pending& p) { return p.client == client && p.server == server; });
 }
 
 void VerbsModule::DropPending(Listener* l, const wire::Endpoint& client,
@@ -1101,25 +1095,16 @@ Listener* VerbsModule::ListenerFor(const wire::Endpoint& server) noexcept {
 }
 
 void VerbsModule::ServeClaims() noexcept {
-  std::vector<std::pair<Conn*, LinkMsg>> claims;
+  std::vector<ParkedConn> claimed;
   {
     std::lock_guard<std::mutex> lock(park_mu_);
-    for (size_t i = 0; i < parked_.size();) {
-      LinkMsg claim;
-      if (parked_[i].conn->TakeClaim(&claim)) {
-        try {
-          claims.emplace_back(parked_[i].conn, claim);
-        } catch (...) {
-          ++i;  // served on a later round
-          continue;
-        }
-        parked_.erase(parked_.begin() + long(i));
-      } else {
-        ++i;
-      }
-    }
+    LinkMsg unused;
+    MoveOutIf(&parked_, &claimed, [&](const ParkedConn& p) { return p.conn->TakeClaim(&unused); });
   }
-  for (auto& [conn, claim] : claims) ServeClaim(conn, claim);
+  for (const ParkedConn& p : claimed) {
+    LinkMsg claim;
+    if (p.conn->TakeClaim(&claim)) ServeClaim(p.conn, claim);
+  }
 }
 
 void VerbsModule::ServeClaim(Conn* conn, const LinkMsg& claim) noexcept {
@@ -1170,28 +1155,17 @@ void VerbsModule::ServeClaim(Conn* conn, const LinkMsg& claim) noexcept {
 }
 
 void VerbsModule::SweepParked() noexcept {
-  std::vector<Conn*> gone;
+  std::vector<ParkedConn> gone;
   const uint64_t now = sys::MonotonicMs();
   {
     std::lock_guard<std::mutex> lock(park_mu_);
-    for (size_t i = 0; i < parked_.size();) {
-      const ParkedConn& p = parked_[i];
+    MoveOutIf(&parked_, &gone, [now](const ParkedConn& p) {
       const uint64_t idle = p.conn->client_role() ? kClientIdleMs : kListenerIdleMs;
       const uint64_t limit = p.conn->PeerParked() ? idle : kLingerMs;
-      if (!p.ready || (!p.conn->ParkedDead() && now - p.since_ms < limit)) {
-        ++i;
-        continue;
-      }
-      try {
-        gone.push_back(p.conn);
-      } catch (...) {
-        ++i;
-        continue;
-      }
-      parked_.erase(parked_.begin() + long(i));
-    }
+      return p.ready && (p.conn->ParkedDead() || now - p.since_ms >= limit);
+    });
   }
-  for (Conn* conn : gone) delete conn;  // disconnects: the peer drops its end
+  for (const ParkedConn& p : gone) delete p.conn;  // disconnects: the peer drops its end
 }
 
 bool VerbsModule::EvictParked() noexcept {
@@ -1261,20 +1235,8 @@ bool VerbsModule::ReapRemoval(Removal* r) noexcept {
         }
       }
       std::lock_guard<std::mutex> llock(l->mu);
-      for (size_t i = 0; i < l->pending.size();) {
-        if (!r->device || l->pending[i].conn->device() != r->device) {
-          ++i;
-          continue;
-        }
-        try {
-          dropped.push_back(l->pending[i]);
-        } catch (...) {
-          ++i;
-          continue;
-        }
-        l->pending[i] = l->pending.back();
-        l->pending.pop_back();
-      }
+      MoveOutIf(&l->pending, &dropped,
+                [r](const Pending& p) { return r->device && p.conn->device() == r->device; });
     }
   }
   for (rdma_cm_id* id : ids) rdma_destroy_id(id);  // its events were acknowledged
@@ -1285,24 +1247,13 @@ bool VerbsModule::ReapRemoval(Removal* r) noexcept {
   if (r->device) {
     // Parked queue pairs on it are deleted (their peers see them go); the connections
     // that failed over keep their rings and release the rest.
-    std::vector<Conn*> gone;
+    std::vector<ParkedConn> gone;
     {
       std::lock_guard<std::mutex> lock(park_mu_);
-      for (size_t i = 0; i < parked_.size();) {
-        if (parked_[i].conn->device() != r->device || !parked_[i].ready) {
-          ++i;
-          continue;
-        }
-        try {
-          gone.push_back(parked_[i].conn);
-        } catch (...) {
-          ++i;
-          continue;
-        }
-        parked_.erase(parked_.begin() + long(i));
-      }
+      MoveOutIf(&parked_, &gone,
+                [r](const ParkedConn& p) { return p.ready && p.conn->device() == r->device; });
     }
-    for (Conn* conn : gone) delete conn;
+    for (const ParkedConn& p : gone) delete p.conn;
     ReleaseRemovedConns(r->device);
     // A connection that an application thread is still setting up on the device holds it
     // until that thread lets go (its handshake fails, bounded by its timeout).
