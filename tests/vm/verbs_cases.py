@@ -237,12 +237,17 @@ def reuse_restart(t, variant):
     twice = [PYTHON, HERE / "progs" / "twice.py"]
     server1 = t.serve("server1", [*twice, "server", "--host", LOOPBACK, "--port", t.port,
                                   "--count", 3], slip=True, env=env["server1"])
+    # The fourth connection waits until the second server listens (a slow start must not
+    # make it a refused connection); the pause lets the first server's exit be seen.
+    ready = t.dir / "server2.listening"
     client = t.start("client", [*twice, "client", "--host", LOOPBACK, "--port", t.port,
-                                "--count", 6, "--seed", 11, "--pause", "2"],
+                                "--count", 6, "--seed", 11, "--pause", "2",
+                                "--wait-file", ready, "--wait-before", 3],
                      slip=True, env=env["client"])
     server1.expect_exit(0)
     server2 = t.serve("server2", [*twice, "server", "--host", LOOPBACK, "--port", t.port,
                                   "--count", 3], slip=True, env=env["server2"])
+    ready.touch()
     client.expect_exit(0)
     server2.expect_exit(0)
     report = client.json_output()

@@ -3,7 +3,8 @@
 server: accepts --count connections one after another and echoes each until EOF.
 client: connects --count times; each time sends random bytes (64 KiB, or with --seed a
 random size from 1 B to 512 KiB), reads them back until EOF, compares, and closes; with
---pause it waits that many seconds before the next connection. Prints
+--pause it waits that many seconds before the next connection, and with --wait-file F
+--wait-before K it waits (up to 60 s) for F to exist before connection K (0-based). Prints
 {"connections": N, "ok": N, "bytes": B} (client) or {"served": N}.
 """
 import argparse
@@ -20,6 +21,8 @@ parser.add_argument("--port", type=int, required=True)
 parser.add_argument("--count", type=int, default=2)
 parser.add_argument("--seed", type=int, default=None)
 parser.add_argument("--pause", type=float, default=0.0)
+parser.add_argument("--wait-file", default=None)
+parser.add_argument("--wait-before", type=int, default=-1)
 args = parser.parse_args()
 
 if args.role == "server":
@@ -36,6 +39,10 @@ else:
     ok = 0
     moved = 0
     for i in range(args.count):
+        if args.wait_file and i == args.wait_before:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(args.wait_file) and time.monotonic() < deadline:
+                time.sleep(0.05)
         size = 65536 if args.seed is None else rng.choice([1, 100, 4096, rng.randint(1, 1 << 19)])
         payload = rng.randbytes(size) if args.seed is not None else os.urandom(size)
         with socket.create_connection((args.host, args.port), timeout=60) as sock:
