@@ -16,6 +16,7 @@
 
 #include "core/config.h"
 #include "core/proxy.h"
+#include "core/stats.h"
 #include "core/wire.h"
 
 namespace slip {
@@ -109,6 +110,34 @@ class Channel {
   virtual bool SharedWithOtherProcess() const noexcept { return true; }
   // In a fork child, for each inherited connection: the child is one more holder.
   virtual void AfterForkChild() noexcept {}
+
+  // --- settling (docs/DESIGN.md, "Settling a connection") ---
+  // A connection may be installed before its two ends agreed that it uses the transport:
+  // a client whose listener has not answered its registration yet, a server whose client's
+  // CONFIRM has not arrived when the application accepts. Neither may wait for the other
+  // inside connect() or accept(). Until settled, the channel keeps the stream safe on its
+  // own terms (a server's shows no bytes and no space), and the control thread calls Settle
+  // whenever the anchor or SettleFd() has news, and at SettleDeadline().
+  enum class Settlement : uint8_t {
+    kSettled,  // the transport carries the stream
+    kPending,  // not yet: call again on news or at the deadline
+    kPlain,    // the stream continues on the TCP anchor from here (as after a failover;
+               // its readiness goes to OnAnchorReady), for the reason in *why
+    kReset,    // neither is safe: the connection must be reset
+  };
+  // CLOCK_MONOTONIC milliseconds by which the connection must be settled; 0 once settled.
+  virtual uint64_t SettleDeadline() const noexcept { return 0; }
+  // A descriptor besides the anchor whose readiness to read may settle it, or -1.
+  virtual int SettleFd() const noexcept { return -1; }
+  // Tries to settle without blocking. At or past the deadline it decides.
+  virtual Settlement Settle(uint64_t now_ms, Reason* why) noexcept {
+    (void)now_ms;
+    (void)why;
+    return Settlement::kSettled;
+  }
+  // The stream found the peer breaking the ring protocol (a cursor out of range): the
+  // transport ends the connection in a way the peer notices (shm: resets the anchor).
+  virtual void OnPeerViolation() noexcept {}
 
   // --- direct sleep (optional) ---
   // A transport whose news arrive on a descriptor of its own (verbs: the connection's

@@ -23,11 +23,20 @@ void WriteToken(WakeState* wake, int b_fd) noexcept {
 }
 
 void DrainTokens(WakeState* wake, int a_fd) noexcept {
+  // Everything queued on A, not just what the count says: the count may live where the
+  // peer writes (shm), and a byte nobody counted would leave A readable with nothing to
+  // read, so that a level-triggered poller would spin. The count goes down by what was
+  // taken, never below zero (a token written meanwhile keeps its count).
   char buf[256];
-  while (wake->tokens.load(std::memory_order_relaxed) != 0) {
-    ssize_t n = sys::recv(a_fd, buf, sizeof(buf), MSG_DONTWAIT);
+  for (;;) {
+    const ssize_t n = sys::recv(a_fd, buf, sizeof(buf), MSG_DONTWAIT);
     if (n <= 0) return;
-    wake->tokens.fetch_sub(static_cast<uint32_t>(n), std::memory_order_relaxed);
+    uint32_t tokens = wake->tokens.load(std::memory_order_relaxed);
+    uint32_t left;
+    do {
+      left = tokens > uint32_t(n) ? tokens - uint32_t(n) : 0;
+    } while (!wake->tokens.compare_exchange_weak(tokens, left, std::memory_order_relaxed));
+    if (n < ssize_t(sizeof(buf))) return;
   }
 }
 

@@ -352,7 +352,9 @@ const char* ReasonName(Reason r) noexcept {
                                            "no_rdma_device",
                                            "no_rdma_path",
                                            "memlock",
-                                           "exec"};
+                                           "exec",
+                                           "untrusted_rendezvous",
+                                           "fd_limit"};
   static_assert(std::size(kNames) == static_cast<size_t>(Reason::kCount));
   auto i = static_cast<size_t>(r);
   return i < std::size(kNames) ? kNames[i] : "unknown";

@@ -38,6 +38,8 @@ enum class Reason : uint8_t {
   kNoRdmaPath,         // the peer cannot be reached over RDMA (address/route/timeout)
   kMemlock,            // RLIMIT_MEMLOCK too low to register the rings
   kExec,               // handed back to TCP because the process exec'd with it
+  kUntrustedRendezvous,  // the rendezvous for the port is not held by the listener's owner
+  kFdLimit,              // descriptors short: the setup would have used the application's
   kCount
 };
 const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
@@ -45,7 +47,7 @@ const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
 enum class SlotState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
 
 constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
-constexpr uint32_t kStatsVersion = 4;         // 3: kNoRdmaDevice..kMemlock; 4: kExec
+constexpr uint32_t kStatsVersion = 5;  // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit
 constexpr uint32_t kStatsSlots = 8192;
 
 struct alignas(64) ConnSlot {

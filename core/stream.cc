@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "core/log.h"
 #include "core/sys.h"
 
 namespace slip {
@@ -89,8 +90,8 @@ Stream::Stream(std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
 // fork another process may still hold the connection, and only the kernel knows when the
 // last holder is gone (it then closes the TCP anchor, whose FIN the peer watches).
 Stream::~Stream() {
-  sys::close(proxy_a_);
-  sys::close(proxy_b_);
+  if (proxy_a_ >= 0) sys::close(proxy_a_);
+  if (proxy_b_ >= 0) sys::close(proxy_b_);
   if (Channel* channel = channel_.release()) channel->Destroy();
 }
 
@@ -100,12 +101,41 @@ bool Stream::HandBack(int timeout_ms) noexcept {
   return channel_->HandBack(consumed_.load(std::memory_order_relaxed), timeout_ms);
 }
 
-bool Stream::HasRxData() const noexcept {
-  return channel_->RxProduced() != consumed_.load(std::memory_order_relaxed);
+uint64_t Stream::RxAvail() const noexcept {
+  if (violated_.load(std::memory_order_acquire)) return 0;
+  // Our cursor first: it never passes a value of the peer's that an earlier read saw, and
+  // the peer's only grows, so a later read of it is never behind ours.
+  const uint64_t consumed = consumed_.load(std::memory_order_acquire);
+  const uint64_t produced = channel_->RxProduced();
+  const uint64_t avail = produced - consumed;
+  if (avail <= channel_->ring_size()) return avail;
+  PeerViolation("published", produced, consumed);
+  return 0;
 }
 
-bool Stream::HasTxSpace() const noexcept {
-  return produced_.load(std::memory_order_relaxed) - channel_->TxConsumed() < channel_->ring_size();
+uint64_t Stream::TxUsed() const noexcept {
+  const uint32_t size = channel_->ring_size();
+  if (violated_.load(std::memory_order_acquire)) return size;
+  // The peer's credit first, then ours (which only grows and never trails what was
+  // published, so it is never behind what the credit covers).
+  const uint64_t credited = channel_->TxConsumed();
+  const uint64_t produced = produced_.load(std::memory_order_acquire);
+  const uint64_t used = produced - credited;
+  if (used <= size) return used;
+  PeerViolation("credited", credited, produced);
+  return size;
+}
+
+void Stream::PeerViolation(const char* what, uint64_t value, uint64_t ours) const noexcept {
+  if (violated_.exchange(true)) return;
+  SLIP_LOG(kWarn,
+           "the peer broke the ring protocol (it %s byte %llu, this end is at %llu, ring %u); "
+           "resetting the connection",
+           what, (unsigned long long)value, (unsigned long long)ours, channel_->ring_size());
+  channel_->OnPeerViolation();
+  // Readers see what they had, then ECONNRESET; writers wake to it.
+  auto* self = const_cast<Stream*>(this);
+  self->MarkPeerGone(true);
 }
 
 bool Stream::RxFinished() const noexcept {
@@ -174,8 +204,8 @@ ssize_t Stream::SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   for (;;) {
     if (int err = SendError(sent ? flags | MSG_NOSIGNAL : flags)) return sent ? ssize_t(sent) : err;
     if (sent == total) return ssize_t(sent);
+    uint64_t space = size - TxUsed();
     uint64_t produced = produced_.load(std::memory_order_relaxed);
-    uint64_t space = size - (produced - channel_->TxConsumed());
     if (space > 0) {
       size_t n = std::min<uint64_t>(space, total - sent);
       IovCursor cursor(iov, iovcnt, sent);
@@ -188,7 +218,7 @@ ssize_t Stream::SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
         copied += piece;
       }
       produced += n;
-      produced_.store(produced, std::memory_order_relaxed);
+      produced_.store(produced, std::memory_order_release);
       channel_->TxPublish(produced);
       sent += n;
       continue;
@@ -255,7 +285,7 @@ int Stream::RecvEndState() noexcept {
   if (peer_gone_.load(std::memory_order_acquire)) {
     if (HasRxData()) return 1;
     // Like TCP: a peer that died with our bytes unread resets the connection once.
-    bool unread = produced_.load(std::memory_order_relaxed) != channel_->TxConsumed();
+    bool unread = TxUsed() != 0;
     if ((unread || reset_by_peer_.load(std::memory_order_acquire)) &&
         !reset_reported_.exchange(true))
       return -ECONNRESET;
@@ -292,8 +322,8 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   size_t& got = *done;
   if (total == 0) return 0;
   uint64_t consumed = consumed_.load(std::memory_order_relaxed);
-  uint64_t produced = channel_->RxProduced();
-  uint64_t avail = produced - consumed;
+  uint64_t avail = RxAvail();
+  uint64_t produced = consumed + avail;
   if (peek) {
     // Like TCP, MSG_PEEK|MSG_WAITALL waits until the whole amount is there (or EOF).
     if (avail > 0 && (avail >= total || !waitall || RxFinished()))
@@ -301,7 +331,7 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   } else if (avail > 0) {
     size_t n = CopyOut(iov, iovcnt, got, std::min<uint64_t>(avail, total - got), consumed);
     consumed += n;
-    consumed_.store(consumed, std::memory_order_relaxed);
+    consumed_.store(consumed, std::memory_order_release);
     channel_->RxConsumed(consumed);
     got += n;
     if (got == total || !waitall) {
@@ -314,7 +344,7 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   if (end <= 0) return got ? ssize_t(got) : end;
   if (nonblocking) {
     proxy::DrainTokens(wake, proxy_a_);
-    if (channel_->RxProduced() != produced || RecvEndState() <= 0)
+    if (RxAvail() != produced - consumed_.load(std::memory_order_relaxed) || RecvEndState() <= 0)
       return RecvOnce(iov, iovcnt, total, flags, nonblocking, done, seen);
     return got ? ssize_t(got) : -EAGAIN;
   }
@@ -335,7 +365,12 @@ int Stream::WaitReadable(uint64_t seen) noexcept {
     char token;
     ssize_t n = sys::recv(proxy_a_, &token, 1, 0);
     if (n == 1) {
-      wake->tokens.fetch_sub(1, std::memory_order_relaxed);
+      // (Saturating: a token nobody counted, e.g. a peer's stray byte, must not wrap the
+      // count and silence every later wake-up.)
+      uint32_t tokens = wake->tokens.load(std::memory_order_relaxed);
+      while (tokens != 0 &&
+             !wake->tokens.compare_exchange_weak(tokens, tokens - 1, std::memory_order_relaxed)) {
+      }
     } else if (n < 0) {
       rc = -errno;
     }
@@ -474,11 +509,11 @@ void Stream::MarkPeerGone(bool reset) noexcept {
 }
 
 size_t Stream::ReadableBytes() const noexcept {
-  return channel_->RxProduced() - consumed_.load(std::memory_order_relaxed);
+  return RxAvail();
 }
 
 size_t Stream::UnconsumedBytes() const noexcept {
-  return produced_.load(std::memory_order_relaxed) - channel_->TxConsumed();
+  return TxUsed();
 }
 
 uint32_t Stream::Ready(uint32_t interest) const noexcept {

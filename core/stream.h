@@ -9,6 +9,9 @@
 // serialised by its own lock, which is never held while sleeping. MarkPeerGone may be
 // called from the control thread at any time.
 // Errors are returned as -errno; nothing here allocates after construction.
+// The peer's cursors are input from another process (shm: its shared memory): they are
+// range-checked before any use, and a peer that breaks the protocol ends its own
+// connection (ECONNRESET), never the process.
 #pragma once
 
 #include <sys/types.h>
@@ -72,6 +75,12 @@ class Stream {
   bool HandBack(int timeout_ms) noexcept;
 
   Channel* channel() noexcept { return channel_.get(); }
+  // A (the application's end of the proxy), for the face that puts it at the
+  // application's descriptor number.
+  int proxy_a() const noexcept { return proxy_a_; }
+  // For a stream that was never installed: its proxies go back to whoever created them
+  // (the destructor will not close them).
+  void ReleaseProxies() noexcept { proxy_a_ = proxy_b_ = -1; }
   uint64_t bytes_produced() const noexcept { return produced_.load(std::memory_order_relaxed); }
 
  private:
@@ -87,8 +96,14 @@ class Stream {
   int RecvEndState() noexcept;  // 0 = EOF, -errno, or 1 = nothing yet
   template <typename Pred>
   bool SpinUntil(Pred ready) const noexcept;
-  bool HasRxData() const noexcept;
-  bool HasTxSpace() const noexcept;
+  // The peer's cursors, checked: bytes it published that we have not consumed (at most a
+  // ring), and bytes we published that it has not credited (likewise). A cursor out of
+  // range ends the connection (PeerViolation) and reads as nothing to receive, no space.
+  uint64_t RxAvail() const noexcept;
+  uint64_t TxUsed() const noexcept;
+  void PeerViolation(const char* what, uint64_t value, uint64_t ours) const noexcept;
+  bool HasRxData() const noexcept { return RxAvail() != 0; }
+  bool HasTxSpace() const noexcept { return TxUsed() < channel_->ring_size(); }
   bool RxFinished() const noexcept;  // EOF, peer gone or SHUT_RD: no more bytes will come
   bool TxFinished() const noexcept;  // sending can only fail now
   int WaitReadable(uint64_t seen) noexcept;
@@ -97,8 +112,8 @@ class Stream {
   int WaitWritable() noexcept;
 
   std::unique_ptr<Channel> channel_;
-  const int proxy_a_;
-  const int proxy_b_;
+  int proxy_a_;
+  int proxy_b_;
   const StreamOptions options_;
   const uint32_t mask_;
 
@@ -112,6 +127,7 @@ class Stream {
   std::atomic<bool> reset_reported_{false};
   std::atomic<bool> reset_by_peer_{false};
   std::atomic<bool> closed_{false};
+  mutable std::atomic<bool> violated_{false};
   std::atomic<int> rx_sleepers_{0};  // threads asleep in WaitReadable
 };
 

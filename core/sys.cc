@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <cerrno>
@@ -30,6 +31,27 @@ int MoveHigh(int fd, int floor) noexcept {
   }
   close(fd);
   return moved;
+}
+
+bool FileSizeAllows(uint64_t end) noexcept {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return true;
+  return end <= uint64_t(rl.rlim_cur);
+}
+
+int MoveAbove(int fd, int floor) noexcept {
+  if (fd < 0 || floor <= fd) return fd;
+  const int moved = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+  const int err = errno;
+  close(fd);
+  if (moved < 0) errno = err == EINVAL ? EMFILE : err;  // EINVAL: the floor is past the limit
+  return moved;
+}
+
+int DupAbove(int fd, int floor) noexcept {
+  const int copy = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+  if (copy < 0 && errno == EINVAL) errno = EMFILE;
+  return copy;
 }
 
 int DupHigh(int fd, int floor) noexcept {

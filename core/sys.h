@@ -107,9 +107,20 @@ inline uint64_t RandomNonce() noexcept {
 // Moves `fd` to a descriptor number at or above `floor` (close-on-exec) and closes the
 // original. Keeps hidden descriptors out of the low numbers the application expects.
 int MoveHigh(int fd, int floor) noexcept;
+// The same, but never below the floor: when no number at or above it is free, closes `fd`
+// and fails (-1, errno EMFILE). Slipstream's own descriptors of a connection never take
+// the numbers the application would get: a connection that cannot have its descriptors
+// above the floor stays plain (docs/SECURITY.md, "Descriptors"). `fd` < 0 is returned as is.
+int MoveAbove(int fd, int floor) noexcept;
+// A close-on-exec duplicate of `fd` at or above `floor`, or -1 (errno EMFILE).
+int DupAbove(int fd, int floor) noexcept;
 // A close-on-exec duplicate of `fd` at or above `floor` (below it when the floor is out of
 // reach): one system call where MoveHigh of a plain dup is three.
 int DupHigh(int fd, int floor) noexcept;
+
+// True when a file may grow to `end` bytes under RLIMIT_FSIZE: growing past it would raise
+// SIGXFSZ, whose default action kills the host program.
+bool FileSizeAllows(uint64_t end) noexcept;
 
 // The floor for hidden descriptors, chosen once at start-up.
 int HiddenFdFloor() noexcept;

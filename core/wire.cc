@@ -170,7 +170,7 @@ bool ParsePayload(Type type, Reader* r, Message* out) noexcept {
       out->decline = Decline();
       out->decline.nonce = r->U64();
       uint32_t reason = r->U32();
-      if (reason > static_cast<uint32_t>(DeclineReason::kVersion)) return false;
+      if (reason > static_cast<uint32_t>(DeclineReason::kDescriptors)) return false;
       out->decline.reason = static_cast<DeclineReason>(reason);
       return true;
     }

@@ -6,11 +6,11 @@
 // the caller declines and falls back to plain TCP.
 //
 // Flow on one host (shm):
-//   client -> rendezvous (datagram, out of band, before SYN): REGISTER (+ fds)
-//   client -> server (in band, first bytes):                   CONFIRM (nonce)
-//   server -> client (in band, first bytes):                   DECLINE(reason) on failure
-//                                                              (success is silent; ACCEPT
-//                                                              stays defined, unused)
+//   client -> rendezvous (out of band, before SYN):   REGISTER (+ fds)
+//   rendezvous -> client (out of band):               ACCEPT (nonce) or DECLINE (reason)
+//   client -> server (in band, first bytes, only after ACCEPT): CONFIRM (nonce)
+//   server -> client (in band):                       DECLINE (verbs, or a CONFIRM with
+//                                                     nothing registered: reset)
 //   CANCEL stays defined, unused: a withdrawal is the region's claim word (shm/shm.h)
 //
 // Once accelerated, either end (in band, when its transport fails):  FAILOVER (bytes it
@@ -48,6 +48,8 @@ enum class DeclineReason : uint32_t {
   kResources = 4,
   kPolicy = 5,
   kVersion = 6,
+  kBusy = 7,         // the listener holds as many registrations as it allows (from this uid)
+  kDescriptors = 8,  // the listener is short of descriptors
 };
 
 // An endpoint address as carried on the wire. IPv4 and v4-mapped IPv6 both encode as

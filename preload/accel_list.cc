@@ -34,15 +34,20 @@ uint64_t NowNs() noexcept {
 
 }  // namespace
 
-void AccelListAdd(SlipSocket* s) noexcept {
+bool AccelListAdd(SlipSocket* s) noexcept {
   AccelList& l = List();
   std::lock_guard<std::mutex> lock(l.mu);
   try {
     l.sockets.push_back(s);
   } catch (...) {
-    return;
+    return false;
   }
   l.count.store(l.sockets.size(), std::memory_order_relaxed);
+  try {
+    if (l.sockets.capacity() - l.sockets.size() < 16) l.sockets.reserve(l.sockets.size() * 2 + 16);
+  } catch (...) {
+  }
+  return true;
 }
 
 void AccelListRemove(SlipSocket* s) noexcept {

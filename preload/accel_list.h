@@ -10,7 +10,9 @@ namespace slip::preload {
 
 struct SlipSocket;
 
-void AccelListAdd(SlipSocket* s) noexcept;
+// False when the list cannot grow (no memory): the socket must not be accelerated. Each
+// add keeps room for the next ones, so that an install rarely allocates.
+bool AccelListAdd(SlipSocket* s) noexcept;
 void AccelListRemove(SlipSocket* s) noexcept;
 
 // Makes every accelerated proxy's kernel readiness true and arms wake-ups.

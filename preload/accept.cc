@@ -4,12 +4,19 @@
 // for its 4-tuple means plain, untouched. A registration means the client proved it runs
 // Slipstream out of band; its first in-band bytes must then be a CONFIRM carrying the
 // registration's nonce. Anything else in those bytes is a plain client (a forged
-// registration), and its bytes stay in the socket for the application.
+// registration), and its bytes are the application's.
+//
+// accept() never waits for those bytes on shm: a registration's stream is built when the
+// registration arrives, so it is installed at once, held (no bytes either way) until the
+// CONFIRM comes, which it usually already has (Channel::Settle; docs/DESIGN.md, "Settling
+// a connection"). A verbs request still waits for its CONFIRM here, bounded.
 #include <netinet/in.h>
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <vector>
 
@@ -41,38 +48,30 @@ void SendDecline(int fd, uint64_t nonce, wire::DeclineReason reason) noexcept {
   SendInBand(fd, msg);
 }
 
-// What the client registered for this connection, out of band: shm registrations and/or
-// an rdma_cm request pending on the listener's twin.
+// What the client registered for this connection, out of band: an shm registration
+// and/or an rdma_cm request pending on the listener's twin.
 struct Registered {
   SlipSocket* listener;
   wire::Endpoint client, server;
-  std::vector<shm::Registration> shm;
+  shm::Registration shm;
+  bool has_shm = false;
   verbs::Module* verbs = nullptr;  // set when a verbs request is pending
 
   // True once the client withdrew everything it registered (its TCP handshake was slow).
   bool Withdrawn() noexcept {
-    bool any = false;
-    for (shm::Registration& r : shm) {
-      if (shm::ReadClaim(&r) != shm::Claim::kWithdrawn) return false;
-      any = true;
-    }
-    if (verbs) {
-      if (!verbs->PendingWithdrawn(listener->verbs_listener, client, server)) return false;
-      any = true;
-    }
-    return any;
+    if (has_shm && shm.ReadClaim() != shm::Claim::kWithdrawn) return false;
+    if (verbs && !verbs->PendingWithdrawn(listener->verbs_listener, client, server)) return false;
+    return has_shm || verbs;
   }
 
-  // At the deadline: stops waiting for every shm registration whose client has not decided
+  // At the deadline: stops waiting for the shm registration if its client has not decided
   // yet (shm.h, Claim). Returns the nonce of one whose client has committed to its CONFIRM
   // (it is on its way: the connection must not be handed over as plain TCP), or 0.
   // A verbs client commits by sending its HELLO before its SYN (the request then has it
   // here, since we hold its TCP connection) and withdraws only by disconnecting.
   uint64_t Abandon() noexcept {
     uint64_t committed = 0;
-    for (shm::Registration& r : shm) {
-      if (shm::Abandon(&r) == shm::Claim::kConfirmed) committed = r.msg.nonce;
-    }
+    if (has_shm && shm.Abandon() == shm::Claim::kConfirmed) committed = shm.msg.nonce;
     if (verbs && !committed)
       committed = verbs->PendingCommitted(listener->verbs_listener, client, server);
     return committed;
@@ -99,13 +98,14 @@ bool PeekConfirm(int fd, wire::Confirm* confirm) noexcept {
   return true;
 }
 
-// Waits for the client's first bytes. Returns kOk with the CONFIRM consumed, kNotSlipstream
+// Waits for the client's first bytes. Returns kOk with the CONFIRM read (left in the
+// socket: *used says its length), kNotSlipstream
 // (bytes left in place, or EOF), or kNeedMore when no CONFIRM will come: the client withdrew
 // (*cancelled set) or the server stopped waiting before it decided. *lost is set instead
 // when a client committed to its CONFIRM but it did not come even after kCommittedWaitMs
 // more: that connection must be dropped.
-wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm, bool* cancelled,
-                              uint64_t* lost) noexcept {
+wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm, size_t* confirm_len,
+                              bool* cancelled, uint64_t* lost) noexcept {
   const int64_t timeout = GetRuntime().config.handshake_timeout_ms;
   int64_t deadline = int64_t(sys::MonotonicMs()) + timeout;
   uint64_t committed = 0;
@@ -118,8 +118,8 @@ wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm, b
       size_t used = 0;
       wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
       if (st == wire::ParseStatus::kOk && msg.type == wire::Type::kConfirm) {
-        sys::recv(fd, buf, used, MSG_DONTWAIT);
         *confirm = msg.confirm;
+        *confirm_len = used;
         return st;
       }
       if (st != wire::ParseStatus::kNeedMore) return wire::ParseStatus::kNotSlipstream;
@@ -173,12 +173,34 @@ bool AcceptVerbs(Registered* reg, SlipSocket* s, int fd, const wire::Confirm& co
     sys::close(proxy_b);
     return false;
   }
-  if (InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleServer) < 0) {
+  if (InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, nullptr, kRoleServer) < 0) {
     sys::close(proxy_a);
     sys::close(proxy_b);
     *dropped = true;  // the client already writes to the ring: reset rather than corrupt
   }
   return true;
+}
+
+// The shm half: installs the registration's stream, held until its CONFIRM, which settles
+// it here if it is already queued, or later on the control thread: accept() never waits.
+Outcome AcceptShm(Registered* reg, SlipSocket* s, int fd) noexcept {
+  const shm::Claim claim = reg->shm.ReadClaim();
+  if (claim == shm::Claim::kWithdrawn || claim == shm::Claim::kAbandoned) {
+    MarkPlain(s, fd, Reason::kConnectSlow, kRoleServer);  // its client stays plain too
+    return Outcome::kPlain;
+  }
+  if (int rc = InstallStream(s, fd, &reg->shm.stream, &reg->shm.anchor_slot, kRoleServer); rc < 0) {
+    // Nothing changed at fd. Plain is safe only while the client has not committed.
+    if (reg->shm.Abandon() == shm::Claim::kConfirmed) {
+      SLIP_LOG(kWarn, "fd %d: cannot install a confirmed connection (errno %d); dropping it", fd,
+               -rc);
+      return Outcome::kDropped;
+    }
+    MarkPlain(s, fd, Reason::kResources, kRoleServer);
+    return Outcome::kPlain;
+  }
+  ControlSettle(s);
+  return Outcome::kAccelerated;
 }
 
 Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
@@ -193,23 +215,18 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
     MarkPlain(s, fd, Reason::kUnsupported, kRoleServer);
     return Outcome::kPlain;
   }
-  if (listener->rendezvous) {
-    try {
-      listener->rendezvous->Take(reg.client, reg.server, &reg.shm);
-    } catch (...) {
-      reg.shm.clear();
-    }
-  }
+  if (listener->rendezvous)
+    reg.has_shm = listener->rendezvous->Take(reg.client, reg.server, &reg.shm);
   if (listener->verbs_listener) {
     verbs::Module* m = VerbsIfLoaded();
     if (m && m->HasPending(listener->verbs_listener, reg.client, reg.server)) reg.verbs = m;
   }
-  if (reg.shm.empty() && !reg.verbs) {
+  if (!reg.has_shm && !reg.verbs) {
     // A client that confirmed although nothing was registered for it believes it runs on
     // a ring: its CONFIRM must not reach the application as data. (A registration dropped
-    // unaccepted, after 30 s or pushed out of a full table, is abandoned first, so only a
-    // client that had already confirmed gets here, its CONFIRM queued long since.) It is
-    // declined, and that client gets a reset.
+    // unaccepted, after 30 s, is abandoned first, so only a client that had already
+    // confirmed gets here, its CONFIRM queued long since.) It is declined, and that client
+    // gets a reset.
     if (wire::Confirm orphan; PeekConfirm(fd, &orphan)) {
       SLIP_LOG(kWarn,
                "fd %d: a CONFIRM arrived with nothing registered for its connection; "
@@ -227,16 +244,21 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
               kRoleServer);
     return Outcome::kPlain;
   }
+  if (!reg.verbs) return AcceptShm(&reg, s, fd);
+
+  // An rdma_cm request is pending (and perhaps an shm registration for the same 4-tuple,
+  // one of them forged): the CONFIRM's nonce says which is real.
   wire::Confirm confirm;
+  size_t confirm_len = 0;
   bool cancelled = false;
   uint64_t lost = 0;
-  wire::ParseStatus st = ReadConfirm(fd, &reg, &confirm, &cancelled, &lost);
+  wire::ParseStatus st = ReadConfirm(fd, &reg, &confirm, &confirm_len, &cancelled, &lost);
   if (lost) {
     SLIP_LOG(kWarn,
              "fd %d: the client committed to its CONFIRM but it did not come; dropping the "
              "connection rather than passing it on as plain TCP",
              fd);
-    if (reg.verbs) reg.verbs->DropPending(listener->verbs_listener, reg.client, reg.server);
+    reg.verbs->DropPending(listener->verbs_listener, reg.client, reg.server);
     SendDecline(fd, lost, wire::DeclineReason::kUnspecified);
     return Outcome::kDropped;
   }
@@ -246,35 +268,22 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
                                                       : Reason::kPeerNotSlipstream;
     if (!cancelled)
       SLIP_LOG(kInfo, "fd %d: registered client sent no CONFIRM (%s); plain", fd, ReasonName(why));
-    if (reg.verbs) reg.verbs->DropPending(listener->verbs_listener, reg.client, reg.server);
+    reg.verbs->DropPending(listener->verbs_listener, reg.client, reg.server);
+    if (reg.has_shm) reg.shm.Abandon();
     MarkPlain(s, fd, why, kRoleServer);
     return Outcome::kPlain;
   }
+  if (reg.has_shm && confirm.nonce == reg.shm.msg.nonce) {
+    // The shm registration is the real one (its settling reads the CONFIRM).
+    reg.verbs->DropPending(listener->verbs_listener, reg.client, reg.server);
+    return AcceptShm(&reg, s, fd);
+  }
+  uint8_t discard[wire::kMaxMessageSize];
+  sys::recv(fd, discard, confirm_len, MSG_DONTWAIT);
   wire::DeclineReason decline = wire::DeclineReason::kNonceMismatch;
-  if (!ControlReady()) {
-    // Nobody could notice the client's death: decline rather than risk a hang.
-    reg.shm.clear();
-    reg.verbs = nullptr;
-    decline = wire::DeclineReason::kResources;
-  }
-  if (reg.verbs) {
-    bool dropped = false;
-    if (AcceptVerbs(&reg, s, fd, confirm, &decline, &dropped))
-      return dropped ? Outcome::kDropped : Outcome::kAccelerated;
-  }
-  for (shm::Registration& r : reg.shm) {
-    if (r.msg.nonce != confirm.nonce) continue;
-    int proxy_a = -1, proxy_b = -1;
-    auto channel = shm::AcceptRegistration(&r, confirm, &proxy_a, &proxy_b, &decline);
-    if (!channel) break;
-    if (InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleServer) < 0) {
-      // The client already writes to the ring: reset rather than corrupt.
-      sys::close(proxy_a);
-      sys::close(proxy_b);
-      return Outcome::kDropped;
-    }
-    return Outcome::kAccelerated;
-  }
+  bool dropped = false;
+  if (AcceptVerbs(&reg, s, fd, confirm, &decline, &dropped))
+    return dropped ? Outcome::kDropped : Outcome::kAccelerated;
   SLIP_LOG(kWarn, "fd %d: declining a registered connection (reason %u)", fd, unsigned(decline));
   SendDecline(fd, confirm.nonce, decline);
   return Outcome::kDropped;
@@ -306,16 +315,26 @@ bool SlipListen(SlipSocket* s, int fd) noexcept {
     s->no_rendezvous = Reason::kReusePort;
     return true;
   }
+  // Without the control thread nobody would notice a client's death or answer a
+  // registration: publish nothing then, so that every client is served plain.
+  s->no_rendezvous = Reason::kResources;
+  if (!ControlReady()) return true;
   s->no_rendezvous = Reason::kPeerNotSlipstream;
   if (rt.config.Allows(TransportKind::kShm)) {
     olen = sizeof(int);
     if (local.ss_family == AF_INET6) sys::getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &olen);
     int err = 0;
-    s->rendezvous =
-        shm::Rendezvous::Publish(reinterpret_cast<sockaddr*>(&local), v6only != 0, &err);
-    if (!s->rendezvous)
-      SLIP_LOG(kInfo, "fd %d: no rendezvous (errno %d); same-host connections stay plain", fd,
-               -err);
+    StreamOptions options;
+    options.spin_us = rt.config.spin_us;
+    s->rendezvous = shm::Rendezvous::Publish(reinterpret_cast<sockaddr*>(&local), v6only != 0,
+                                             options, int(rt.config.handshake_timeout_ms), &err);
+    if (!s->rendezvous) {
+      s->no_rendezvous = err == -EADDRINUSE                 ? Reason::kUntrustedRendezvous
+                         : err == -EMFILE || err == -ENFILE ? Reason::kFdLimit
+                                                            : Reason::kResources;
+      SLIP_LOG(kInfo, "fd %d: no rendezvous (%s); same-host connections stay plain", fd,
+               strerror(-err));
+    }
   }
   // Its rdma_cm twin goes up before the kernel listens, like the rendezvous: a client that
   // finds the TCP port open finds the rdma_cm port too.
@@ -336,6 +355,10 @@ void SlipUnlisten(SlipSocket* s) noexcept {
 }
 
 int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int flags) noexcept {
+  // This process accepts here: its control thread answers the registrations as they come.
+  // (A process that only listens, the master of pre-forked workers, leaves them to the
+  // processes that accept.)
+  if (listener->rendezvous && listener->acceptor_pid != getpid()) ControlWatchRendezvous(listener);
   for (;;) {
     int cfd = Libc().accept4(fd, addr, len, flags);
     if (cfd < 0) return cfd;

@@ -242,7 +242,7 @@ Reason VerbsConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len, 
   int proxy_b = sys::MoveHigh(pair[1], sys::HiddenFdFloor());
   auto channel = m->Finish(conn, proxy_b);
   if (!channel ||
-      InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleClient) < 0) {
+      InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, nullptr, kRoleClient) < 0) {
     sys::close(proxy_a);
     sys::close(proxy_b);
     *rc = ResetAfterConfirm(s, fd);
@@ -282,6 +282,8 @@ Reason ShmDetect(int fd, const sockaddr* addr, int* rendezvous) noexcept {
   if (!PolicyAllows(rt.config, reinterpret_cast<sockaddr*>(&local), addr)) return Reason::kPolicy;
   int rv = shm::FindRendezvous(addr);
   if (rv == -EAGAIN) return Reason::kRendezvousBusy;
+  if (rv == -EPERM) return Reason::kUntrustedRendezvous;
+  if (rv == -EMFILE || rv == -ENFILE) return Reason::kFdLimit;
   if (rv < 0) return Reason::kPeerNotSlipstream;
   if (!ControlReady()) {  // only now: a plain peer must not cost a thread
     sys::close(rv);
@@ -359,7 +361,7 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
     return ConnectPlain(s, fd, addr, len, reason);
   }
 
-  // A Slipstream listener is on this host. Register, then connect.
+  // A Slipstream listener is on this host, its rendezvous verified. Register, then connect.
   shm::Offer offer;
   wire::Endpoint client, server;
   wire::EndpointFromSockaddr(addr, &server);
@@ -367,8 +369,8 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
     reason = Reason::kUnsupported;
   } else if (LocalEndpoint(fd, &client) < 0) {
     reason = Reason::kUnsupported;
-  } else if (shm::PrepareOffer(GetRuntime().config.ring_size, &offer) < 0) {
-    reason = Reason::kResources;
+  } else if (int rc = shm::PrepareOffer(GetRuntime().config.ring_size, &offer); rc < 0) {
+    reason = rc == -EMFILE || rc == -ENFILE ? Reason::kFdLimit : Reason::kResources;
   } else if (int rc = shm::SendRegister(rendezvous, offer, client, server); rc < 0) {
     reason = rc == -EAGAIN ? Reason::kRendezvousBusy : Reason::kResources;
   }
@@ -383,8 +385,8 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
   bool established = rc == 0;
   if (!established && (err == EINPROGRESS || err == EINTR))
     established = WaitEstablished(fd, kConnectSlackMs);
-  sys::close(rendezvous);
   if (!established) {
+    sys::close(rendezvous);
     if (err == EINPROGRESS || err == EINTR) {
       // Withdraw the registration: the server's accept() reads the claim and goes plain.
       shm::ClaimWithdraw(&offer);
@@ -393,26 +395,31 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
     errno = err;
     return rc;
   }
-
-  if (!shm::ClaimConfirm(&offer)) {
-    // The server accepted the connection and stopped waiting for our CONFIRM before we
-    // sent it (SLIP_HANDSHAKE_TIMEOUT_MS; this thread was held up): its application has the
-    // connection as plain TCP, so nothing of ours may enter the stream.
-    SLIP_LOG(kInfo, "fd %d: the server stopped waiting for our CONFIRM; plain", fd);
-    MarkPlain(s, fd, Reason::kHandshakeTimeout, kRoleClient, addr);
-    errno = err;
-    return rc;
-  }
-  if (int src = SendConfirm(fd, offer.nonce, offer.ring_size); src < 0) {
-    // The connection broke right away; the application will see that on TCP.
-    MarkPlain(s, fd, Reason::kResources, kRoleClient);
-    errno = err;
-    return rc;
-  }
+  // The stream goes in now, on the rings. It is settled when the listener answers the
+  // registration: ACCEPT, and the CONFIRM goes out as the first bytes of the connection;
+  // DECLINE or no answer in time, and the stream continues on this TCP connection from
+  // byte 0 (the server never read our ring). Usually the answer is already here.
   int proxy_a = -1, proxy_b = -1;
-  auto channel = shm::MakeClientChannel(&offer, &proxy_a, &proxy_b);
-  if (!channel || InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, kRoleClient) < 0)
-    return ResetAfterConfirm(s, fd);
+  auto channel = shm::MakeClientChannel(
+      &offer, rendezvous, int(GetRuntime().config.handshake_timeout_ms), &proxy_a, &proxy_b);
+  if (!channel) {
+    sys::close(rendezvous);
+    shm::ClaimWithdraw(&offer);
+    MarkPlain(s, fd, Reason::kResources, kRoleClient, addr);
+    errno = err;
+    return rc;
+  }
+  // (The channel withdraws the registration itself if it goes unused.)
+  if (int irc = InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, &offer.anchor_slot,
+                                   kRoleClient);
+      irc < 0) {
+    sys::close(proxy_a);
+    sys::close(proxy_b);
+    MarkPlain(s, fd, irc == -EMFILE ? Reason::kFdLimit : Reason::kResources, kRoleClient, addr);
+    errno = err;
+    return rc;
+  }
+  ControlSettle(s);
   if (rc != 0) {
     errno = err;  // a non-blocking connect reports EINPROGRESS as the kernel did
     return -1;

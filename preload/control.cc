@@ -2,7 +2,10 @@
 
 #include <sched.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <mutex>
@@ -17,9 +20,20 @@ namespace slip::preload {
 
 namespace {
 
+// What an event is about: the key's top two bits.
+enum Tag : uint64_t {
+  kAnchor = 0,      // an accelerated socket's anchor
+  kSettleFd = 1,    // the descriptor that may settle a connection (Channel::SettleFd)
+  kRendezvous = 2,  // a listener's rendezvous
+  kWake = 3,        // the thread's own eventfd: the list of deadlines changed
+};
+
 struct ControlState {
-  std::mutex mu;
+  std::mutex mu;  // everything below
   int epfd = -1;
+  int wake_fd = -1;
+  SlipSocket* settling = nullptr;  // intrusive list (SlipSocket::settle_next)
+  size_t settling_count = 0;
   // Odd while the thread handles the events of one epoll_wait.
   std::atomic<uint64_t> batches{0};
 };
@@ -29,12 +43,29 @@ ControlState& State() noexcept {
   return *state;
 }
 
-uint64_t Key(const SlipSocket* s) noexcept {
-  return (uint64_t(s->index) << 32) | s->generation.load(std::memory_order_relaxed);
+uint64_t Key(const SlipSocket* s, Tag tag) noexcept {
+  return (uint64_t(tag) << 62) | (uint64_t(s->index & 0x3fffffffu) << 32) |
+         s->generation.load(std::memory_order_relaxed);
+}
+
+SlipSocket* AcquireKey(uint64_t key) noexcept {
+  SlipSocket* s = SocketAt(uint32_t(key >> 32) & 0x3fffffffu);
+  return s && TryAcquire(s, uint32_t(key)) ? s : nullptr;
 }
 
 // The peer failed over: from the next byte on, the anchor carries the stream, and its
 // readiness (both ways now) is the channel's business.
+void CarryOnAnchor(SlipSocket* s, int epfd) noexcept {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+  ev.data.u64 = Key(s, kAnchor);
+  if (sys::epoll_ctl(epfd, EPOLL_CTL_MOD, s->anchor_fd, &ev) != 0)
+    SLIP_LOG(kWarn, "control thread: cannot watch fd %d for writing (errno %d)", s->anchor_fd,
+             errno);
+  // Bytes that came before raised no edge of their own.
+  s->stream->channel()->OnAnchorReady(EPOLLIN | EPOLLOUT);
+}
+
 void TakeFailover(SlipSocket* s, int epfd, const wire::Failover& failover) noexcept {
   Channel* channel = s->stream->channel();
   if (!channel->OnPeerFailover(failover)) {
@@ -44,20 +75,46 @@ void TakeFailover(SlipSocket* s, int epfd, const wire::Failover& failover) noexc
     return;
   }
   StatsSetTransport(s->stats, TransportKind::kTcp, Reason::kFailover);
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-  ev.data.u64 = Key(s);
-  if (sys::epoll_ctl(epfd, EPOLL_CTL_MOD, s->anchor_fd, &ev) != 0)
-    SLIP_LOG(kWarn, "control thread: cannot watch fd %d for writing (errno %d)", s->anchor_fd,
-             errno);
-  // Bytes that followed the message raised no edge of their own.
-  channel->OnAnchorReady(EPOLLIN | EPOLLOUT);
+  CarryOnAnchor(s, epfd);
+}
+
+// One attempt to settle `s` (an accelerated socket the caller holds a reference on).
+void SettleNow(SlipSocket* s, int epfd, uint64_t now_ms) noexcept {
+  Channel* channel = s->stream->channel();
+  if (channel->SettleDeadline() == 0) return;
+  Reason why = Reason::kNone;
+  switch (channel->Settle(now_ms, &why)) {
+    case Channel::Settlement::kSettled:
+    case Channel::Settlement::kPending:
+      return;
+    case Channel::Settlement::kPlain:
+      SLIP_LOG(kInfo, "anchor fd %d: the connection is plain TCP (%s)", s->anchor_fd,
+               ReasonName(why));
+      StatsSetTransport(s->stats, TransportKind::kTcp, why);
+      CarryOnAnchor(s, epfd);
+      return;
+    case Channel::Settlement::kReset: {
+      linger lg{1, 0};
+      sys::setsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+      sys::shutdown(s->anchor_fd, SHUT_RDWR);
+      sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
+      s->stream->MarkPeerGone(true);
+      return;
+    }
+  }
 }
 
 // Reads the in-band messages that may follow the handshake; consumes only whole ones.
 void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
-  if (s->stream->channel()->AnchorCarriesStream()) {
-    s->stream->channel()->OnAnchorReady(events);
+  Channel* channel = s->stream->channel();
+  // (A connection that settles on news of its own descriptor is settled from there.)
+  if (channel->SettleDeadline() != 0 && channel->SettleFd() < 0) {
+    SettleNow(s, epfd, sys::MonotonicMs());
+    // A server still held: the bytes there are its client's, for settling alone.
+    if (channel->SettleDeadline() != 0 && channel->AnchorCarriesStream()) return;
+  }
+  if (channel->AnchorCarriesStream()) {
+    channel->OnAnchorReady(events);
     return;
   }
   uint8_t buf[wire::kMaxMessageSize];
@@ -98,13 +155,70 @@ void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
   }
 }
 
+// The list of connections to settle holds a reference on each. One walk, under the lock:
+// entries that are settled (or no longer accelerated) are unlinked and their references
+// go to `unlinked`; those whose deadline passed go to `due`, with a reference of their
+// own. Returns the earliest deadline left (0: none). The caller releases both outside the
+// lock (a last reference tears the socket down, which takes the lock).
+struct Walk {
+  static constexpr size_t kMax = 64;
+  SlipSocket* due[kMax];
+  size_t due_count = 0;
+  SlipSocket* unlinked[kMax];
+  size_t unlinked_count = 0;
+
+  void ReleaseAll() noexcept {
+    for (size_t i = 0; i < unlinked_count; ++i) Release(unlinked[i]);
+    unlinked_count = 0;
+  }
+};
+
+uint64_t CollectDue(ControlState& st, uint64_t now_ms, Walk* walk) noexcept {
+  std::lock_guard<std::mutex> lock(st.mu);
+  uint64_t earliest = 0;
+  SlipSocket** link = &st.settling;
+  while (SlipSocket* s = *link) {
+    const uint64_t deadline =
+        s->kind == SockKind::kAccel && s->stream ? s->stream->channel()->SettleDeadline() : 0;
+    if (deadline == 0 && walk->unlinked_count < Walk::kMax) {
+      *link = s->settle_next;
+      s->settle_next = nullptr;
+      s->settle_listed = false;
+      --st.settling_count;
+      walk->unlinked[walk->unlinked_count++] = s;
+      continue;
+    }
+    if (deadline != 0 && deadline <= now_ms && walk->due_count < Walk::kMax) {
+      Acquire(s);
+      walk->due[walk->due_count++] = s;
+    }
+    if (deadline != 0 && (earliest == 0 || deadline < earliest)) earliest = deadline;
+    link = &s->settle_next;
+  }
+  return earliest;
+}
+
 void* ControlMain(void* arg) {
   int epfd = int(reinterpret_cast<intptr_t>(arg));
-  std::atomic<uint64_t>& batches = State().batches;
+  ControlState& st = State();
+  std::atomic<uint64_t>& batches = st.batches;
   epoll_event events[64];
   for (;;) {
+    Walk walk;
+    uint64_t now = sys::MonotonicMs();
+    const uint64_t earliest = CollectDue(st, now, &walk);
+    walk.ReleaseAll();
+    for (size_t i = 0; i < walk.due_count; ++i) {
+      SettleNow(walk.due[i], epfd, now);
+      Release(walk.due[i]);
+    }
+    int timeout = -1;
+    if (earliest) {
+      now = sys::MonotonicMs();
+      timeout = earliest <= now ? 0 : int(std::min<uint64_t>(earliest - now, 60000));
+    }
     // The real call: the interposed one would prepare every stream for a sleep of ours.
-    int n = Libc().epoll_pwait(epfd, events, 64, -1, nullptr);
+    int n = Libc().epoll_pwait(epfd, events, 64, timeout, nullptr);
     if (n < 0) {
       if (errno == EINTR) continue;
       SLIP_LOG(kError, "control thread: epoll_wait failed (errno %d); exiting", errno);
@@ -112,10 +226,24 @@ void* ControlMain(void* arg) {
     }
     batches.fetch_add(1, std::memory_order_seq_cst);
     for (int i = 0; i < n; ++i) {
-      uint64_t key = events[i].data.u64;
-      SlipSocket* s = SocketAt(uint32_t(key >> 32));
-      if (!s || !TryAcquire(s, uint32_t(key))) continue;
-      if (s->kind == SockKind::kAccel && s->stream) HandleAnchor(s, epfd, events[i].events);
+      const uint64_t key = events[i].data.u64;
+      const Tag tag = Tag(key >> 62);
+      if (tag == kWake) {
+        uint64_t value;
+        sys::read(st.wake_fd, &value, sizeof(value));
+        continue;
+      }
+      SlipSocket* s = AcquireKey(key);
+      if (!s) continue;
+      if (tag == kRendezvous) {
+        if (s->kind == SockKind::kListener && s->rendezvous) s->rendezvous->Drain();
+      } else if (s->kind == SockKind::kAccel && s->stream) {
+        if (tag == kAnchor) {
+          HandleAnchor(s, epfd, events[i].events);
+        } else {
+          SettleNow(s, epfd, sys::MonotonicMs());
+        }
+      }
       Release(s);
     }
     batches.fetch_add(1, std::memory_order_seq_cst);
@@ -124,17 +252,28 @@ void* ControlMain(void* arg) {
 
 int StartLocked(ControlState& st) noexcept {
   if (st.epfd >= 0) return st.epfd;
-  int epfd = epoll_create1(EPOLL_CLOEXEC);
+  const int floor = sys::HiddenFdFloor();
+  int epfd = sys::MoveAbove(epoll_create1(EPOLL_CLOEXEC), floor);
   if (epfd < 0) return -1;
-  epfd = sys::MoveHigh(epfd, sys::HiddenFdFloor());
+  int wake = sys::MoveAbove(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), floor);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = uint64_t(kWake) << 62;
+  if (wake < 0 || sys::epoll_ctl(epfd, EPOLL_CTL_ADD, wake, &ev) != 0) {
+    if (wake >= 0) sys::close(wake);
+    sys::close(epfd);
+    return -1;
+  }
   if (int rc = sys::StartServiceThread(ControlMain, reinterpret_cast<void*>(intptr_t(epfd)),
                                        "slipstream-ctl");
       rc != 0) {
+    sys::close(wake);
     sys::close(epfd);
     SLIP_LOG(kError, "cannot start the control thread (error %d)", rc);
     return -1;
   }
   st.epfd = epfd;
+  st.wake_fd = wake;
   return epfd;
 }
 
@@ -153,7 +292,7 @@ void ControlWatch(SlipSocket* s) noexcept {
   if (epfd < 0) return;
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
-  ev.data.u64 = Key(s);
+  ev.data.u64 = Key(s, kAnchor);
   if (sys::epoll_ctl(epfd, EPOLL_CTL_ADD, s->anchor_fd, &ev) != 0)
     SLIP_LOG(kWarn, "control thread: cannot watch fd %d (errno %d)", s->anchor_fd, errno);
 }
@@ -165,11 +304,80 @@ void ControlUnwatch(SlipSocket* s) noexcept {
     sys::epoll_ctl(st.epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
 }
 
+void ControlSettle(SlipSocket* s) noexcept {
+  ControlState& st = State();
+  int epfd;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    epfd = StartLocked(st);
+    if (epfd < 0) return;  // (ControlWatch ran: it has started)
+    if (!s->settle_listed) {
+      Acquire(s);  // the list's: the socket stays until the thread has seen it settled
+      s->settle_next = st.settling;
+      st.settling = s;
+      s->settle_listed = true;
+      ++st.settling_count;
+    }
+    // Watched before anyone reads it: whoever settles the connection closes it, which
+    // takes it out of the set.
+    if (const int fd = s->stream->channel()->SettleFd(); fd >= 0) {
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLRDHUP;
+      ev.data.u64 = Key(s, kSettleFd);
+      if (sys::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+        SLIP_LOG(kWarn, "control thread: cannot watch fd %d (errno %d); settling at the deadline",
+                 fd, errno);
+    }
+    const uint64_t one = 1;
+    sys::write(st.wake_fd, &one, sizeof(one));  // its next sleep must end by the deadline
+  }
+  // Most connections settle here and now: the answer or the CONFIRM is already there.
+  SettleNow(s, epfd, sys::MonotonicMs());
+}
+
+void ControlWatchRendezvous(SlipSocket* listener) noexcept {
+  const pid_t pid = getpid();
+  ControlState& st = State();
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (listener->acceptor_pid == pid || !listener->rendezvous || StartLocked(st) < 0) return;
+    listener->acceptor_pid = pid;
+    epoll_event ev{};
+    // Edge-triggered: a rendezvous that cannot make progress (no descriptors) must not
+    // keep the thread busy; what is left is read at the next registration or accept().
+    ev.events = EPOLLIN | EPOLLET;
+    ev.data.u64 = Key(listener, kRendezvous);
+    if (sys::epoll_ctl(st.epfd, EPOLL_CTL_ADD, listener->rendezvous->fd(), &ev) != 0)
+      SLIP_LOG(kWarn, "control thread: cannot watch a rendezvous (errno %d)", errno);
+  }
+  // What arrived before the watch raised no edge.
+  listener->rendezvous->Drain();
+}
+
 void ControlQuiesce() noexcept {
   std::atomic<uint64_t>& batches = State().batches;
   const uint64_t seen = batches.load(std::memory_order_seq_cst);
   if (seen & 1) {
     while (batches.load(std::memory_order_seq_cst) == seen) sched_yield();
+  }
+}
+
+bool ControlWaitSettled(uint64_t bound_ms) noexcept {
+  ControlState& st = State();
+  const uint64_t deadline = sys::MonotonicMs() + bound_ms;
+  for (;;) {
+    size_t unsettled = 0;
+    {
+      // (The list drops settled entries only when walked: count what is really pending.)
+      std::lock_guard<std::mutex> lock(st.mu);
+      for (SlipSocket* s = st.settling; s; s = s->settle_next) {
+        if (s->kind == SockKind::kAccel && s->stream && s->stream->channel()->SettleDeadline())
+          ++unsettled;
+      }
+    }
+    if (unsettled == 0) return true;
+    if (sys::MonotonicMs() >= deadline) return false;
+    sys::poll(nullptr, 0, 1);
   }
 }
 
@@ -179,7 +387,20 @@ void ControlResetAfterFork() noexcept {
   // Runs in the single-threaded child: the parent's lock state is meaningless here.
   new (&st.mu) std::mutex();
   if (st.epfd >= 0) sys::close(st.epfd);
+  if (st.wake_fd >= 0) sys::close(st.wake_fd);
   st.epfd = -1;
+  st.wake_fd = -1;
+  // Settling the inherited connections is the parent's business (fork waited for it;
+  // preload/fork.cc resets what is left): the list lets go of them here.
+  SlipSocket* list = st.settling;
+  st.settling = nullptr;
+  st.settling_count = 0;
+  while (SlipSocket* s = list) {
+    list = s->settle_next;
+    s->settle_next = nullptr;
+    s->settle_listed = false;
+    Release(s);
+  }
 }
 
 }  // namespace slip::preload

@@ -185,6 +185,8 @@ ExecGuard::ExecGuard() noexcept {
   // connects in flight settle first (bounded), as fork does.
   ConnectorForkPrepare();
   if (!AccelListNonEmpty()) return;
+  // So must connections that are still settling: only a settled one can be handed back.
+  ControlWaitSettled(2 * uint64_t(GetRuntime().config.handshake_timeout_ms) + 1000);
   auto* plan = new (std::nothrow) ExecPlan();
   if (!plan) return;
   plan_ = plan;

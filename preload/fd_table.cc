@@ -114,6 +114,7 @@ void SlipSocket::Reset() noexcept {
   epoll_regs.clear();
   table_fds.store(0, std::memory_order_relaxed);
   no_rendezvous = Reason::kPeerNotSlipstream;
+  acceptor_pid = 0;
   stats_pending.store(false, std::memory_order_relaxed);
   pending_reason = Reason::kNone;
   connecting.store(false, std::memory_order_relaxed);

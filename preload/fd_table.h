@@ -10,6 +10,7 @@
 #pragma once
 
 #include <sys/epoll.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstdint>
@@ -58,6 +59,7 @@ struct SlipSocket {
   // proves established (a refused connect is no connection).
   std::atomic<bool> stats_pending{false};
   Reason pending_reason = Reason::kNone;
+  pid_t acceptor_pid = 0;  // kListener: the process whose control thread reads its rendezvous
   std::unique_ptr<Stream> stream;  // kAccel
   int anchor_fd = -1;              // kAccel, kConnecting: the hidden TCP socket
 
@@ -73,6 +75,11 @@ struct SlipSocket {
   };
   std::vector<EpollReg> epoll_regs;
   std::atomic<int> table_fds{0};  // application descriptors that refer to this socket
+
+  // The control thread's list of connections still to settle (preload/control.h), under
+  // its lock; the list holds a reference on each entry.
+  SlipSocket* settle_next = nullptr;
+  bool settle_listed = false;
 
   // Clears everything back to a fresh kTcp socket (called when the last reference goes).
   void Reset() noexcept;

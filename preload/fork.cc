@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/log.h"
 #include "core/stats.h"
 #include "preload/accel_list.h"
 #include "preload/closer.h"
@@ -12,6 +13,7 @@
 #include "preload/control.h"
 #include "preload/exec.h"
 #include "preload/fd_table.h"
+#include "preload/runtime.h"
 #include "preload/verbs_loader.h"
 
 namespace slip::preload {
@@ -26,10 +28,18 @@ struct InheritedSlot {
   char remote[sizeof(ConnSlot::remote)];
 };
 
+// Connections are settled within the handshake timeout, or twice it for a server whose
+// client committed to its CONFIRM (docs/DESIGN.md, "Settling a connection").
+uint64_t SettleBoundMs() noexcept {
+  return 2 * uint64_t(GetRuntime().config.handshake_timeout_ms) + 1000;
+}
+
 void Prepare() {
   // First, holding nothing: connects in progress settle (the connector's thread, which
-  // the child will not have, needs the locks below to finish them).
+  // the child will not have, needs the locks below to finish them), and so do
+  // connections installed before they settled (the control thread settles them).
   ConnectorForkPrepare();
+  ControlWaitSettled(SettleBoundMs());
   // Lock order: pool, then accelerated list (the order Teardown uses), then verbs.
   TableForkPrepare();
   AccelListForkPrepare();
@@ -57,6 +67,15 @@ void CollectSlot(SlipSocket* s, void* ctx) {
   }
 }
 
+// A connection the parent had not settled when it forked (past the bound): the parent
+// settles it; the child's copy fails (ECONNRESET), as a verbs connection's does.
+void ResetUnsettled(SlipSocket* s, void*) {
+  if (s->kind != SockKind::kAccel || !s->stream) return;
+  if (s->stream->channel()->SettleDeadline() == 0) return;
+  SLIP_LOG(kWarn, "a connection was still settling at fork; the child's copy fails");
+  s->stream->MarkPeerGone(true);
+}
+
 void RewatchAnchor(SlipSocket* s, void*) {
   if (s->kind != SockKind::kAccel || s->anchor_fd < 0) return;
   ControlWatch(s);
@@ -79,6 +98,7 @@ void Child() {
         StatsOpenText(static_cast<TransportKind>(slot.transport), static_cast<Reason>(slot.reason),
                       slot.role, slot.local, slot.remote);
   }
+  ForEachLiveSocket(ResetUnsettled, nullptr);
   // A peer dying must wake the child's sleepers too: the child needs its own watcher.
   ForEachLiveSocket(RewatchAnchor, nullptr);
 }

@@ -28,39 +28,34 @@ void CopyTimeouts(int from, int to) noexcept {
 }
 
 // The common tail: the stream, the anchor, stats, and the watchers. False: out of memory,
-// nothing changed.
-bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
-                  int anchor, int fl_flags, const sockaddr_storage& local,
-                  const sockaddr_storage& remote, int role) noexcept;
+// nothing changed (the stream is still the caller's).
+bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int anchor, int fl_flags,
+                  const sockaddr_storage& local, const sockaddr_storage& remote, int role) noexcept;
 
-}  // namespace
-
-int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
-                       int proxy_b, int role) noexcept {
-  sockaddr_storage local{}, remote{};
-  socklen_t llen = sizeof(local), rlen = sizeof(remote);
-  sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
-  sys::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen);
-
-  int fd_flags = sys::fcntl(fd, F_GETFD);
-  int fl_flags = sys::fcntl(fd, F_GETFL);
-  // The anchor is inherited across exec exactly when the application's descriptor is: a
-  // program exec'd with the socket then holds the TCP connection open as it would on TCP.
-  const int dup_cmd = (fd_flags & FD_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD;
-  int anchor = fd_flags < 0 ? -1 : sys::fcntl(fd, dup_cmd, sys::HiddenFdFloor());
-  if (anchor < 0 && fd_flags >= 0) anchor = sys::fcntl(fd, dup_cmd, 0);
-  if (anchor < 0 || fd_flags < 0 || fl_flags < 0) {
-    int err = errno;
-    if (anchor >= 0) sys::close(anchor);
-    SLIP_LOG(kWarn, "fd %d: cannot hide the TCP socket (errno %d); staying on TCP", fd, err);
-    return -err;
+// Hides the TCP socket at `fd`: at `anchor_slot` (a number kept for it, taken over), or at
+// a new number above the floor (below it if none is free: a connection already confirmed
+// must not fail for want of a number). The anchor is inherited across exec exactly when
+// the application's descriptor is: a program exec'd with the socket then holds the TCP
+// connection open as it would on TCP. Returns the anchor or -errno.
+int HideAnchor(int fd, int fd_flags, int anchor_slot) noexcept {
+  if (anchor_slot >= 0) {
+    if (sys::dup3(fd, anchor_slot, (fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) return -errno;
+    return anchor_slot;
   }
+  const int dup_cmd = (fd_flags & FD_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD;
+  int anchor = sys::fcntl(fd, dup_cmd, sys::HiddenFdFloor());
+  if (anchor < 0) anchor = sys::fcntl(fd, dup_cmd, 0);
+  return anchor < 0 ? -errno : anchor;
+}
+
+// Puts `proxy_a` at the application's number `fd`, with its epoll registrations. epoll
+// keys registrations on (file, number): they come off the TCP socket's file before the
+// number moves, and go back on the proxy's. (Registrations under other numbers, of dup()s
+// of the unconnected socket, stay where the kernel has them.) Returns 0 or -errno, when
+// nothing changed.
+int SwapInProxy(SlipSocket* s, int fd, int fd_flags, int fl_flags, int proxy_a) noexcept {
   CopyTimeouts(fd, proxy_a);
   if (fl_flags & O_NONBLOCK) sys::fcntl(proxy_a, F_SETFL, O_NONBLOCK);
-  // epoll keys registrations on (file, number): take them off the TCP socket's file
-  // before the number moves, and put them back on the proxy's.
-  // (Registrations under other numbers, of dup()s of the unconnected socket, stay where the
-  // kernel has them.)
   std::erase_if(s->epoll_regs, [fd](const SlipSocket::EpollReg& r) { return r.fd != fd; });
   for (const SlipSocket::EpollReg& reg : s->epoll_regs)
     sys::epoll_ctl(reg.epfd, EPOLL_CTL_DEL, fd, nullptr);
@@ -69,7 +64,6 @@ int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
     int err = errno;
     for (SlipSocket::EpollReg& reg : s->epoll_regs)
       sys::epoll_ctl(reg.epfd, EPOLL_CTL_ADD, fd, &reg.event);
-    sys::close(anchor);
     return -err;
   }
   for (SlipSocket::EpollReg& reg : s->epoll_regs) {
@@ -77,18 +71,60 @@ int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
       SLIP_LOG(kWarn, "fd %d: cannot move its epoll registration (errno %d)", fd, errno);
   }
   // They stay recorded: they are now the proxy's, and close() ends them.
-  if (!AttachStream(s, fd, std::move(channel), proxy_a, proxy_b, anchor, fl_flags, local, remote,
-                    role)) {
-    // (A failed allocation here would leave the proxy at fd with nothing behind it; the
-    // anchor is put back so the application keeps a working TCP socket.)
+  return 0;
+}
+
+}  // namespace
+
+int InstallStream(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int* anchor_slot,
+                  int role) noexcept {
+  sockaddr_storage local{}, remote{};
+  socklen_t llen = sizeof(local), rlen = sizeof(remote);
+  sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
+  sys::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen);
+  const int fd_flags = sys::fcntl(fd, F_GETFD);
+  const int fl_flags = sys::fcntl(fd, F_GETFL);
+  if (fd_flags < 0 || fl_flags < 0) return -errno;
+  const int anchor = HideAnchor(fd, fd_flags, *anchor_slot);
+  if (anchor < 0) {
+    SLIP_LOG(kWarn, "fd %d: cannot hide the TCP socket (errno %d); staying on TCP", fd, -anchor);
+    return anchor;
+  }
+  const int proxy_a = (*stream)->proxy_a();
+  auto undo_anchor = [&] {
+    // A kept slot goes back to being a placeholder the caller owns (it still refers to
+    // the TCP socket, which the application's number keeps too).
+    if (anchor != *anchor_slot) sys::close(anchor);
+  };
+  if (int rc = SwapInProxy(s, fd, fd_flags, fl_flags, proxy_a); rc < 0) {
+    undo_anchor();
+    return rc;
+  }
+  if (!AttachStream(s, fd, stream, anchor, fl_flags, local, remote, role)) {
+    // The anchor is put back so the application keeps a working TCP socket.
     sys::dup3(anchor, fd, (fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0);
     sys::fcntl(fd, F_SETFL, fl_flags);
-    sys::close(anchor);
-    sys::close(proxy_a);
-    sys::close(proxy_b);
+    undo_anchor();
     return -ENOMEM;
   }
+  if (anchor == *anchor_slot) *anchor_slot = -1;  // the stream's anchor now
   return 0;
+}
+
+int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
+                       int proxy_b, int* anchor_slot, int role) noexcept {
+  StreamOptions options;
+  options.spin_us = GetRuntime().config.spin_us;
+  std::unique_ptr<Stream> stream(new (std::nothrow)
+                                     Stream(std::move(channel), proxy_a, proxy_b, options));
+  if (!stream) return -ENOMEM;  // (the channel, not moved, is destroyed with its argument)
+  int none = -1;
+  const int rc = InstallStream(s, fd, &stream, anchor_slot ? anchor_slot : &none, role);
+  if (rc < 0) {
+    // The caller keeps the proxies: the stream must not close them.
+    stream->ReleaseProxies();
+  }
+  return rc;
 }
 
 int InstallBehindProxy(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
@@ -104,23 +140,27 @@ int InstallBehindProxy(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
   // application's descriptor is.
   sys::fcntl(anchor, F_SETFD, (fd_flags & FD_CLOEXEC) ? FD_CLOEXEC : 0);
   CopyTimeouts(anchor, proxy_a);
-  return AttachStream(s, fd, std::move(channel), proxy_a, proxy_b, anchor, fl_flags, local, remote,
-                      role)
-             ? 0
-             : -ENOMEM;
+  StreamOptions options;
+  options.spin_us = GetRuntime().config.spin_us;
+  std::unique_ptr<Stream> stream(new (std::nothrow)
+                                     Stream(std::move(channel), proxy_a, proxy_b, options));
+  if (!stream) return -ENOMEM;
+  if (AttachStream(s, fd, &stream, anchor, fl_flags, local, remote, role)) return 0;
+  stream->ReleaseProxies();
+  return -ENOMEM;
 }
 
 namespace {
 
-bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
-                  int anchor, int fl_flags, const sockaddr_storage& local,
-                  const sockaddr_storage& remote, int role) noexcept {
+bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int anchor, int fl_flags,
+                  const sockaddr_storage& local, const sockaddr_storage& remote,
+                  int role) noexcept {
+  s->stream = std::move(*stream);
+  if (!AccelListAdd(s)) {
+    *stream = std::move(s->stream);
+    return false;
+  }
   sys::fcntl(anchor, F_SETFL, fl_flags | O_NONBLOCK);
-  StreamOptions options;
-  options.spin_us = GetRuntime().config.spin_us;
-  auto* stream = new (std::nothrow) Stream(std::move(channel), proxy_a, proxy_b, options);
-  if (!stream) return false;
-  s->stream.reset(stream);
   s->anchor_fd = anchor;
   if (GetRuntime().config.failover) s->stream->channel()->SetAnchor(anchor);
   s->nonblocking.store(fl_flags & O_NONBLOCK, std::memory_order_relaxed);
@@ -128,7 +168,6 @@ bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int p
                        reinterpret_cast<const sockaddr*>(&local),
                        reinterpret_cast<const sockaddr*>(&remote));
   s->kind = SockKind::kAccel;
-  AccelListAdd(s);
   ControlWatch(s);
   SLIP_LOG(kDebug, "fd %d accelerated (%s), anchor fd %d", fd,
            TransportName(s->stream->channel()->kind()), anchor);

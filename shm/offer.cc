@@ -1,4 +1,5 @@
-// The client side of shm: building the region and proxies, registering, claiming.
+// The client side of shm: finding and verifying the rendezvous, building the region and
+// proxies, registering, and the client's channel.
 #include <sys/mman.h>
 #include <sys/un.h>
 
@@ -6,6 +7,8 @@
 #include <cstring>
 #include <new>
 
+#include "core/log.h"
+#include "core/sock_diag.h"
 #include "core/sys.h"
 #include "shm/region.h"
 #include "shm/rendezvous_name.h"
@@ -40,6 +43,34 @@ int SendWithFds(int sock, const uint8_t* msg, size_t len, const int* fds, int nf
   return n == ssize_t(len) ? 0 : -EMSGSIZE;
 }
 
+bool SameName(const sockaddr_un& a, socklen_t alen, const sockaddr_un& b, socklen_t blen) noexcept {
+  return alen == blen && std::memcmp(&a, &b, alen) == 0;
+}
+
+// A rendezvous socket, above the floor; -errno on failure.
+int RendezvousSocket() noexcept {
+  int sock = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (sock < 0) return -errno;
+  sock = sys::MoveAbove(sock, sys::HiddenFdFloor());
+  return sock < 0 ? -errno : sock;
+}
+
+// The rendezvous at `name` must belong to the owner of the listener the SYN will reach.
+// Same-uid processes are not told apart (they may ptrace each other anyway; SECURITY.md).
+bool OwnedByListener(int sock, const SocketInfo& listener, const sockaddr_un& name,
+                     socklen_t len) noexcept {
+  ucred peer{};
+  socklen_t plen = sizeof(peer);
+  if (sys::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0) return false;
+  if (peer.uid == listener.uid) return true;
+  SLIP_LOG(kWarn,
+           "rendezvous %.*s is held by pid %d uid %u, but the TCP listener belongs to uid %u: "
+           "not registering there (plain TCP)",
+           int(len - offsetof(sockaddr_un, sun_path) - 1), name.sun_path + 1, int(peer.pid),
+           unsigned(peer.uid), unsigned(listener.uid));
+  return false;
+}
+
 }  // namespace
 
 Offer::~Offer() {
@@ -49,34 +80,74 @@ Offer::~Offer() {
   CloseIf(&client_b);
   CloseIf(&server_a);
   CloseIf(&server_b);
+  CloseIf(&anchor_slot);
 }
 
 int FindRendezvous(const sockaddr* dest) noexcept {
   sockaddr_un names[3];
   socklen_t lens[3];
-  int count = RendezvousNamesFor(dest, names, lens);
+  const int count = RendezvousNamesFor(dest, names, lens);
   if (count == 0) return -EAFNOSUPPORT;
-  int sock = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (sock < 0) return -errno;
+  int sock = RendezvousSocket();
+  if (sock < 0) return sock;
   int err = -ECONNREFUSED;
-  for (int i = 0; i < count; ++i) {
-    // Closed before connect() returns, like the memfd and the server's A below: they
-    // need not be moved out of the application's way.
-    if (sys::connect(sock, reinterpret_cast<sockaddr*>(&names[i]), lens[i]) == 0) return sock;
-    err = -errno;
-    if (err == -EAGAIN) break;  // the listener's queue is full: do not try a wider name
+  int found = -1;
+  // A plain listener costs one refused connect(2) per name, nothing more.
+  for (int i = 0; i < count && found < 0; ++i) {
+    if (sys::connect(sock, reinterpret_cast<sockaddr*>(&names[i]), lens[i]) == 0) {
+      found = i;
+    } else {
+      err = -errno;
+      if (err == -EAGAIN) break;  // the listener's queue is full: do not try a wider name
+    }
   }
-  sys::close(sock);
-  return err;
+  if (found < 0) {
+    sys::close(sock);
+    return err;
+  }
+  // Some process on this host runs Slipstream on that port. Which rendezvous serves the
+  // connection is the kernel's choice of listener, and only its owner may answer.
+  SocketInfo listener;
+  if (int rc = FindListener(dest, &listener); rc < 0) {
+    sys::close(sock);
+    return rc == -ENOENT ? -ECONNREFUSED : rc;  // nothing listens: connect() will say so
+  }
+  sockaddr_un expected;
+  socklen_t expected_len;
+  if (!RendezvousNameFor(reinterpret_cast<sockaddr*>(&listener.local), listener.v6only, &expected,
+                         &expected_len)) {
+    sys::close(sock);
+    return -EAFNOSUPPORT;
+  }
+  if (!SameName(names[found], lens[found], expected, expected_len)) {
+    // The name found is not the listener's (a more specific one, held by someone else):
+    // the listener's own, if it publishes one, is the only one that counts.
+    sys::close(sock);
+    sock = RendezvousSocket();
+    if (sock < 0) return sock;
+    if (sys::connect(sock, reinterpret_cast<sockaddr*>(&expected), expected_len) != 0) {
+      err = -errno;
+      sys::close(sock);
+      return err == -EAGAIN ? err : -ECONNREFUSED;
+    }
+  }
+  if (!OwnedByListener(sock, listener, expected, expected_len)) {
+    sys::close(sock);
+    return -EPERM;
+  }
+  return sock;
 }
 
 int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
+  const int floor = sys::HiddenFdFloor();
   offer->nonce = sys::RandomNonce();
   offer->ring_size = ring_size;
   offer->region_size = RegionSize(ring_size);
-  int fd = memfd_create("slipstream", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return -errno;
-  offer->memfd = fd;
+  // A memfd counts against RLIMIT_FSIZE: growing it past the limit would raise SIGXFSZ,
+  // which kills the host program. Plain TCP instead.
+  if (!sys::FileSizeAllows(offer->region_size)) return -EFBIG;
+  offer->memfd = sys::MoveAbove(memfd_create("slipstream", MFD_CLOEXEC | MFD_ALLOW_SEALING), floor);
+  if (offer->memfd < 0) return -errno;
   if (ftruncate(offer->memfd, off_t(offer->region_size)) != 0) return -errno;
   // The server maps this region: sealed, the client can never shrink it under the server
   // (a SIGBUS there would kill the server process).
@@ -91,67 +162,62 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
   control->header.ring_size = ring_size;
   control->header.nonce = offer->nonce;
 
+  // Every descriptor the connection will hold is taken now, above the floor, so that
+  // nothing after the CONFIRM can fail for want of one.
   int client[2], server[2];
   if (int rc = proxy::CreatePair(client); rc < 0) return rc;
-  offer->client_a = client[0];
-  offer->client_b = sys::MoveHigh(client[1], sys::HiddenFdFloor());
+  offer->client_a = sys::MoveAbove(client[0], floor);
+  offer->client_b = sys::MoveAbove(client[1], floor);
+  if (offer->client_a < 0 || offer->client_b < 0) return -EMFILE;
   if (int rc = proxy::CreatePair(server); rc < 0) return rc;
-  offer->server_a = server[0];
-  offer->server_b = sys::MoveHigh(server[1], sys::HiddenFdFloor());
-  offer->client_a = sys::MoveHigh(offer->client_a, sys::HiddenFdFloor());
-  return 0;
+  offer->server_a = sys::MoveAbove(server[0], floor);
+  offer->server_b = sys::MoveAbove(server[1], floor);
+  if (offer->server_a < 0 || offer->server_b < 0) return -EMFILE;
+  // (A duplicate of the peer's B, never of our own: closing any descriptor of a file, as
+  // the install's dup3 over the slot does, drops this process's locks on it, and our B
+  // carries the lock that says this process holds the connection.)
+  offer->anchor_slot = sys::DupAbove(offer->server_b, floor);
+  return offer->anchor_slot < 0 ? -EMFILE : 0;
 }
-
-namespace {
-
-int EncodeAndSend(int rendezvous, const wire::Message& msg, const int* fds, int nfds) noexcept {
-  uint8_t buf[wire::kMaxMessageSize];
-  size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
-  if (len == 0) return -EINVAL;
-  return SendWithFds(rendezvous, buf, len, fds, nfds);
-}
-
-}  // namespace
 
 int SendRegister(int rendezvous, const Offer& offer, const wire::Endpoint& client,
                  const wire::Endpoint& server) noexcept {
   wire::Message msg;
   msg.type = wire::Type::kRegister;
   msg.reg = wire::Register{client, server, offer.nonce, offer.ring_size, 4, offer.region_size};
+  uint8_t buf[wire::kMaxMessageSize];
+  const size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  if (len == 0) return -EINVAL;
   const int fds[4] = {offer.memfd, offer.server_a, offer.server_b, offer.client_b};
-  return EncodeAndSend(rendezvous, msg, fds, 4);
-}
-
-namespace {
-
-std::atomic<uint32_t>& ClaimOf(Offer* offer) noexcept {
-  return static_cast<RegionControl*>(offer->region)->header.claim;
-}
-
-}  // namespace
-
-bool ClaimConfirm(Offer* offer) noexcept {
-  uint32_t expected = uint32_t(Claim::kOpen);
-  return ClaimOf(offer).compare_exchange_strong(expected, uint32_t(Claim::kConfirmed),
-                                                std::memory_order_acq_rel) ||
-         expected == uint32_t(Claim::kConfirmed);
+  return SendWithFds(rendezvous, buf, len, fds, 4);
 }
 
 void ClaimWithdraw(Offer* offer) noexcept {
+  if (!offer->region) return;
   uint32_t expected = uint32_t(Claim::kOpen);
-  ClaimOf(offer).compare_exchange_strong(expected, uint32_t(Claim::kWithdrawn),
-                                         std::memory_order_acq_rel);
+  static_cast<RegionControl*>(offer->region)
+      ->header.claim.compare_exchange_strong(expected, uint32_t(Claim::kWithdrawn),
+                                             std::memory_order_acq_rel);
 }
 
-std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int* proxy_a, int* proxy_b) noexcept {
-  // The memfd stays open with the channel, out of the application's way.
-  offer->memfd = sys::MoveHigh(offer->memfd, sys::HiddenFdFloor());
-  auto channel = MakeChannel(offer->region, offer->region_size, offer->memfd,
-                             /*is_client=*/true, offer->server_b, offer->client_b);
+std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous, int handshake_timeout_ms,
+                                           int* proxy_a, int* proxy_b) noexcept {
+  ChannelSetup setup;
+  setup.region = offer->region;
+  setup.region_size = offer->region_size;
+  setup.ring_size = offer->ring_size;
+  setup.nonce = offer->nonce;
+  setup.is_client = true;
+  setup.peer_b = offer->server_b;
+  setup.own_b = offer->client_b;
+  setup.anchor = offer->anchor_slot;
+  setup.rendezvous = rendezvous;
+  setup.handshake_timeout_ms = handshake_timeout_ms;
+  auto channel = MakeChannel(setup);
   if (!channel) return nullptr;
   offer->region = nullptr;  // owned by the channel now
   offer->server_b = -1;
-  offer->memfd = -1;
+  CloseIf(&offer->memfd);  // the mapping keeps the region
   *proxy_a = offer->client_a;
   *proxy_b = offer->client_b;
   offer->client_a = offer->client_b = -1;

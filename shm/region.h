@@ -48,20 +48,14 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free,
 static_assert(std::atomic<uint32_t>::is_always_lock_free,
               "the claim must be lock-free across processes");
 
+// The ring sizes a region may have (SLIP_RING_SIZE's range): a power of two from 4 KiB to
+// 256 MiB. Anything else in a registration is refused.
+inline bool ValidRingSize(uint32_t ring_size) noexcept {
+  return ring_size >= 4096 && ring_size <= (256u << 20) && (ring_size & (ring_size - 1)) == 0;
+}
+
 inline size_t RegionSize(uint32_t ring_size) noexcept {
   return kControlPage + 2 * size_t(ring_size);
 }
 
-}  // namespace slip::shm
-
-#include <memory>
-
-#include "core/channel.h"
-
-namespace slip::shm {
-// Builds the channel over a mapped region; takes ownership of the mapping, the region's
-// `memfd` (kept: its locks count the processes holding this end) and `peer_b`. `own_b` is
-// B of this end's proxy, owned by the Stream. On failure the caller keeps everything.
-std::unique_ptr<Channel> MakeChannel(void* region, size_t region_size, int memfd, bool is_client,
-                                     int peer_b, int own_b) noexcept;
 }  // namespace slip::shm

@@ -1,16 +1,23 @@
-// The listening side of shm: the published rendezvous and the registrations it collects.
-#include <arpa/inet.h>
+// The listening side of shm: the published rendezvous and the registrations it takes.
+//
+// A registration is answered as soon as it is read: ACCEPT once everything its connection
+// will need is held (its descriptors above the floor, the region mapped and checked, the
+// server's stream built, a descriptor number kept for the anchor), DECLINE otherwise. The
+// client confirms only after ACCEPT, so nothing that can fail is left for accept() after a
+// CONFIRM, and a listener short of anything costs its clients acceleration, never their
+// connection. What one local user can hold here is bounded (docs/SECURITY.md).
 #include <netinet/in.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/un.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <ctime>
+#include <new>
 
 #include "core/log.h"
+#include "core/sock_diag.h"
 #include "core/sys.h"
 #include "shm/region.h"
 #include "shm/rendezvous_name.h"
@@ -20,130 +27,75 @@ namespace slip::shm {
 
 namespace {
 
-constexpr uint64_t kRegistrationTtlNs = 30ull * 1000000000ull;
-constexpr size_t kMaxPending = 4096;
+// A registration waits this long for its connection to be accepted (the backlog may hold
+// a connection that long); then it is abandoned and dropped.
+constexpr uint64_t kRegistrationTtlMs = 30000;
+// A client sends REGISTER right after it connects to the rendezvous.
+constexpr uint64_t kWaitingTtlMs = 1000;
+// Rendezvous connections read per drain: a flood must not keep the control thread here.
+constexpr int kDrainBudget = 256;
 
-uint64_t MonotonicNs() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+// How many registrations a listener holds: each keeps four descriptors (the proxy pair,
+// the client's B, the anchor's slot), all above the floor. They are the same four its
+// connection keeps once accepted, so the space above the floor bounds both together.
+size_t CapacityFor() noexcept {
+  rlimit rl{};
+  uint64_t limit = 1024;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+    limit = rl.rlim_cur == RLIM_INFINITY ? (1u << 20) : uint64_t(rl.rlim_cur);
+  const uint64_t floor = uint64_t(sys::HiddenFdFloor());
+  const uint64_t hidden = limit > floor ? limit - floor : 0;
+  return size_t(std::clamp<uint64_t>(hidden / 4, 4, 4096));
 }
 
-void MakeName(uint16_t port, const char* scope, sockaddr_un* out, socklen_t* len) noexcept {
+bool SockaddrFor(const wire::Endpoint& ep, sockaddr_storage* out) noexcept {
   std::memset(out, 0, sizeof(*out));
-  out->sun_family = AF_UNIX;
-  // Abstract name: leading NUL, no terminator.
-  int n = std::snprintf(out->sun_path + 1, sizeof(out->sun_path) - 1, "slipstream-v1:%u:%s",
-                        unsigned(port), scope);
-  *len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n);
-}
-
-void CloseFds(int* fds, int n) noexcept {
-  for (int i = 0; i < n; ++i) {
-    if (fds[i] >= 0) sys::close(fds[i]);
-    fds[i] = -1;
+  if (ep.family == 4) {
+    auto* in = reinterpret_cast<sockaddr_in*>(out);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(ep.port);
+    std::memcpy(&in->sin_addr, ep.addr, 4);
+    return true;
   }
-}
-
-}  // namespace
-
-bool RendezvousNameFor(const sockaddr* local, bool v6only, sockaddr_un* out,
-                       socklen_t* len) noexcept {
-  wire::Endpoint ep;
-  if (!wire::EndpointFromSockaddr(local, &ep)) return false;
-  char scope[INET6_ADDRSTRLEN + 4];
-  static const uint8_t kZero[16] = {};
-  bool any = std::memcmp(ep.addr, kZero, ep.family == 4 ? 4 : 16) == 0;
-  if (any && local->sa_family == AF_INET) {
-    std::strcpy(scope, "*4");
-  } else if (any) {
-    std::strcpy(scope, v6only ? "*6" : "*");
-  } else {
-    inet_ntop(ep.family == 4 ? AF_INET : AF_INET6, ep.addr, scope, sizeof(scope));
-  }
-  MakeName(ep.port, scope, out, len);
+  if (ep.family != 6) return false;
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(out);
+  in6->sin6_family = AF_INET6;
+  in6->sin6_port = htons(ep.port);
+  std::memcpy(&in6->sin6_addr, ep.addr, 16);
   return true;
 }
 
-int RendezvousNamesFor(const sockaddr* dest, sockaddr_un out[3], socklen_t lens[3]) noexcept {
-  wire::Endpoint ep;
-  if (!wire::EndpointFromSockaddr(dest, &ep)) return 0;
-  char exact[INET6_ADDRSTRLEN];
-  inet_ntop(ep.family == 4 ? AF_INET : AF_INET6, ep.addr, exact, sizeof(exact));
-  MakeName(ep.port, exact, &out[0], &lens[0]);
-  MakeName(ep.port, ep.family == 4 ? "*4" : "*6", &out[1], &lens[1]);
-  MakeName(ep.port, "*", &out[2], &lens[2]);
-  return 3;
+uint32_t PeerUid(int conn) noexcept {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  // An unknown peer counts as the most constrained one.
+  if (sys::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return UINT32_MAX;
+  return cred.uid;
 }
 
-// ---------------------------------------------------------------------------- Registration
-
-Registration::~Registration() {
-  if (header) munmap(header, kControlPage);
-  CloseFds(fds, 4);
-}
-
-Registration::Registration(Registration&& o) noexcept
-    : msg(o.msg), received_ns(o.received_ns), header(o.header) {
-  std::memcpy(fds, o.fds, sizeof(fds));
-  std::fill(o.fds, o.fds + 4, -1);
-  o.header = nullptr;
-}
-
-Registration& Registration::operator=(Registration&& o) noexcept {
-  if (this != &o) {
-    if (header) munmap(header, kControlPage);
-    CloseFds(fds, 4);
-    msg = o.msg;
-    received_ns = o.received_ns;
-    header = o.header;
-    o.header = nullptr;
-    std::memcpy(fds, o.fds, sizeof(fds));
-    std::fill(o.fds, o.fds + 4, -1);
+// Says who holds a rendezvous name we could not bind (an attack, or another listener of
+// ours that did not let go).
+void LogHolder(const sockaddr_un& name, socklen_t len) noexcept {
+  const int probe = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  ucred cred{-1, ~0u, ~0u};
+  if (probe >= 0) {
+    socklen_t clen = sizeof(cred);
+    if (sys::connect(probe, reinterpret_cast<const sockaddr*>(&name), len) != 0 ||
+        sys::getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0)
+      cred = ucred{-1, ~0u, ~0u};
+    sys::close(probe);
   }
-  return *this;
-}
-
-namespace {
-
-// The claim word of a registration's region, mapping its first page on first use; nullptr
-// when the region is not one a Slipstream client builds (its size must be sealed: one the
-// client could still shrink would turn our access into a SIGBUS).
-std::atomic<uint32_t>* ClaimWord(Registration* reg) noexcept {
-  if (!reg->header) {
-    struct stat st;
-    constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
-    int seals = reg->fds[0] < 0 ? -1 : sys::fcntl(reg->fds[0], F_GET_SEALS);
-    if (seals < 0 || (seals & kSizeSeals) != kSizeSeals || fstat(reg->fds[0], &st) != 0 ||
-        !S_ISREG(st.st_mode) || uint64_t(st.st_size) < kControlPage)
-      return nullptr;
-    void* page = mmap(nullptr, kControlPage, PROT_READ | PROT_WRITE, MAP_SHARED, reg->fds[0], 0);
-    if (page == MAP_FAILED) return nullptr;
-    reg->header = page;
-  }
-  return &static_cast<RegionControl*>(reg->header)->header.claim;
+  SLIP_LOG(kWarn,
+           "rendezvous %.*s is already held by pid %d uid %d; same-host clients of this "
+           "listener stay plain (untrusted_rendezvous)",
+           int(len - offsetof(sockaddr_un, sun_path) - 1), name.sun_path + 1, int(cred.pid),
+           int(cred.uid));
 }
 
 }  // namespace
 
-Claim ReadClaim(Registration* reg) noexcept {
-  std::atomic<uint32_t>* word = ClaimWord(reg);
-  return word ? Claim(word->load(std::memory_order_acquire)) : Claim::kOpen;
-}
-
-Claim Abandon(Registration* reg) noexcept {
-  std::atomic<uint32_t>* word = ClaimWord(reg);
-  if (!word) return Claim::kAbandoned;  // nobody can confirm it
-  uint32_t expected = uint32_t(Claim::kOpen);
-  if (word->compare_exchange_strong(expected, uint32_t(Claim::kAbandoned),
-                                    std::memory_order_acq_rel))
-    return Claim::kAbandoned;
-  return Claim(expected);
-}
-
-// ---------------------------------------------------------------------------- Rendezvous
-
 std::unique_ptr<Rendezvous> Rendezvous::Publish(const sockaddr* local, bool v6only,
+                                                StreamOptions options, int handshake_timeout_ms,
                                                 int* error) noexcept {
   sockaddr_un name;
   socklen_t len;
@@ -151,31 +103,130 @@ std::unique_ptr<Rendezvous> Rendezvous::Publish(const sockaddr* local, bool v6on
     *error = -EAFNOSUPPORT;
     return nullptr;
   }
-  int fd = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    *error = -errno;
-    return nullptr;
-  }
-  fd = sys::MoveHigh(fd, sys::HiddenFdFloor());
-  if (sys::bind(fd, reinterpret_cast<sockaddr*>(&name), len) != 0 || sys::listen(fd, 4096) != 0) {
-    *error = -errno;
-    sys::close(fd);
-    return nullptr;
-  }
-  auto rv = std::unique_ptr<Rendezvous>(new (std::nothrow) Rendezvous(fd));
-  if (!rv) {
-    sys::close(fd);
+  auto rv = std::unique_ptr<Rendezvous>(new (std::nothrow) Rendezvous());
+  const size_t capacity = CapacityFor();
+  if (rv) rv->table_.reset(new (std::nothrow) Registration[capacity]);
+  if (!rv || !rv->table_) {
     *error = -ENOMEM;
+    return nullptr;
+  }
+  rv->capacity_ = capacity;
+  // Whatever the others do, a quarter of the table stays theirs (entries whose claim says
+  // confirmed cannot be made to give way).
+  rv->per_uid_ = std::max<size_t>(2, capacity - capacity / 4);
+  rv->options_ = options;
+  rv->timeout_ms_ = handshake_timeout_ms;
+  const int floor = sys::HiddenFdFloor();
+  rv->listen_fd_ =
+      sys::MoveAbove(sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), floor);
+  if (rv->listen_fd_ < 0) {
+    *error = -errno;
+    return nullptr;
+  }
+  if (sys::bind(rv->listen_fd_, reinterpret_cast<sockaddr*>(&name), len) != 0) {
+    *error = -errno;
+    if (errno == EADDRINUSE) LogHolder(name, len);
+    return nullptr;
+  }
+  rv->epoll_fd_ = sys::MoveAbove(epoll_create1(EPOLL_CLOEXEC), floor);
+  if (rv->epoll_fd_ < 0 || sys::listen(rv->listen_fd_, 4096) != 0 || !rv->Watch(rv->listen_fd_)) {
+    *error = -errno;
+    return nullptr;
   }
   return rv;
 }
 
 Rendezvous::~Rendezvous() {
-  sys::close(fd_);
-  for (int fd : pending_conns_) sys::close(fd);
+  if (listen_fd_ >= 0) sys::close(listen_fd_);
+  if (epoll_fd_ >= 0) sys::close(epoll_fd_);
+  for (size_t i = 0; i < waiting_count_; ++i) sys::close(waiting_[i].fd);
+  // Registrations still held were never accepted: abandon them (their clients stay
+  // plain, or already confirmed, in which case their server is gone anyway).
+  for (size_t i = 0; i < used_; ++i) table_[i].Abandon();
 }
 
-void Rendezvous::ReadOne(int conn, uint64_t now) noexcept {
+bool Rendezvous::Watch(int fd) noexcept {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  return sys::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+void Rendezvous::RemoveAt(size_t i) noexcept {
+  --used_;
+  if (i != used_) {
+    table_[i] = std::move(table_[used_]);
+  } else {
+    table_[i] = Registration();
+  }
+}
+
+// A full table gives way to a uid that holds fewer entries than the uid holding the
+// most: that one's oldest registration whose client has not confirmed yet is abandoned
+// (its client, finding the claim so, stays plain: nothing of its connection is lost).
+// One local user can thus fill an empty table, but not keep it from anybody else.
+bool Rendezvous::MakeRoomFor(uint32_t uid) noexcept {
+  // Count per uid in one pass (a few distinct uids are the rule; beyond 32 the rest are
+  // not considered).
+  struct Count {
+    uint32_t uid;
+    size_t n;
+  } counts[32];
+  size_t distinct = 0;
+  for (size_t i = 0; i < used_; ++i) {
+    size_t k = 0;
+    while (k < distinct && counts[k].uid != table_[i].uid) ++k;
+    if (k == distinct) {
+      if (distinct == std::size(counts)) continue;
+      counts[distinct++] = Count{table_[i].uid, 0};
+    }
+    ++counts[k].n;
+  }
+  uint32_t heaviest = uid;
+  size_t most = 1;  // a uid gives way only to one that holds fewer, after this entry
+  for (size_t k = 0; k < distinct; ++k) {
+    if (counts[k].uid == uid) most = std::max(most, counts[k].n + 1);
+  }
+  for (size_t k = 0; k < distinct; ++k) {
+    if (counts[k].n > most) {
+      most = counts[k].n;
+      heaviest = counts[k].uid;
+    }
+  }
+  if (heaviest == uid) return false;
+  size_t victim = used_;
+  for (size_t i = 0; i < used_; ++i) {
+    const Registration& r = table_[i];
+    if (r.uid != heaviest || r.ReadClaim() != Claim::kOpen) continue;
+    if (victim == used_ || r.received_ms < table_[victim].received_ms) victim = i;
+  }
+  if (victim == used_ || table_[victim].Abandon() != Claim::kAbandoned) return false;
+  RemoveAt(victim);
+  return true;
+}
+
+size_t Rendezvous::CountForUid(uint32_t uid) const noexcept {
+  size_t count = 0;
+  for (size_t i = 0; i < used_; ++i) count += table_[i].uid == uid;
+  return count;
+}
+
+void Rendezvous::Answer(int conn, uint64_t nonce, wire::DeclineReason reason) noexcept {
+  wire::Message msg;
+  if (reason == wire::DeclineReason::kUnspecified) {
+    msg.type = wire::Type::kAccept;
+    msg.accept = wire::Accept{nonce};
+  } else {
+    msg.type = wire::Type::kDecline;
+    msg.decline = wire::Decline{nonce, reason};
+  }
+  uint8_t buf[wire::kMaxMessageSize];
+  const size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  // A client that went away meanwhile finds nothing; one that stays gets one message.
+  sys::send(conn, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
   uint8_t buf[wire::kMaxMessageSize];
   iovec iov{buf, sizeof(buf)};
   alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))];
@@ -184,81 +235,190 @@ void Rendezvous::ReadOne(int conn, uint64_t now) noexcept {
   mh.msg_iovlen = 1;
   mh.msg_control = control;
   mh.msg_controllen = sizeof(control);
-  ssize_t n = sys::recvmsg(conn, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  const ssize_t n = sys::recvmsg(conn, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-    pending_conns_.push_back(conn);  // registered but not yet written: read it later
+    // Connected, message not written yet: wait for it, within bounds.
+    size_t mine = 0;
+    for (size_t i = 0; i < waiting_count_; ++i) mine += waiting_[i].uid == uid;
+    if (waiting_count_ < kMaxWaiting && mine < kMaxWaitingPerUid && Watch(conn)) {
+      waiting_[waiting_count_++] = Waiting{conn, uid, now_ms};
+    } else {
+      sys::close(conn);  // its client sees EOF and stays plain
+    }
+    return;
+  }
+  // Whatever came, the descriptors are ours to close or keep; they go above the floor.
+  int fds[4] = {-1, -1, -1, -1};
+  int nfds = 0;
+  bool moved = true;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    const int count = int((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    for (int i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+      if (nfds >= 4) {
+        sys::close(fd);
+        nfds = 5;  // too many descriptors: malformed
+        continue;
+      }
+      fds[nfds] = sys::MoveAbove(fd, sys::HiddenFdFloor());
+      moved = moved && fds[nfds] >= 0;
+      ++nfds;
+    }
+  }
+  auto close_fds = [&fds] {
+    for (int& fd : fds) {
+      if (fd >= 0) sys::close(fd);
+      fd = -1;
+    }
+  };
+  wire::Message msg;
+  size_t used = 0;
+  const wire::ParseStatus st =
+      n > 0 ? wire::ParseMessage(buf, size_t(n), &msg, &used) : wire::ParseStatus::kNeedMore;
+  if (n <= 0 || st != wire::ParseStatus::kOk || used != size_t(n) ||
+      msg.type != wire::Type::kRegister) {
+    if (n > 0)
+      SLIP_LOG(kWarn, "rendezvous: dropped a malformed message (%s)",
+               st == wire::ParseStatus::kOk ? "not a lone REGISTER" : wire::ParseStatusName(st));
+    close_fds();
+    sys::close(conn);
+    return;
+  }
+  const uint64_t nonce = msg.reg.nonce;
+  // A truncated control message means the kernel could not give us the descriptors (the
+  // limit): the client must know before it confirms.
+  wire::DeclineReason why = wire::DeclineReason::kUnspecified;
+  if ((mh.msg_flags & MSG_CTRUNC) || !moved) {
+    why = wire::DeclineReason::kDescriptors;
+  } else if (nfds != 4 || msg.reg.fd_count != 4) {
+    SLIP_LOG(kWarn, "rendezvous: dropped a registration with %d descriptors", nfds);
+    why = wire::DeclineReason::kBadRegion;
+  } else if (CountForUid(uid) >= per_uid_ || (used_ >= capacity_ && !MakeRoomFor(uid))) {
+    why = wire::DeclineReason::kBusy;
+  }
+  // A few registrations per 4-tuple (a forger's next to its real client's: accept() tells
+  // them apart); those that can no longer be confirmed make room.
+  size_t same_tuple = 0;
+  for (size_t i = 0; why == wire::DeclineReason::kUnspecified && i < used_;) {
+    Registration& r = table_[i];
+    if (!(r.msg.client == msg.reg.client && r.msg.server == msg.reg.server)) {
+      ++i;
+      continue;
+    }
+    const Claim claim = r.ReadClaim();
+    if (claim == Claim::kWithdrawn || claim == Claim::kAbandoned) {
+      RemoveAt(i);
+      continue;
+    }
+    if (++same_tuple >= kMaxPerTuple) why = wire::DeclineReason::kBusy;
+    ++i;
+  }
+  if (why != wire::DeclineReason::kUnspecified) {
+    close_fds();
+    Answer(conn, nonce, why);
+    sys::close(conn);
     return;
   }
   Registration reg;
-  int nfds = 0;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-    int count = int((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-    const int* in = reinterpret_cast<const int*>(CMSG_DATA(cm));
-    for (int i = 0; i < count; ++i) {
-      if (nfds < 4) {
-        reg.fds[nfds++] = sys::MoveHigh(in[i], sys::HiddenFdFloor());
-      } else {
-        sys::close(in[i]);
-        nfds = 5;  // too many descriptors: malformed
-      }
+  reg.msg = msg.reg;
+  reg.uid = uid;
+  reg.received_ms = now_ms;
+  // (A duplicate of the client's B, never of our own: closing any descriptor of a file, as
+  // the install's dup3 over the slot does, drops this process's locks on it, and our B
+  // carries the lock that says this process holds the connection.)
+  reg.anchor_slot = sys::DupAbove(fds[3], sys::HiddenFdFloor());
+  int proxy_a = -1, proxy_b = -1;
+  std::unique_ptr<Channel> channel;
+  if (reg.anchor_slot < 0) {
+    why = wire::DeclineReason::kDescriptors;
+    close_fds();
+  } else {
+    // Takes fds (closed on failure).
+    channel = AcceptRegistration(msg.reg, fds, reg.anchor_slot, /*held=*/true, timeout_ms_,
+                                 &proxy_a, &proxy_b, &reg.claim, &why);
+  }
+  if (channel) {
+    reg.stream.reset(new (std::nothrow) Stream(std::move(channel), proxy_a, proxy_b, options_));
+    if (!reg.stream) {  // (the channel, not moved, goes at the end of this scope)
+      sys::close(proxy_a);
+      sys::close(proxy_b);
+      reg.claim = nullptr;
+      why = wire::DeclineReason::kResources;
     }
   }
+  if (!reg.stream) {
+    if (why == wire::DeclineReason::kBadRegion)
+      SLIP_LOG(kWarn,
+               "rendezvous: declined a registration from uid %u (unusable region or "
+               "proxies)",
+               unsigned(uid));
+    Answer(conn, nonce,
+           why == wire::DeclineReason::kUnspecified ? wire::DeclineReason::kResources : why);
+    sys::close(conn);
+    return;
+  }
+  reg.proxy_a = proxy_a;
+  table_[used_++] = std::move(reg);
+  Answer(conn, nonce, wire::DeclineReason::kUnspecified);
   sys::close(conn);
-  if (n <= 0) return;
-  wire::Message msg;
-  size_t used;
-  wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
-  if (st != wire::ParseStatus::kOk || used != size_t(n)) {
-    SLIP_LOG(kWarn, "rendezvous: dropped a malformed message (%s)",
-             st == wire::ParseStatus::kOk ? "trailing bytes" : wire::ParseStatusName(st));
-    return;
-  }
-  // CANCEL is no longer sent (the region's claim word says it; it never arrived anyway,
-  // one message being read per connection): an old client's is ignored.
-  if (msg.type == wire::Type::kCancel && nfds == 0) return;
-  if (msg.type != wire::Type::kRegister || nfds != 4 || msg.reg.fd_count != 4) {
-    SLIP_LOG(kWarn, "rendezvous: dropped a registration with %d descriptors", nfds);
-    return;
-  }
-  reg.msg = msg.reg;
-  reg.received_ns = now;
-  if (pending_.size() >= kMaxPending) {
-    DropLocked(&pending_.front());
-    pending_.erase(pending_.begin());
-  }
-  pending_.push_back(std::move(reg));
-}
-
-// A registration leaves the table without its connection being accepted (expired, or
-// pushed out): its client must not confirm after that. Nothing to do when it already did
-// (a CONFIRM queued at accept, with nothing registered, is declined there) or withdrew.
-void Rendezvous::DropLocked(Registration* reg) noexcept {
-  Abandon(reg);
 }
 
 void Rendezvous::DrainLocked() noexcept {
-  uint64_t now = MonotonicNs();
-  std::vector<int> waiting;
-  waiting.swap(pending_conns_);
-  for (int conn : waiting) ReadOne(conn, now);
-  for (;;) {
-    int conn = sys::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (conn < 0) break;
-    ReadOne(sys::MoveHigh(conn, sys::HiddenFdFloor()), now);
+  const uint64_t now = sys::MonotonicMs();
+  epoll_event events[64];
+  int budget = kDrainBudget;
+  const int n = sys::epoll_wait(epoll_fd_, events, 64, 0);
+  for (int i = 0; i < n && budget > 0; ++i) {
+    const int fd = events[i].data.fd;
+    if (fd == listen_fd_) continue;
+    for (size_t w = 0; w < waiting_count_; ++w) {
+      if (waiting_[w].fd != fd) continue;
+      const uint32_t uid = waiting_[w].uid;
+      waiting_[w] = waiting_[--waiting_count_];
+      sys::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+      ReadOne(fd, uid, now);
+      --budget;
+      break;
+    }
+  }
+  while (budget-- > 0) {
+    int conn = sys::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (conn < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // The queued clients wait for an answer that cannot come now; they give up at
+        // their deadline and stay plain. Logged once in a while, not once per client.
+        SLIP_LOG(kWarn,
+                 "rendezvous: no descriptor to read registrations with; clients stay "
+                 "plain meanwhile");
+      }
+      break;
+    }
+    conn = sys::MoveAbove(conn, sys::HiddenFdFloor());
+    if (conn < 0) continue;  // (closed: its client sees EOF and stays plain)
+    ReadOne(conn, PeerUid(conn), now);
   }
   ExpireLocked(now);
 }
 
-void Rendezvous::ExpireLocked(uint64_t now) noexcept {
-  std::erase_if(pending_, [this, now](Registration& r) {
-    if (now - r.received_ns <= kRegistrationTtlNs) return false;
-    DropLocked(&r);
-    return true;
-  });
-  while (pending_conns_.size() > kMaxPending) {
-    sys::close(pending_conns_.front());
-    pending_conns_.erase(pending_conns_.begin());
+void Rendezvous::ExpireLocked(uint64_t now_ms) noexcept {
+  for (size_t i = 0; i < used_;) {
+    if (now_ms - table_[i].received_ms <= kRegistrationTtlMs) {
+      ++i;
+      continue;
+    }
+    // Its client must not confirm after this (it did long ago, or never will).
+    table_[i].Abandon();
+    RemoveAt(i);
+  }
+  for (size_t w = 0; w < waiting_count_;) {
+    if (now_ms - waiting_[w].since_ms <= kWaitingTtlMs) {
+      ++w;
+      continue;
+    }
+    sys::close(waiting_[w].fd);  // (its epoll registration goes with it)
+    waiting_[w] = waiting_[--waiting_count_];
   }
 }
 
@@ -267,71 +427,42 @@ void Rendezvous::Drain() noexcept {
   DrainLocked();
 }
 
-size_t Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server,
-                        std::vector<Registration>* out) noexcept {
+bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server,
+                      Registration* out) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   DrainLocked();
-  size_t found = 0;
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    if (it->msg.client == client && it->msg.server == server) {
-      out->push_back(std::move(*it));
-      it = pending_.erase(it);
-      ++found;
-    } else {
-      ++it;
+  size_t found[kMaxPerTuple];
+  size_t count = 0;
+  for (size_t i = 0; i < used_ && count < kMaxPerTuple; ++i) {
+    if (table_[i].msg.client == client && table_[i].msg.server == server) found[count++] = i;
+  }
+  if (count == 0) return false;
+  size_t pick = found[count - 1];  // the newest
+  if (count > 1) {
+    // Someone else registered this 4-tuple too. The TCP connection says who its client is:
+    // the registration of the owner of the client's socket is the one (a forger of another
+    // uid never wins; same-uid processes are not told apart, SECURITY.md).
+    sockaddr_storage local, remote;
+    SocketInfo owner;
+    if (SockaddrFor(client, &local) && SockaddrFor(server, &remote) &&
+        FindConnection(reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote),
+                       &owner) == 0) {
+      for (size_t k = 0; k < count; ++k) {
+        const Registration& r = table_[found[k]];
+        if (r.uid == owner.uid &&
+            (table_[pick].uid != owner.uid || r.received_ms >= table_[pick].received_ms))
+          pick = found[k];
+      }
     }
   }
-  return found;
-}
-
-// ---------------------------------------------------------------------------- accept
-
-std::unique_ptr<Channel> AcceptRegistration(Registration* reg, const wire::Confirm& confirm,
-                                            int* proxy_a, int* proxy_b,
-                                            wire::DeclineReason* reason) noexcept {
-  *reason = wire::DeclineReason::kBadRegion;
-  const wire::Register& msg = reg->msg;
-  if (confirm.nonce != msg.nonce) {
-    *reason = wire::DeclineReason::kNonceMismatch;
-    return nullptr;
+  *out = std::move(table_[pick]);
+  // The others can never be confirmed on this connection: they go (highest index first,
+  // so that the indexes left stay valid).
+  for (size_t k = count; k-- > 0;) {
+    if (found[k] != pick) table_[found[k]].Abandon();
+    RemoveAt(found[k]);
   }
-  if (confirm.ring_size != msg.ring_size || msg.region_size != RegionSize(msg.ring_size))
-    return nullptr;
-  struct stat st;
-  if (fstat(reg->fds[0], &st) != 0 || !S_ISREG(st.st_mode) ||
-      uint64_t(st.st_size) != msg.region_size)
-    return nullptr;
-  // Only a region whose size is sealed is safe to map: one the client could still shrink
-  // would turn the server's next access into a SIGBUS.
-  constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
-  int seals = sys::fcntl(reg->fds[0], F_GET_SEALS);
-  if (seals < 0 || (seals & kSizeSeals) != kSizeSeals) return nullptr;
-  for (int i = 1; i < 4; ++i) {
-    if (fstat(reg->fds[i], &st) != 0 || !S_ISSOCK(st.st_mode)) return nullptr;
-  }
-  void* region = mmap(nullptr, msg.region_size, PROT_READ | PROT_WRITE, MAP_SHARED, reg->fds[0], 0);
-  if (region == MAP_FAILED) {
-    *reason = wire::DeclineReason::kResources;
-    return nullptr;
-  }
-  const RegionHeader& header = static_cast<RegionControl*>(region)->header;
-  if (header.magic != kRegionMagic || header.ring_size != msg.ring_size ||
-      header.nonce != msg.nonce) {
-    munmap(region, msg.region_size);
-    return nullptr;
-  }
-  auto channel = MakeChannel(region, msg.region_size, reg->fds[0], /*is_client=*/false, reg->fds[3],
-                             reg->fds[2]);
-  if (!channel) {
-    munmap(region, msg.region_size);
-    *reason = wire::DeclineReason::kResources;
-    return nullptr;
-  }
-  reg->fds[0] = reg->fds[3] = -1;
-  *proxy_a = reg->fds[1];
-  *proxy_b = reg->fds[2];
-  reg->fds[1] = reg->fds[2] = -1;
-  return channel;
+  return true;
 }
 
 }  // namespace slip::shm

@@ -69,30 +69,29 @@ struct StreamPair {
   shm::Offer offer;
   if (int rc = shm::PrepareOffer(ring_size, &offer); rc != 0)
     return ::testing::AssertionFailure() << "PrepareOffer: " << std::strerror(-rc);
-  shm::Registration reg;
+  int fds[4];
   const int carried[4] = {offer.memfd, offer.server_a, offer.server_b, offer.client_b};
   for (int i = 0; i < 4; ++i) {
-    reg.fds[i] = fcntl(carried[i], F_DUPFD_CLOEXEC, 0);
-    if (reg.fds[i] < 0) return ::testing::AssertionFailure() << "dup: " << std::strerror(errno);
+    fds[i] = fcntl(carried[i], F_DUPFD_CLOEXEC, 0);
+    if (fds[i] < 0) return ::testing::AssertionFailure() << "dup: " << std::strerror(errno);
   }
-  reg.msg.nonce = offer.nonce;
-  reg.msg.ring_size = ring_size;
-  reg.msg.region_size = shm::RegionSize(ring_size);
-  reg.msg.fd_count = 4;
-  wire::Confirm confirm;
-  confirm.nonce = offer.nonce;
-  confirm.ring_size = ring_size;
+  wire::Register reg;
+  reg.nonce = offer.nonce;
+  reg.ring_size = ring_size;
+  reg.region_size = shm::RegionSize(ring_size);
+  reg.fd_count = 4;
 
   int client_a = -1, client_b = -1;
-  std::unique_ptr<Channel> client = shm::MakeClientChannel(&offer, &client_a, &client_b);
+  std::unique_ptr<Channel> client =
+      shm::MakeClientChannel(&offer, /*rendezvous=*/-1, 0, &client_a, &client_b);
   if (!client) return ::testing::AssertionFailure() << "MakeClientChannel failed";
   out->client = std::make_unique<Stream>(std::move(client), client_a, client_b, options);
   out->client_fd = client_a;
 
   int server_a = -1, server_b = -1;
   wire::DeclineReason reason = wire::DeclineReason::kUnspecified;
-  std::unique_ptr<Channel> server =
-      shm::AcceptRegistration(&reg, confirm, &server_a, &server_b, &reason);
+  std::unique_ptr<Channel> server = shm::AcceptRegistration(
+      reg, fds, /*anchor=*/-1, /*held=*/false, 0, &server_a, &server_b, nullptr, &reason);
   if (!server) return ::testing::AssertionFailure() << "AcceptRegistration: reason " << int(reason);
   out->server = std::make_unique<Stream>(std::move(server), server_a, server_b, options);
   out->server_fd = server_a;

@@ -624,12 +624,12 @@ TEST(WireFields, FailoverCause) {
 
 TEST(WireFields, DeclineReason) {
   const Message m = samples::Typical(Type::kDecline);
-  for (uint32_t r = 0; r <= static_cast<uint32_t>(DeclineReason::kVersion); ++r) {
+  for (uint32_t r = 0; r <= static_cast<uint32_t>(DeclineReason::kDescriptors); ++r) {
     const Parsed p = Parse(EncodeWith(m, kDeclineReasonAt, r, 4));
     ASSERT_EQ(p.status, ParseStatus::kOk) << r;
     EXPECT_EQ(p.msg.decline.reason, static_cast<DeclineReason>(r));
   }
-  for (uint32_t r : {7u, 8u, 0xffu, 0x100u, 0x80000000u, 0xffffffffu})
+  for (uint32_t r : {9u, 10u, 0xffu, 0x100u, 0x80000000u, 0xffffffffu})
     EXPECT_EQ(StatusWith(m, kDeclineReasonAt, r, 4), ParseStatus::kBadField) << r;
 }
 

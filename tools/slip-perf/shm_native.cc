@@ -130,33 +130,36 @@ std::unique_ptr<Link> ShmConnector::Open() {
   SendWithFds(fd_, message.data(), message.size(), fds, kOfferFds);
   int proxy_a = -1;
   int proxy_b = -1;
-  std::unique_ptr<slip::Channel> channel = slip::shm::MakeClientChannel(&offer, &proxy_a, &proxy_b);
+  std::unique_ptr<slip::Channel> channel =
+      slip::shm::MakeClientChannel(&offer, /*rendezvous=*/-1, 0, &proxy_a, &proxy_b);
   if (!channel) throw std::runtime_error("shm: cannot build the client's channel");
   return std::make_unique<StreamLink>(std::move(channel), proxy_a, proxy_b, spin_us_, watch_);
 }
 
 std::unique_ptr<Link> ShmAcceptor::Accept(const std::function<bool()>&) {
   std::array<uint8_t, kOfferBytes> message;
-  slip::shm::Registration reg;
-  const int count = RecvWithFds(fd_, message.data(), message.size(), reg.fds);
+  int fds[kOfferFds] = {-1, -1, -1, -1};
+  const int count = RecvWithFds(fd_, message.data(), message.size(), fds);
   if (count < 0) throw std::runtime_error("the client closed instead of sending a region");
   Reader in(message);
   if (in.Get<uint32_t>() != kMagic || count != kOfferFds) {
+    for (int fd : fds) {
+      if (fd >= 0) close(fd);
+    }
     throw std::runtime_error("protocol error: expected a region and its descriptors");
   }
-  reg.msg.ring_size = in.Get<uint32_t>();
-  reg.msg.nonce = in.Get<uint64_t>();
-  reg.msg.region_size = in.Get<uint64_t>();
-  reg.msg.fd_count = kOfferFds;
-  // The nonce is the client's proof, as its CONFIRM carries it on a real connection.
-  slip::wire::Confirm confirm;
-  confirm.nonce = reg.msg.nonce;
-  confirm.ring_size = reg.msg.ring_size;
+  slip::wire::Register reg;
+  reg.ring_size = in.Get<uint32_t>();
+  reg.nonce = in.Get<uint64_t>();
+  reg.region_size = in.Get<uint64_t>();
+  reg.fd_count = kOfferFds;
   int proxy_a = -1;
   int proxy_b = -1;
   slip::wire::DeclineReason reason = slip::wire::DeclineReason::kUnspecified;
-  std::unique_ptr<slip::Channel> channel =
-      slip::shm::AcceptRegistration(&reg, confirm, &proxy_a, &proxy_b, &reason);
+  // The region and proxies are checked as a listener checks a registration (not held:
+  // there is no CONFIRM here; the client's control socket stands for the proof).
+  std::unique_ptr<slip::Channel> channel = slip::shm::AcceptRegistration(
+      reg, fds, /*anchor=*/-1, /*held=*/false, 0, &proxy_a, &proxy_b, nullptr, &reason);
   if (!channel) {
     throw std::runtime_error("shm: the region is unusable (reason " +
                              std::to_string(static_cast<int>(reason)) + ")");

@@ -41,18 +41,22 @@ def register_message(source_port, server_port, nonce):
     return bytes(message)
 
 
-def send_register(port, source_port, nonce, fds):
+def send_register(port, source_port, nonce, fds, keep=False):
     """Sends REGISTER with `fds` (memfd, server A, server B, client B) to the listener's
-    rendezvous on `port`, trying the names a client would; False if there is none."""
+    rendezvous on `port`, trying the names a client would; False if there is none. With
+    `keep`, returns the rendezvous socket instead of True (the listener answers on it:
+    ACCEPT or DECLINE)."""
     message = register_message(source_port, port, nonce)
     for scope in ("127.0.0.1", "*4", "*"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            sock.connect(f"\0slipstream-v1:{port}:{scope}")
+            sock.connect(f"\0slipstream-v2:{port}:{scope}")
         except OSError:
             sock.close()
             continue
         sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("4i", *fds))])
+        if keep:
+            return sock
         sock.close()
         return True
     return False

@@ -1,0 +1,177 @@
+// What a registration carries, validated once (shm.h, AcceptRegistration), and the table
+// entry a listener keeps for it (Registration).
+//
+// The descriptors come from a process we do not trust: each is checked for what it must
+// be, and the region's header is read once, right after mapping, and never again.
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/sock_diag.h"
+#include "core/sys.h"
+#include "shm/region.h"
+#include "shm/shm.h"
+
+namespace slip::shm {
+
+namespace {
+
+void CloseAll(int* fds, int n) noexcept {
+  for (int i = 0; i < n; ++i) {
+    if (fds[i] >= 0) sys::close(fds[i]);
+    fds[i] = -1;
+  }
+}
+
+bool IsUnixStream(int fd, uint64_t* inode) noexcept {
+  struct stat st;
+  int domain = 0, type = 0;
+  socklen_t len = sizeof(int);
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  if (sys::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0 || domain != AF_UNIX)
+    return false;
+  len = sizeof(int);
+  if (sys::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+    return false;
+  *inode = st.st_ino;
+  return true;
+}
+
+// A and B must be the two ends of one socketpair: the proxy's readiness (tokens written on
+// B, EOF when B shuts down) reaches the application only through A. Two ends of different
+// pairs would leave a reader asleep after the peer died.
+bool IsProxyPair(int a, int b) noexcept {
+  uint64_t a_inode = 0, b_inode = 0, peer = 0;
+  return IsUnixStream(a, &a_inode) && IsUnixStream(b, &b_inode) && UnixPeer(a_inode, &peer) == 0 &&
+         peer == b_inode;
+}
+
+// Only a sealed region is safe to map: one the client could still shrink would turn the
+// server's next access into a SIGBUS.
+bool IsSealedRegion(int memfd, uint64_t size) noexcept {
+  struct stat st;
+  constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+  const int seals = sys::fcntl(memfd, F_GET_SEALS);
+  return seals >= 0 && (seals & kSizeSeals) == kSizeSeals && fstat(memfd, &st) == 0 &&
+         S_ISREG(st.st_mode) && uint64_t(st.st_size) == size;
+}
+
+}  // namespace
+
+std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4], int anchor,
+                                            bool held, int handshake_timeout_ms, int* proxy_a,
+                                            int* proxy_b, std::atomic<uint32_t>** claim,
+                                            wire::DeclineReason* reason) noexcept {
+  *reason = wire::DeclineReason::kBadRegion;
+  uint64_t client_b_inode = 0;
+  if (msg.fd_count != 4 || !ValidRingSize(msg.ring_size) ||
+      msg.region_size != RegionSize(msg.ring_size) || !IsSealedRegion(fds[0], msg.region_size) ||
+      !IsProxyPair(fds[1], fds[2]) || !IsUnixStream(fds[3], &client_b_inode)) {
+    CloseAll(fds, 4);
+    return nullptr;
+  }
+  void* region = mmap(nullptr, msg.region_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+  if (region == MAP_FAILED) {
+    *reason = wire::DeclineReason::kResources;
+    CloseAll(fds, 4);
+    return nullptr;
+  }
+  // The one read of the header: the values that count are the message's, checked here.
+  const RegionHeader& header = static_cast<RegionControl*>(region)->header;
+  const uint32_t magic = header.magic;
+  const uint32_t ring_size = header.ring_size;
+  const uint64_t nonce = header.nonce;
+  if (magic != kRegionMagic || ring_size != msg.ring_size || nonce != msg.nonce) {
+    munmap(region, msg.region_size);
+    CloseAll(fds, 4);
+    return nullptr;
+  }
+  ChannelSetup setup;
+  setup.region = region;
+  setup.region_size = msg.region_size;
+  setup.ring_size = msg.ring_size;
+  setup.nonce = msg.nonce;
+  setup.is_client = false;
+  setup.peer_b = fds[3];
+  setup.own_b = fds[2];
+  setup.anchor = anchor;
+  setup.held = held;
+  setup.handshake_timeout_ms = handshake_timeout_ms;
+  auto channel = MakeChannel(setup);
+  if (!channel) {
+    *reason = wire::DeclineReason::kResources;
+    munmap(region, msg.region_size);
+    CloseAll(fds, 4);
+    return nullptr;
+  }
+  sys::close(fds[0]);  // the mapping keeps the region
+  *proxy_a = fds[1];
+  *proxy_b = fds[2];
+  if (claim) *claim = &static_cast<RegionControl*>(region)->header.claim;
+  std::fill(fds, fds + 4, -1);
+  return channel;
+}
+
+// ---------------------------------------------------------------------------- Registration
+
+Registration::~Registration() {
+  Release();
+}
+
+void Registration::Release() noexcept {
+  stream.reset();
+  if (anchor_slot >= 0) sys::close(anchor_slot);
+  anchor_slot = -1;
+  proxy_a = -1;
+  claim = nullptr;
+}
+
+Registration::Registration(Registration&& o) noexcept
+    : msg(o.msg),
+      uid(o.uid),
+      received_ms(o.received_ms),
+      stream(std::move(o.stream)),
+      proxy_a(o.proxy_a),
+      anchor_slot(o.anchor_slot),
+      claim(o.claim) {
+  o.proxy_a = o.anchor_slot = -1;
+  o.claim = nullptr;
+}
+
+Registration& Registration::operator=(Registration&& o) noexcept {
+  if (this != &o) {
+    Release();
+    msg = o.msg;
+    uid = o.uid;
+    received_ms = o.received_ms;
+    stream = std::move(o.stream);
+    proxy_a = o.proxy_a;
+    anchor_slot = o.anchor_slot;
+    claim = o.claim;
+    o.proxy_a = o.anchor_slot = -1;
+    o.claim = nullptr;
+  }
+  return *this;
+}
+
+Claim Registration::ReadClaim() const noexcept {
+  if (!claim) return Claim::kAbandoned;
+  const uint32_t value = claim->load(std::memory_order_acquire);
+  return value <= uint32_t(Claim::kAbandoned) ? Claim(value) : Claim::kOpen;
+}
+
+Claim Registration::Abandon() noexcept {
+  if (!claim) return Claim::kAbandoned;
+  uint32_t expected = uint32_t(Claim::kOpen);
+  if (claim->compare_exchange_strong(expected, uint32_t(Claim::kAbandoned),
+                                     std::memory_order_acq_rel))
+    return Claim::kAbandoned;
+  // A value the client had no business writing: nobody committed to a CONFIRM.
+  if (expected > uint32_t(Claim::kAbandoned)) return Claim::kAbandoned;
+  return Claim(expected);
+}
+
+}  // namespace slip::shm
