@@ -167,13 +167,24 @@ bool Stream::SpinUntil(Pred ready) const noexcept {
 // ---------------------------------------------------------------------------- send
 
 int Stream::SendError(int flags) noexcept {
-  if (!shut_wr_.load(std::memory_order_relaxed) && !channel_->TxPeerClosed() &&
-      !peer_gone_.load(std::memory_order_acquire)) {
-    // The transport itself broke: bytes may be lost in flight, so say so, as a reset
-    // (once, as TCP does; then EPIPE).
-    int error = channel_->Error();
-    if (error == 0) return 0;
-    if (!reset_reported_.exchange(true)) return -error;
+  if (!shut_wr_.load(std::memory_order_relaxed)) {
+    if (!channel_->TxPeerClosed() && !peer_gone_.load(std::memory_order_acquire)) {
+      // The transport itself broke: bytes may be lost in flight, so say so, as a reset
+      // (once, as TCP does; then EPIPE).
+      int error = channel_->Error();
+      if (error == 0) return 0;
+      if (!reset_reported_.exchange(true)) return -error;
+    } else if (reset_by_peer_.load(std::memory_order_acquire) || TxUsed() != 0) {
+      // As TCP when the peer's close met bytes it had not read (its kernel resets): the
+      // reset is reported once, without a signal, unless a receive reported it already.
+      if (!reset_reported_.exchange(true)) return -ECONNRESET;
+    } else if (!discarded_after_close_.exchange(true)) {
+      // As TCP after an orderly close by the peer: the first write is still accepted (the
+      // peer's kernel answers it with a reset), and only the next one fails with EPIPE
+      // and SIGPIPE. Raising the signal a write earlier would kill programs that TCP
+      // lets live.
+      return kDiscard;
+    }
   }
   if (!(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
   return -EPIPE;
@@ -202,7 +213,10 @@ ssize_t Stream::SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   const uint32_t size = channel_->ring_size();
   size_t& sent = *done;
   for (;;) {
-    if (int err = SendError(sent ? flags | MSG_NOSIGNAL : flags)) return sent ? ssize_t(sent) : err;
+    if (int err = SendError(sent ? flags | MSG_NOSIGNAL : flags)) {
+      if (err == kDiscard) return ssize_t(total);  // accepted, and dropped as TCP would
+      return sent ? ssize_t(sent) : err;
+    }
     if (sent == total) return ssize_t(sent);
     uint64_t space = size - TxUsed();
     uint64_t produced = produced_.load(std::memory_order_relaxed);

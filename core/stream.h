@@ -41,7 +41,8 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
 
   // Like sendmsg on a TCP socket: bytes sent, or -errno (-EAGAIN, -EPIPE, -EINTR, ...).
-  // Raises SIGPIPE on EPIPE unless MSG_NOSIGNAL is given.
+  // Raises SIGPIPE on EPIPE unless MSG_NOSIGNAL is given, when TCP would: after the peer's
+  // orderly close the first write is accepted (and dropped), the next one fails.
   ssize_t Send(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept;
   // Like recvmsg on a TCP socket: bytes received, 0 at EOF, or -errno.
   ssize_t Recv(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept;
@@ -92,6 +93,9 @@ class Stream {
   ssize_t RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, bool nonblocking,
                    size_t* done, uint64_t* seen) noexcept;
   size_t CopyOut(const iovec* iov, int iovcnt, size_t skip, size_t len, uint64_t from) noexcept;
+  // 0 (nothing wrong), -errno, or kDiscard: accept this write and drop it (TCP's first
+  // write after the peer's orderly close).
+  static constexpr int kDiscard = 1;
   int SendError(int flags) noexcept;
   int RecvEndState() noexcept;  // 0 = EOF, -errno, or 1 = nothing yet
   template <typename Pred>
@@ -128,6 +132,7 @@ class Stream {
   std::atomic<bool> reset_by_peer_{false};
   std::atomic<bool> closed_{false};
   mutable std::atomic<bool> violated_{false};
+  std::atomic<bool> discarded_after_close_{false};
   std::atomic<int> rx_sleepers_{0};  // threads asleep in WaitReadable
 };
 

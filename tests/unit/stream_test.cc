@@ -840,10 +840,13 @@ TEST_F(StreamTest, ShutdownWriteWakesABlockedReaderOfThePeer) {
   EXPECT_EQ(reader->result(), 0);
 }
 
-TEST_F(StreamTest, CloseMakesThePeersSendFailWithEpipe) {
+// As TCP, whose kernel resets a connection closed with bytes unread: the next send reports
+// the reset once (no SIGPIPE), then EPIPE.
+TEST_F(StreamTest, CloseWithBytesUnreadResetsThePeersNextSendThenEpipe) {
   ASSERT_EQ(SendString(client_, "unread"), 6);
   server_->Close();
-  EXPECT_EQ(SendString(client_, "x"), -EPIPE);
+  EXPECT_EQ(SendString(client_, "x"), -ECONNRESET);
+  EXPECT_EQ(SendString(client_, "x", MSG_NOSIGNAL), -EPIPE);
   EXPECT_EQ(SendBytes(client_, "", 0), -EPIPE);
   EXPECT_EQ(RecvString(client_, 8), "");  // the close also ended the server's sending side
   uint32_t ev = PollNow(pair_.client_fd);
@@ -864,6 +867,8 @@ TEST_F(StreamTest, DestroyingOneEndTellsNothingUntilTheAnchorCloses) {
   EXPECT_EQ(RecvString(client_, 8, MSG_DONTWAIT), "<-11>") << "EOF before the anchor closed";
   client_->MarkPeerGone();
   EXPECT_EQ(RecvString(client_, 8), "");
+  // As TCP after an orderly close: one more write is accepted (and lost), then EPIPE.
+  EXPECT_EQ(SendString(client_, "x", MSG_NOSIGNAL), 1);
   EXPECT_EQ(SendString(client_, "x", MSG_NOSIGNAL), -EPIPE);
 }
 
@@ -876,6 +881,10 @@ TEST_F(StreamTest, EpipeRaisesSigpipeUnlessNosignal) {
   const timespec zero{0, 0};
   while (sigtimedwait(&pipe_set, nullptr, &zero) == SIGPIPE) {
   }
+  // As TCP: the first write after the peer's orderly close is accepted, without a signal.
+  EXPECT_EQ(SendString(client_, "x", 0), 1);
+  sigpending(&pending);
+  EXPECT_FALSE(sigismember(&pending, SIGPIPE)) << "SIGPIPE on the write TCP accepts";
   EXPECT_EQ(SendString(client_, "x", MSG_NOSIGNAL), -EPIPE);
   sigpending(&pending);
   EXPECT_FALSE(sigismember(&pending, SIGPIPE)) << "SIGPIPE despite MSG_NOSIGNAL";
@@ -887,14 +896,15 @@ TEST_F(StreamTest, EpipeRaisesSigpipeUnlessNosignal) {
   pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
 }
 
-TEST_F(StreamTest, BlockedSenderWakesWithEpipeWhenThePeerCloses) {
+// The peer closes with a ring full of our bytes unread: as TCP's reset, ECONNRESET.
+TEST_F(StreamTest, BlockedSenderWakesWithAResetWhenThePeerClosesUnread) {
   FillRing(client_);
   auto sender = Start([&] { return SendString(client_, "more"); });
   ASSERT_TRUE(sender->WaitUntilAsleep());
   EXPECT_FALSE(sender->WaitFor(milliseconds(0)));
   server_->Close();
   ASSERT_TRUE(sender->WaitFor(seconds(5)));
-  EXPECT_EQ(sender->result(), -EPIPE);
+  EXPECT_EQ(sender->result(), -ECONNRESET);
 }
 
 TEST_F(StreamTest, ShutdownWriteWakesOwnBlockedSenderWithEpipe) {
@@ -943,7 +953,8 @@ TEST_F(StreamTest, MarkPeerGoneWakesABlockedReaderWithEof) {
   client_->MarkPeerGone();
   ASSERT_TRUE(reader->WaitFor(seconds(5)));
   EXPECT_EQ(reader->result(), 0);
-  EXPECT_EQ(SendString(client_, "x"), -EPIPE);
+  EXPECT_EQ(SendString(client_, "x", MSG_NOSIGNAL), 1);  // accepted once, as TCP does
+  EXPECT_EQ(SendString(client_, "x", MSG_NOSIGNAL), -EPIPE);
 }
 
 TEST_F(StreamTest, MarkPeerGoneWithOurBytesUnreadResetsOnce) {
@@ -985,13 +996,14 @@ TEST_F(StreamTest, MarkPeerGoneDuringTheSpinStillResets) {
   EXPECT_EQ(reader->result(), -ECONNRESET);
 }
 
-TEST_F(StreamTest, MarkPeerGoneWakesABlockedSenderWithEpipe) {
+TEST_F(StreamTest, MarkPeerGoneWakesABlockedSenderWithAReset) {
   FillRing(client_);
   auto sender = Start([&] { return SendString(client_, "more"); });
   ASSERT_TRUE(sender->WaitUntilAsleep());
   client_->MarkPeerGone();
   ASSERT_TRUE(sender->WaitFor(seconds(5)));
-  EXPECT_EQ(sender->result(), -EPIPE);
+  EXPECT_EQ(sender->result(), -ECONNRESET);  // its ring was full of our bytes
+  EXPECT_EQ(SendString(client_, "x", MSG_NOSIGNAL), -EPIPE);
 }
 
 TEST_F(StreamTest, ReadableAndUnconsumedBytes) {
