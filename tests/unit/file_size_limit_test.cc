@@ -1,7 +1,7 @@
 // Unit tests for the file size limit (RLIMIT_FSIZE): sys::FileSizeAllows, TruncateFitting,
-// WriteFitting. Each case runs in a forked child with a low soft limit and SIGXFSZ at its
-// default action, so a regression kills the child by signal instead of passing; control
-// cases show that the plain calls do die there.
+// WriteFitting, and the files the shim grows (the log). Each case runs in a forked child
+// with a low soft limit and SIGXFSZ at its default action, so a regression kills the child
+// by signal instead of passing; control cases show that the plain calls do die there.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <pthread.h>
@@ -23,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "core/log.h"
 #include "core/sys.h"
 
 namespace slip {
@@ -209,6 +210,38 @@ TEST_F(FileSizeLimitTest, RacingAppendersDoNotRaise) {
     return refused.load() == kRounds ? 0 : 2;
   })));
   EXPECT_EQ(SizeOf(path), 1);
+}
+
+// Log lines that would pass the limit are dropped whole, in SLIP_LOG_FILE and on a stderr
+// that is a regular file (not O_APPEND: its offset counts).
+TEST_F(FileSizeLimitTest, LogLinesDroppedWhole) {
+  const std::string log = Path("log");
+  const std::string err = Path("stderr");
+  // "slipstream[<pid>]: warn: line 0\n": the pid's digits vary, so the child sets the limit:
+  // room for three and a half lines.
+  EXPECT_TRUE(ExitedZero(RunLimited(RLIM_INFINITY, [&] {
+    const std::string line = "slipstream[" + std::to_string(getpid()) + "]: warn: line 0\n";
+    if (!SetSoftLimit(3 * line.size() + line.size() / 2)) return 10;
+    LogInit(LogLevel::kWarn, log.c_str());
+    for (int i = 0; i < 5; ++i) LogWrite(LogLevel::kWarn, "line %d", i);
+    int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || dup2(fd, STDERR_FILENO) != STDERR_FILENO) return 11;
+    LogInit(LogLevel::kWarn, nullptr);
+    for (int i = 0; i < 5; ++i) LogWrite(LogLevel::kWarn, "line %d", i);
+    LogAlways("always, but longer than half a line");
+    return 0;
+  })));
+  for (const std::string& path : {log, err}) {
+    std::string text = ReadFile(path);
+    std::istringstream in(text);
+    int n = 0;
+    for (std::string line; std::getline(in, line); ++n) {
+      EXPECT_NE(line.find("warn: line " + std::to_string(n)), std::string::npos) << line;
+    }
+    EXPECT_EQ(n, 3) << path << ":\n" << text;
+    ASSERT_FALSE(text.empty());
+    EXPECT_EQ(text.back(), '\n');
+  }
 }
 
 }  // namespace
