@@ -1,7 +1,8 @@
 // Unit tests for the file size limit (RLIMIT_FSIZE): sys::FileSizeAllows, TruncateFitting,
-// WriteFitting, and the files the shim grows (the log). Each case runs in a forked child
-// with a low soft limit and SIGXFSZ at its default action, so a regression kills the child
-// by signal instead of passing; control cases show that the plain calls do die there.
+// WriteFitting, and the files the shim grows (stats table, exit record, log). Each case
+// runs in a forked child with a low soft limit and SIGXFSZ at its default action, so a
+// regression kills the child by signal instead of passing; control cases show that the
+// plain calls do die there.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <pthread.h>
@@ -24,6 +25,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/stats.h"
 #include "core/sys.h"
 
 namespace slip {
@@ -210,6 +212,62 @@ TEST_F(FileSizeLimitTest, RacingAppendersDoNotRaise) {
     return refused.load() == kRounds ? 0 : 2;
   })));
   EXPECT_EQ(SizeOf(path), 1);
+}
+
+// The stats table is larger than the limit: stats are disabled (one log line), no file.
+TEST_F(FileSizeLimitTest, StatsTableNotCreated) {
+  const std::string log = Path("log");
+  EXPECT_TRUE(ExitedZero(RunLimited(64 * 1024, [&] {
+    LogInit(LogLevel::kWarn, log.c_str());
+    StatsInit();
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    const auto* sa = reinterpret_cast<const sockaddr*>(&a);
+    if (StatsOpen(TransportKind::kTcp, Reason::kPolicy, 0, sa, sa) != nullptr) return 1;
+    const std::string shm = "/dev/shm/slipstream-stats." + std::to_string(getpid());
+    if (access(shm.c_str(), F_OK) == 0) return 2;
+    StatsShutdown();
+    return 0;
+  })));
+  std::string text = ReadFile(log);
+  EXPECT_NE(text.find("warn: stats disabled: the table needs"), std::string::npos) << text;
+  EXPECT_NE(text.find("RLIMIT_FSIZE"), std::string::npos) << text;
+}
+
+// An exit record that would pass the limit is skipped whole (one log line); one that fits
+// is written.
+TEST_F(FileSizeLimitTest, ExitRecordSkippedWhole) {
+  const std::string log = Path("log");
+  const std::string record = Path("record");
+  { std::ofstream(record) << std::string(1000, '#') << "\n"; }
+  auto run = [&](uint64_t room) {
+    return RunLimited(RLIM_INFINITY, [&, room] {
+      LogInit(LogLevel::kWarn, log.c_str());
+      StatsInit();
+      StatsReinitAfterFork();  // as the fork handler does
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      const auto* sa = reinterpret_cast<const sockaddr*>(&a);
+      // The table is made with no limit; the limit drops before the process exits.
+      if (StatsOpen(TransportKind::kShm, Reason::kNone, 0, sa, sa) == nullptr) return 1;
+      if (!SetSoftLimit(static_cast<uint64_t>(SizeOf(record)) + room)) return 2;
+      StatsWriteExitRecord(record.c_str());
+      StatsShutdown();
+      return 0;
+    });
+  };
+  EXPECT_TRUE(ExitedZero(run(10)));  // far too little room
+  EXPECT_EQ(SizeOf(record), 1001);
+  std::string text = ReadFile(log);
+  EXPECT_NE(text.find("stats not written:"), std::string::npos) << text;
+  EXPECT_NE(text.find("past RLIMIT_FSIZE"), std::string::npos) << text;
+
+  EXPECT_TRUE(ExitedZero(run(64 * 1024)));  // room enough
+  text = ReadFile(record);
+  ASSERT_GT(text.size(), 1001u);
+  EXPECT_EQ(text.substr(0, 1001), std::string(1000, '#') + "\n");
+  EXPECT_EQ(text.find("{\"pid\":", 1001), 1001u) << text;
+  EXPECT_EQ(text.back(), '\n');
 }
 
 // Log lines that would pass the limit are dropped whole, in SLIP_LOG_FILE and on a stderr
