@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -472,6 +473,13 @@ std::string CaptureStderr(F fn) {
   return text;
 }
 
+// The rate limit's clock for these tests: a day on per test, so that every call site
+// starts with its whole burst, also when the tests repeat (--gtest_repeat) within a second.
+std::atomic<uint64_t> g_log_clock_ms{0};
+uint64_t LogClock() {
+  return g_log_clock_ms.load();
+}
+
 class LogTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -480,8 +488,11 @@ class LogTest : public ::testing::Test {
     dir_ = dir;
     path_ = dir_ + "/log";
     prefix_ = "slipstream[" + std::to_string(getpid()) + "]: ";
+    g_log_clock_ms += 86'400'000;
+    LogSetClockForTest(LogClock);
   }
   void TearDown() override {
+    LogSetClockForTest(nullptr);
     LogInit(LogLevel::kWarn, nullptr);
     unlink(path_.c_str());
     rmdir(dir_.c_str());
