@@ -16,8 +16,9 @@ namespace {
 
 // Constant-initialised: no static constructor runs in the host program.
 std::atomic<int> g_level{static_cast<int>(LogLevel::kWarn)};
-std::atomic<int> g_fd{STDERR_FILENO};  // where lines go now
-int g_file_fd = -1;                    // our own log file descriptor, kept across re-inits
+std::atomic<int> g_fd{STDERR_FILENO};          // where lines go now
+int g_file_fd = -1;                            // our own log file descriptor, kept across re-inits
+std::atomic<uint64_t (*)()> g_clock{nullptr};  // the rate limit's clock; tests only
 
 constexpr size_t kLineMax = 1024;
 
@@ -27,29 +28,61 @@ const char* LevelName(LogLevel level) {
   return i < std::size(kNames) ? kNames[i] : "?";
 }
 
-// Formats "slipstream[pid]: <label: >message\n" into a stack buffer and writes it with one
-// write(2), so lines from concurrent threads never interleave. errno is preserved: callers
-// log on paths whose errno the application is about to read.
-void Emit(int fd, const char* label, const char* fmt, va_list args) {
+// Formats "slipstream[pid]: <label: >message< (N similar messages suppressed)>\n" into a
+// stack buffer and writes it with one write(2), so lines from concurrent threads never
+// interleave; the suppression count is kept when a long message is cut. errno is
+// preserved: callers log on paths whose errno the application is about to read. A line
+// the file size limit would cut is not written at all (sys::WriteFitting).
+void Emit(int fd, const char* label, uint64_t suppressed, const char* fmt, va_list args) {
   int saved_errno = errno;
+  char tail[64];
+  int t = suppressed == 0
+              ? 0
+              : snprintf(tail, sizeof(tail), " (%llu similar message%s suppressed)",
+                         static_cast<unsigned long long>(suppressed), suppressed == 1 ? "" : "s");
+  const size_t tail_len = t > 0 ? std::min(static_cast<size_t>(t), sizeof(tail) - 1) : 0;
   char line[kLineMax];
-  int n = snprintf(line, sizeof(line), "slipstream[%d]: %s%s", static_cast<int>(getpid()),
+  const size_t room = sizeof(line) - 1 - tail_len;  // for prefix and message; then tail, '\n'
+  int n = snprintf(line, room + 1, "slipstream[%d]: %s%s", static_cast<int>(getpid()),
                    label ? label : "", label ? ": " : "");
-  size_t len = n < 0 ? 0 : static_cast<size_t>(n);
-  if (len < sizeof(line)) {
-    n = vsnprintf(line + len, sizeof(line) - len, fmt, args);
-    if (n > 0) len += static_cast<size_t>(n);
+  size_t len = n < 0 ? 0 : std::min(static_cast<size_t>(n), room);
+  if (len < room) {
+    n = vsnprintf(line + len, room + 1 - len, fmt, args);
+    if (n > 0) len = std::min(len + static_cast<size_t>(n), room);  // cut
   }
-  len = std::min(len, sizeof(line) - 1);           // cut, keeping room for '\n'
   while (len > 0 && line[len - 1] == '\n') --len;  // the caller's own newline
+  memcpy(line + len, tail, tail_len);
+  len += tail_len;
   line[len++] = '\n';
-  for (size_t off = 0; off < len;) {
-    ssize_t w = sys::write(fd, line + off, len - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
-    off += static_cast<size_t>(w);
-  }
+  sys::WriteFitting(fd, line, len);
   errno = saved_errno;
+}
+
+uint64_t NowMs() {
+  uint64_t (*clock)() = g_clock.load(std::memory_order_relaxed);
+  return clock != nullptr ? clock() : sys::MonotonicMs();
+}
+
+// Whether a line from `site` at `now` passes its rate limit (log.h: LogSite); when it
+// does, *suppressed is what the site dropped since its last line. A drop costs a clock
+// read, a failed check and an increment: no formatting, no system call.
+bool Admit(LogSite* site, uint64_t now, uint64_t* suppressed) {
+  constexpr uint64_t kTolerance = (kLogBurst - 1) * kLogIntervalMs;
+  uint64_t next = site->next_ms.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t start = std::max(next, now);  // a site idle for long starts from now
+    if (start - now > kTolerance) {
+      site->suppressed.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    if (site->next_ms.compare_exchange_weak(next, start + kLogIntervalMs,
+                                            std::memory_order_relaxed)) {
+      break;
+    }
+  }
+  // Drops counted after this exchange, by other threads, go with the site's next line.
+  *suppressed = site->suppressed.exchange(0, std::memory_order_relaxed);
+  return true;
 }
 
 // Opens the log file among the hidden descriptors, and never on 0-2: a host that closed
@@ -94,19 +127,33 @@ bool LogEnabled(LogLevel level) noexcept {
   return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed);
 }
 
+void LogWriteAt(LogSite* site, LogLevel level, const char* fmt, ...) noexcept {
+  if (!LogEnabled(level)) return;
+  uint64_t suppressed = 0;
+  if (level <= LogLevel::kWarn && site != nullptr && !Admit(site, NowMs(), &suppressed)) return;
+  va_list args;
+  va_start(args, fmt);
+  Emit(g_fd.load(std::memory_order_relaxed), LevelName(level), suppressed, fmt, args);
+  va_end(args);
+}
+
 void LogWrite(LogLevel level, const char* fmt, ...) noexcept {
   if (!LogEnabled(level)) return;
   va_list args;
   va_start(args, fmt);
-  Emit(g_fd.load(std::memory_order_relaxed), LevelName(level), fmt, args);
+  Emit(g_fd.load(std::memory_order_relaxed), LevelName(level), 0, fmt, args);
   va_end(args);
 }
 
 void LogAlways(const char* fmt, ...) noexcept {
   va_list args;
   va_start(args, fmt);
-  Emit(STDERR_FILENO, nullptr, fmt, args);
+  Emit(STDERR_FILENO, nullptr, 0, fmt, args);
   va_end(args);
+}
+
+void LogSetClockForTest(uint64_t (*now_ms)()) noexcept {
+  g_clock.store(now_ms, std::memory_order_relaxed);
 }
 
 }  // namespace slip

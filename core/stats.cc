@@ -109,6 +109,13 @@ int CreateFile(pid_t pid) {
 void InitLocked() {
   RetireLocked();
   pid_t pid = getpid();
+  // Growing the file past RLIMIT_FSIZE would raise SIGXFSZ and kill the host: no table.
+  if (!sys::FileSizeAllows(kFileSize)) {
+    g_armed.store(false, std::memory_order_relaxed);
+    SLIP_LOG(kWarn, "stats disabled: the table needs %zu bytes, more than RLIMIT_FSIZE allows",
+             kFileSize);
+    return;
+  }
   int fd = CreateFile(pid);
   if (fd < 0) {
     g_armed.store(false, std::memory_order_relaxed);  // do not retry on every connection
@@ -116,7 +123,7 @@ void InitLocked() {
     return;
   }
   void* p = MAP_FAILED;
-  if (ftruncate(fd, static_cast<off_t>(kFileSize)) == 0) {
+  if (sys::TruncateFitting(fd, kFileSize) == 0) {  // the limit may have dropped meanwhile
     p = mmap(nullptr, kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
   auto* h = static_cast<StatsHeader*>(p);
@@ -316,20 +323,16 @@ std::string BuildExitRecord(StatsHeader* h) {
   return out;
 }
 
+// Whole or not at all: a record cut by the file size limit would leave a line that does not
+// parse, and one written past it would raise SIGXFSZ (EFBIG instead, sys::WriteFitting).
 bool AppendToFile(const char* path, const std::string& data) {
   int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return false;
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t w = sys::write(fd, data.data() + off, data.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
-    off += static_cast<size_t>(w);
-  }
+  bool ok = sys::WriteFitting(fd, data.data(), data.size());
   int err = errno;
   sys::close(fd);
   errno = err;
-  return off == data.size();
+  return ok;
 }
 
 }  // namespace
@@ -434,7 +437,12 @@ void StatsWriteExitRecord(const char* path) noexcept {
   // No lock: this may run at exit while another thread is stopped inside StatsOpen; the
   // slot states tell us what is complete.
   try {
-    if (!AppendToFile(path, BuildExitRecord(OwnTable()))) {
+    const std::string record = BuildExitRecord(OwnTable());
+    if (AppendToFile(path, record)) return;
+    if (errno == EFBIG) {
+      SLIP_LOG(kWarn, "stats not written: %zu more bytes would take %s past RLIMIT_FSIZE",
+               record.size(), path);
+    } else {
       SLIP_LOG(kWarn, "cannot append stats to %s: %s", path, strerror(errno));
     }
   } catch (const std::bad_alloc&) {

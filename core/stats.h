@@ -82,7 +82,8 @@ struct alignas(64) StatsHeader {
 // that never open a connection (shells, fork-then-exec children) leave no file behind.
 // Safe to call more than once. After fork the child calls StatsReinitAfterFork: it drops
 // the parent's table and gets its own file with its own first connection. A failure to
-// create the file disables stats. Neither re-init nor StatsShutdown munmaps a table: they
+// create the file, or a file size limit (RLIMIT_FSIZE) below the table's size, disables
+// stats (one log line). Neither re-init nor StatsShutdown munmaps a table: they
 // replace it with private zero pages, so ConnSlot pointers still held (other threads,
 // inherited across fork) stay safe to update and simply count nowhere.
 void StatsInit() noexcept;
@@ -115,7 +116,8 @@ inline void StatsAddReceived(ConnSlot* slot, uint64_t bytes) noexcept {
 // Appends one JSON line for this process to `path` (O_APPEND, one write):
 // {"pid":N,"exe":"...","dropped":N,"connections":[{"local":"..","remote":"..",
 //  "transport":"shm","reason":"..","bytes_sent":N,"bytes_received":N}, ...]}
-// Lists every open or closed slot; "reason" is "" for accelerated connections. Does not
+// Lists every open or closed slot; "reason" is "" for accelerated connections. A record
+// that RLIMIT_FSIZE would cut is not written (one log line): never SIGXFSZ. Does not
 // remove the /dev/shm file (StatsShutdown does).
 void StatsWriteExitRecord(const char* path) noexcept;
 void StatsShutdown() noexcept;  // unlinks /dev/shm file, drops the table (see StatsInit)

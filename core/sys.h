@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdint>
+
 namespace slip::sys {
 
 inline ssize_t recv(int fd, void* buf, size_t len, int flags) noexcept {
@@ -118,13 +120,36 @@ int DupAbove(int fd, int floor) noexcept;
 // reach): one system call where MoveHigh of a plain dup is three.
 int DupHigh(int fd, int floor) noexcept;
 
-// True when a file may grow to `end` bytes under RLIMIT_FSIZE: growing past it would raise
-// SIGXFSZ, whose default action kills the host program.
-bool FileSizeAllows(uint64_t end) noexcept;
-
 // The floor for hidden descriptors, chosen once at start-up.
 int HiddenFdFloor() noexcept;
 void SetHiddenFdFloor(int floor) noexcept;
+
+// The file size limit (RLIMIT_FSIZE). A regular file that a call would take past the soft
+// limit gets the caller SIGXFSZ, whose default action kills the host program, so the shim
+// never lets its own files reach it: it checks first and gives up the write (or the file)
+// instead. The checks mirror the kernel's (the limit counts bytes):
+// - growing a file (ftruncate, fallocate: fs/attr.c inode_newsize_ok) to `end` signals
+//   when end > limit, compared unsigned;
+// - a write of len > 0 bytes at `pos` (O_APPEND: the file's size) signals when
+//   pos >= limit, and is cut to limit - pos otherwise (generic_write_check_limits, whose
+//   limit is a signed loff_t: a limit above 2^63 that is not RLIM_INFINITY signals every
+//   write). Only regular files have the limit; pipes, terminals, devices do not.
+
+// Whether a file may be grown to `end` bytes (ftruncate, fallocate) without SIGXFSZ under
+// the current soft limit; always true for RLIM_INFINITY.
+bool FileSizeAllows(uint64_t end) noexcept;
+
+// ftruncate(fd, size) for growing a file, refused (-1, EFBIG) rather than raising SIGXFSZ
+// when the limit does not allow `size`. 0 or -1 with errno, as ftruncate.
+int TruncateFitting(int fd, uint64_t size) noexcept;
+
+// Writes all of buf[0, len) to fd (retrying EINTR and short writes), or nothing when the
+// file size limit would cut it: then false with errno EFBIG, and no SIGXFSZ. False with
+// errno on other failures (part may have been written, as with write). Another writer can
+// grow the same file between the check and the write (a log shared by many processes):
+// then the write may be cut or refused, but still raises nothing, because it runs with
+// SIGXFSZ blocked in this thread and a SIGXFSZ it raised is taken back.
+bool WriteFitting(int fd, const void* buf, size_t len) noexcept;
 
 // Starts a detached service thread named `name` with every signal blocked: the shim's own
 // threads must never take the application's signals. Returns 0 or pthread_create's error.

@@ -148,7 +148,7 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
   if (!sys::FileSizeAllows(offer->region_size)) return -EFBIG;
   offer->memfd = sys::MoveAbove(memfd_create("slipstream", MFD_CLOEXEC | MFD_ALLOW_SEALING), floor);
   if (offer->memfd < 0) return -errno;
-  if (ftruncate(offer->memfd, off_t(offer->region_size)) != 0) return -errno;
+  if (sys::TruncateFitting(offer->memfd, offer->region_size) != 0) return -errno;
   // The server maps this region: sealed, the client can never shrink it under the server
   // (a SIGBUS there would kill the server process).
   if (sys::fcntl(offer->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
