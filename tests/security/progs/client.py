@@ -3,11 +3,12 @@ the attacker did to the server.
 
 --mode echo  --connections N connections, one after another (or, with --connect-first, all
              connected first, "CONNECTED" printed, then all exchanged at once). Each sends
-             a random amount of random bytes (--max-bytes/4 .. --max-bytes, seeded) in
+             a random amount of random bytes (--min-bytes .. --max-bytes, seeded) in
              random-size writes from a thread, shuts down its write side and reads the echo
              until EOF; the echo must be the same bytes. With --fill-fds, after one warm-up
-             connection to a listener of its own, descriptors are first opened on /dev/null until EMFILE, one is closed and the connection's
-             socket takes it: nothing is left free for Slipstream. Reports
+             connection to a listener of its own, descriptors are opened on /dev/null until
+             EMFILE, one is closed and the connection's socket takes it: nothing is left
+             free for Slipstream. Reports
              {"results": [{"index", "sent", "sent_sha256", "received", "received_sha256",
              "exact", "error"}], "failed": n}; exits 0 once every connection ended, however,
              or 3 (with the report) when no byte moved for --stall s.
@@ -39,9 +40,9 @@ def random_size(rng, max_size):
     return max(1, min(max_size, int(2 ** rng.uniform(0, max_size.bit_length()))))
 
 
-def payload_for(seed, index, max_bytes):
+def payload_for(seed, index, min_bytes, max_bytes):
     rng = random.Random(seed * 7919 + index)
-    total = rng.randint(max(1, max_bytes // 4), max_bytes)
+    total = rng.randint(min_bytes or max(1, max_bytes // 4), max_bytes)
     chunks, left = [], total
     while left:
         size = min(left, random_size(rng, 256 * 1024))
@@ -160,7 +161,7 @@ def mode_echo(args):
         print("CONNECTED", flush=True)
         threads = []
         for index, sock in enumerate(socks):
-            chunks = payload_for(args.seed, index, args.max_bytes)
+            chunks = payload_for(args.seed, index, args.min_bytes, args.max_bytes)
             thread = threading.Thread(
                 target=lambda s=sock, c=chunks, i=index: results.append(exchange(s, c, i)))
             thread.start()
@@ -169,7 +170,7 @@ def mode_echo(args):
             thread.join()
     else:
         for index in range(args.connections):
-            chunks = payload_for(args.seed, index, args.max_bytes)
+            chunks = payload_for(args.seed, index, args.min_bytes, args.max_bytes)
             if args.fill_fds and index == 0:
                 warm_up()
             held = fill_fds() if args.fill_fds else []
@@ -225,6 +226,7 @@ def main():
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--min-bytes", type=int, help="default: --max-bytes/4")
     parser.add_argument("--max-bytes", type=int, default=256 * 1024)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--connect-first", action="store_true")

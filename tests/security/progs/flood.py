@@ -28,7 +28,6 @@ import os
 import random
 import selectors
 import socket
-import struct
 import time
 
 from raw_shm import (REGISTER, find_rendezvous, make_memfd, message, read_answer,

@@ -53,7 +53,6 @@ import select
 import signal
 import socket
 import struct
-import sys
 import time
 
 # ------------------------------------------------------------------------------ wire format
@@ -432,7 +431,8 @@ class RawClient:
             data = self.take()
             echo += data
             busy |= bool(data)
-            if sent == len(payload) and (self.server_eof() or (check and len(echo) >= len(payload))):
+            done = self.server_eof() or (check and len(echo) >= len(payload))
+            if sent == len(payload) and done:
                 echo += self.take()
                 break
             if not busy:
