@@ -27,13 +27,16 @@ except where it dies on purpose):
                   bytes over the control page (header, cursors, eof/reader_closed, wake words)
                   and the rings, for --duration s; then closes
   ring_size_race  a child process flips header.ring_size between the registered value and
-                  --huge in a tight loop from before REGISTER until the end; after CONFIRM we
+                  --huge in a tight loop from before REGISTER until the end (--realtime:
+                  at SCHED_FIFO priority, so that it runs when the server looks; the race
+                  is the same without, only won less often); after CONFIRM we
                   publish a huge `produced` (the server reads far) and a token. Repeated
                   --attempts times (each a new connection) or until the server is gone.
   bad_proxies     server A and server B taken from two different socketpairs (and the other
                   end of A's pair passed as client B, so the server holds both ends of it);
                   CONFIRM, a little data (published before CONFIRM), wait until the server
-                  read it, print {"sent", "sent_sha256", ...}, then SIGKILL ourselves
+                  read it (or dropped the connection), print {"sent", "sent_sha256",
+                  "consumed", ...}, then SIGKILL ourselves. Declined: the data goes over TCP
   stray_token     handshake, a little data (published before CONFIRM: no token ever counted),
                   wait until the server read it, then write --stray bytes into the server's B
                   without publishing anything; print STRAY and hold --hold s
@@ -405,12 +408,21 @@ class RawClient:
         return self.region.u32(TO_CLIENT + D_EOF) != 0
 
     def wait_consumed(self, timeout):
+        """True once the server read everything we published; a text when it dropped the
+        connection instead (its TCP end closed, reset or sent bytes: a DECLINE); False
+        after `timeout` s."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.region.u64(TO_SERVER + D_CONSUMED) == self.produced:
                 return True
             self.wake_reader()
-            time.sleep(0.005)
+            ready, _, _ = select.select([self.tcp], [], [], 0.005)
+            if ready:
+                try:
+                    data = self.tcp.recv(512, socket.MSG_PEEK)
+                    return "dropped: " + (f"bytes {data[:32].hex()}" if data else "tcp eof")
+                except OSError as e:
+                    return f"dropped: tcp {errno.errorcode.get(e.errno, e.errno)}"
         return False
 
     def exchange(self, payload, timeout, check=True):
@@ -574,8 +586,15 @@ def mode_scribble(args):
     client.close()
 
 
-def toggler(region, good, huge):
-    """Child process: header.ring_size flips between the registered value and `huge`."""
+def toggler(region, good, huge, realtime):
+    """Child process: header.ring_size flips between the registered value and `huge`.
+    `realtime`: run SCHED_FIFO (needs root or CAP_SYS_NICE; ignored when refused), so that
+    the flipping goes on while the server reads the header even on a loaded host."""
+    if realtime:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        except OSError:
+            pass
     good_bytes, huge_bytes = struct.pack("<I", good), struct.pack("<I", huge)
     m = region.map
     while True:
@@ -612,10 +631,11 @@ def mode_ring_size_race(args):
         except OSError as e:
             attempts.append({"error": str(e)})
             break
-        child = fork_child(lambda: toggler(client.region, client.ring, args.huge))
+        child = fork_child(lambda: toggler(client.region, client.ring, args.huge,
+                                           args.realtime))
         outcome = {}
         try:
-            time.sleep(0.01)  # the toggling runs before REGISTER
+            time.sleep(0.01)  # the flipping runs before REGISTER
             accelerated = client.handshake()
             outcome.update(describe(client))
             if accelerated:
@@ -632,8 +652,12 @@ def mode_ring_size_race(args):
         attempts.append(outcome)
         if outcome.get("error") in ("ECONNREFUSED",):
             break  # the server is gone
-    report(mode="ring_size_race", attempts=len(attempts),
-           accelerated=sum(1 for a in attempts if a.get("accelerated")), details=attempts[-3:])
+    taken = {}
+    for a in attempts:
+        what = a.get("taken") or a.get("error") or "?"
+        what = "declined" if what.startswith("tcp bytes 534c495001050000") else what
+        taken[what] = taken.get(what, 0) + 1
+    report(mode="ring_size_race", attempts=len(attempts), taken=taken, details=attempts[-2:])
 
 
 def mode_bad_proxies(args):
@@ -703,6 +727,8 @@ def main():
     parser.add_argument("--attempts", type=int, default=10, help="ring_size_race: connections")
     parser.add_argument("--huge", type=lambda v: int(v, 0), default=0x80000000,
                         help="ring_size_race: the ring size written over the real one")
+    parser.add_argument("--realtime", action="store_true",
+                        help="ring_size_race: the flipper runs SCHED_FIFO (root)")
     parser.add_argument("--stray", type=int, default=16, help="stray_token: bytes written")
     parser.add_argument("--answer-timeout", type=float, default=2.0,
                         help="v2: wait this long for ACCEPT/DECLINE before the SYN")
