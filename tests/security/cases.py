@@ -36,6 +36,11 @@ MANY_FDS_LIMIT = ["prlimit", f"--nofile={MANY_FDS}:{MANY_FDS}", "--"]
 # uid that other tests (or other users of the host) also run as would make it flaky.
 NPROC_UID = 61234
 
+# Every wait of a test ends by this deadline (CTest's own limit is 60 s, and a test killed by
+# CTest could not end its programs).
+TEST_BUDGET_S = 48
+DEADLINE = time.monotonic() + TEST_BUDGET_S
+
 CASES = {}
 SERIAL = set()
 
@@ -95,9 +100,10 @@ def wait_listening(proc, port, timeout=15):
 
 
 def finish(proc, timeout):
-    """The exit status, or None if the program still runs after `timeout` s."""
+    """The exit status, or None if the program still runs after `timeout` s (or at the
+    test's deadline, whichever comes first)."""
     try:
-        return proc.wait(timeout)
+        return proc.wait(max(0.5, min(timeout, DEADLINE - time.monotonic())))
     except TestFailure:
         return None
 
@@ -344,9 +350,8 @@ def registration_quota(t, _):
                    prefix=[*MANY_FDS_LIMIT, *NOBODY])
     # The server starts accepting once the flood is over, or once the rendezvous backlog is
     # full (the flood then goes on as the server reads it).
-    deadline = time.monotonic() + 60
     while "BUSY" not in flood.stdout().splitlines() and flood.popen.poll() is None:
-        t.check(time.monotonic() < deadline, "the flood neither ended nor filled the backlog")
+        t.check(time.monotonic() < DEADLINE, "the flood neither ended nor filled the backlog")
         time.sleep(0.02)
     server.signal(signal.SIGUSR1)
     t.check(finish(flood, 60) == 0, f"flood: {status_text(flood.popen.poll())}")
