@@ -236,11 +236,12 @@ RACE_ATTEMPTS = 16
 RACE_ACCEPT_DELAY_S = 0.4
 
 
-@case("shm_scribble", ("control", "ring_size_race"), serial=True)
+@case("shm_scribble", ("control", "control_slip", "ring_size_race"), serial=True)
 def shm_scribble(t, variant):
     """A hostile peer writes over its own connection's shared region while a legitimate
     connection to the same threaded echo server echoes 8-16 MiB. control: random bytes over
-    the control page and the rings while data flows. ring_size_race: header.ring_size flips
+    the control page and the rings while data flows (a raw peer; control_slip: a client
+    under slip-run that maps its own region from /proc/self/fd). ring_size_race: header.ring_size flips
     between the registered value and 2 GiB from before REGISTER on, while the server waits
     0.4 s before each accept(); 16 connections, each a new region. The server must survive
     (and exit 0 when told), the legitimate echo must be exact."""
@@ -253,6 +254,10 @@ def shm_scribble(t, variant):
         hostile = launch(t, "hostile", sec("raw_shm.py", "--mode", "ring_size_race",
                                            "--port", t.port, "--attempts", RACE_ATTEMPTS,
                                            "--hold", 2, "--realtime"))
+    elif variant == "control_slip":
+        hostile = launch(t, "hostile", sec("scribble_self.py", "--port", t.port, "--duration", 4,
+                                           "--seed", random.randrange(1 << 30)), slip=True)
+        hostile.wait_output("SCRIBBLING")
     else:
         hostile = launch(t, "hostile", sec("raw_shm.py", "--mode", "scribble", "--port", t.port,
                                            "--duration", 4, "--seed", random.randrange(1 << 30)))
