@@ -241,10 +241,10 @@ def shm_scribble(t, variant):
     """A hostile peer writes over its own connection's shared region while a legitimate
     connection to the same threaded echo server echoes 8-16 MiB. control: random bytes over
     the control page and the rings while data flows (a raw peer; control_slip: a client
-    under slip-run that maps its own region from /proc/self/fd). ring_size_race: header.ring_size flips
-    between the registered value and 2 GiB from before REGISTER on, while the server waits
-    0.4 s before each accept(); 16 connections, each a new region. The server must survive
-    (and exit 0 when told), the legitimate echo must be exact."""
+    under slip-run that maps its own region from /proc/self/fd). ring_size_race:
+    header.ring_size flips between the registered value and 2 GiB from before REGISTER on,
+    while the server waits 0.4 s before each accept(); 16 connections, each a new region.
+    The server must survive (and exit 0 when told), the legitimate echo must be exact."""
     race = variant == "ring_size_race"
     server = launch(t, "server", sec("servers.py", "--impl", "threaded", "--port", t.port,
                                      "--accept-delay", RACE_ACCEPT_DELAY_S if race else 0),
