@@ -203,6 +203,18 @@ void* ControlMain(void* arg) {
   ControlState& st = State();
   std::atomic<uint64_t>& batches = st.batches;
   epoll_event events[64];
+  // Rendezvous with registrations left after a drain's budget: drained again each round,
+  // between the other events, until they are empty (the edge that woke us will not come
+  // again for what is already queued).
+  uint64_t redrain[16];
+  size_t redrain_count = 0;
+  auto drain = [&redrain, &redrain_count](SlipSocket* s, uint64_t key) {
+    if (s->kind != SockKind::kListener || !s->rendezvous || !s->rendezvous->Drain()) return;
+    for (size_t i = 0; i < redrain_count; ++i) {
+      if (redrain[i] == key) return;
+    }
+    if (redrain_count < std::size(redrain)) redrain[redrain_count++] = key;
+  };
   for (;;) {
     Walk walk;
     uint64_t now = sys::MonotonicMs();
@@ -217,6 +229,7 @@ void* ControlMain(void* arg) {
       now = sys::MonotonicMs();
       timeout = earliest <= now ? 0 : int(std::min<uint64_t>(earliest - now, 60000));
     }
+    if (redrain_count) timeout = 0;
     // The real call: the interposed one would prepare every stream for a sleep of ours.
     int n = Libc().epoll_pwait(epfd, events, 64, timeout, nullptr);
     if (n < 0) {
@@ -236,7 +249,7 @@ void* ControlMain(void* arg) {
       SlipSocket* s = AcquireKey(key);
       if (!s) continue;
       if (tag == kRendezvous) {
-        if (s->kind == SockKind::kListener && s->rendezvous) s->rendezvous->Drain();
+        drain(s, key);
       } else if (s->kind == SockKind::kAccel && s->stream) {
         if (tag == kAnchor) {
           HandleAnchor(s, epfd, events[i].events);
@@ -245,6 +258,16 @@ void* ControlMain(void* arg) {
         }
       }
       Release(s);
+    }
+    const size_t pending = redrain_count;
+    uint64_t keys[std::size(redrain)];
+    std::copy(redrain, redrain + pending, keys);
+    redrain_count = 0;
+    for (size_t i = 0; i < pending; ++i) {
+      if (SlipSocket* s = AcquireKey(keys[i])) {
+        drain(s, keys[i]);
+        Release(s);
+      }
     }
     batches.fetch_add(1, std::memory_order_seq_cst);
   }

@@ -365,8 +365,9 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
   sys::close(conn);
 }
 
-void Rendezvous::DrainLocked() noexcept {
+bool Rendezvous::DrainLocked() noexcept {
   const uint64_t now = sys::MonotonicMs();
+  bool more = false;
   epoll_event events[64];
   int budget = kDrainBudget;
   const int n = sys::epoll_wait(epoll_fd_, events, 64, 0);
@@ -383,7 +384,11 @@ void Rendezvous::DrainLocked() noexcept {
       break;
     }
   }
-  while (budget-- > 0) {
+  for (;;) {
+    if (budget-- <= 0) {
+      more = true;  // a burst (or a flood): the caller comes back after other work
+      break;
+    }
     int conn = sys::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (conn < 0) {
       if (errno == EMFILE || errno == ENFILE) {
@@ -400,6 +405,7 @@ void Rendezvous::DrainLocked() noexcept {
     ReadOne(conn, PeerUid(conn), now);
   }
   ExpireLocked(now);
+  return more;
 }
 
 void Rendezvous::ExpireLocked(uint64_t now_ms) noexcept {
@@ -422,9 +428,9 @@ void Rendezvous::ExpireLocked(uint64_t now_ms) noexcept {
   }
 }
 
-void Rendezvous::Drain() noexcept {
+bool Rendezvous::Drain() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  DrainLocked();
+  return DrainLocked();
 }
 
 bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server,

@@ -175,8 +175,9 @@ class Rendezvous {
   // Takes the registration for this connection out of the table (reading and answering
   // what arrived first). False when there is none.
   bool Take(const wire::Endpoint& client, const wire::Endpoint& server, Registration* out) noexcept;
-  // Reads and answers whatever arrived.
-  void Drain() noexcept;
+  // Reads and answers what arrived, up to a budget per call (a burst or a flood must not
+  // keep the caller here). True when more is waiting: call again after other work.
+  bool Drain() noexcept;
 
   // Limits (docs/SECURITY.md, "Resource exhaustion").
   size_t capacity() const noexcept { return capacity_; }
@@ -190,7 +191,7 @@ class Rendezvous {
   };
 
   Rendezvous() noexcept = default;
-  void DrainLocked() noexcept;
+  bool DrainLocked() noexcept;
   void ExpireLocked(uint64_t now_ms) noexcept;
   void ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept;
   void Answer(int conn, uint64_t nonce, wire::DeclineReason reason) noexcept;

@@ -170,8 +170,10 @@ def send_with_fds(sock, data, fds):
 def read_answer(sock, timeout):
     """The server's answer on a v2 rendezvous connection: ("accept", nonce),
     ("decline", nonce, reason), ("eof",), ("junk", hex) or None (nothing within timeout)."""
-    ready, _, _ = select.select([sock], [], [], max(0.0, timeout))
-    if not ready:
+    # poll, not select: a flood holds descriptors far above select's 1024.
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(int(max(0.0, timeout) * 1000)):
         return None
     try:
         data = sock.recv(512)

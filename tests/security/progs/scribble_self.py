@@ -1,8 +1,9 @@
 """A hostile client that runs under slip-run like any other: its connection to the server is
 a real, library-built shm connection, and then it turns on its own shared region.
 
-It connects to --host:--port, finds the region in /proc/self/fd (the link
-"/memfd:slipstream (deleted)"), maps it read-write, and for --duration s a child process
+It connects to --host:--port, finds the region among its own mappings (/proc/self/maps
+names it "/memfd:slipstream (deleted)"; the library keeps no descriptor of it, so it is
+opened again through /proc/self/map_files, which root may do), maps it read-write, and for --duration s a child process
 writes random bytes over the control page (header, cursors, eof/reader_closed, wake words)
 and the rings (raw_shm.scribbler), while this process keeps sending and receiving through
 the socket (non-blocking, so that its own confused library cannot hang it). Prints SCRIBBLING
@@ -37,6 +38,11 @@ def own_region():
             continue
         if target.startswith("/memfd:slipstream"):
             return f"/proc/self/fd/{entry}"
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5].startswith("/memfd:slipstream"):
+                return f"/proc/self/map_files/{fields[0]}"
     return None
 
 
