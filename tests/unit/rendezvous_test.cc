@@ -1,0 +1,2021 @@
+// Tests for the shm rendezvous (shm/shm.h): publishing and finding the abstract socket of
+// a listener, verified against the kernel's TCP listener and its owner; REGISTER and the
+// listener's one answer (ACCEPT or DECLINE); the bounds on what registrations can hold
+// (per uid, per 4-tuple, the table's capacity, eviction); Take, with a forged registration
+// for the same 4-tuple next to the real one; robustness against malformed messages (no
+// crash, no leaked descriptor); AcceptRegistration's checks of everything the peer hands
+// over; and Registration's claim.
+//
+// Abstract socket names are shared by everything in the network namespace, so every test
+// publishes on a port of its own, chosen at random and retried while the port or the name
+// is taken. FindRendezvous only uses a rendezvous for a port a real TCP socket listens
+// on, so the tests listen there as the rendezvous claims. The tests run as root; "another
+// uid" is a forked child that setuid()s to nobody.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/channel.h"
+#include "core/sock_diag.h"
+#include "core/stream.h"
+#include "core/sys.h"
+#include "core/wire.h"
+#include "shm/region.h"
+#include "shm/rendezvous_name.h"
+#include "shm/shm.h"
+
+namespace slip::shm {
+namespace {
+
+constexpr uint32_t kRing = 4096;
+constexpr uid_t kNobody = 65534;
+constexpr int kTimeoutMs = 60000;  // settling deadlines the tests never reach by waiting
+
+// ---------------------------------------------------------------------------- addresses
+
+sockaddr_storage Addr(const char* text, uint16_t port) {
+  sockaddr_storage ss{};
+  auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+  if (inet_pton(AF_INET, text, &in->sin_addr) == 1) {
+    in->sin_family = AF_INET;
+    in->sin_port = htons(port);
+    return ss;
+  }
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  EXPECT_EQ(inet_pton(AF_INET6, text, &in6->sin6_addr), 1) << text;
+  in6->sin6_family = AF_INET6;
+  in6->sin6_port = htons(port);
+  return ss;
+}
+
+const sockaddr* Sa(const sockaddr_storage& ss) {
+  return reinterpret_cast<const sockaddr*>(&ss);
+}
+socklen_t Len(const sockaddr_storage& ss) {
+  return ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+}
+
+wire::Endpoint Ep(const sockaddr_storage& ss) {
+  wire::Endpoint ep;
+  EXPECT_TRUE(wire::EndpointFromSockaddr(Sa(ss), &ep));
+  return ep;
+}
+wire::Endpoint Ep(const char* text, uint16_t port) {
+  return Ep(Addr(text, port));
+}
+
+uint16_t RandomPort() {
+  static std::mt19937 rng(std::random_device{}());
+  return uint16_t(std::uniform_int_distribution<int>(20000, 60999)(rng));
+}
+
+bool HasIpv6Loopback() {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const sockaddr_storage any = Addr("::1", 0);
+  const bool ok = bind(fd, Sa(any), Len(any)) == 0;
+  close(fd);
+  return ok;
+}
+
+#define SKIP_UNLESS_ROOT() \
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (a child that setuid()s to another uid)"
+#define SKIP_UNLESS_IPV6() \
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback"
+
+// ---------------------------------------------------------------------------- descriptors
+
+int CountOpenFds() {
+  int count = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++count;
+  }
+  closedir(dir);
+  return count - 1;  // the directory's own descriptor
+}
+
+bool IsOpen(int fd) {
+  return fd >= 0 && fcntl(fd, F_GETFD) != -1;
+}
+
+bool IsSocket(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+void CloseIf(int* fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+// Sets the hidden-descriptor floor for a scope.
+class FloorGuard {
+ public:
+  explicit FloorGuard(int floor) : saved_(sys::HiddenFdFloor()) { sys::SetHiddenFdFloor(floor); }
+  ~FloorGuard() { sys::SetHiddenFdFloor(saved_); }
+
+ private:
+  int saved_;
+};
+
+int SoftFdLimit() {
+  rlimit rl{};
+  EXPECT_EQ(getrlimit(RLIMIT_NOFILE, &rl), 0);
+  return int(rl.rlim_cur);
+}
+
+// Opens the process' netlink socket (core/sock_diag) before a test counts descriptors.
+void WarmUpNetlink() {
+  uint64_t peer = 0;
+  UnixPeer(1, &peer);
+}
+
+// ---------------------------------------------------------------------------- listeners
+
+// A TCP socket bound to `addr` (listening unless `listen_too` is false: then it only keeps
+// the port from anybody else). Returns it, or -errno.
+int TcpSocket(const sockaddr_storage& addr, bool v6only, bool listen_too, bool reuseport = false) {
+  int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  int one = 1, v6 = v6only ? 1 : 0;
+  if (addr.ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6, sizeof(v6));
+  if (reuseport) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+  if (bind(fd, Sa(addr), Len(addr)) != 0 || (listen_too && listen(fd, 128) != 0)) {
+    int err = -errno;
+    close(fd);
+    return err;
+  }
+  return fd;
+}
+
+std::unique_ptr<Rendezvous> Publish(const sockaddr_storage& local, bool v6only, int* error) {
+  *error = 0;
+  return Rendezvous::Publish(Sa(local), v6only, StreamOptions{}, kTimeoutMs, error);
+}
+
+// Publishes with a table of `capacity` entries: the capacity comes from the descriptor space
+// above the floor when the rendezvous is published (a quarter of it).
+std::unique_ptr<Rendezvous> PublishWithCapacity(const sockaddr_storage& local, size_t capacity,
+                                                int* error) {
+  FloorGuard floor(SoftFdLimit() - int(4 * capacity));
+  return Publish(local, false, error);
+}
+
+// A TCP listener (or only its port, kept by a socket that does not listen) and the
+// rendezvous published for it.
+struct Server {
+  uint16_t port = 0;
+  int tcp = -1;
+  std::unique_ptr<Rendezvous> rv;
+  ~Server() {
+    rv.reset();
+    CloseIf(&tcp);
+  }
+  sockaddr_storage To(const char* addr) const { return Addr(addr, port); }
+  wire::Endpoint Endpoint(const char* addr) const { return Ep(addr, port); }
+};
+
+// `tcp_addr`: where the TCP listener binds (nullptr: nothing listens; the port is kept by a
+// bound socket on `rv_addr`). `rv_addr`: the rendezvous' address (nullptr: none).
+// `capacity`: 0 for the default.
+std::unique_ptr<Server> StartServer(const char* tcp_addr, const char* rv_addr, bool v6only = false,
+                                    size_t capacity = 0) {
+  auto server = std::make_unique<Server>();
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    server->port = RandomPort();
+    server->tcp = TcpSocket(Addr(tcp_addr ? tcp_addr : rv_addr, server->port), v6only,
+                            /*listen_too=*/tcp_addr != nullptr);
+    if (server->tcp < 0) continue;
+    if (!rv_addr) return server;
+    int error = 0;
+    const sockaddr_storage local = Addr(rv_addr, server->port);
+    server->rv =
+        capacity ? PublishWithCapacity(local, capacity, &error) : Publish(local, v6only, &error);
+    if (server->rv) return server;
+    EXPECT_EQ(error, -EADDRINUSE);
+    CloseIf(&server->tcp);
+  }
+  ADD_FAILURE() << "no free port";
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------- messages
+
+// A datagram on a connected rendezvous socket, with `nfds` descriptors attached.
+ssize_t SendRaw(int sock, const void* data, size_t len, const int* fds, int nfds) {
+  iovec iov{const_cast<void*>(data), len};
+  std::vector<char> control(CMSG_SPACE(size_t(nfds) * sizeof(int)), 0);
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  if (nfds > 0) {
+    mh.msg_control = control.data();
+    mh.msg_controllen = control.size();
+    cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(size_t(nfds) * sizeof(int));
+    std::memcpy(CMSG_DATA(cm), fds, size_t(nfds) * sizeof(int));
+  }
+  return sendmsg(sock, &mh, MSG_NOSIGNAL);
+}
+
+std::vector<uint8_t> Encode(const wire::Message& msg) {
+  std::vector<uint8_t> buf(wire::kMaxMessageSize);
+  buf.resize(wire::EncodeMessage(msg, buf.data(), buf.size()));
+  EXPECT_FALSE(buf.empty());
+  return buf;
+}
+
+wire::Register RegisterFor(const Offer& offer, const wire::Endpoint& client,
+                           const wire::Endpoint& server) {
+  wire::Register reg;
+  reg.client = client;
+  reg.server = server;
+  reg.nonce = offer.nonce;
+  reg.ring_size = offer.ring_size;
+  reg.fd_count = 4;
+  reg.region_size = offer.region_size;
+  return reg;
+}
+
+// What the listener said on a rendezvous connection.
+struct Answer {
+  int find_rc = 0;       // FindRendezvous' result, when the helper called it
+  bool message = false;  // a message came
+  bool parsed = false;   // ... and it is one whole, valid message
+  wire::Type type = wire::Type::kConfirm;
+  uint64_t nonce = 0;
+  wire::DeclineReason reason = wire::DeclineReason::kUnspecified;
+  bool eof_after = false;  // the connection was closed after it (or without one)
+};
+
+std::string Describe(const Answer& a) {
+  if (a.find_rc < 0) return std::string("FindRendezvous: ") + std::strerror(-a.find_rc);
+  if (!a.message) return a.eof_after ? "no answer (EOF)" : "no answer";
+  if (!a.parsed) return "an unparsable answer";
+  if (a.type == wire::Type::kAccept) return "ACCEPT";
+  if (a.type == wire::Type::kDecline) return "DECLINE " + std::to_string(int(a.reason));
+  return "message type " + std::to_string(int(a.type));
+}
+
+Answer ReadAnswer(int sock, int timeout_ms = 2000) {
+  Answer a;
+  pollfd pfd{sock, POLLIN, 0};
+  if (poll(&pfd, 1, timeout_ms) != 1) return a;
+  uint8_t buf[wire::kMaxMessageSize + 16];
+  ssize_t n = recv(sock, buf, sizeof(buf), MSG_DONTWAIT);
+  if (n == 0) {
+    a.eof_after = true;
+    return a;
+  }
+  if (n < 0) return a;
+  a.message = true;
+  wire::Message msg;
+  size_t used = 0;
+  if (wire::ParseMessage(buf, size_t(n), &msg, &used) == wire::ParseStatus::kOk &&
+      used == size_t(n)) {
+    a.parsed = true;
+    a.type = msg.type;
+    if (msg.type == wire::Type::kAccept) a.nonce = msg.accept.nonce;
+    if (msg.type == wire::Type::kDecline) {
+      a.nonce = msg.decline.nonce;
+      a.reason = msg.decline.reason;
+    }
+  }
+  pfd = pollfd{sock, POLLIN, 0};
+  a.eof_after = poll(&pfd, 1, 1000) == 1 && recv(sock, buf, sizeof(buf), MSG_DONTWAIT) == 0;
+  return a;
+}
+
+// (`nonce` by reference: read after the argument that fills it in was evaluated.)
+::testing::AssertionResult IsAccept(const Answer& a, const uint64_t& nonce) {
+  if (!a.parsed || a.type != wire::Type::kAccept)
+    return ::testing::AssertionFailure() << "expected ACCEPT, got " << Describe(a);
+  if (a.nonce != nonce) return ::testing::AssertionFailure() << "ACCEPT for another nonce";
+  if (!a.eof_after) return ::testing::AssertionFailure() << "more than one message, or no EOF";
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult IsDecline(const Answer& a, const uint64_t& nonce,
+                                     wire::DeclineReason why) {
+  if (!a.parsed || a.type != wire::Type::kDecline || a.reason != why)
+    return ::testing::AssertionFailure()
+           << "expected DECLINE " << int(why) << ", got " << Describe(a);
+  if (a.nonce != nonce) return ::testing::AssertionFailure() << "DECLINE for another nonce";
+  if (!a.eof_after) return ::testing::AssertionFailure() << "more than one message, or no EOF";
+  return ::testing::AssertionSuccess();
+}
+
+// Registers `offer` (prepared here) for (client, server) at the rendezvous a connection to
+// `dest` finds, lets `rv` read it, and returns the answer.
+Answer RegisterVia(Rendezvous* rv, const sockaddr_storage& dest, const wire::Endpoint& client,
+                   const wire::Endpoint& server, Offer* offer) {
+  Answer a;
+  int sock = FindRendezvous(Sa(dest));
+  if (sock < 0) {
+    a.find_rc = sock;
+    return a;
+  }
+  int rc = PrepareOffer(kRing, offer);
+  if (rc == 0) rc = SendRegister(sock, *offer, client, server);
+  EXPECT_EQ(rc, 0) << std::strerror(-rc);
+  rv->Drain();
+  a = ReadAnswer(sock);
+  close(sock);
+  return a;
+}
+
+std::atomic<uint32_t>& ClaimOf(const Offer& offer) {
+  return static_cast<RegionControl*>(offer.region)->header.claim;
+}
+Claim ClaimValue(const Offer& offer) {
+  return Claim(ClaimOf(offer).load());
+}
+
+// ---------------------------------------------------------------------------- other uids
+
+// A forked child running as another uid: a client of the rendezvous (registering, reading
+// its claims) and the owner of TCP connections, on the parent's command.
+class UidChild {
+ public:
+  explicit UidChild(uid_t uid) {
+    int to[2], from[2];
+    if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(to[1]);
+      close(from[0]);
+      in_ = to[0];
+      out_ = from[1];
+      _exit(setgid(uid) == 0 && setuid(uid) == 0 ? Serve() : 3);
+    }
+    close(to[0]);
+    close(from[1]);
+    out_ = to[1];
+    in_ = from[0];
+  }
+  ~UidChild() {
+    if (pid_ > 0) {
+      Command quit;
+      quit.op = 'Q';
+      Write(out_, quit);
+      close(out_);
+      close(in_);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    }
+  }
+  bool ok() const { return pid_ > 0; }
+
+  // Registers a fresh offer of the child's for (client, server) at the rendezvous for
+  // `dest`; `rv` reads it in between. The child keeps the offer: its index is the number
+  // of registrations before it.
+  Answer Register(Rendezvous* rv, const sockaddr_storage& dest, const wire::Endpoint& client,
+                  const wire::Endpoint& server, uint64_t* nonce) {
+    Command cmd;
+    cmd.op = 'R';
+    cmd.dest = dest;
+    cmd.client = client;
+    cmd.server = server;
+    Reply sent = Ask(cmd);
+    if (sent.rc < 0) {
+      Answer a;
+      a.find_rc = sent.rc;
+      return a;
+    }
+    *nonce = sent.nonce;
+    rv->Drain();
+    Reply answered;
+    EXPECT_TRUE(Read(in_, &answered)) << "child gone";
+    return answered.answer;
+  }
+  Claim ReadClaim(int index) {
+    Command cmd;
+    cmd.op = 'C';
+    cmd.index = index;
+    return Claim(Ask(cmd).value);
+  }
+  // A TCP connection from the child to `dest` (IPv4); returns its local end.
+  wire::Endpoint Connect(const sockaddr_storage& dest) {
+    Command cmd;
+    cmd.op = 'T';
+    cmd.dest = dest;
+    Reply r = Ask(cmd);
+    EXPECT_EQ(r.rc, 0) << std::strerror(-r.rc);
+    return r.rc == 0 ? Ep("127.0.0.1", uint16_t(r.value)) : wire::Endpoint();
+  }
+
+ private:
+  struct Command {
+    char op = 0;
+    int index = 0;
+    sockaddr_storage dest{};
+    wire::Endpoint client, server;
+  };
+  struct Reply {
+    int rc = 0;
+    uint32_t value = 0;
+    uint64_t nonce = 0;
+    Answer answer;
+  };
+
+  template <typename T>
+  static bool Write(int fd, const T& v) {
+    return write(fd, &v, sizeof(v)) == ssize_t(sizeof(v));
+  }
+  template <typename T>
+  static bool Read(int fd, T* v) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (poll(&pfd, 1, 10000) != 1) return false;
+    return read(fd, v, sizeof(*v)) == ssize_t(sizeof(*v));
+  }
+  Reply Ask(const Command& cmd) {
+    Reply r;
+    r.rc = -EPIPE;
+    if (!Write(out_, cmd) || !Read(in_, &r)) ADD_FAILURE() << "child gone";
+    return r;
+  }
+
+  // The child's loop; returns its exit status.
+  int Serve() {
+    std::vector<std::unique_ptr<Offer>> offers;
+    std::vector<int> tcp;
+    Command cmd;
+    while (Read(in_, &cmd)) {
+      Reply r;
+      switch (cmd.op) {
+        case 'Q':
+          return 0;
+        case 'R': {
+          int sock = FindRendezvous(Sa(cmd.dest));
+          if (sock < 0) {
+            r.rc = sock;
+            Write(out_, r);
+            break;
+          }
+          auto offer = std::make_unique<Offer>();
+          r.rc = PrepareOffer(kRing, offer.get());
+          if (r.rc == 0) r.rc = SendRegister(sock, *offer, cmd.client, cmd.server);
+          r.nonce = offer->nonce;
+          if (r.rc == 0) offers.push_back(std::move(offer));
+          Write(out_, r);  // sent: the parent drains now
+          if (r.rc != 0) {
+            close(sock);
+            break;
+          }
+          Reply answered;
+          answered.answer = ReadAnswer(sock, 5000);
+          close(sock);
+          Write(out_, answered);
+          break;
+        }
+        case 'C':
+          r.value = size_t(cmd.index) < offers.size() ? ClaimOf(*offers[cmd.index]).load() : 99;
+          Write(out_, r);
+          break;
+        case 'T': {
+          int fd = socket(cmd.dest.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+          sockaddr_storage local{};
+          socklen_t len = sizeof(local);
+          if (fd < 0 || connect(fd, Sa(cmd.dest), Len(cmd.dest)) != 0 ||
+              getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+            r.rc = -errno;
+          } else {
+            tcp.push_back(fd);
+            r.value = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+          }
+          Write(out_, r);
+          break;
+        }
+        default:
+          return 4;
+      }
+    }
+    return 0;
+  }
+
+  pid_t pid_ = -1;
+  int in_ = -1, out_ = -1;
+};
+
+// A process of another uid holding a rendezvous name (abstract names have no owner): it
+// accepts what connects and tells what it received.
+class Squatter {
+ public:
+  struct Report {
+    int accepted = -1;
+    ssize_t bytes = 0;
+    int fds = 0;
+  };
+
+  // Binds `name` as `uid`; false when the name is taken.
+  bool Start(const sockaddr_un& name, socklen_t len, uid_t uid) {
+    int ready[2], go[2];
+    if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) return false;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(ready[0]);
+      close(go[1]);
+      char ok = 0;
+      int s = -1;
+      if (setgid(uid) == 0 && setuid(uid) == 0) {
+        s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        ok = s >= 0 && bind(s, reinterpret_cast<const sockaddr*>(&name), len) == 0 &&
+             listen(s, 16) == 0;
+      }
+      if (write(ready[1], &ok, 1) != 1 || !ok) _exit(0);
+      char c;
+      if (read(go[0], &c, 1) != 1) _exit(0);
+      Report report;
+      report.accepted = 0;
+      for (;;) {
+        int conn = accept4(s, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (conn < 0) break;
+        ++report.accepted;
+        pollfd pfd{conn, POLLIN, 0};
+        poll(&pfd, 1, 300);
+        uint8_t buf[512];
+        iovec iov{buf, sizeof(buf)};
+        alignas(cmsghdr) char control[CMSG_SPACE(16 * sizeof(int))];
+        msghdr mh{};
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = control;
+        mh.msg_controllen = sizeof(control);
+        ssize_t n = recvmsg(conn, &mh, MSG_DONTWAIT);
+        if (n > 0) report.bytes += n;
+        if (n >= 0 && mh.msg_controllen > 0) ++report.fds;
+        close(conn);
+      }
+      (void)!write(ready[1], &report, sizeof(report));
+      _exit(0);
+    }
+    close(ready[1]);
+    close(go[0]);
+    ready_ = ready[0];
+    go_ = go[1];
+    char ok = 0;
+    pollfd pfd{ready_, POLLIN, 0};
+    if (poll(&pfd, 1, 10000) != 1 || read(ready_, &ok, 1) != 1 || !ok) {
+      Stop();
+      return false;
+    }
+    return true;
+  }
+  // Looks at what came, then lets go of the name.
+  Report Finish() {
+    Report report;
+    char go = 'g';
+    pollfd pfd{ready_, POLLIN, 0};
+    if (write(go_, &go, 1) != 1 || poll(&pfd, 1, 10000) != 1 ||
+        read(ready_, &report, sizeof(report)) != ssize_t(sizeof(report)))
+      ADD_FAILURE() << "the squatter did not report";
+    Stop();
+    return report;
+  }
+  ~Squatter() { Stop(); }
+
+ private:
+  void Stop() {
+    CloseIf(&go_);
+    CloseIf(&ready_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  pid_t pid_ = -1;
+  int ready_ = -1, go_ = -1;
+};
+
+// ---------------------------------------------------------------------------- finding
+
+TEST(RendezvousFindTest, ExactNameOfTheListenerIsFoundAndServes) {
+  auto server = StartServer("127.0.0.1", "127.0.0.1");
+  ASSERT_TRUE(server);
+  ASSERT_GE(server->rv->fd(), 0);
+  int sock = FindRendezvous(Sa(server->To("127.0.0.1")));
+  ASSERT_GE(sock, 0) << std::strerror(-sock);
+  EXPECT_TRUE(IsSocket(sock));
+  EXPECT_TRUE(fcntl(sock, F_GETFD) & FD_CLOEXEC);
+  // The control thread's descriptor says there is something to read.
+  pollfd pfd{server->rv->fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1);
+  close(sock);
+  server->rv->Drain();
+
+  Offer offer;
+  const wire::Endpoint client = Ep("127.0.0.1", 40001);
+  EXPECT_TRUE(IsAccept(RegisterVia(server->rv.get(), server->To("127.0.0.1"), client,
+                                   server->Endpoint("127.0.0.1"), &offer),
+                       offer.nonce));
+  Registration reg;
+  EXPECT_TRUE(server->rv->Take(client, server->Endpoint("127.0.0.1"), &reg));
+  pfd = pollfd{server->rv->fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&pfd, 1, 0), 0) << "readable with nothing left to read";
+
+  // Another port, another address: nothing there.
+  const uint16_t other_port = uint16_t(server->port == 60999 ? server->port - 1 : server->port + 1);
+  EXPECT_EQ(FindRendezvous(Sa(Addr("127.0.0.1", other_port))), -ECONNREFUSED);
+  EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.2"))), -ECONNREFUSED);
+}
+
+std::string NameText(const sockaddr_un& name, socklen_t len) {
+  EXPECT_EQ(name.sun_path[0], '\0');  // abstract
+  return std::string(name.sun_path + 1, len - offsetof(sockaddr_un, sun_path) - 1);
+}
+
+TEST(RendezvousFindTest, NamesAreVersionTwoAndScopedLikeTheKernel) {
+  SKIP_UNLESS_IPV6();
+  sockaddr_un name;
+  socklen_t len;
+  struct Case {
+    const char* addr;
+    bool v6only;
+    const char* want;
+  } cases[] = {
+      {"127.0.0.1", false, "slipstream-v2:5201:127.0.0.1"},
+      {"0.0.0.0", false, "slipstream-v2:5201:*4"},
+      {"::", false, "slipstream-v2:5201:*"},
+      {"::", true, "slipstream-v2:5201:*6"},
+      {"::1", false, "slipstream-v2:5201:::1"},
+      {"::ffff:127.0.0.1", false, "slipstream-v2:5201:127.0.0.1"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.addr);
+    ASSERT_TRUE(RendezvousNameFor(Sa(Addr(c.addr, 5201)), c.v6only, &name, &len));
+    EXPECT_EQ(NameText(name, len), c.want);
+  }
+  // What a client tries, most specific first.
+  sockaddr_un names[3];
+  socklen_t lens[3];
+  ASSERT_EQ(RendezvousNamesFor(Sa(Addr("127.0.0.2", 80)), names, lens), 3);
+  EXPECT_EQ(NameText(names[0], lens[0]), "slipstream-v2:80:127.0.0.2");
+  EXPECT_EQ(NameText(names[1], lens[1]), "slipstream-v2:80:*4");
+  EXPECT_EQ(NameText(names[2], lens[2]), "slipstream-v2:80:*");
+  ASSERT_EQ(RendezvousNamesFor(Sa(Addr("::1", 80)), names, lens), 3);
+  EXPECT_EQ(NameText(names[0], lens[0]), "slipstream-v2:80:::1");
+  EXPECT_EQ(NameText(names[1], lens[1]), "slipstream-v2:80:*6");
+  EXPECT_EQ(NameText(names[2], lens[2]), "slipstream-v2:80:*");
+
+  // Publish binds exactly that name; an IPv6 listener's exact name serves it.
+  auto server = StartServer("::1", "::1", /*v6only=*/true);
+  ASSERT_TRUE(server);
+  ASSERT_TRUE(RendezvousNameFor(Sa(server->To("::1")), true, &name, &len));
+  int raw = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT_GE(raw, 0);
+  EXPECT_EQ(connect(raw, reinterpret_cast<sockaddr*>(&name), len), 0) << std::strerror(errno);
+  close(raw);
+  server->rv->Drain();
+  int sock = FindRendezvous(Sa(server->To("::1")));
+  EXPECT_GE(sock, 0) << std::strerror(-sock);
+  if (sock >= 0) close(sock);
+}
+
+TEST(RendezvousFindTest, NothingPublishedMeansRefusedAndNoLeak) {
+  WarmUpNetlink();
+  const int before = CountOpenFds();
+  for (int i = 0; i < 20; ++i) {
+    int sock = FindRendezvous(Sa(Addr("127.0.0.1", RandomPort())));
+    if (sock >= 0) close(sock);  // someone else's listener on that port: fine
+  }
+  EXPECT_EQ(CountOpenFds(), before);
+  sockaddr_un unix_addr{};
+  unix_addr.sun_family = AF_UNIX;
+  EXPECT_EQ(FindRendezvous(reinterpret_cast<const sockaddr*>(&unix_addr)), -EAFNOSUPPORT);
+}
+
+TEST(RendezvousFindTest, RendezvousWithoutATcpListenerIsRefused) {
+  WarmUpNetlink();
+  for (const char* addr : {"127.0.0.1", "0.0.0.0"}) {
+    SCOPED_TRACE(addr);
+    auto server = StartServer(/*tcp_addr=*/nullptr, addr);
+    ASSERT_TRUE(server);
+    const int before = CountOpenFds();
+    EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -ECONNREFUSED);
+    EXPECT_EQ(CountOpenFds(), before);
+    // Once something listens, the same rendezvous is found.
+    CloseIf(&server->tcp);
+    server->tcp = TcpSocket(server->To(addr), false, true);
+    ASSERT_GE(server->tcp, 0) << std::strerror(-server->tcp);
+    int sock = FindRendezvous(Sa(server->To("127.0.0.1")));
+    EXPECT_GE(sock, 0) << std::strerror(-sock);
+    if (sock >= 0) close(sock);
+  }
+}
+
+TEST(RendezvousFindTest, SecondPublishOfTheSameNameFails) {
+  auto server = StartServer("127.0.0.1", "127.0.0.1");
+  ASSERT_TRUE(server);
+  int error = 0;
+  EXPECT_EQ(Publish(server->To("127.0.0.1"), false, &error), nullptr);
+  EXPECT_EQ(error, -EADDRINUSE);
+  // Another scope of the same port is another name.
+  auto wildcard = Publish(server->To("0.0.0.0"), false, &error);
+  EXPECT_TRUE(wildcard) << std::strerror(-error);
+  // Once the first is gone, its name can be published again.
+  server->rv.reset();
+  auto again = Publish(server->To("127.0.0.1"), false, &error);
+  EXPECT_TRUE(again) << std::strerror(-error);
+}
+
+// A registration through what FindRendezvous finds for `dest` ends up in `rv`'s table (and
+// in no other).
+::testing::AssertionResult Reaches(const sockaddr_storage& dest, Rendezvous* rv,
+                                   Rendezvous* not_rv = nullptr) {
+  static uint16_t next_client_port = 40000;
+  const wire::Endpoint client = Ep("127.0.0.1", ++next_client_port);
+  const wire::Endpoint server = Ep(dest);
+  Offer offer;
+  Answer a = RegisterVia(rv, dest, client, server, &offer);
+  if (not_rv) not_rv->Drain();
+  if (!IsAccept(a, offer.nonce))
+    return ::testing::AssertionFailure() << "registration: " << Describe(a);
+  Registration reg;
+  if (not_rv && not_rv->Take(client, server, &reg))
+    return ::testing::AssertionFailure() << "reached the other rendezvous";
+  if (!rv->Take(client, server, &reg)) return ::testing::AssertionFailure() << "not in the table";
+  if (reg.msg.nonce != offer.nonce) return ::testing::AssertionFailure() << "another nonce";
+  return ::testing::AssertionSuccess();
+}
+
+TEST(RendezvousFindTest, WildcardListenerIsFoundFromEveryLocalAddress) {
+  auto server = StartServer("0.0.0.0", "0.0.0.0");
+  ASSERT_TRUE(server);
+  EXPECT_TRUE(Reaches(server->To("127.0.0.1"), server->rv.get()));
+  EXPECT_TRUE(Reaches(server->To("127.0.0.2"), server->rv.get()));
+  // A client that speaks IPv6 with a v4-mapped address reaches the IPv4 wildcard too.
+  EXPECT_TRUE(Reaches(server->To("::ffff:127.0.0.1"), server->rv.get()));
+}
+
+TEST(RendezvousFindTest, ExactListenerIsPreferredOverTheWildcard) {
+  // Two TCP listeners on the port (SO_REUSEPORT lets them share it): the kernel picks the
+  // exact one for 127.0.0.1 and the wildcard for any other local address.
+  std::unique_ptr<Server> wildcard;
+  std::unique_ptr<Rendezvous> exact_rv;
+  int exact_tcp = -1;
+  for (int attempt = 0; attempt < 50 && !exact_rv; ++attempt) {
+    wildcard = std::make_unique<Server>();
+    wildcard->port = RandomPort();
+    wildcard->tcp = TcpSocket(wildcard->To("0.0.0.0"), false, false, /*reuseport=*/true);
+    exact_tcp = TcpSocket(wildcard->To("127.0.0.1"), false, false, /*reuseport=*/true);
+    int error = 0;
+    if (wildcard->tcp >= 0 && exact_tcp >= 0 && listen(wildcard->tcp, 16) == 0 &&
+        listen(exact_tcp, 16) == 0) {
+      wildcard->rv = Publish(wildcard->To("0.0.0.0"), false, &error);
+      if (wildcard->rv) exact_rv = Publish(wildcard->To("127.0.0.1"), false, &error);
+    }
+    if (!exact_rv) CloseIf(&exact_tcp);
+  }
+  ASSERT_TRUE(exact_rv);
+  EXPECT_TRUE(Reaches(wildcard->To("127.0.0.1"), exact_rv.get(), wildcard->rv.get()));
+  EXPECT_TRUE(Reaches(wildcard->To("127.0.0.2"), wildcard->rv.get(), exact_rv.get()));
+  exact_rv.reset();
+  close(exact_tcp);
+}
+
+TEST(RendezvousFindTest, OnlyTheListenersOwnNameCounts) {
+  {
+    // The TCP listener is 127.0.0.1's; a wildcard rendezvous is not its.
+    auto server = StartServer("127.0.0.1", "0.0.0.0");
+    ASSERT_TRUE(server);
+    EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -ECONNREFUSED);
+    int error = 0;
+    auto exact = Publish(server->To("127.0.0.1"), false, &error);
+    ASSERT_TRUE(exact) << std::strerror(-error);
+    EXPECT_TRUE(Reaches(server->To("127.0.0.1"), exact.get(), server->rv.get()));
+  }
+  {
+    // The TCP listener is the wildcard; an exact rendezvous (found first) is not its.
+    auto server = StartServer("0.0.0.0", "127.0.0.1");
+    ASSERT_TRUE(server);
+    EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -ECONNREFUSED);
+    int error = 0;
+    auto any = Publish(server->To("0.0.0.0"), false, &error);
+    ASSERT_TRUE(any) << std::strerror(-error);
+    EXPECT_TRUE(Reaches(server->To("127.0.0.1"), any.get(), server->rv.get()));
+  }
+}
+
+TEST(RendezvousFindTest, DualStackWildcardServesIpv4ButV6OnlyDoesNot) {
+  SKIP_UNLESS_IPV6();
+  {
+    auto dual = StartServer("::", "::", /*v6only=*/false);
+    ASSERT_TRUE(dual);
+    EXPECT_TRUE(Reaches(dual->To("127.0.0.1"), dual->rv.get()));
+    EXPECT_TRUE(Reaches(dual->To("::1"), dual->rv.get()));
+  }
+  {
+    auto v6only = StartServer("::", "::", /*v6only=*/true);
+    ASSERT_TRUE(v6only);
+    EXPECT_EQ(FindRendezvous(Sa(v6only->To("127.0.0.1"))), -ECONNREFUSED);
+    EXPECT_TRUE(Reaches(v6only->To("::1"), v6only->rv.get()));
+  }
+  {
+    // A rendezvous that says v6-only, for a listener that is dual-stack: not its name.
+    auto server = StartServer("::", nullptr, /*v6only=*/false);
+    ASSERT_TRUE(server);
+    int error = 0;
+    auto rv = Publish(server->To("::"), /*v6only=*/true, &error);
+    ASSERT_TRUE(rv) << std::strerror(-error);
+    EXPECT_EQ(FindRendezvous(Sa(server->To("::1"))), -ECONNREFUSED);
+    EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -ECONNREFUSED);
+  }
+}
+
+TEST(RendezvousFindTest, ARendezvousHeldByAnotherUidIsNeverUsed) {
+  SKIP_UNLESS_ROOT();
+  WarmUpNetlink();
+  // The TCP listener is ours (root); the listener's rendezvous name is held by nobody.
+  {
+    std::unique_ptr<Server> server;
+    Squatter squatter;
+    bool started = false;
+    for (int attempt = 0; attempt < 20 && !started; ++attempt) {
+      server = StartServer("127.0.0.1", nullptr);
+      ASSERT_TRUE(server);
+      sockaddr_un name;
+      socklen_t len;
+      const sockaddr_storage local = server->To("127.0.0.1");
+      ASSERT_TRUE(RendezvousNameFor(Sa(local), false, &name, &len));
+      started = squatter.Start(name, len, kNobody);
+    }
+    ASSERT_TRUE(started);
+    const int before = CountOpenFds();
+    EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -EPERM);
+    EXPECT_EQ(FindRendezvous(Sa(server->To("::ffff:127.0.0.1"))), -EPERM);
+    EXPECT_EQ(CountOpenFds(), before);
+    Squatter::Report report = squatter.Finish();
+    EXPECT_GE(report.accepted, 1) << "the client never reached the squatter: the test is moot";
+    EXPECT_EQ(report.bytes, 0);
+    EXPECT_EQ(report.fds, 0);
+  }
+  // The TCP listener is the wildcard, with its own rendezvous; a squatter on the more
+  // specific name (which clients try first) is passed over.
+  {
+    std::unique_ptr<Server> server;
+    Squatter squatter;
+    bool started = false;
+    for (int attempt = 0; attempt < 20 && !started; ++attempt) {
+      server = StartServer("0.0.0.0", "0.0.0.0");
+      ASSERT_TRUE(server);
+      sockaddr_un name;
+      socklen_t len;
+      const sockaddr_storage exact = server->To("127.0.0.1");
+      ASSERT_TRUE(RendezvousNameFor(Sa(exact), false, &name, &len));
+      started = squatter.Start(name, len, kNobody);
+    }
+    ASSERT_TRUE(started);
+    EXPECT_TRUE(Reaches(server->To("127.0.0.1"), server->rv.get()));
+    Squatter::Report report = squatter.Finish();
+    EXPECT_GE(report.accepted, 1) << "the client never tried the squatter: the test is moot";
+    EXPECT_EQ(report.bytes, 0);
+    EXPECT_EQ(report.fds, 0);
+  }
+}
+
+// ---------------------------------------------------------------------------- registering
+
+class RendezvousRegistrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = StartServer("127.0.0.1", "127.0.0.1");
+    ASSERT_TRUE(server_);
+    rv_ = server_->rv.get();
+    dest_ = server_->To("127.0.0.1");
+    server_ep_ = server_->Endpoint("127.0.0.1");
+    client_ep_ = Ep("127.0.0.1", 40000);
+  }
+
+  int Connect() {
+    int sock = FindRendezvous(Sa(dest_));
+    EXPECT_GE(sock, 0) << std::strerror(-sock);
+    return sock;
+  }
+
+  Answer Register(Offer* offer, uint16_t client_port = 40000) {
+    return RegisterVia(rv_, dest_, Ep("127.0.0.1", client_port), server_ep_, offer);
+  }
+
+  std::unique_ptr<Server> server_;
+  Rendezvous* rv_ = nullptr;
+  sockaddr_storage dest_{};
+  wire::Endpoint server_ep_, client_ep_;
+};
+
+TEST_F(RendezvousRegistrationTest, AcceptIsTheOneAnswerAndTakeReturnsAHeldStream) {
+  Offer offer;
+  ASSERT_TRUE(IsAccept(Register(&offer), offer.nonce));
+
+  Registration reg;
+  EXPECT_FALSE(rv_->Take(Ep("127.0.0.1", 40002), server_ep_, &reg));
+  EXPECT_FALSE(rv_->Take(client_ep_, Ep("127.0.0.1", uint16_t(server_ep_.port + 1)), &reg));
+  EXPECT_FALSE(rv_->Take(server_ep_, client_ep_, &reg));  // the other way round
+  EXPECT_FALSE(reg.stream);
+
+  ASSERT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
+  EXPECT_TRUE(reg.msg.client == client_ep_);
+  EXPECT_TRUE(reg.msg.server == server_ep_);
+  EXPECT_EQ(reg.msg.nonce, offer.nonce);
+  EXPECT_EQ(reg.msg.ring_size, kRing);
+  EXPECT_EQ(reg.msg.fd_count, 4u);
+  EXPECT_EQ(reg.msg.region_size, RegionSize(kRing));
+  EXPECT_EQ(reg.uid, getuid());
+  ASSERT_TRUE(reg.stream);
+  EXPECT_GE(reg.anchor_slot, 0);
+  EXPECT_TRUE(IsOpen(reg.anchor_slot));
+  EXPECT_TRUE(fcntl(reg.anchor_slot, F_GETFD) & FD_CLOEXEC);
+  EXPECT_EQ(reg.proxy_a, reg.stream->proxy_a());
+  EXPECT_TRUE(IsSocket(reg.proxy_a));
+  EXPECT_EQ(reg.ReadClaim(), Claim::kOpen);
+  // The claim is the region's, shared with the client.
+  ASSERT_NE(reg.claim, nullptr);
+  ClaimOf(offer).store(uint32_t(Claim::kWithdrawn));
+  EXPECT_EQ(reg.ReadClaim(), Claim::kWithdrawn);
+  ClaimOf(offer).store(uint32_t(Claim::kOpen));
+  // Its stream is held: no bytes, no space, a deadline to settle by.
+  Channel* channel = reg.stream->channel();
+  EXPECT_EQ(channel->ring_size(), kRing);
+  EXPECT_NE(channel->SettleDeadline(), 0u);
+  EXPECT_EQ(channel->RxProduced(), 0u);
+  EXPECT_EQ(channel->TxConsumed(), uint64_t(0) - kRing);
+  EXPECT_EQ(reg.stream->ReadableBytes(), 0u);
+
+  // Taken out: not found twice.
+  Registration again;
+  EXPECT_FALSE(rv_->Take(client_ep_, server_ep_, &again));
+}
+
+TEST_F(RendezvousRegistrationTest, RegistrationWrittenAfterAnEarlierDrainIsFound) {
+  Offer offer;
+  ASSERT_EQ(PrepareOffer(kRing, &offer), 0);
+  int sock = Connect();
+  ASSERT_GE(sock, 0);
+  rv_->Drain();  // accepts the connection before anything was written on it
+  ASSERT_EQ(SendRegister(sock, offer, client_ep_, server_ep_), 0);
+  pollfd pfd{rv_->fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&pfd, 1, 2000), 1) << "the waiting connection is not watched";
+  Registration reg;
+  EXPECT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
+  EXPECT_TRUE(IsAccept(ReadAnswer(sock), offer.nonce));
+  close(sock);
+}
+
+TEST_F(RendezvousRegistrationTest, UnusableRegionOrProxiesAreDeclinedWithBadRegion) {
+  WarmUpNetlink();
+  Offer offer;
+  ASSERT_EQ(PrepareOffer(kRing, &offer), 0);
+  const std::vector<uint8_t> reg = [&] {
+    wire::Message msg;
+    msg.type = wire::Type::kRegister;
+    msg.reg = RegisterFor(offer, client_ep_, server_ep_);
+    return Encode(msg);
+  }();
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+  struct Case {
+    const char* what;
+    int fds[4];
+  } cases[] = {
+      {"A of one pair, B of another",
+       {offer.memfd, offer.server_a, offer.client_b, offer.client_b}},
+      {"a pipe for the region", {pipe_fds[0], offer.server_a, offer.server_b, offer.client_b}},
+      {"a pipe for the client's B", {offer.memfd, offer.server_a, offer.server_b, pipe_fds[1]}},
+      {"the region in a proxy slot", {offer.memfd, offer.memfd, offer.server_b, offer.client_b}},
+  };
+  const int before = CountOpenFds();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    int sock = Connect();
+    ASSERT_GE(sock, 0);
+    ASSERT_EQ(SendRaw(sock, reg.data(), reg.size(), c.fds, 4), ssize_t(reg.size()));
+    rv_->Drain();
+    EXPECT_TRUE(IsDecline(ReadAnswer(sock), offer.nonce, wire::DeclineReason::kBadRegion));
+    close(sock);
+    Registration taken;
+    EXPECT_FALSE(rv_->Take(client_ep_, server_ep_, &taken));
+    EXPECT_EQ(CountOpenFds(), before) << "descriptors leaked";
+  }
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  // The offer itself is fine.
+  int sock = Connect();
+  ASSERT_GE(sock, 0);
+  ASSERT_EQ(SendRegister(sock, offer, client_ep_, server_ep_), 0);
+  rv_->Drain();
+  EXPECT_TRUE(IsAccept(ReadAnswer(sock), offer.nonce));
+  close(sock);
+}
+
+TEST_F(RendezvousRegistrationTest, ShortOfDescriptorsIsDeclinedWithDescriptors) {
+  WarmUpNetlink();
+  const int limit = SoftFdLimit();
+  // Free slots above the floor: 3 (the rendezvous connection and two of the four
+  // descriptors fit), then 5 (all of them, but not the anchor's slot).
+  for (int free_slots : {3, 5}) {
+    SCOPED_TRACE(free_slots);
+    for (int fd = limit - free_slots; fd < limit; ++fd) ASSERT_FALSE(IsOpen(fd)) << fd;
+    Offer offer;
+    ASSERT_EQ(PrepareOffer(kRing, &offer), 0);
+    int sock = Connect();
+    ASSERT_GE(sock, 0);
+    ASSERT_EQ(SendRegister(sock, offer, client_ep_, server_ep_), 0);
+    const int before = CountOpenFds();
+    {
+      FloorGuard floor(limit - free_slots);
+      rv_->Drain();
+    }
+    EXPECT_TRUE(IsDecline(ReadAnswer(sock), offer.nonce, wire::DeclineReason::kDescriptors));
+    close(sock);
+    EXPECT_EQ(CountOpenFds(), before - 1) << "descriptors leaked";
+    Registration taken;
+    EXPECT_FALSE(rv_->Take(client_ep_, server_ep_, &taken));
+    // With the floor back where it was, the same offer goes through.
+    sock = Connect();
+    ASSERT_GE(sock, 0);
+    ASSERT_EQ(SendRegister(sock, offer, client_ep_, server_ep_), 0);
+    rv_->Drain();
+    EXPECT_TRUE(IsAccept(ReadAnswer(sock), offer.nonce));
+    close(sock);
+    EXPECT_TRUE(rv_->Take(client_ep_, server_ep_, &taken));
+  }
+}
+
+int MaxOpenFd() {
+  int max = -1;
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  const int own = dirfd(dir);
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd != own) max = std::max(max, fd);
+  }
+  closedir(dir);
+  return max;
+}
+
+TEST_F(RendezvousRegistrationTest, DescriptorsTheKernelCannotInstallAreDeclinedWithDescriptors) {
+  WarmUpNetlink();
+  Offer offer;
+  ASSERT_EQ(PrepareOffer(kRing, &offer), 0);
+  int sock = Connect();
+  ASSERT_GE(sock, 0);
+  ASSERT_EQ(SendRegister(sock, offer, client_ep_, server_ep_), 0);
+  const int before = CountOpenFds();
+  {
+    // Every number below the limit taken but three: the rendezvous connection's and two of
+    // the four descriptors (the kernel truncates the control message: MSG_CTRUNC).
+    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(devnull, 0);
+    const int top = MaxOpenFd() + 1 + 3;
+    std::vector<int> fillers;
+    for (int fd = 0; fd < top - 3; ++fd) {
+      if (!IsOpen(fd)) {
+        ASSERT_EQ(dup3(devnull, fd, O_CLOEXEC), fd);
+        fillers.push_back(fd);
+      }
+    }
+    rlimit saved{};
+    ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+    rlimit low = saved;
+    low.rlim_cur = rlim_t(top);
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+    rv_->Drain();
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+    for (int fd : fillers) close(fd);
+    close(devnull);
+  }
+  EXPECT_TRUE(IsDecline(ReadAnswer(sock), offer.nonce, wire::DeclineReason::kDescriptors));
+  close(sock);
+  EXPECT_EQ(CountOpenFds(), before - 1) << "descriptors leaked";
+  Registration taken;
+  EXPECT_FALSE(rv_->Take(client_ep_, server_ep_, &taken));
+  Answer again = RegisterVia(rv_, dest_, client_ep_, server_ep_, &offer);
+  EXPECT_TRUE(IsAccept(again, offer.nonce));
+}
+
+TEST_F(RendezvousRegistrationTest, MalformedMessagesAreDroppedWithoutLeaks) {
+  WarmUpNetlink();
+  Offer offer;
+  ASSERT_EQ(PrepareOffer(kRing, &offer), 0);
+  wire::Message reg_msg;
+  reg_msg.type = wire::Type::kRegister;
+  reg_msg.reg = RegisterFor(offer, client_ep_, server_ep_);
+  const std::vector<uint8_t> good = Encode(reg_msg);
+  wire::Message cancel_msg;
+  cancel_msg.type = wire::Type::kCancel;
+  cancel_msg.cancel = wire::Cancel();
+  cancel_msg.cancel.client = client_ep_;
+  cancel_msg.cancel.server = server_ep_;
+  cancel_msg.cancel.nonce = offer.nonce;
+  const std::vector<uint8_t> cancel = Encode(cancel_msg);
+  std::vector<uint8_t> bad_crc = good;
+  bad_crc[20] ^= 1;
+  const std::vector<uint8_t> garbage = {'G', 'E', 'T', ' ', '/', ' ', 'H', 'T', 'T', 'P'};
+  const std::vector<uint8_t> truncated(good.begin(), good.begin() + 20);
+  std::vector<uint8_t> trailing = good;
+  trailing.push_back(0);
+  std::vector<uint8_t> two = good;  // two REGISTERs in one datagram
+  two.insert(two.end(), good.begin(), good.end());
+
+  const int fds[10] = {offer.memfd, offer.server_a, offer.server_b, offer.client_b, offer.memfd,
+                       offer.memfd, offer.memfd,    offer.memfd,    offer.memfd,    offer.memfd};
+  enum class Want { kNothing, kBadRegion, kDeclined };
+  struct Case {
+    const char* what;
+    const std::vector<uint8_t>* bytes;
+    int nfds;
+    Want want;
+  };
+  const Case cases[] = {
+      {"garbage", &garbage, 0, Want::kNothing},
+      {"garbage with descriptors", &garbage, 4, Want::kNothing},
+      {"bad checksum with descriptors", &bad_crc, 4, Want::kNothing},
+      {"truncated with descriptors", &truncated, 4, Want::kNothing},
+      {"trailing byte with descriptors", &trailing, 4, Want::kNothing},
+      {"two messages in one", &two, 4, Want::kNothing},
+      {"CANCEL with descriptors", &cancel, 4, Want::kNothing},
+      {"CANCEL (no longer used)", &cancel, 0, Want::kNothing},
+      {"REGISTER without descriptors", &good, 0, Want::kBadRegion},
+      {"REGISTER with 1 descriptor", &good, 1, Want::kBadRegion},
+      {"REGISTER with 3 descriptors", &good, 3, Want::kBadRegion},
+      {"REGISTER with 5 descriptors", &good, 5, Want::kBadRegion},
+      {"REGISTER with 8 descriptors", &good, 8, Want::kBadRegion},
+      // (More than the control buffer holds: the kernel truncates it, which reads as the
+      // listener being short of descriptors. Declined either way.)
+      {"REGISTER with 10 descriptors", &good, 10, Want::kDeclined},
+  };
+  // The first drop may log: let the log open whatever it opens before counting.
+  {
+    int sock = Connect();
+    ASSERT_GE(sock, 0);
+    ASSERT_EQ(SendRaw(sock, garbage.data(), garbage.size(), fds, 2), ssize_t(garbage.size()));
+    close(sock);
+    rv_->Drain();
+  }
+  const int before = CountOpenFds();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    int sock = Connect();
+    ASSERT_GE(sock, 0);
+    ASSERT_EQ(SendRaw(sock, c.bytes->data(), c.bytes->size(), fds, c.nfds),
+              ssize_t(c.bytes->size()))
+        << std::strerror(errno);
+    rv_->Drain();
+    const Answer a = ReadAnswer(sock);
+    close(sock);
+    switch (c.want) {
+      case Want::kNothing:
+        EXPECT_FALSE(a.message) << Describe(a);
+        EXPECT_TRUE(a.eof_after) << "the connection was not closed";
+        break;
+      case Want::kBadRegion:
+        EXPECT_TRUE(IsDecline(a, offer.nonce, wire::DeclineReason::kBadRegion));
+        break;
+      case Want::kDeclined:
+        EXPECT_TRUE(a.parsed && a.type == wire::Type::kDecline) << Describe(a);
+        break;
+    }
+    Registration reg;
+    EXPECT_FALSE(rv_->Take(client_ep_, server_ep_, &reg));
+    EXPECT_EQ(CountOpenFds(), before) << "descriptors leaked";
+  }
+  // A connection that closes without a word, and one that stays silent.
+  int silent = Connect();
+  ASSERT_GE(silent, 0);
+  close(Connect());
+  rv_->Drain();
+  EXPECT_EQ(CountOpenFds(), before + 2);  // `silent` and the rendezvous' end of it
+  close(silent);
+  rv_->Drain();
+  EXPECT_EQ(CountOpenFds(), before);
+  // Still serving: a well-formed registration goes through.
+  int sock = Connect();
+  ASSERT_GE(sock, 0);
+  ASSERT_EQ(SendRegister(sock, offer, client_ep_, server_ep_), 0);
+  rv_->Drain();
+  EXPECT_TRUE(IsAccept(ReadAnswer(sock), offer.nonce));
+  close(sock);
+  Registration reg;
+  EXPECT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
+}
+
+TEST_F(RendezvousRegistrationTest, SilentConnectionsAreBoundedAndExpire) {
+  WarmUpNetlink();
+  const int before = CountOpenFds();
+  // One uid may keep 8 connections waiting for their message; the 9th is closed at once.
+  std::vector<int> socks;
+  for (int i = 0; i < 9; ++i) {
+    socks.push_back(Connect());
+    ASSERT_GE(socks.back(), 0);
+  }
+  rv_->Drain();
+  auto closed = [&socks] {
+    int n = 0;
+    for (int s : socks) {
+      char c;
+      n += recv(s, &c, 1, MSG_DONTWAIT) == 0;
+    }
+    return n;
+  };
+  EXPECT_EQ(closed(), 1);
+  EXPECT_EQ(CountOpenFds(), before + 9 + 8);
+  // They wait a second at most.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  rv_->Drain();
+  EXPECT_EQ(closed(), 9);
+  EXPECT_EQ(CountOpenFds(), before + 9);
+  for (int s : socks) close(s);
+}
+
+// ---------------------------------------------------------------------------- per 4-tuple
+
+TEST_F(RendezvousRegistrationTest, FourRegistrationsPerTupleAndThoseGoneMakeRoom) {
+  std::vector<std::unique_ptr<Offer>> offers;
+  auto register_one = [&] {
+    offers.push_back(std::make_unique<Offer>());
+    return Register(offers.back().get());
+  };
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    {
+      const Answer a = register_one();
+      EXPECT_TRUE(IsAccept(a, offers.back()->nonce));
+    }
+  }
+  {
+    const Answer a = register_one();
+    EXPECT_TRUE(IsDecline(a, offers.back()->nonce, wire::DeclineReason::kBusy));
+  }
+  // Another 4-tuple is not affected.
+  Offer other;
+  EXPECT_TRUE(IsAccept(Register(&other, 40001), other.nonce));
+
+  // A withdrawn registration can no longer be confirmed: it makes room.
+  ClaimWithdraw(offers[1].get());
+  {
+    const Answer a = register_one();
+    EXPECT_TRUE(IsAccept(a, offers.back()->nonce));
+  }  // [5]
+  {
+    const Answer a = register_one();
+    EXPECT_TRUE(IsDecline(a, offers.back()->nonce, wire::DeclineReason::kBusy));
+  }
+  // So does an abandoned one.
+  ClaimOf(*offers[2]).store(uint32_t(Claim::kAbandoned));
+  {
+    const Answer a = register_one();
+    EXPECT_TRUE(IsAccept(a, offers.back()->nonce));
+  }  // [7]
+  // A confirmed one does not.
+  ClaimOf(*offers[3]).store(uint32_t(Claim::kConfirmed));
+  {
+    const Answer a = register_one();
+    EXPECT_TRUE(IsDecline(a, offers.back()->nonce, wire::DeclineReason::kBusy));
+  }
+
+  // Take finds one of the live ones, and the rest go with it (abandoned, unless confirmed).
+  Registration reg;
+  ASSERT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
+  std::vector<size_t> live = {0, 3, 5, 7};
+  EXPECT_NE(std::find_if(live.begin(), live.end(),
+                         [&](size_t i) { return offers[i]->nonce == reg.msg.nonce; }),
+            live.end());
+  for (size_t i : live) {
+    if (offers[i]->nonce == reg.msg.nonce) {
+      EXPECT_EQ(ClaimValue(*offers[i]), i == 3 ? Claim::kConfirmed : Claim::kOpen);
+    } else {
+      EXPECT_EQ(ClaimValue(*offers[i]), i == 3 ? Claim::kConfirmed : Claim::kAbandoned) << i;
+    }
+  }
+  Registration again;
+  EXPECT_FALSE(rv_->Take(client_ep_, server_ep_, &again));
+  EXPECT_TRUE(rv_->Take(Ep("127.0.0.1", 40001), server_ep_, &again));
+}
+
+// A real TCP connection from `from` (an address to bind, port chosen by the kernel) to
+// `dest`: its local end is the 4-tuple's client.
+int TcpConnect(const sockaddr_storage& dest, wire::Endpoint* client) {
+  int fd = socket(dest.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  if (fd < 0 || connect(fd, Sa(dest), Len(dest)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+    ADD_FAILURE() << "TCP connect: " << std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  *client = Ep(local);
+  return fd;
+}
+
+void SleepMs(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+TEST_F(RendezvousRegistrationTest, TakePicksTheRegistrationOfTheClientSocketsOwner) {
+  SKIP_UNLESS_ROOT();
+  UidChild nobody(kNobody);
+  ASSERT_TRUE(nobody.ok());
+  {
+    // Root's socket; root registered first, the forger (another uid) after it.
+    wire::Endpoint client;
+    int tcp = TcpConnect(dest_, &client);
+    ASSERT_GE(tcp, 0);
+    Offer mine;
+    ASSERT_TRUE(IsAccept(RegisterVia(rv_, dest_, client, server_ep_, &mine), mine.nonce));
+    SleepMs(3);
+    uint64_t forged_nonce = 0;
+    ASSERT_TRUE(
+        IsAccept(nobody.Register(rv_, dest_, client, server_ep_, &forged_nonce), forged_nonce));
+    Registration reg;
+    ASSERT_TRUE(rv_->Take(client, server_ep_, &reg));
+    EXPECT_EQ(reg.uid, 0u);
+    EXPECT_EQ(reg.msg.nonce, mine.nonce);
+    EXPECT_EQ(reg.ReadClaim(), Claim::kOpen);
+    EXPECT_EQ(nobody.ReadClaim(0), Claim::kAbandoned);
+    Registration again;
+    EXPECT_FALSE(rv_->Take(client, server_ep_, &again));
+    close(tcp);
+  }
+  {
+    // The other uid's socket; it registered first, root after it.
+    wire::Endpoint client = nobody.Connect(dest_);
+    ASSERT_NE(client.port, 0);
+    uint64_t its_nonce = 0;
+    ASSERT_TRUE(IsAccept(nobody.Register(rv_, dest_, client, server_ep_, &its_nonce), its_nonce));
+    SleepMs(3);
+    Offer forged;
+    ASSERT_TRUE(IsAccept(RegisterVia(rv_, dest_, client, server_ep_, &forged), forged.nonce));
+    Registration reg;
+    ASSERT_TRUE(rv_->Take(client, server_ep_, &reg));
+    EXPECT_EQ(reg.uid, kNobody);
+    EXPECT_EQ(reg.msg.nonce, its_nonce);
+    EXPECT_EQ(ClaimValue(forged), Claim::kAbandoned);
+    EXPECT_EQ(nobody.ReadClaim(1), Claim::kOpen);
+  }
+  {
+    // Two of root's own for root's socket (not told apart): the newest.
+    wire::Endpoint client;
+    int tcp = TcpConnect(dest_, &client);
+    ASSERT_GE(tcp, 0);
+    Offer older, newer;
+    ASSERT_TRUE(IsAccept(RegisterVia(rv_, dest_, client, server_ep_, &older), older.nonce));
+    SleepMs(3);
+    ASSERT_TRUE(IsAccept(RegisterVia(rv_, dest_, client, server_ep_, &newer), newer.nonce));
+    Registration reg;
+    ASSERT_TRUE(rv_->Take(client, server_ep_, &reg));
+    EXPECT_EQ(reg.msg.nonce, newer.nonce);
+    EXPECT_EQ(ClaimValue(older), Claim::kAbandoned);
+    close(tcp);
+  }
+}
+
+// ---------------------------------------------------------------------------- quotas
+
+TEST(RendezvousQuotaTest, CapacityFollowsTheDescriptorsAboveTheFloor) {
+  for (size_t capacity : {size_t(4), size_t(16), size_t(40)}) {
+    SCOPED_TRACE(capacity);
+    auto server = StartServer("127.0.0.1", "127.0.0.1", false, capacity);
+    ASSERT_TRUE(server);
+    EXPECT_EQ(server->rv->capacity(), capacity);
+    EXPECT_EQ(server->rv->per_uid_limit(), std::max<size_t>(2, capacity - capacity / 4));
+  }
+  // Never below 4, whatever the space.
+  auto tiny = StartServer("127.0.0.1", "127.0.0.1", false, 1);
+  ASSERT_TRUE(tiny);
+  EXPECT_EQ(tiny->rv->capacity(), 4u);
+  EXPECT_EQ(tiny->rv->per_uid_limit(), 3u);
+}
+
+TEST(RendezvousQuotaTest, PerUidLimitCapacityAndEviction) {
+  SKIP_UNLESS_ROOT();
+  constexpr size_t kCapacity = 16;
+  auto server = StartServer("127.0.0.1", "127.0.0.1", false, kCapacity);
+  ASSERT_TRUE(server);
+  Rendezvous* rv = server->rv.get();
+  ASSERT_EQ(rv->capacity(), kCapacity);
+  const size_t per_uid = rv->per_uid_limit();
+  ASSERT_EQ(per_uid, 12u);
+  const sockaddr_storage dest = server->To("127.0.0.1");
+  const wire::Endpoint server_ep = server->Endpoint("127.0.0.1");
+  auto root_client = [](size_t i) { return Ep("127.0.0.1", uint16_t(31000 + i)); };
+  auto nobody_client = [](size_t i) { return Ep("127.0.0.1", uint16_t(32000 + i)); };
+
+  // Root fills its share (distinct 4-tuples, never taken), a few ms apart.
+  std::vector<std::unique_ptr<Offer>> root;
+  for (size_t i = 0; i < per_uid; ++i) {
+    root.push_back(std::make_unique<Offer>());
+    ASSERT_TRUE(IsAccept(RegisterVia(rv, dest, root_client(i), server_ep, root.back().get()),
+                         root.back()->nonce))
+        << i;
+    SleepMs(2);
+  }
+  {
+    Offer over;
+    EXPECT_TRUE(IsDecline(RegisterVia(rv, dest, root_client(100), server_ep, &over), over.nonce,
+                          wire::DeclineReason::kBusy));
+  }
+  // Another uid still gets the rest of the table.
+  UidChild nobody(kNobody);
+  ASSERT_TRUE(nobody.ok());
+  int nobody_count = 0;
+  for (size_t i = per_uid; i < kCapacity; ++i) {
+    uint64_t nonce = 0;
+    ASSERT_TRUE(
+        IsAccept(nobody.Register(rv, dest, nobody_client(nobody_count), server_ep, &nonce), nonce))
+        << i;
+    ++nobody_count;
+  }
+  // The table is full. Root's two oldest are confirmed by their client.
+  ClaimOf(*root[0]).store(uint32_t(Claim::kConfirmed));
+  ClaimOf(*root[1]).store(uint32_t(Claim::kConfirmed));
+  // The lighter uid makes root's oldest unconfirmed registration give way, one at a time.
+  for (size_t victim : {size_t(2), size_t(3)}) {
+    SCOPED_TRACE(victim);
+    uint64_t nonce = 0;
+    EXPECT_TRUE(
+        IsAccept(nobody.Register(rv, dest, nobody_client(nobody_count), server_ep, &nonce), nonce));
+    ++nobody_count;
+    for (size_t i = 0; i < root.size(); ++i) {
+      const Claim want = i < 2 ? Claim::kConfirmed : i <= victim ? Claim::kAbandoned : Claim::kOpen;
+      EXPECT_EQ(ClaimValue(*root[i]), want) << i;
+    }
+  }
+  // The heavier uid cannot push the lighter one out.
+  {
+    Offer more;
+    EXPECT_TRUE(IsDecline(RegisterVia(rv, dest, root_client(101), server_ep, &more), more.nonce,
+                          wire::DeclineReason::kBusy));
+  }
+  for (int i = 0; i < nobody_count; ++i) EXPECT_EQ(nobody.ReadClaim(i), Claim::kOpen) << i;
+  // Confirmed registrations never give way: with all of root's confirmed, nothing can.
+  for (size_t i = 4; i < root.size(); ++i) ClaimOf(*root[i]).store(uint32_t(Claim::kConfirmed));
+  {
+    uint64_t nonce = 0;
+    EXPECT_TRUE(IsDecline(nobody.Register(rv, dest, nobody_client(nobody_count), server_ep, &nonce),
+                          nonce, wire::DeclineReason::kBusy));
+  }
+  for (size_t i = 0; i < root.size(); ++i) {
+    EXPECT_EQ(ClaimValue(*root[i]), i == 2 || i == 3 ? Claim::kAbandoned : Claim::kConfirmed) << i;
+  }
+  // What the table holds: the evicted are gone, the confirmed are there.
+  Registration reg;
+  EXPECT_FALSE(rv->Take(root_client(2), server_ep, &reg));
+  EXPECT_FALSE(rv->Take(root_client(3), server_ep, &reg));
+  EXPECT_TRUE(rv->Take(root_client(0), server_ep, &reg));
+  EXPECT_EQ(reg.msg.nonce, root[0]->nonce);
+  EXPECT_TRUE(rv->Take(nobody_client(nobody_count - 1), server_ep, &reg));
+  EXPECT_EQ(reg.uid, kNobody);
+  // One entry free again: root may register.
+  Offer last;
+  EXPECT_TRUE(IsAccept(RegisterVia(rv, dest, root_client(102), server_ep, &last), last.nonce));
+}
+
+// ---------------------------------------------------------------------------- Registration
+
+TEST_F(RendezvousRegistrationTest, ClaimReadAndAbandonSemantics) {
+  {
+    Registration empty;
+    EXPECT_EQ(empty.ReadClaim(), Claim::kAbandoned);
+    EXPECT_EQ(empty.Abandon(), Claim::kAbandoned);
+  }
+  struct Case {
+    const char* what;
+    uint32_t before;
+    Claim read;
+    Claim abandon;
+    uint32_t after;
+  } cases[] = {
+      {"open", 0, Claim::kOpen, Claim::kAbandoned, 3},
+      {"confirmed", 1, Claim::kConfirmed, Claim::kConfirmed, 1},
+      {"withdrawn", 2, Claim::kWithdrawn, Claim::kWithdrawn, 2},
+      {"abandoned", 3, Claim::kAbandoned, Claim::kAbandoned, 3},
+      {"garbage", 77, Claim::kOpen, Claim::kAbandoned, 77},
+      {"garbage, high", 0xffffffffu, Claim::kOpen, Claim::kAbandoned, 0xffffffffu},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Offer offer;
+    ASSERT_TRUE(IsAccept(Register(&offer), offer.nonce));
+    Registration reg;
+    ASSERT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
+    ClaimOf(offer).store(c.before);
+    EXPECT_EQ(reg.ReadClaim(), c.read);
+    EXPECT_EQ(reg.Abandon(), c.abandon);
+    EXPECT_EQ(ClaimOf(offer).load(), c.after);
+    EXPECT_EQ(reg.Abandon(), c.abandon);  // and it stays so
+  }
+  // Abandoned first, the client can no longer withdraw or confirm.
+  Offer offer;
+  ASSERT_TRUE(IsAccept(Register(&offer), offer.nonce));
+  Registration reg;
+  ASSERT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
+  EXPECT_EQ(reg.Abandon(), Claim::kAbandoned);
+  ClaimWithdraw(&offer);
+  EXPECT_EQ(ClaimValue(offer), Claim::kAbandoned);
+}
+
+TEST_F(RendezvousRegistrationTest, MovingKeepsTheClaimAndTheStream) {
+  WarmUpNetlink();
+  Offer offer;
+  ASSERT_TRUE(IsAccept(Register(&offer), offer.nonce));
+  Registration reg;
+  ASSERT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
+  std::atomic<uint32_t>* const claim = reg.claim;
+  Stream* const stream = reg.stream.get();
+  const int anchor = reg.anchor_slot, proxy_a = reg.proxy_a;
+  ASSERT_NE(claim, nullptr);
+  ASSERT_NE(stream, nullptr);
+
+  Registration moved(std::move(reg));
+  EXPECT_EQ(moved.claim, claim);
+  EXPECT_EQ(moved.stream.get(), stream);
+  EXPECT_EQ(moved.anchor_slot, anchor);
+  EXPECT_EQ(moved.proxy_a, proxy_a);
+  EXPECT_EQ(moved.msg.nonce, offer.nonce);
+  EXPECT_EQ(reg.claim, nullptr);
+  EXPECT_FALSE(reg.stream);
+  EXPECT_EQ(reg.anchor_slot, -1);
+  EXPECT_EQ(reg.proxy_a, -1);
+  EXPECT_EQ(reg.ReadClaim(), Claim::kAbandoned);  // nothing to read: as if abandoned
+  ClaimOf(offer).store(uint32_t(Claim::kConfirmed));
+  EXPECT_EQ(moved.ReadClaim(), Claim::kConfirmed);
+
+  Registration assigned;
+  assigned = std::move(moved);
+  EXPECT_EQ(assigned.claim, claim);
+  EXPECT_EQ(assigned.stream.get(), stream);
+  EXPECT_EQ(assigned.anchor_slot, anchor);
+  EXPECT_EQ(moved.claim, nullptr);
+  EXPECT_FALSE(moved.stream);
+  EXPECT_EQ(assigned.Abandon(), Claim::kConfirmed);
+  EXPECT_TRUE(IsOpen(anchor));
+
+  // Assigning over a live registration lets go of what it held: the stream's proxy pair,
+  // the client's B, the anchor's slot.
+  Offer other;
+  ASSERT_TRUE(IsAccept(Register(&other, 40001), other.nonce));
+  Registration second;
+  ASSERT_TRUE(rv_->Take(Ep("127.0.0.1", 40001), server_ep_, &second));
+  const int before = CountOpenFds();
+  assigned = std::move(second);
+  EXPECT_EQ(CountOpenFds(), before - 4);
+  EXPECT_FALSE(IsOpen(anchor));
+  EXPECT_EQ(assigned.msg.nonce, other.nonce);
+  ClaimOf(other).store(uint32_t(Claim::kWithdrawn));
+  EXPECT_EQ(assigned.ReadClaim(), Claim::kWithdrawn);
+}
+
+// ---------------------------------------------------------------------------- end to end
+
+// Streams `size` random bytes each way through two Streams (non-blocking, interleaved).
+::testing::AssertionResult ExchangeThrough(Stream* a, Stream* b, size_t size) {
+  std::mt19937 rng(size);
+  std::vector<uint8_t> ab(size), ba(size), got_ab, got_ba;
+  for (auto& c : ab) c = uint8_t(rng());
+  for (auto& c : ba) c = uint8_t(rng());
+  size_t sent_ab = 0, sent_ba = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  uint8_t buf[3000];
+  while (got_ab.size() < size || got_ba.size() < size) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return ::testing::AssertionFailure() << "stuck at " << got_ab.size() << "/" << got_ba.size();
+    auto send = [&](Stream* s, const std::vector<uint8_t>& data, size_t* sent) {
+      if (*sent == data.size()) return;
+      iovec iov{const_cast<uint8_t*>(data.data()) + *sent,
+                std::min<size_t>(data.size() - *sent, 1 + rng() % 5000)};
+      ssize_t n = s->Send(&iov, 1, MSG_NOSIGNAL, true);
+      if (n > 0) *sent += size_t(n);
+    };
+    auto recv = [&](Stream* s, std::vector<uint8_t>* got) {
+      iovec iov{buf, 1 + rng() % sizeof(buf)};
+      ssize_t n = s->Recv(&iov, 1, 0, true);
+      if (n > 0) got->insert(got->end(), buf, buf + n);
+    };
+    send(a, ab, &sent_ab);
+    send(b, ba, &sent_ba);
+    recv(b, &got_ab);
+    recv(a, &got_ba);
+  }
+  if (got_ab != ab) return ::testing::AssertionFailure() << "a to b differs";
+  if (got_ba != ba) return ::testing::AssertionFailure() << "b to a differs";
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(RendezvousRegistrationTest, RegisteredConnectionSettlesEndToEnd) {
+  // The client: a TCP socket (bound first: the 4-tuple is registered before the SYN), its
+  // registration, then the connection and its channel awaiting the listener's answer.
+  int tcp = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(tcp, 0);
+  sockaddr_storage local = Addr("127.0.0.1", 0);
+  socklen_t len = sizeof(local);
+  ASSERT_EQ(bind(tcp, Sa(local), Len(local)), 0);
+  ASSERT_EQ(getsockname(tcp, reinterpret_cast<sockaddr*>(&local), &len), 0);
+  const wire::Endpoint client_ep = Ep(local);
+
+  Offer offer;
+  int sock = Connect();
+  ASSERT_GE(sock, 0);
+  ASSERT_EQ(PrepareOffer(kRing, &offer), 0);
+  ASSERT_EQ(SendRegister(sock, offer, client_ep, server_ep_), 0);
+  ASSERT_EQ(connect(tcp, Sa(dest_), Len(dest_)), 0);
+  ASSERT_EQ(fcntl(tcp, F_SETFL, O_NONBLOCK), 0);
+  ASSERT_EQ(dup3(tcp, offer.anchor_slot, O_CLOEXEC), offer.anchor_slot);
+  close(tcp);
+  int client_a = -1, client_b = -1;
+  std::unique_ptr<Channel> client_channel =
+      MakeClientChannel(&offer, sock, kTimeoutMs, &client_a, &client_b);
+  ASSERT_TRUE(client_channel);
+  EXPECT_EQ(client_channel->SettleFd(), sock);
+  Reason why = Reason::kNone;
+  EXPECT_EQ(client_channel->Settle(sys::MonotonicMs(), &why), Channel::Settlement::kPending);
+  Channel* client_ch = client_channel.get();
+  Stream client(std::move(client_channel), client_a, client_b, StreamOptions{});
+
+  // The server: accept() takes the registration (answering it), and the TCP socket goes
+  // to the slot kept for it.
+  int accepted = accept4(server_->tcp, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  ASSERT_GE(accepted, 0);
+  Registration reg;
+  ASSERT_TRUE(rv_->Take(client_ep, server_ep_, &reg));
+  ASSERT_EQ(dup3(accepted, reg.anchor_slot, O_CLOEXEC), reg.anchor_slot);
+  close(accepted);
+  Channel* server_ch = reg.stream->channel();
+  EXPECT_EQ(server_ch->Settle(sys::MonotonicMs(), &why), Channel::Settlement::kPending);
+
+  // The client has its ACCEPT: it confirms; the server gets the CONFIRM: both settled.
+  EXPECT_EQ(client_ch->Settle(sys::MonotonicMs(), &why), Channel::Settlement::kSettled);
+  EXPECT_EQ(client_ch->SettleDeadline(), 0u);
+  EXPECT_EQ(reg.ReadClaim(), Claim::kConfirmed);
+  EXPECT_EQ(server_ch->Settle(sys::MonotonicMs(), &why), Channel::Settlement::kSettled);
+  EXPECT_EQ(server_ch->SettleDeadline(), 0u);
+  EXPECT_FALSE(server_ch->AnchorCarriesStream());
+  EXPECT_TRUE(ExchangeThrough(&client, reg.stream.get(), 100000));
+  // Nothing of the stream went over TCP.
+  char c;
+  EXPECT_EQ(recv(reg.anchor_slot, &c, 1, MSG_DONTWAIT), -1);
+  EXPECT_EQ(errno, EAGAIN);
+}
+
+// ---------------------------------------------------------------------------- AcceptRegistration
+
+// What a REGISTER carries, as the listener receives it: duplicates of the offer's memfd,
+// the server's proxy pair and the client's B.
+class RendezvousAcceptTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WarmUpNetlink();
+    before_ = CountOpenFds();
+    Fresh();
+  }
+  void TearDown() override {
+    for (int& fd : fds_) CloseIf(&fd);
+    offer_.reset();
+    EXPECT_EQ(CountOpenFds(), before_) << "descriptors leaked";
+  }
+
+  // A new offer and what its REGISTER carries (after checking that the last left nothing).
+  void Fresh() {
+    for (int& fd : fds_) CloseIf(&fd);
+    offer_.reset();
+    EXPECT_EQ(CountOpenFds(), before_) << "descriptors leaked";
+    offer_ = std::make_unique<Offer>();
+    ASSERT_EQ(PrepareOffer(kRing, offer_.get()), 0);
+    msg_ = RegisterFor(*offer_, Ep("127.0.0.1", 40000), Ep("127.0.0.1", 5201));
+    const int carried[4] = {offer_->memfd, offer_->server_a, offer_->server_b, offer_->client_b};
+    for (int i = 0; i < 4; ++i) {
+      fds_[i] = fcntl(carried[i], F_DUPFD_CLOEXEC, 0);
+      ASSERT_GE(fds_[i], 0);
+    }
+  }
+
+  // Replaces slot `i` with `fd` (closing what was there).
+  void Replace(int i, int fd) {
+    ASSERT_GE(fd, 0);
+    CloseIf(&fds_[i]);
+    fds_[i] = fd;
+  }
+
+  // AcceptRegistration must refuse, closing everything it was given.
+  void ExpectRejected(wire::DeclineReason want = wire::DeclineReason::kBadRegion) {
+    int given[4];
+    std::copy(fds_, fds_ + 4, given);
+    const int count = CountOpenFds();
+    int a = -1, b = -1;
+    std::atomic<uint32_t>* claim = nullptr;
+    wire::DeclineReason reason = wire::DeclineReason::kUnspecified;
+    std::unique_ptr<Channel> channel =
+        AcceptRegistration(msg_, fds_, -1, false, kTimeoutMs, &a, &b, &claim, &reason);
+    EXPECT_FALSE(channel) << "accepted";
+    EXPECT_EQ(reason, want);
+    EXPECT_EQ(a, -1);
+    EXPECT_EQ(b, -1);
+    EXPECT_EQ(claim, nullptr);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(fds_[i], -1) << i;
+      EXPECT_FALSE(IsOpen(given[i])) << "slot " << i << " not closed";
+    }
+    EXPECT_EQ(CountOpenFds(), count - 4);
+  }
+
+  // A sealed memfd of `size` bytes, with the offer's header where it fits.
+  int SealedCopy(off_t size, int seals = F_SEAL_SHRINK | F_SEAL_GROW) {
+    int fd = memfd_create("copy", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, size), 0);
+    const size_t n = std::min<size_t>(kControlPage, size_t(size));
+    EXPECT_EQ(pwrite(fd, offer_->region, n, 0), ssize_t(n));
+    if (seals) {
+      EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0);
+    }
+    return fd;
+  }
+
+  RegionHeader& Header() { return static_cast<RegionControl*>(offer_->region)->header; }
+
+  int before_ = 0;
+  std::unique_ptr<Offer> offer_;
+  wire::Register msg_;
+  int fds_[4] = {-1, -1, -1, -1};
+};
+
+TEST_F(RendezvousAcceptTest, AcceptsWhatAClientBuilds) {
+  const int given[4] = {fds_[0], fds_[1], fds_[2], fds_[3]};
+  int a = -1, b = -1;
+  std::atomic<uint32_t>* claim = nullptr;
+  wire::DeclineReason reason = wire::DeclineReason::kUnspecified;
+  std::unique_ptr<Channel> channel =
+      AcceptRegistration(msg_, fds_, -1, false, kTimeoutMs, &a, &b, &claim, &reason);
+  ASSERT_TRUE(channel) << "reason " << int(reason);
+  for (int fd : fds_) EXPECT_EQ(fd, -1);
+  EXPECT_EQ(a, given[1]);
+  EXPECT_EQ(b, given[2]);
+  EXPECT_FALSE(IsOpen(given[0])) << "the memfd is kept open";
+  EXPECT_TRUE(IsOpen(given[3]));  // the client's B: the channel's
+  EXPECT_EQ(channel->ring_size(), kRing);
+  EXPECT_EQ(channel->SettleDeadline(), 0u);  // not held
+  ASSERT_NE(claim, nullptr);
+  EXPECT_EQ(claim->load(), 0u);
+  ClaimOf(*offer_).store(uint32_t(Claim::kConfirmed));
+  EXPECT_EQ(claim->load(), 1u);  // the same word, through the server's own mapping
+  channel.reset();
+  EXPECT_FALSE(IsOpen(given[3]));
+  close(a);
+  close(b);
+}
+
+TEST_F(RendezvousAcceptTest, RejectsRingSizesOutOfRange) {
+  for (uint32_t ring : {0u, 2048u, 6000u, 4096u + 64u, 512u << 20, 0x80000000u}) {
+    SCOPED_TRACE(ring);
+    ASSERT_NO_FATAL_FAILURE(Fresh());
+    msg_.ring_size = ring;
+    msg_.region_size = RegionSize(ring);
+    ExpectRejected();
+  }
+}
+
+TEST_F(RendezvousAcceptTest, RejectsARingSizeOtherThanTheRegions) {
+  // Valid, and the memfd agrees with the message, but the region was built for another.
+  msg_.ring_size = 2 * kRing;
+  msg_.region_size = RegionSize(2 * kRing);
+  Replace(0, SealedCopy(off_t(msg_.region_size)));
+  ExpectRejected();
+}
+
+TEST_F(RendezvousAcceptTest, RejectsARegionSizeThatDoesNotFitTheRing) {
+  for (uint64_t size : {RegionSize(kRing) + 4096, RegionSize(kRing) - 4096, uint64_t(0)}) {
+    SCOPED_TRACE(size);
+    ASSERT_NO_FATAL_FAILURE(Fresh());
+    msg_.region_size = size;
+    Replace(0, SealedCopy(off_t(size)));  // the file agrees with the message
+    ExpectRejected();
+  }
+}
+
+TEST_F(RendezvousAcceptTest, RejectsAMemfdOfTheWrongSize) {
+  for (off_t size : {off_t(RegionSize(kRing) - 4096), off_t(RegionSize(kRing) + 4096),
+                     off_t(RegionSize(kRing) + 1), off_t(0)}) {
+    SCOPED_TRACE(size);
+    ASSERT_NO_FATAL_FAILURE(Fresh());
+    Replace(0, SealedCopy(size));
+    ExpectRejected();
+  }
+}
+
+TEST_F(RendezvousAcceptTest, RejectsARegionThatCanStillBeResized) {
+  for (int seals : {0, int(F_SEAL_GROW), int(F_SEAL_SHRINK)}) {
+    SCOPED_TRACE(seals);
+    ASSERT_NO_FATAL_FAILURE(Fresh());
+    Replace(0, SealedCopy(off_t(RegionSize(kRing)), seals));
+    ExpectRejected();
+  }
+  // An ordinary file of the right size cannot be sealed at all.
+  ASSERT_NO_FATAL_FAILURE(Fresh());
+  char path[] = "/tmp/slip_region_XXXXXX";
+  int file = mkostemp(path, O_CLOEXEC);
+  ASSERT_GE(file, 0);
+  unlink(path);
+  ASSERT_EQ(ftruncate(file, off_t(RegionSize(kRing))), 0);
+  Replace(0, file);
+  ExpectRejected();
+}
+
+TEST_F(RendezvousAcceptTest, RejectsANonRegularFileInTheRegionSlot) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+  close(pipe_fds[1]);
+  Replace(0, pipe_fds[0]);
+  ExpectRejected();
+  ASSERT_NO_FATAL_FAILURE(Fresh());
+  Replace(0, socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ExpectRejected();
+  ASSERT_NO_FATAL_FAILURE(Fresh());
+  Replace(0, open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  ExpectRejected();
+  ASSERT_NO_FATAL_FAILURE(Fresh());
+  Replace(0, open("/dev/zero", O_RDWR | O_CLOEXEC));
+  ExpectRejected();
+}
+
+TEST_F(RendezvousAcceptTest, RejectsANonSocketInEveryProxySlot) {
+  for (int slot = 1; slot < 4; ++slot) {
+    SCOPED_TRACE(slot);
+    ASSERT_NO_FATAL_FAILURE(Fresh());
+    int pipe_fds[2];
+    ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+    close(pipe_fds[1]);
+    Replace(slot, pipe_fds[0]);
+    ExpectRejected();
+    ASSERT_NO_FATAL_FAILURE(Fresh());
+    Replace(slot, SealedCopy(off_t(RegionSize(kRing))));  // a regular file
+    ExpectRejected();
+  }
+}
+
+TEST_F(RendezvousAcceptTest, RejectsOtherSocketKindsInEveryProxySlot) {
+  for (int slot = 1; slot < 4; ++slot) {
+    for (int kind = 0; kind < 4; ++kind) {
+      SCOPED_TRACE("slot " + std::to_string(slot) + " kind " + std::to_string(kind));
+      ASSERT_NO_FATAL_FAILURE(Fresh());
+      int fd = -1;
+      if (kind == 0) fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (kind == 1) fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      if (kind >= 2) {
+        int pair[2];
+        ASSERT_EQ(
+            socketpair(AF_UNIX, (kind == 2 ? SOCK_DGRAM : SOCK_SEQPACKET) | SOCK_CLOEXEC, 0, pair),
+            0);
+        close(pair[1]);
+        fd = pair[0];
+      }
+      Replace(slot, fd);
+      ExpectRejected();
+    }
+  }
+}
+
+TEST_F(RendezvousAcceptTest, RejectsProxyEndsThatAreNotOnePair) {
+  // A of the server's pair, B of the client's (a pair of its own).
+  Replace(2, fcntl(offer_->client_b, F_DUPFD_CLOEXEC, 0));
+  ExpectRejected();
+  // Two ends of two fresh pairs.
+  ASSERT_NO_FATAL_FAILURE(Fresh());
+  int p[2], q[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, q), 0);
+  Replace(1, p[0]);
+  Replace(2, q[1]);
+  close(p[1]);
+  close(q[0]);
+  ExpectRejected();
+  // The same end twice.
+  ASSERT_NO_FATAL_FAILURE(Fresh());
+  Replace(2, fcntl(fds_[1], F_DUPFD_CLOEXEC, 0));
+  ExpectRejected();
+  // A whose peer is gone.
+  ASSERT_NO_FATAL_FAILURE(Fresh());
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p), 0);
+  Replace(1, p[0]);
+  Replace(2, fcntl(p[0], F_DUPFD_CLOEXEC, 0));
+  close(p[1]);
+  ExpectRejected();
+}
+
+TEST_F(RendezvousAcceptTest, RejectsAHeaderThatDoesNotMatchTheMessage) {
+  Header().magic ^= 1;
+  ExpectRejected();
+  Header().magic ^= 1;
+  ASSERT_NO_FATAL_FAILURE(Fresh());
+  Header().nonce ^= 1;
+  ExpectRejected();
+  Header().nonce ^= 1;
+  ASSERT_NO_FATAL_FAILURE(Fresh());
+  Header().ring_size = 2 * kRing;
+  ExpectRejected();
+  Header().ring_size = kRing;
+  // The message's nonce against the region's.
+  ASSERT_NO_FATAL_FAILURE(Fresh());
+  msg_.nonce ^= 0x100;
+  ExpectRejected();
+}
+
+TEST_F(RendezvousAcceptTest, RejectsAnotherDescriptorCount) {
+  for (uint32_t count : {0u, 3u, 5u}) {
+    SCOPED_TRACE(count);
+    ASSERT_NO_FATAL_FAILURE(Fresh());
+    msg_.fd_count = count;
+    ExpectRejected();
+  }
+}
+
+// The region is a file the client also holds: if it could shrink the file after the server
+// mapped it, the server's next access to the rings would die of SIGBUS. Run in a child.
+TEST_F(RendezvousAcceptTest, ShrinkingTheRegionAfterAcceptCannotKillTheServer) {
+  int a = -1, b = -1;
+  wire::DeclineReason reason;
+  std::unique_ptr<Channel> server =
+      AcceptRegistration(msg_, fds_, -1, false, kTimeoutMs, &a, &b, nullptr, &reason);
+  ASSERT_TRUE(server) << "reason " << int(reason);
+  EXPECT_NE(ftruncate(offer_->memfd, 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int rc = ftruncate(offer_->memfd, 0);  // the client's copy of the memfd; refused
+    (void)rc;
+    volatile uint64_t produced = server->RxProduced();     // the server reads its control page
+    volatile uint8_t first = server->RxData()[kRing - 1];  // and its ring
+    (void)produced;
+    (void)first;
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the server side died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  server.reset();
+  close(a);
+  close(b);
+}
+
+// The header is read once: what the client writes there afterwards changes nothing.
+TEST_F(RendezvousAcceptTest, TheHeaderIsSnapshottedOnce) {
+  int server_a = -1, server_b = -1;
+  wire::DeclineReason reason;
+  std::unique_ptr<Channel> server_ch =
+      AcceptRegistration(msg_, fds_, -1, false, kTimeoutMs, &server_a, &server_b, nullptr, &reason);
+  ASSERT_TRUE(server_ch) << "reason " << int(reason);
+  Header().ring_size = 1u << 30;
+  Header().magic = 0;
+  Header().nonce ^= 0xffff;
+  EXPECT_EQ(server_ch->ring_size(), kRing);
+
+  RegionHeader* header = &Header();
+  int client_a = -1, client_b = -1;
+  std::unique_ptr<Channel> client_ch = MakeClientChannel(offer_.get(), -1, 0, &client_a, &client_b);
+  ASSERT_TRUE(client_ch);
+  Stream server(std::move(server_ch), server_a, server_b, StreamOptions{});
+  Stream client(std::move(client_ch), client_a, client_b, StreamOptions{});
+  // Both ways, many times round the ring: every access stays within the validated size
+  // (AddressSanitizer would see one beyond the mapping).
+  EXPECT_TRUE(ExchangeThrough(&client, &server, 20 * kRing + 123));
+  header->ring_size = 0;
+  EXPECT_TRUE(ExchangeThrough(&server, &client, 5 * kRing + 7));
+  EXPECT_EQ(server.channel()->ring_size(), kRing);
+
+  // And a cursor the client sets out of range resets the connection, nothing else.
+  auto* control = reinterpret_cast<RegionControl*>(header);
+  control->to_server.produced.store(control->to_server.produced.load() + (1ull << 40));
+  uint8_t buf[64];
+  iovec iov{buf, sizeof(buf)};
+  EXPECT_EQ(server.Recv(&iov, 1, 0, true), -ECONNRESET);
+}
+
+}  // namespace
+}  // namespace slip::shm
