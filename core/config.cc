@@ -123,7 +123,7 @@ bool ParseBool(std::string_view v, bool* out) {
 }
 
 bool ParseTransports(std::string_view v, Config* c, Why* why) {
-  std::vector<TransportKind> list;
+  TransportList list;
   bool ok = ForEachItem(v, why, [&](std::string_view item, Why* item_why) {
     for (size_t k = 0; k < std::size(kTransportNames); ++k) {
       if (!IEquals(item, kTransportNames[k])) continue;
@@ -140,7 +140,7 @@ bool ParseTransports(std::string_view v, Config* c, Why* why) {
     *item_why = "unknown transport \"" + std::string(item) + "\"";
     return false;
   });
-  if (ok) c->transports = std::move(list);
+  if (ok) c->transports = list;
   return ok;
 }
 

@@ -7,7 +7,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,32 @@ enum class LogLevel : uint8_t { kError = 0, kWarn, kInfo, kDebug, kTrace };
 // Transports in preference order. kTcp means "plain TCP allowed as fallback".
 enum class TransportKind : uint8_t { kTcp = 0, kShm, kVerbs, kFabric, kDpdk };
 const char* TransportName(TransportKind kind) noexcept;
+
+// The transports in preference order: at most one of each kind, in a fixed array, so that
+// a default Config is built without the heap (the shim builds one before anything else,
+// where an allocation failure could only terminate the host program).
+class TransportList {
+ public:
+  TransportList() = default;
+  TransportList(std::initializer_list<TransportKind> kinds) noexcept {
+    for (TransportKind k : kinds) push_back(k);
+  }
+  void push_back(TransportKind kind) noexcept {
+    if (size_ < kMax) items_[size_++] = kind;
+  }
+  size_t size() const noexcept { return size_; }
+  TransportKind operator[](size_t i) const noexcept { return items_[i]; }
+  const TransportKind* begin() const noexcept { return items_; }
+  const TransportKind* end() const noexcept { return items_ + size_; }
+  bool operator==(const TransportList& o) const noexcept {
+    return size_ == o.size_ && std::equal(begin(), end(), o.begin());
+  }
+
+ private:
+  static constexpr size_t kMax = 5;  // every kind once
+  TransportKind items_[kMax] = {};
+  size_t size_ = 0;
+};
 
 // An inclusive port range.
 struct PortRange {
@@ -39,8 +67,8 @@ enum class VerbsNotify : uint8_t { kAuto = 0, kImm, kSend };
 
 struct Config {
   bool enabled = true;  // SLIP_ENABLE=0|1
-  std::vector<TransportKind> transports = {TransportKind::kShm, TransportKind::kVerbs,
-                                           TransportKind::kTcp};  // SLIP_TRANSPORTS
+  TransportList transports = {TransportKind::kShm, TransportKind::kVerbs,
+                              TransportKind::kTcp};  // SLIP_TRANSPORTS
   uint32_t ring_size =
       1u << 20;  // SLIP_RING_SIZE, bytes per direction, power of 2, 4K..256M, K/M/G suffixes
   uint32_t spin_us = 50;                 // SLIP_SPIN_US, 0..1000000

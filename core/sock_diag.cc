@@ -12,6 +12,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/no_destructor.h"
 #include "core/sys.h"
 
 namespace slip {
@@ -26,7 +27,7 @@ struct Netlink {
 };
 
 Netlink& Get() noexcept {
-  static Netlink* nl = new Netlink();  // never destroyed: used until the process ends
+  static NoDestructor<Netlink> nl;  // used until the process ends
   return *nl;
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/no_destructor.h"
 #include "preload/fd_table.h"
 
 namespace slip::preload {
@@ -22,7 +23,7 @@ struct AccelList {
 };
 
 AccelList& List() noexcept {
-  static AccelList* list = new AccelList();
+  static NoDestructor<AccelList> list;
   return *list;
 }
 
@@ -46,6 +47,17 @@ bool AccelListAdd(SlipSocket* s) noexcept {
   try {
     if (l.sockets.capacity() - l.sockets.size() < 16) l.sockets.reserve(l.sockets.size() * 2 + 16);
   } catch (...) {
+  }
+  return true;
+}
+
+bool AccelListReserve() noexcept {
+  AccelList& l = List();
+  std::lock_guard<std::mutex> lock(l.mu);
+  try {
+    if (l.sockets.capacity() - l.sockets.size() < 16) l.sockets.reserve(l.sockets.size() * 2 + 16);
+  } catch (...) {
+    return false;
   }
   return true;
 }

@@ -13,6 +13,9 @@ struct SlipSocket;
 // False when the list cannot grow (no memory): the socket must not be accelerated. Each
 // add keeps room for the next ones, so that an install rarely allocates.
 bool AccelListAdd(SlipSocket* s) noexcept;
+// Makes room ahead (a listener before it publishes, a client before it registers), so that
+// the add that follows a CONFIRM does not allocate. False without memory.
+bool AccelListReserve() noexcept;
 void AccelListRemove(SlipSocket* s) noexcept;
 
 // Makes every accelerated proxy's kernel readiness true and arms wake-ups.

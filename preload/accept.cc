@@ -24,6 +24,7 @@
 #include "core/proxy.h"
 #include "core/sys.h"
 #include "core/wire.h"
+#include "preload/accel_list.h"
 #include "preload/control.h"
 #include "preload/fd_table.h"
 #include "preload/handshake.h"
@@ -289,6 +290,23 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
   return Outcome::kDropped;
 }
 
+// An accepted connection that cannot be tracked: its registration, if any, is abandoned so
+// that its client stays plain. False when the client had already committed to its CONFIRM.
+bool UntrackedIsSafe(SlipSocket* listener, int fd) noexcept {
+  sockaddr_storage local{}, remote{};
+  socklen_t llen = sizeof(local), rlen = sizeof(remote);
+  wire::Endpoint client, server;
+  if (!listener->rendezvous ||
+      sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 ||
+      sys::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen) != 0 ||
+      !wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&remote), &client) ||
+      !wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &server))
+    return true;
+  shm::Registration reg;
+  if (!listener->rendezvous->Take(client, server, &reg)) return true;
+  return reg.Abandon() != shm::Claim::kConfirmed;
+}
+
 }  // namespace
 
 bool SlipListen(SlipSocket* s, int fd) noexcept {
@@ -318,7 +336,7 @@ bool SlipListen(SlipSocket* s, int fd) noexcept {
   // Without the control thread nobody would notice a client's death or answer a
   // registration: publish nothing then, so that every client is served plain.
   s->no_rendezvous = Reason::kResources;
-  if (!ControlReady()) return true;
+  if (!ControlReady() || !AccelListReserve()) return true;
   s->no_rendezvous = Reason::kPeerNotSlipstream;
   if (rt.config.Allows(TransportKind::kShm)) {
     olen = sizeof(int);
@@ -363,7 +381,16 @@ int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int
     int cfd = Libc().accept4(fd, addr, len, flags);
     if (cfd < 0) return cfd;
     SlipSocket* s = NewSocket(SockKind::kTcp, listener->family);
-    if (!s) return cfd;  // cannot track it: it stays an untracked plain socket
+    if (!s) {
+      // No memory to track it: it can only be an untracked plain socket, which is safe
+      // unless its client registered and already confirmed (its CONFIRM would reach the
+      // application): that one connection is refused.
+      if (!UntrackedIsSafe(listener, cfd)) {
+        Libc().close(cfd);
+        continue;
+      }
+      return cfd;
+    }
     s->nonblocking.store(flags & SOCK_NONBLOCK, std::memory_order_relaxed);
     Outcome outcome = Outcome::kPlain;
     if (listener->rendezvous || listener->verbs_listener) {

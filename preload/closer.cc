@@ -2,12 +2,13 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <deque>
+#include <list>
 #include <mutex>
 #include <new>
 #include <utility>
 
 #include "core/log.h"
+#include "core/no_destructor.h"
 #include "core/sys.h"
 
 namespace slip::preload {
@@ -23,13 +24,13 @@ struct CloserState {
   std::mutex mu;
   std::condition_variable work;  // the thread waits for items
   std::condition_variable idle;  // DrainCloser waits for an empty queue
-  std::deque<Item> queue;
-  bool busy = false;     // the thread is closing one
-  bool started = false;  // the thread runs
+  std::list<Item> queue;         // (a std::deque would allocate when the state is built)
+  bool busy = false;             // the thread is closing one
+  bool started = false;          // the thread runs
 };
 
 CloserState& State() noexcept {
-  static CloserState* state = new CloserState();  // never destroyed: used at exit
+  static NoDestructor<CloserState> state;  // used at exit
   return *state;
 }
 

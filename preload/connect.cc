@@ -24,6 +24,7 @@
 #include "core/proxy.h"
 #include "core/sys.h"
 #include "core/wire.h"
+#include "preload/accel_list.h"
 #include "preload/connector.h"
 #include "preload/control.h"
 #include "preload/fd_table.h"
@@ -42,6 +43,9 @@ constexpr int kRoleClient = 0;
 // A loopback handshake completes inside connect(); allow a little scheduling slack before
 // withdrawing the registration and going plain.
 constexpr int kConnectSlackMs = 20;
+// How long connect() waits for the listener's answer to a registration before it leaves
+// the settling to the control thread.
+constexpr int kAnswerWaitMs = 5;
 
 bool IsLoopback(const wire::Endpoint& ep) noexcept {
   if (ep.family == 4) return ep.addr[0] == 127;
@@ -369,6 +373,8 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
     reason = Reason::kUnsupported;
   } else if (LocalEndpoint(fd, &client) < 0) {
     reason = Reason::kUnsupported;
+  } else if (!AccelListReserve()) {
+    reason = Reason::kResources;
   } else if (int rc = shm::PrepareOffer(GetRuntime().config.ring_size, &offer); rc < 0) {
     reason = rc == -EMFILE || rc == -ENFILE ? Reason::kFdLimit : Reason::kResources;
   } else if (int rc = shm::SendRegister(rendezvous, offer, client, server); rc < 0) {
@@ -419,7 +425,9 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
     errno = err;
     return rc;
   }
-  ControlSettle(s);
+  // The listener usually answered while the TCP handshake ran; when it is slower, a few
+  // milliseconds here save the control thread's round trip (several wake-ups).
+  ControlSettle(s, kAnswerWaitMs);
   if (rc != 0) {
     errno = err;  // a non-blocking connect reports EINPROGRESS as the kernel did
     return -1;

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/no_destructor.h"
 #include "core/log.h"
 #include "core/proxy.h"
 #include "core/sys.h"
@@ -73,7 +74,7 @@ struct Connector {
 };
 
 Connector& Get() noexcept {
-  static Connector* c = new Connector();  // never destroyed: the thread may outlive exit
+  static NoDestructor<Connector> c;  // the thread may outlive exit
   return *c;
 }
 

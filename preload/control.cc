@@ -1,5 +1,6 @@
 #include "preload/control.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -11,6 +12,7 @@
 #include <mutex>
 
 #include "core/log.h"
+#include "core/no_destructor.h"
 #include "core/sys.h"
 #include "core/wire.h"
 #include "preload/fd_table.h"
@@ -34,12 +36,13 @@ struct ControlState {
   int wake_fd = -1;
   SlipSocket* settling = nullptr;  // intrusive list (SlipSocket::settle_next)
   size_t settling_count = 0;
+  uint64_t next_wake = 0;  // the earliest deadline the thread will wake for (0: none)
   // Odd while the thread handles the events of one epoll_wait.
   std::atomic<uint64_t> batches{0};
 };
 
 ControlState& State() noexcept {
-  static ControlState* state = new ControlState();
+  static NoDestructor<ControlState> state;
   return *state;
 }
 
@@ -195,6 +198,7 @@ uint64_t CollectDue(ControlState& st, uint64_t now_ms, Walk* walk) noexcept {
     if (deadline != 0 && (earliest == 0 || deadline < earliest)) earliest = deadline;
     link = &s->settle_next;
   }
+  st.next_wake = earliest;
   return earliest;
 }
 
@@ -327,35 +331,49 @@ void ControlUnwatch(SlipSocket* s) noexcept {
     sys::epoll_ctl(st.epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
 }
 
-void ControlSettle(SlipSocket* s) noexcept {
+void ControlSettle(SlipSocket* s, int wait_ms) noexcept {
   ControlState& st = State();
   int epfd;
   {
     std::lock_guard<std::mutex> lock(st.mu);
     epfd = StartLocked(st);
     if (epfd < 0) return;  // (ControlWatch ran: it has started)
-    if (!s->settle_listed) {
-      Acquire(s);  // the list's: the socket stays until the thread has seen it settled
-      s->settle_next = st.settling;
-      st.settling = s;
-      s->settle_listed = true;
-      ++st.settling_count;
-    }
-    // Watched before anyone reads it: whoever settles the connection closes it, which
-    // takes it out of the set.
-    if (const int fd = s->stream->channel()->SettleFd(); fd >= 0) {
-      epoll_event ev{};
-      ev.events = EPOLLIN | EPOLLRDHUP;
-      ev.data.u64 = Key(s, kSettleFd);
-      if (sys::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
-        SLIP_LOG(kWarn, "control thread: cannot watch fd %d (errno %d); settling at the deadline",
-                 fd, errno);
-    }
-    const uint64_t one = 1;
-    sys::write(st.wake_fd, &one, sizeof(one));  // its next sleep must end by the deadline
   }
-  // Most connections settle here and now: the answer or the CONFIRM is already there.
+  Channel* channel = s->stream->channel();
+  // The news is usually here already, or on its way: waiting for it a moment costs one
+  // sleep, where handing the connection to the thread costs several wake-ups.
+  if (const int fd = channel->SettleFd(); fd >= 0 && wait_ms > 0) {
+    pollfd p{fd, POLLIN, 0};
+    sys::poll(&p, 1, wait_ms);
+  }
   SettleNow(s, epfd, sys::MonotonicMs());
+  const uint64_t deadline = channel->SettleDeadline();
+  if (deadline == 0) return;
+  // Until now nobody else could settle it: its descriptor was not watched and it was not
+  // listed (the anchor's events settle only connections without one).
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (!s->settle_listed) {
+    Acquire(s);  // the list's: the socket stays until the thread has seen it settled
+    s->settle_next = st.settling;
+    st.settling = s;
+    s->settle_listed = true;
+    ++st.settling_count;
+  }
+  // Watched before the thread reads it: whoever settles the connection closes it, which
+  // takes it out of the set.
+  if (const int fd = channel->SettleFd(); fd >= 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = Key(s, kSettleFd);
+    if (sys::epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+      SLIP_LOG(kWarn, "control thread: cannot watch fd %d (errno %d); settling at the deadline", fd,
+               errno);
+  }
+  // Its sleep must end by this deadline.
+  if (st.next_wake == 0 || deadline < st.next_wake) {
+    const uint64_t one = 1;
+    sys::write(st.wake_fd, &one, sizeof(one));
+  }
 }
 
 void ControlWatchRendezvous(SlipSocket* listener) noexcept {

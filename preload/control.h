@@ -26,8 +26,9 @@ void ControlWatch(SlipSocket* s) noexcept;
 // Stops watching (called before the socket is torn down).
 void ControlUnwatch(SlipSocket* s) noexcept;
 // An accelerated socket (watched) whose channel is not settled yet: settles it now if it
-// can (the usual case), and otherwise the thread settles it from then on.
-void ControlSettle(SlipSocket* s) noexcept;
+// can (the usual case; waiting up to `wait_ms` for its channel's news), and otherwise the
+// thread settles it from then on.
+void ControlSettle(SlipSocket* s, int wait_ms = 0) noexcept;
 // A listener this process accepts on: its rendezvous is read and answered as registrations
 // arrive (once per process; a fork child that accepts registers its own).
 void ControlWatchRendezvous(SlipSocket* listener) noexcept;

@@ -3,9 +3,9 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
-#include <deque>
 #include <vector>
 
+#include "core/no_destructor.h"
 #include "core/sys.h"
 #include "preload/accel_list.h"
 #include "preload/closer.h"
@@ -43,14 +43,22 @@ Table& GetTable() noexcept {
 
 std::atomic<bool> g_in_use{false};
 
+// Sockets live in chunks that are never freed, so addresses stay stable as the pool grows.
+// (Nothing here allocates before the first socket: a std::deque would, when the pool is
+// built, where a failure could only terminate the program.)
 struct Pool {
+  static constexpr size_t kChunk = 256;
+  static constexpr size_t kSpare = 16;
   std::mutex mu;
-  std::deque<SlipSocket> sockets;  // deque: addresses stay stable as it grows
+  std::vector<std::unique_ptr<SlipSocket[]>> chunks;
+  size_t count = 0;  // sockets ever made: [0, count) exist
   std::vector<uint32_t> free_list;
+
+  SlipSocket* At(size_t i) noexcept { return &chunks[i / kChunk][i % kChunk]; }
 };
 
 Pool& GetPool() noexcept {
-  static Pool* pool = new Pool();  // never destroyed: sockets may be used during exit
+  static NoDestructor<Pool> pool;  // sockets may be used during exit
   return *pool;
 }
 
@@ -129,12 +137,18 @@ SlipSocket* NewSocket(SockKind kind, int family) noexcept {
   try {
     std::lock_guard<std::mutex> lock(pool.mu);
     if (!pool.free_list.empty()) {
-      s = &pool.sockets[pool.free_list.back()];
+      s = pool.At(pool.free_list.back());
       pool.free_list.pop_back();
     } else {
-      pool.sockets.emplace_back();
-      s = &pool.sockets.back();
-      s->index = uint32_t(pool.sockets.size() - 1);
+      // The next chunk is made while some of this one are still free, so that a failed
+      // allocation rarely costs a socket (an accepted connection we could not track).
+      if (pool.chunks.size() * Pool::kChunk - pool.count <= Pool::kSpare) {
+        std::unique_ptr<SlipSocket[]> chunk(new (std::nothrow) SlipSocket[Pool::kChunk]);
+        if (chunk) pool.chunks.push_back(std::move(chunk));
+      }
+      if (pool.count == pool.chunks.size() * Pool::kChunk) return nullptr;
+      s = pool.At(pool.count);
+      s->index = uint32_t(pool.count++);
     }
   } catch (...) {
     return nullptr;
@@ -151,7 +165,7 @@ SlipSocket* NewSocket(SockKind kind, int family) noexcept {
 SlipSocket* SocketAt(uint32_t index) noexcept {
   Pool& pool = GetPool();
   std::lock_guard<std::mutex> lock(pool.mu);
-  return index < pool.sockets.size() ? &pool.sockets[index] : nullptr;
+  return index < pool.count ? pool.At(index) : nullptr;
 }
 
 bool TryAcquire(SlipSocket* s, uint32_t gen) noexcept {
@@ -264,8 +278,9 @@ void ForEachTrackedFd(void (*fn)(int fd, SlipSocket* s, void* ctx), void* ctx) n
 void ForEachLiveSocket(void (*fn)(SlipSocket* s, void* ctx), void* ctx) noexcept {
   Pool& pool = GetPool();
   std::lock_guard<std::mutex> lock(pool.mu);
-  for (SlipSocket& s : pool.sockets) {
-    if (s.refs.load(std::memory_order_acquire) > 0) fn(&s, ctx);
+  for (size_t i = 0; i < pool.count; ++i) {
+    SlipSocket* s = pool.At(i);
+    if (s->refs.load(std::memory_order_acquire) > 0) fn(s, ctx);
   }
 }
 

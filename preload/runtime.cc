@@ -32,9 +32,16 @@ int ChooseHiddenFloor() noexcept {
 
 Runtime Initialise() noexcept {
   Runtime rt;
-  std::string error;
-  if (!ParseConfigFromEnv(&rt.config, &error)) {
-    LogAlways("%s; Slipstream disabled for this process (plain TCP)", error.c_str());
+  try {
+    std::string error;
+    if (!ParseConfigFromEnv(&rt.config, &error)) {
+      LogAlways("%s; Slipstream disabled for this process (plain TCP)",
+                error.empty() ? "the configuration cannot be read (no memory?)" : error.c_str());
+      return rt;
+    }
+  } catch (...) {
+    LogAlways("no memory to read the configuration; Slipstream disabled for this process");
+    rt.enabled = false;
     return rt;
   }
   rt.enabled = rt.config.enabled;
@@ -68,6 +75,10 @@ __attribute__((constructor)) void SlipstreamStart() {
 __attribute__((destructor)) void SlipstreamExit() {
   const Runtime& rt = GetRuntime();
   if (!rt.enabled) return;
+  // Connections still settling hold bytes their peer has not taken yet (a client's, in
+  // its ring, until its listener answers): they settle first, bounded, and their stats say
+  // how they ended.
+  ControlWaitSettled(2 * uint64_t(rt.config.handshake_timeout_ms) + 1000);
   // Writes posted but not yet acknowledged would die with the process: TCP would still
   // deliver them, so wait for them (bounded).
   DrainCloser(5000);

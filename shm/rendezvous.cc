@@ -44,7 +44,11 @@ size_t CapacityFor() noexcept {
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
     limit = rl.rlim_cur == RLIM_INFINITY ? (1u << 20) : uint64_t(rl.rlim_cur);
   const uint64_t floor = uint64_t(sys::HiddenFdFloor());
-  const uint64_t hidden = limit > floor ? limit - floor : 0;
+  // (The rendezvous' own descriptors, the netlink socket, the control thread's, and a
+  // registration's while it is read live there too: the table fills before they run out,
+  // so that a full table, not a shortage, decides who gives way.)
+  constexpr uint64_t kReserve = 32;
+  const uint64_t hidden = limit > floor + kReserve ? limit - floor - kReserve : 0;
   return size_t(std::clamp<uint64_t>(hidden / 4, 4, 4096));
 }
 
@@ -315,10 +319,17 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
     if (++same_tuple >= kMaxPerTuple) why = wire::DeclineReason::kBusy;
     ++i;
   }
+  if (why == wire::DeclineReason::kUnspecified && IsLate(msg.reg.client, msg.reg.server)) {
+    // Its connection was accepted as plain before this registration was read (the drain
+    // then was cut short): confirming now would put a CONFIRM in a plain stream.
+    why = wire::DeclineReason::kNoRegistration;
+  }
   if (why != wire::DeclineReason::kUnspecified) {
     close_fds();
     Answer(conn, nonce, why);
     sys::close(conn);
+    // Short of descriptors while someone holds more than its share: the next one finds room.
+    if (why == wire::DeclineReason::kDescriptors) MakeRoomFor(uid);
     return;
   }
   Registration reg;
@@ -365,9 +376,9 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
   sys::close(conn);
 }
 
-bool Rendezvous::DrainLocked() noexcept {
+Rendezvous::DrainResult Rendezvous::DrainLocked() noexcept {
   const uint64_t now = sys::MonotonicMs();
-  bool more = false;
+  DrainResult result = DrainResult::kDone;
   epoll_event events[64];
   int budget = kDrainBudget;
   const int n = sys::epoll_wait(epoll_fd_, events, 64, 0);
@@ -386,7 +397,7 @@ bool Rendezvous::DrainLocked() noexcept {
   }
   for (;;) {
     if (budget-- <= 0) {
-      more = true;  // a burst (or a flood): the caller comes back after other work
+      result = DrainResult::kMore;  // a burst (or a flood): the caller comes back later
       break;
     }
     int conn = sys::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -397,6 +408,7 @@ bool Rendezvous::DrainLocked() noexcept {
         SLIP_LOG(kWarn,
                  "rendezvous: no descriptor to read registrations with; clients stay "
                  "plain meanwhile");
+        result = DrainResult::kBlocked;
       }
       break;
     }
@@ -405,7 +417,7 @@ bool Rendezvous::DrainLocked() noexcept {
     ReadOne(conn, PeerUid(conn), now);
   }
   ExpireLocked(now);
-  return more;
+  return result;
 }
 
 void Rendezvous::ExpireLocked(uint64_t now_ms) noexcept {
@@ -430,20 +442,46 @@ void Rendezvous::ExpireLocked(uint64_t now_ms) noexcept {
 
 bool Rendezvous::Drain() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  return DrainLocked();
+  return DrainLocked() == DrainResult::kMore;
+}
+
+bool Rendezvous::IsLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept {
+  const uint64_t now = sys::MonotonicMs();
+  for (size_t i = 0; i < std::size(late_); ++i) {
+    Late& l = late_[i];
+    if (l.until_ms > now && l.client == client && l.server == server) {
+      l.until_ms = 0;
+      return true;
+    }
+  }
+  return false;
+}
+
+void Rendezvous::NoteLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept {
+  // Long enough for any client still waiting for its answer: it gives up at its deadline.
+  late_[late_next_] = Late{client, server, sys::MonotonicMs() + 4 * uint64_t(timeout_ms_) + 1000};
+  late_next_ = (late_next_ + 1) % std::size(late_);
 }
 
 bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server,
                       Registration* out) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  DrainLocked();
+  const bool complete = DrainLocked() == DrainResult::kDone;
   size_t found[kMaxPerTuple];
   size_t count = 0;
   for (size_t i = 0; i < used_ && count < kMaxPerTuple; ++i) {
     if (table_[i].msg.client == client && table_[i].msg.server == server) found[count++] = i;
   }
-  if (count == 0) return false;
-  size_t pick = found[count - 1];  // the newest
+  if (count == 0) {
+    // A registration sent before this connection's SYN is read by now, unless the drain
+    // was cut short: then one may still come, and must be refused when it does.
+    if (!complete) NoteLate(client, server);
+    return false;
+  }
+  size_t pick = found[0];  // the newest, unless the client's socket says otherwise
+  for (size_t k = 1; k < count; ++k) {
+    if (table_[found[k]].received_ms >= table_[pick].received_ms) pick = found[k];
+  }
   if (count > 1) {
     // Someone else registered this 4-tuple too. The TCP connection says who its client is:
     // the registration of the owner of the client's socket is the one (a forger of another

@@ -191,7 +191,12 @@ class Rendezvous {
   };
 
   Rendezvous() noexcept = default;
-  bool DrainLocked() noexcept;
+  enum class DrainResult { kDone, kMore, kBlocked };  // kBlocked: no descriptor to read with
+  DrainResult DrainLocked() noexcept;
+  // Connections accepted as plain while registrations were left unread: a registration
+  // for one of them that turns up later is refused.
+  bool IsLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept;
+  void NoteLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept;
   void ExpireLocked(uint64_t now_ms) noexcept;
   void ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept;
   void Answer(int conn, uint64_t nonce, wire::DeclineReason reason) noexcept;
@@ -214,6 +219,12 @@ class Rendezvous {
   static constexpr size_t kMaxWaitingPerUid = 8;
   Waiting waiting_[kMaxWaiting];
   size_t waiting_count_ = 0;
+  struct Late {
+    wire::Endpoint client, server;
+    uint64_t until_ms = 0;
+  };
+  Late late_[256];
+  size_t late_next_ = 0;
 };
 
 }  // namespace slip::shm

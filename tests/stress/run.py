@@ -432,7 +432,7 @@ FAULT_SIDES = ("server", "client")
 # clients the handshake timeout per connection: fewer positions, a shorter timeout.
 SWEEP_MODES = (("once", 1, 70), ("from", 0, 16))  # (mode, count, positions at most)
 FAULT_HANDSHAKE_TIMEOUT_MS = 300  # SLIP_HANDSHAKE_TIMEOUT_MS of the runs that inject
-RANDOM_SITES = "fd+memfd+mmap+sock"  # not alloc while it kills the process (README, Findings 3)
+RANDOM_SITES = "fd+memfd+mmap+sock+alloc"
 SHIM_OFF = "Slipstream disabled for this process"  # its line on stderr (core/config.cc)
 
 
@@ -563,7 +563,12 @@ def fault_run(t, tag, specs, conns=SWEEP_CONNS, concurrency=1):
                             f"read {c.get('bytes_in')}")
 
     # Transports, from the stats exit records: one per process, every connection listed.
+    # Stats need memory too: a side whose allocations fail may leave a connection it could
+    # not track (plain, and safe) out of them, or write no record at exit. Its stats are
+    # then read for what they say, and only their agreement with the other side's checked.
     transports, by_tuple = {}, {}
+    short_of_memory = {side for side, spec in specs.items()
+                       if "alloc" in spec or "site=all" in spec}
     for side, p in procs.items():
         if t.settings.plain:
             transports[side] = ["tcp"] * conns
@@ -579,7 +584,8 @@ def fault_run(t, tag, specs, conns=SWEEP_CONNS, concurrency=1):
             transports[side] = ["off"] * conns
             continue
         if len(records) != 1:
-            problems.append(f"{side}: {len(records)} stats records, expected 1")
+            if not (side in short_of_memory and not records):
+                problems.append(f"{side}: {len(records)} stats records, expected 1")
             transports[side] = []
             continue
         rec = records[0]
@@ -587,10 +593,12 @@ def fault_run(t, tag, specs, conns=SWEEP_CONNS, concurrency=1):
         ours = [x for x in rec.get("connections", []) if port_of(x[key]) == port]
         transports[side] = [x["transport"] + (f"/{x['reason']}" if x["reason"] else "")
                             for x in ours]
-        if rec.get("dropped") or len(ours) != conns:
+        if side in short_of_memory:
+            pass
+        elif rec.get("dropped") or len(ours) != conns:
             problems.append(f"{side}: stats list {len(ours)} connections (dropped "
                             f"{rec.get('dropped')}), expected {conns}")
-        if side in out:
+        if side in out and side not in short_of_memory:
             moved = (out[side].get("bytes_out"), out[side].get("bytes_in"))
             counted = (sum(x["bytes_sent"] for x in ours), sum(x["bytes_received"] for x in ours))
             if moved != counted:

@@ -121,10 +121,9 @@ TEST(Config, Enable) {
 
 TEST(Config, Transports) {
   Config c = MustParse({{"SLIP_TRANSPORTS", "verbs, SHM,tcp,fabric,dpdk"}});
-  std::vector<TransportKind> want = {TransportKind::kVerbs, TransportKind::kShm,
-                                     TransportKind::kTcp, TransportKind::kFabric,
-                                     TransportKind::kDpdk};
-  EXPECT_EQ(c.transports, want);
+  TransportList want = {TransportKind::kVerbs, TransportKind::kShm, TransportKind::kTcp,
+                        TransportKind::kFabric, TransportKind::kDpdk};
+  EXPECT_TRUE(c.transports == want);
   c = MustParse({{"SLIP_TRANSPORTS", "shm"}});
   EXPECT_TRUE(c.Allows(TransportKind::kShm));
   EXPECT_FALSE(c.Allows(TransportKind::kTcp));

@@ -178,10 +178,12 @@ std::unique_ptr<Rendezvous> Publish(const sockaddr_storage& local, bool v6only, 
 }
 
 // Publishes with a table of `capacity` entries: the capacity comes from the descriptor space
-// above the floor when the rendezvous is published (a quarter of it).
+// above the floor when the rendezvous is published (a quarter of it, after 32 kept for the
+// process's other hidden descriptors).
 std::unique_ptr<Rendezvous> PublishWithCapacity(const sockaddr_storage& local, size_t capacity,
                                                 int* error) {
-  FloorGuard floor(SoftFdLimit() - int(4 * capacity));
+  constexpr int kReserve = 32;  // shm/rendezvous.cc, CapacityFor
+  FloorGuard floor(SoftFdLimit() - int(4 * capacity) - kReserve);
   return Publish(local, false, error);
 }
 
