@@ -39,7 +39,10 @@ struct SlipSocket {
   std::atomic<uint32_t> generation{0};
   uint32_t index = 0;
 
-  SockKind kind = SockKind::kTcp;
+  // Atomic: the control thread reads it for the events it handles while another thread
+  // installs or hands back the connection (the epoll registration orders them in the kernel,
+  // which the language does not see).
+  std::atomic<SockKind> kind{SockKind::kTcp};
   int family = 0;
   std::atomic<bool> nonblocking{false};
   std::mutex mu;  // control-path transitions (listen, connect, accept)

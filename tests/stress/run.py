@@ -59,6 +59,11 @@ STORM_PER_ROUND = 1500  # 5 x 1500 = 7,500 connections per process: within the 8
 #                         slots, so that the exit record lists every one (dropped == 0)
 HOLD_RSS_GROWTH_MB = 64  # after closing N connections, against before the first
 STORM_RSS_GROWTH_MB = 8  # after the last round, against after the first
+# The sanitizer run of the suite (make test-sanitize-suite): the runtime to preload first in
+# every program, and no RSS bounds (the sanitizer's allocator keeps freed memory aside).
+SANITIZER_RUNTIME = os.environ.get("SLIP_TEST_SANITIZER_RUNTIME", "")
+if SANITIZER_RUNTIME:
+    HOLD_RSS_GROWTH_MB = STORM_RSS_GROWTH_MB = float("inf")
 CASES = {}
 
 
@@ -494,7 +499,7 @@ def fault_run(t, tag, specs, conns=SWEEP_CONNS, concurrency=1):
         env = {"SLIP_STATS_FILE": str(t.dir / f"{name}.stats.jsonl"),
                "SLIPFAULT_REPORT": str(reports[side])}
         if not t.settings.plain:
-            env["LD_PRELOAD"] = f"{lib}:{shim}"
+            env["LD_PRELOAD"] = ":".join(x for x in (SANITIZER_RUNTIME, str(lib), str(shim)) if x)
             env["SLIPFAULT"] = specs.get(side, "")
             if specs:
                 env["SLIP_HANDSHAKE_TIMEOUT_MS"] = str(FAULT_HANDSHAKE_TIMEOUT_MS)
