@@ -23,6 +23,12 @@ void WriteToken(WakeState* wake, int b_fd) noexcept {
 }
 
 void DrainTokens(WakeState* wake, int a_fd) noexcept {
+  // Only when the count says some are queued: this runs after every receive that empties
+  // the ring, where a system call for nothing would cost more than the message.
+  if (wake->tokens.load(std::memory_order_relaxed) != 0) DrainAllTokens(wake, a_fd);
+}
+
+void DrainAllTokens(WakeState* wake, int a_fd) noexcept {
   // Everything queued on A, not just what the count says: the count may live where the
   // peer writes (shm), and a byte nobody counted would leave A readable with nothing to
   // read, so that a level-triggered poller would spin. The count goes down by what was

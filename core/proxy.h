@@ -39,8 +39,11 @@ int CreatePair(int sv[2]) noexcept;
 // Writes one token on B (the receiver's proxy) and counts it in `wake->tokens`.
 void WriteToken(WakeState* wake, int b_fd) noexcept;
 
-// Drains queued tokens from A without blocking.
+// Drains queued tokens from A without blocking, when the count says there are some.
 void DrainTokens(WakeState* wake, int a_fd) noexcept;
+// Drains whatever is queued on A, counted or not (a stray byte of the peer's): for a
+// receive that found nothing, where A must not stay readable for nothing.
+void DrainAllTokens(WakeState* wake, int a_fd) noexcept;
 
 // Fills B's receive queue from A until A is not writable.
 void Fill(int a_fd) noexcept;

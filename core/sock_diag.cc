@@ -155,13 +155,15 @@ int Exchange(Request* request, Parse parse) noexcept {
   return -EPROTO;
 }
 
-int ParseUnixPeer(const uint8_t* buf, size_t len, uint32_t seq, uint64_t* peer) noexcept {
+int ParseUnixPeer(const uint8_t* buf, size_t len, uint32_t seq, uint64_t* peer,
+                  int* type) noexcept {
   for (auto* h = reinterpret_cast<const nlmsghdr*>(buf); NLMSG_OK(h, len); h = NLMSG_NEXT(h, len)) {
     if (h->nlmsg_seq != seq) continue;
     if (int err = ErrorOf(h); err != -EAGAIN) return err;
     if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(unix_diag_msg)))
       return -EPROTO;
     const auto* m = static_cast<const unix_diag_msg*>(NLMSG_DATA(h));
+    if (type) *type = m->udiag_type;
     int attrs = int(h->nlmsg_len) - int(NLMSG_LENGTH(sizeof(*m)));
     for (auto* a = reinterpret_cast<const rtattr*>(m + 1); RTA_OK(a, attrs);
          a = RTA_NEXT(a, attrs)) {
@@ -202,7 +204,7 @@ int FindConnection(const sockaddr* local, const sockaddr* remote, SocketInfo* ou
   return rc == 0 && out->listening ? -ENOENT : rc;
 }
 
-int UnixPeer(uint64_t inode, uint64_t* peer) noexcept {
+int UnixPeer(uint64_t inode, uint64_t* peer, int* type) noexcept {
   if (inode > UINT32_MAX) return -ENOENT;  // unix_diag names sockets by 32-bit inode
   struct {
     nlmsghdr header;
@@ -213,8 +215,8 @@ int UnixPeer(uint64_t inode, uint64_t* peer) noexcept {
   request.body.udiag_ino = uint32_t(inode);
   request.body.udiag_show = UDIAG_SHOW_PEER;
   request.body.udiag_cookie[0] = request.body.udiag_cookie[1] = ~0u;  // no cookie check
-  return Exchange(&request, [peer](const uint8_t* buf, size_t len, uint32_t seq) {
-    return ParseUnixPeer(buf, len, seq, peer);
+  return Exchange(&request, [peer, type](const uint8_t* buf, size_t len, uint32_t seq) {
+    return ParseUnixPeer(buf, len, seq, peer, type);
   });
 }
 

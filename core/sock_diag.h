@@ -36,9 +36,10 @@ int FindListener(const sockaddr* dest, SocketInfo* out) noexcept;
 // another -errno; out->uid is its owner.
 int FindConnection(const sockaddr* local, const sockaddr* remote, SocketInfo* out) noexcept;
 
-// The inode of the socket connected to the AF_UNIX socket `inode` (its peer). Returns 0,
+// The inode of the socket connected to the AF_UNIX socket `inode` (its peer), and its type
+// (SOCK_STREAM, ...) when `type` is not null. Returns 0,
 // -ENOENT (no such socket, or no peer), or another -errno. A server uses it to check that
 // the two proxy ends a client handed over are one socketpair.
-int UnixPeer(uint64_t inode, uint64_t* peer) noexcept;
+int UnixPeer(uint64_t inode, uint64_t* peer, int* type = nullptr) noexcept;
 
 }  // namespace slip

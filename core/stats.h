@@ -20,24 +20,24 @@ namespace slip {
 
 // Why a connection is plain TCP. Values are stable: slip-stat and JSON print the names.
 enum class Reason : uint8_t {
-  kNone = 0,           // accelerated
-  kPeerNotSlipstream,  // no rendezvous for the destination / peer did not register
-  kNotSameHost,        // peer on another host and no cross-host transport available
-  kPolicy,             // excluded by SLIP_*_PORTS / SLIP_*_CIDR / SLIP_TRANSPORTS
-  kDisabled,           // Slipstream disabled for the process (bad config, SLIP_ENABLE=0)
-  kDeclined,           // peer declined the proposal
-  kHandshakeTimeout,   // peer registered but never confirmed in time
-  kResources,          // memfd/mmap/socketpair/fd limit failure
-  kConnectSlow,        // TCP handshake did not complete promptly; registration cancelled
-  kRendezvousBusy,     // rendezvous queue full
-  kNonceMismatch,      // confirm carried the wrong nonce (forged registration)
-  kFailover,           // was accelerated, moved back to TCP mid-stream
-  kUnsupported,        // socket state we do not accelerate (e.g. bound to a device)
-  kReusePort,          // accepted on an SO_REUSEPORT listener (publishes no rendezvous)
-  kNoRdmaDevice,       // verbs allowed, but no usable RDMA device (or rdma-core missing)
-  kNoRdmaPath,         // the peer cannot be reached over RDMA (address/route/timeout)
-  kMemlock,            // RLIMIT_MEMLOCK too low to register the rings
-  kExec,               // handed back to TCP because the process exec'd with it
+  kNone = 0,             // accelerated
+  kPeerNotSlipstream,    // no rendezvous for the destination / peer did not register
+  kNotSameHost,          // peer on another host and no cross-host transport available
+  kPolicy,               // excluded by SLIP_*_PORTS / SLIP_*_CIDR / SLIP_TRANSPORTS
+  kDisabled,             // Slipstream disabled for the process (bad config, SLIP_ENABLE=0)
+  kDeclined,             // peer declined the proposal
+  kHandshakeTimeout,     // peer registered but never confirmed in time
+  kResources,            // memfd/mmap/socketpair/fd limit failure
+  kConnectSlow,          // TCP handshake did not complete promptly; registration cancelled
+  kRendezvousBusy,       // rendezvous queue full
+  kNonceMismatch,        // confirm carried the wrong nonce (forged registration)
+  kFailover,             // was accelerated, moved back to TCP mid-stream
+  kUnsupported,          // socket state we do not accelerate (e.g. bound to a device)
+  kReusePort,            // accepted on an SO_REUSEPORT listener (publishes no rendezvous)
+  kNoRdmaDevice,         // verbs allowed, but no usable RDMA device (or rdma-core missing)
+  kNoRdmaPath,           // the peer cannot be reached over RDMA (address/route/timeout)
+  kMemlock,              // RLIMIT_MEMLOCK too low to register the rings
+  kExec,                 // handed back to TCP because the process exec'd with it
   kUntrustedRendezvous,  // the rendezvous for the port is not held by the listener's owner
   kFdLimit,              // descriptors short: the setup would have used the application's
   kCount
@@ -47,7 +47,7 @@ const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
 enum class SlotState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
 
 constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
-constexpr uint32_t kStatsVersion = 5;  // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit
+constexpr uint32_t kStatsVersion = 5;         // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit
 constexpr uint32_t kStatsSlots = 8192;
 
 struct alignas(64) ConnSlot {

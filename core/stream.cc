@@ -357,7 +357,7 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   int end = RecvEndState();
   if (end <= 0) return got ? ssize_t(got) : end;
   if (nonblocking) {
-    proxy::DrainTokens(wake, proxy_a_);
+    proxy::DrainAllTokens(wake, proxy_a_);
     if (RxAvail() != produced - consumed_.load(std::memory_order_relaxed) || RecvEndState() <= 0)
       return RecvOnce(iov, iovcnt, total, flags, nonblocking, done, seen);
     return got ? ssize_t(got) : -EAGAIN;

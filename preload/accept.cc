@@ -26,6 +26,7 @@
 #include "core/wire.h"
 #include "preload/accel_list.h"
 #include "preload/control.h"
+#include "preload/exec.h"
 #include "preload/fd_table.h"
 #include "preload/handshake.h"
 #include "preload/install.h"
@@ -376,7 +377,8 @@ int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int
   // This process accepts here: its control thread answers the registrations as they come.
   // (A process that only listens, the master of pre-forked workers, leaves them to the
   // processes that accept.)
-  if (listener->rendezvous && listener->acceptor_pid != getpid()) ControlWatchRendezvous(listener);
+  if (listener->rendezvous && listener->acceptor_pid != NotedProcessId())
+    ControlWatchRendezvous(listener);
   for (;;) {
     int cfd = Libc().accept4(fd, addr, len, flags);
     if (cfd < 0) return cfd;

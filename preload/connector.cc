@@ -28,8 +28,8 @@
 #include <mutex>
 #include <vector>
 
-#include "core/no_destructor.h"
 #include "core/log.h"
+#include "core/no_destructor.h"
 #include "core/proxy.h"
 #include "core/sys.h"
 #include "preload/fd_table.h"

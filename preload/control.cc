@@ -15,6 +15,7 @@
 #include "core/no_destructor.h"
 #include "core/sys.h"
 #include "core/wire.h"
+#include "preload/exec.h"
 #include "preload/fd_table.h"
 #include "preload/libc.h"
 
@@ -377,7 +378,7 @@ void ControlSettle(SlipSocket* s, int wait_ms) noexcept {
 }
 
 void ControlWatchRendezvous(SlipSocket* listener) noexcept {
-  const pid_t pid = getpid();
+  const pid_t pid = NotedProcessId();
   ControlState& st = State();
   {
     std::lock_guard<std::mutex> lock(st.mu);

@@ -174,6 +174,10 @@ void ExecNoteProcess() noexcept {
   g_pid.store(pid_t(syscall(SYS_getpid)), std::memory_order_relaxed);
 }
 
+pid_t NotedProcessId() noexcept {
+  return g_pid.load(std::memory_order_relaxed);
+}
+
 bool InVforkChild() noexcept {
   const pid_t pid = g_pid.load(std::memory_order_relaxed);
   return pid != 0 && pid_t(syscall(SYS_getpid)) != pid;

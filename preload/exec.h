@@ -1,6 +1,8 @@
 // exec support: inherited accelerated descriptors go back to TCP (see exec.cc).
 #pragma once
 
+#include <sys/types.h>
+
 namespace slip::preload {
 
 struct ExecPlan;
@@ -11,6 +13,8 @@ void ExecNoteProcess() noexcept;
 // True in a task that shares our memory but is another process: a vfork child (it runs
 // no fork handlers). One system call.
 bool InVforkChild() noexcept;
+// This process's id as last noted (no system call; a vfork child sees its parent's).
+pid_t NotedProcessId() noexcept;
 
 // Around one exec call: the constructor hands inherited accelerated connections back to
 // TCP (or gives their numbers a reset socket); the destructor, reached only when exec

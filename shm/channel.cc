@@ -148,16 +148,17 @@ class ShmChannel final : public Channel {
     std::memcpy(tx_data_ + offset, src, len);
   }
   void TxPublish(uint64_t produced) noexcept override {
-    // Published before the phase is read, as the switch to TCP sets the phase before it
-    // pushes what is published: a publish racing with the switch is sent by one of the two.
-    published_.store(produced, std::memory_order_seq_cst);
-    if (phase_.load(std::memory_order_seq_cst) == Phase::kTcp) {
+    // Published before the phase is read (one fence, which also orders the publish before
+    // the reader's sleep flag), as the switch to TCP sets the phase before it pushes what
+    // is published: a publish racing with the switch is sent by one of the two. (Once on
+    // TCP the region's cursor is nobody's business; writing it costs nothing.)
+    published_.store(produced, std::memory_order_relaxed);
+    tx_->produced.store(produced, std::memory_order_release);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (phase_.load(std::memory_order_relaxed) == Phase::kTcp) {
       path_.Push(produced);
       return;
     }
-    // (The fence also orders the store before the reader's sleep flag.)
-    tx_->produced.store(produced, std::memory_order_release);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
     WakeState& wake = tx_->wake;
     if (wake.reader_waiting.load(std::memory_order_relaxed) && wake.reader_waiting.exchange(0))
       proxy::WriteToken(&wake, peer_b_);
@@ -321,6 +322,7 @@ bool ShmChannel::StartTcp(uint64_t rx_from, uint64_t tx_from, bool private_rings
   }
   path_.Start(anchor_, rx_data_, tx_data_, ring_size(), rx_from, tx_from);
   phase_.store(Phase::kTcp, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // against TxPublish's: see there
   if (tx_closed_.load(std::memory_order_seq_cst))
     path_.Finish(published_.load(std::memory_order_acquire));
   OnAnchorReady(EPOLLIN | EPOLLOUT);

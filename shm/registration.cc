@@ -44,9 +44,14 @@ bool IsUnixStream(int fd, uint64_t* inode) noexcept {
 // B, EOF when B shuts down) reaches the application only through A. Two ends of different
 // pairs would leave a reader asleep after the peer died.
 bool IsProxyPair(int a, int b) noexcept {
-  uint64_t a_inode = 0, b_inode = 0, peer = 0;
-  return IsUnixStream(a, &a_inode) && IsUnixStream(b, &b_inode) && UnixPeer(a_inode, &peer) == 0 &&
-         peer == b_inode;
+  // unix_diag answers for AF_UNIX sockets only, with their type: A is a stream socket
+  // whose peer is B (a socket's inode is its own: B is then one too).
+  struct stat a_st, b_st;
+  uint64_t peer = 0;
+  int type = 0;
+  return fstat(a, &a_st) == 0 && S_ISSOCK(a_st.st_mode) && fstat(b, &b_st) == 0 &&
+         S_ISSOCK(b_st.st_mode) && UnixPeer(a_st.st_ino, &peer, &type) == 0 &&
+         type == SOCK_STREAM && peer == b_st.st_ino;
 }
 
 // Only a sealed region is safe to map: one the client could still shrink would turn the

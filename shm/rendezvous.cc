@@ -382,9 +382,15 @@ Rendezvous::DrainResult Rendezvous::DrainLocked() noexcept {
   epoll_event events[64];
   int budget = kDrainBudget;
   const int n = sys::epoll_wait(epoll_fd_, events, 64, 0);
+  // Connections wait in the listener's backlog only when it says so (or the events did not
+  // all fit): most drains find nothing, and skip the accept4 that would say EAGAIN.
+  bool backlog = n == 64;
   for (int i = 0; i < n && budget > 0; ++i) {
     const int fd = events[i].data.fd;
-    if (fd == listen_fd_) continue;
+    if (fd == listen_fd_) {
+      backlog = true;
+      continue;
+    }
     for (size_t w = 0; w < waiting_count_; ++w) {
       if (waiting_[w].fd != fd) continue;
       const uint32_t uid = waiting_[w].uid;
@@ -395,7 +401,7 @@ Rendezvous::DrainResult Rendezvous::DrainLocked() noexcept {
       break;
     }
   }
-  for (;;) {
+  while (backlog) {
     if (budget-- <= 0) {
       result = DrainResult::kMore;  // a burst (or a flood): the caller comes back later
       break;
@@ -466,12 +472,19 @@ void Rendezvous::NoteLate(const wire::Endpoint& client, const wire::Endpoint& se
 bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server,
                       Registration* out) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  const bool complete = DrainLocked() == DrainResult::kDone;
   size_t found[kMaxPerTuple];
   size_t count = 0;
-  for (size_t i = 0; i < used_ && count < kMaxPerTuple; ++i) {
-    if (table_[i].msg.client == client && table_[i].msg.server == server) found[count++] = i;
-  }
+  auto look = [&] {
+    count = 0;
+    for (size_t i = 0; i < used_ && count < kMaxPerTuple; ++i) {
+      if (table_[i].msg.client == client && table_[i].msg.server == server) found[count++] = i;
+    }
+  };
+  // Whatever arrived is read first: the registration, if the control thread has not
+  // read it yet, and any other for the same 4-tuple (a forger's) that the choice below
+  // must see.
+  const bool complete = DrainLocked() == DrainResult::kDone;
+  look();
   if (count == 0) {
     // A registration sent before this connection's SYN is read by now, unless the drain
     // was cut short: then one may still come, and must be refused when it does.
