@@ -101,19 +101,22 @@ bool Stream::HandBack(int timeout_ms) noexcept {
   return channel_->HandBack(consumed_.load(std::memory_order_relaxed), timeout_ms);
 }
 
-uint64_t Stream::RxAvail() const noexcept {
+uint64_t Stream::RxAvail(bool strict) const noexcept {
   if (violated_.load(std::memory_order_acquire)) return 0;
-  // Our cursor first: it never passes a value of the peer's that an earlier read saw, and
-  // the peer's only grows, so a later read of it is never behind ours.
   const uint64_t consumed = consumed_.load(std::memory_order_acquire);
   const uint64_t produced = channel_->RxProduced();
   const uint64_t avail = produced - consumed;
   if (avail <= channel_->ring_size()) return avail;
-  PeerViolation("published", produced, consumed);
-  return 0;
+  if (strict) {
+    PeerViolation("published", produced, consumed);
+    return 0;
+  }
+  // Another thread's view: our cursor may be stale (the reader consumed, credited, and the
+  // peer published further meanwhile), so only the reader judges.
+  return int64_t(avail) < 0 ? 0 : channel_->ring_size();
 }
 
-uint64_t Stream::TxUsed() const noexcept {
+uint64_t Stream::TxUsed(bool strict) const noexcept {
   const uint32_t size = channel_->ring_size();
   if (violated_.load(std::memory_order_acquire)) return size;
   // The peer's credit first, then ours (which only grows and never trails what was
@@ -122,8 +125,14 @@ uint64_t Stream::TxUsed() const noexcept {
   const uint64_t produced = produced_.load(std::memory_order_acquire);
   const uint64_t used = produced - credited;
   if (used <= size) return used;
-  PeerViolation("credited", credited, produced);
-  return size;
+  if (strict) {
+    PeerViolation("credited", credited, produced);
+    return size;
+  }
+  // Another thread's view: the credit it read may be older than the bytes published
+  // since; only the sender judges (a credit past what was published reads as all free,
+  // which sends the writer to that judgement).
+  return int64_t(used) < 0 ? 0 : size;
 }
 
 void Stream::PeerViolation(const char* what, uint64_t value, uint64_t ours) const noexcept {
@@ -218,7 +227,7 @@ ssize_t Stream::SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
       return sent ? ssize_t(sent) : err;
     }
     if (sent == total) return ssize_t(sent);
-    uint64_t space = size - TxUsed();
+    uint64_t space = size - TxUsed(/*strict=*/true);
     uint64_t produced = produced_.load(std::memory_order_relaxed);
     if (space > 0) {
       size_t n = std::min<uint64_t>(space, total - sent);
@@ -336,7 +345,7 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   size_t& got = *done;
   if (total == 0) return 0;
   uint64_t consumed = consumed_.load(std::memory_order_relaxed);
-  uint64_t avail = RxAvail();
+  uint64_t avail = RxAvail(/*strict=*/true);
   uint64_t produced = consumed + avail;
   if (peek) {
     // Like TCP, MSG_PEEK|MSG_WAITALL waits until the whole amount is there (or EOF).
@@ -358,7 +367,8 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   if (end <= 0) return got ? ssize_t(got) : end;
   if (nonblocking) {
     proxy::DrainAllTokens(wake, proxy_a_);
-    if (RxAvail() != produced - consumed_.load(std::memory_order_relaxed) || RecvEndState() <= 0)
+    if (RxAvail(/*strict=*/true) != produced - consumed_.load(std::memory_order_relaxed) ||
+        RecvEndState() <= 0)
       return RecvOnce(iov, iovcnt, total, flags, nonblocking, done, seen);
     return got ? ssize_t(got) : -EAGAIN;
   }

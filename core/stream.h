@@ -101,10 +101,13 @@ class Stream {
   template <typename Pred>
   bool SpinUntil(Pred ready) const noexcept;
   // The peer's cursors, checked: bytes it published that we have not consumed (at most a
-  // ring), and bytes we published that it has not credited (likewise). A cursor out of
+  // ring), and bytes we published that it has not credited (likewise). `strict`: the
+  // side's own thread, under its lock, whose cursor cannot move meanwhile: a cursor out of
   // range ends the connection (PeerViolation) and reads as nothing to receive, no space.
-  uint64_t RxAvail() const noexcept;
-  uint64_t TxUsed() const noexcept;
+  // Any other thread's view is clamped into the ring, never judged: its copy of our own
+  // cursor may be stale while the peer legitimately moved past it.
+  uint64_t RxAvail(bool strict = false) const noexcept;
+  uint64_t TxUsed(bool strict = false) const noexcept;
   void PeerViolation(const char* what, uint64_t value, uint64_t ours) const noexcept;
   bool HasRxData() const noexcept { return RxAvail() != 0; }
   bool HasTxSpace() const noexcept { return TxUsed() < channel_->ring_size(); }
