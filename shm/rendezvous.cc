@@ -491,26 +491,35 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
     if (!complete) NoteLate(client, server);
     return false;
   }
-  size_t pick = found[0];  // the newest, unless the client's socket says otherwise
-  for (size_t k = 1; k < count; ++k) {
-    if (table_[found[k]].received_ms >= table_[pick].received_ms) pick = found[k];
-  }
-  if (count > 1) {
-    // Someone else registered this 4-tuple too. The TCP connection says who its client is:
-    // the registration of the owner of the client's socket is the one (a forger of another
-    // uid never wins; same-uid processes are not told apart, SECURITY.md).
-    sockaddr_storage local, remote;
-    SocketInfo owner;
-    if (SockaddrFor(client, &local) && SockaddrFor(server, &remote) &&
-        FindConnection(reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote),
-                       &owner) == 0) {
-      for (size_t k = 0; k < count; ++k) {
-        const Registration& r = table_[found[k]];
-        if (r.uid == owner.uid &&
-            (table_[pick].uid != owner.uid || r.received_ms >= table_[pick].received_ms))
-          pick = found[k];
-      }
+  // Anybody can register any 4-tuple: the registration that counts is the one made by the
+  // owner of the TCP connection's client socket, as the kernel sees it (a forger of another
+  // uid never gets a connection held for it, not even a plain client's that it predicted;
+  // same-uid processes are not told apart, SECURITY.md). The newest of those, if several.
+  sockaddr_storage local, remote;
+  SocketInfo owner;
+  constexpr size_t kNone = SIZE_MAX;
+  size_t pick = kNone;  // an index into table_
+  if (SockaddrFor(client, &local) && SockaddrFor(server, &remote) &&
+      FindConnection(reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote),
+                     &owner) == 0) {
+    for (size_t k = 0; k < count; ++k) {
+      const Registration& r = table_[found[k]];
+      if (r.uid == owner.uid && (pick == kNone || r.received_ms >= table_[pick].received_ms))
+        pick = found[k];
     }
+  }
+  if (pick == kNone) {
+    // Nobody who registered owns this connection (or the kernel could not say): plain.
+    // Their clients stay plain too (abandoned).
+    SLIP_LOG(kWarn,
+             "rendezvous: %zu registration(s) for a connection whose client socket "
+             "belongs to none of their uids; plain",
+             count);
+    for (size_t k = count; k-- > 0;) {
+      table_[found[k]].Abandon();
+      RemoveAt(found[k]);
+    }
+    return false;
   }
   *out = std::move(table_[pick]);
   // The others can never be confirmed on this connection: they go (highest index first,

@@ -9,8 +9,10 @@
 // Abstract socket names are shared by everything in the network namespace, so every test
 // publishes on a port of its own, chosen at random and retried while the port or the name
 // is taken. FindRendezvous only uses a rendezvous for a port a real TCP socket listens
-// on, so the tests listen there as the rendezvous claims. The tests run as root; "another
-// uid" is a forked child that setuid()s to nobody.
+// on, so the tests listen there as the rendezvous claims. Take only takes the registration
+// of the owner of the connection's client socket, as the kernel sees it, so every 4-tuple a
+// test means to take is a real loopback connection's (TcpClient). The tests run as root;
+// "another uid" is a forked child that setuid()s to nobody.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -31,10 +33,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/channel.h"
@@ -224,6 +228,63 @@ std::unique_ptr<Server> StartServer(const char* tcp_addr, const char* rv_addr, b
   ADD_FAILURE() << "no free port";
   return nullptr;
 }
+
+// ---------------------------------------------------------------------------- connections
+
+// Connects a TCP socket to `dest` (the kernel picks the client's port). Returns the
+// connected socket and its local end in *local, or -errno. (No gtest here: a UidChild's
+// child uses it too.)
+int ConnectTcp(const sockaddr_storage& dest, sockaddr_storage* local) {
+  int fd = socket(dest.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  socklen_t len = sizeof(*local);
+  if (connect(fd, Sa(dest), Len(dest)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(local), &len) != 0) {
+    const int err = -errno;
+    close(fd);
+    return err;
+  }
+  return fd;
+}
+
+// A real TCP connection to `dest`, for a 4-tuple a test registers and takes: Take asks the
+// kernel who owns the client socket whose local end is the 4-tuple's client and whose peer
+// is its server, and takes only a registration of that uid. The client socket (this
+// process's: root's, when the tests run as root) stays connected as long as the object;
+// the server's end waits in the listener's backlog unless a test accepts it.
+class TcpClient {
+ public:
+  TcpClient() = default;
+  explicit TcpClient(const sockaddr_storage& dest) {
+    sockaddr_storage local{};
+    const int fd = ConnectTcp(dest, &local);
+    if (fd < 0) {
+      ADD_FAILURE() << "TCP connect: " << std::strerror(-fd);
+      return;
+    }
+    fd_ = fd;
+    ep_ = Ep(local);
+  }
+  TcpClient(TcpClient&& o) noexcept : fd_(std::exchange(o.fd_, -1)), ep_(o.ep_) {}
+  TcpClient& operator=(TcpClient&& o) noexcept {
+    if (this != &o) {
+      CloseIf(&fd_);
+      fd_ = std::exchange(o.fd_, -1);
+      ep_ = o.ep_;
+    }
+    return *this;
+  }
+  ~TcpClient() { CloseIf(&fd_); }
+
+  bool ok() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  // The 4-tuple's client end (the socket's local address).
+  const wire::Endpoint& ep() const { return ep_; }
+
+ private:
+  int fd_ = -1;
+  wire::Endpoint ep_;
+};
 
 // ---------------------------------------------------------------------------- messages
 
@@ -423,14 +484,15 @@ class UidChild {
     cmd.index = index;
     return Claim(Ask(cmd).value);
   }
-  // A TCP connection from the child to `dest` (IPv4); returns its local end.
+  // A TCP connection from the child to `dest`, owned by the child's uid (TcpClient's, in
+  // the child; it stays connected as long as the child); returns its local end.
   wire::Endpoint Connect(const sockaddr_storage& dest) {
     Command cmd;
     cmd.op = 'T';
     cmd.dest = dest;
     Reply r = Ask(cmd);
     EXPECT_EQ(r.rc, 0) << std::strerror(-r.rc);
-    return r.rc == 0 ? Ep("127.0.0.1", uint16_t(r.value)) : wire::Endpoint();
+    return r.rc == 0 ? Ep(r.local) : wire::Endpoint();
   }
 
  private:
@@ -445,6 +507,7 @@ class UidChild {
     uint32_t value = 0;
     uint64_t nonce = 0;
     Answer answer;
+    sockaddr_storage local{};  // 'T': the connection's local end
   };
 
   template <typename T>
@@ -502,15 +565,11 @@ class UidChild {
           Write(out_, r);
           break;
         case 'T': {
-          int fd = socket(cmd.dest.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-          sockaddr_storage local{};
-          socklen_t len = sizeof(local);
-          if (fd < 0 || connect(fd, Sa(cmd.dest), Len(cmd.dest)) != 0 ||
-              getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
-            r.rc = -errno;
+          const int fd = ConnectTcp(cmd.dest, &r.local);
+          if (fd < 0) {
+            r.rc = fd;
           } else {
             tcp.push_back(fd);
-            r.value = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
           }
           Write(out_, r);
           break;
@@ -631,7 +690,9 @@ TEST(RendezvousFindTest, ExactNameOfTheListenerIsFoundAndServes) {
   server->rv->Drain();
 
   Offer offer;
-  const wire::Endpoint client = Ep("127.0.0.1", 40001);
+  TcpClient tcp(server->To("127.0.0.1"));
+  ASSERT_TRUE(tcp.ok());
+  const wire::Endpoint client = tcp.ep();
   EXPECT_TRUE(IsAccept(RegisterVia(server->rv.get(), server->To("127.0.0.1"), client,
                                    server->Endpoint("127.0.0.1"), &offer),
                        offer.nonce));
@@ -745,12 +806,13 @@ TEST(RendezvousFindTest, SecondPublishOfTheSameNameFails) {
   EXPECT_TRUE(again) << std::strerror(-error);
 }
 
-// A registration through what FindRendezvous finds for `dest` ends up in `rv`'s table (and
-// in no other).
+// A registration through what FindRendezvous finds for `dest`, for a real connection to
+// `dest`, ends up in `rv`'s table (and in no other).
 ::testing::AssertionResult Reaches(const sockaddr_storage& dest, Rendezvous* rv,
                                    Rendezvous* not_rv = nullptr) {
-  static uint16_t next_client_port = 40000;
-  const wire::Endpoint client = Ep("127.0.0.1", ++next_client_port);
+  TcpClient tcp(dest);
+  if (!tcp.ok()) return ::testing::AssertionFailure() << "no TCP connection";
+  const wire::Endpoint client = tcp.ep();
   const wire::Endpoint server = Ep(dest);
   Offer offer;
   Answer a = RegisterVia(rv, dest, client, server, &offer);
@@ -910,23 +972,35 @@ class RendezvousRegistrationTest : public ::testing::Test {
     rv_ = server_->rv.get();
     dest_ = server_->To("127.0.0.1");
     server_ep_ = server_->Endpoint("127.0.0.1");
-    client_ep_ = Ep("127.0.0.1", 40000);
+    client_ep_ = NewClient();
   }
 
+  // A rendezvous connection.
   int Connect() {
     int sock = FindRendezvous(Sa(dest_));
     EXPECT_GE(sock, 0) << std::strerror(-sock);
     return sock;
   }
 
-  Answer Register(Offer* offer, uint16_t client_port = 40000) {
-    return RegisterVia(rv_, dest_, Ep("127.0.0.1", client_port), server_ep_, offer);
+  // The client end of another real TCP connection to the listener (this process's, kept
+  // until the test ends).
+  wire::Endpoint NewClient() {
+    clients_.emplace_back(dest_);
+    EXPECT_TRUE(clients_.back().ok());
+    return clients_.back().ep();
+  }
+
+  Answer Register(Offer* offer) { return Register(offer, client_ep_); }
+  Answer Register(Offer* offer, const wire::Endpoint& client) {
+    return RegisterVia(rv_, dest_, client, server_ep_, offer);
   }
 
   std::unique_ptr<Server> server_;
   Rendezvous* rv_ = nullptr;
   sockaddr_storage dest_{};
-  wire::Endpoint server_ep_, client_ep_;
+  wire::Endpoint server_ep_;
+  wire::Endpoint client_ep_;  // the fixture's own connection (NewClient)
+  std::vector<TcpClient> clients_;
 };
 
 TEST_F(RendezvousRegistrationTest, AcceptIsTheOneAnswerAndTakeReturnsAHeldStream) {
@@ -934,7 +1008,7 @@ TEST_F(RendezvousRegistrationTest, AcceptIsTheOneAnswerAndTakeReturnsAHeldStream
   ASSERT_TRUE(IsAccept(Register(&offer), offer.nonce));
 
   Registration reg;
-  EXPECT_FALSE(rv_->Take(Ep("127.0.0.1", 40002), server_ep_, &reg));
+  EXPECT_FALSE(rv_->Take(NewClient(), server_ep_, &reg));  // a connection nobody registered
   EXPECT_FALSE(rv_->Take(client_ep_, Ep("127.0.0.1", uint16_t(server_ep_.port + 1)), &reg));
   EXPECT_FALSE(rv_->Take(server_ep_, client_ep_, &reg));  // the other way round
   EXPECT_FALSE(reg.stream);
@@ -1276,7 +1350,8 @@ TEST_F(RendezvousRegistrationTest, FourRegistrationsPerTupleAndThoseGoneMakeRoom
   }
   // Another 4-tuple is not affected.
   Offer other;
-  EXPECT_TRUE(IsAccept(Register(&other, 40001), other.nonce));
+  const wire::Endpoint other_ep = NewClient();
+  EXPECT_TRUE(IsAccept(Register(&other, other_ep), other.nonce));
 
   // A withdrawn registration can no longer be confirmed: it makes room.
   ClaimWithdraw(offers[1].get());
@@ -1317,23 +1392,8 @@ TEST_F(RendezvousRegistrationTest, FourRegistrationsPerTupleAndThoseGoneMakeRoom
   }
   Registration again;
   EXPECT_FALSE(rv_->Take(client_ep_, server_ep_, &again));
-  EXPECT_TRUE(rv_->Take(Ep("127.0.0.1", 40001), server_ep_, &again));
-}
-
-// A real TCP connection from `from` (an address to bind, port chosen by the kernel) to
-// `dest`: its local end is the 4-tuple's client.
-int TcpConnect(const sockaddr_storage& dest, wire::Endpoint* client) {
-  int fd = socket(dest.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_storage local{};
-  socklen_t len = sizeof(local);
-  if (fd < 0 || connect(fd, Sa(dest), Len(dest)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
-    ADD_FAILURE() << "TCP connect: " << std::strerror(errno);
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  *client = Ep(local);
-  return fd;
+  EXPECT_TRUE(rv_->Take(other_ep, server_ep_, &again));
+  EXPECT_EQ(again.msg.nonce, other.nonce);
 }
 
 void SleepMs(int ms) {
@@ -1346,9 +1406,7 @@ TEST_F(RendezvousRegistrationTest, TakePicksTheRegistrationOfTheClientSocketsOwn
   ASSERT_TRUE(nobody.ok());
   {
     // Root's socket; root registered first, the forger (another uid) after it.
-    wire::Endpoint client;
-    int tcp = TcpConnect(dest_, &client);
-    ASSERT_GE(tcp, 0);
+    const wire::Endpoint client = NewClient();
     Offer mine;
     ASSERT_TRUE(IsAccept(RegisterVia(rv_, dest_, client, server_ep_, &mine), mine.nonce));
     SleepMs(3);
@@ -1363,7 +1421,6 @@ TEST_F(RendezvousRegistrationTest, TakePicksTheRegistrationOfTheClientSocketsOwn
     EXPECT_EQ(nobody.ReadClaim(0), Claim::kAbandoned);
     Registration again;
     EXPECT_FALSE(rv_->Take(client, server_ep_, &again));
-    close(tcp);
   }
   {
     // The other uid's socket; it registered first, root after it.
@@ -1383,9 +1440,7 @@ TEST_F(RendezvousRegistrationTest, TakePicksTheRegistrationOfTheClientSocketsOwn
   }
   {
     // Two of root's own for root's socket (not told apart): the newest.
-    wire::Endpoint client;
-    int tcp = TcpConnect(dest_, &client);
-    ASSERT_GE(tcp, 0);
+    const wire::Endpoint client = NewClient();
     Offer older, newer;
     ASSERT_TRUE(IsAccept(RegisterVia(rv_, dest_, client, server_ep_, &older), older.nonce));
     SleepMs(3);
@@ -1394,8 +1449,45 @@ TEST_F(RendezvousRegistrationTest, TakePicksTheRegistrationOfTheClientSocketsOwn
     ASSERT_TRUE(rv_->Take(client, server_ep_, &reg));
     EXPECT_EQ(reg.msg.nonce, newer.nonce);
     EXPECT_EQ(ClaimValue(older), Claim::kAbandoned);
-    close(tcp);
   }
+}
+
+// A forger that predicts a plain client's 4-tuple and registers it: the connection's
+// client socket is not the forger's, so nothing is held for it (the plain client is never
+// answered through a channel the forger set up, and never reset by what it does next).
+TEST_F(RendezvousRegistrationTest, ARegistrationOfAnotherUidThanTheClientSocketsIsNeverTaken) {
+  SKIP_UNLESS_ROOT();
+  UidChild nobody(kNobody);
+  ASSERT_TRUE(nobody.ok());
+  const wire::Endpoint client = NewClient();  // root's socket, registered by nobody alone
+  uint64_t forged_nonce = 0;
+  ASSERT_TRUE(
+      IsAccept(nobody.Register(rv_, dest_, client, server_ep_, &forged_nonce), forged_nonce));
+  Registration reg;
+  EXPECT_FALSE(rv_->Take(client, server_ep_, &reg));
+  EXPECT_FALSE(reg.stream);
+  EXPECT_EQ(nobody.ReadClaim(0), Claim::kAbandoned);  // its client goes plain too
+  Registration again;
+  EXPECT_FALSE(rv_->Take(client, server_ep_, &again));  // and it is gone from the table
+}
+
+// A registration for a 4-tuple no TCP connection has: the kernel names no owner, so it is
+// not taken (and does not stay behind).
+TEST_F(RendezvousRegistrationTest, ARegistrationWithoutAConnectionIsNeverTaken) {
+  // A port of this process's, bound but never connected: no connection has this 4-tuple.
+  int bound = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(bound, 0);
+  sockaddr_storage local = Addr("127.0.0.1", 0);
+  socklen_t len = sizeof(local);
+  ASSERT_EQ(bind(bound, Sa(local), Len(local)), 0);
+  ASSERT_EQ(getsockname(bound, reinterpret_cast<sockaddr*>(&local), &len), 0);
+  const wire::Endpoint client = Ep(local);
+  Offer offer;
+  ASSERT_TRUE(IsAccept(Register(&offer, client), offer.nonce));
+  Registration reg;
+  EXPECT_FALSE(rv_->Take(client, server_ep_, &reg));
+  EXPECT_EQ(ClaimValue(offer), Claim::kAbandoned);
+  close(bound);
 }
 
 // ---------------------------------------------------------------------------- quotas
@@ -1426,8 +1518,15 @@ TEST(RendezvousQuotaTest, PerUidLimitCapacityAndEviction) {
   ASSERT_EQ(per_uid, 12u);
   const sockaddr_storage dest = server->To("127.0.0.1");
   const wire::Endpoint server_ep = server->Endpoint("127.0.0.1");
-  auto root_client = [](size_t i) { return Ep("127.0.0.1", uint16_t(31000 + i)); };
-  auto nobody_client = [](size_t i) { return Ep("127.0.0.1", uint16_t(32000 + i)); };
+  // Every registration names a real connection of its uid (Take asks the kernel whose the
+  // client socket is): root's are this process's, nobody's the child's.
+  std::map<size_t, TcpClient> root_tcp;
+  std::map<size_t, wire::Endpoint> nobody_tcp;
+  auto root_client = [&](size_t i) {
+    auto it = root_tcp.find(i);
+    if (it == root_tcp.end()) it = root_tcp.emplace(i, TcpClient(dest)).first;
+    return it->second.ep();
+  };
 
   // Root fills its share (distinct 4-tuples, never taken), a few ms apart.
   std::vector<std::unique_ptr<Offer>> root;
@@ -1446,6 +1545,11 @@ TEST(RendezvousQuotaTest, PerUidLimitCapacityAndEviction) {
   // Another uid still gets the rest of the table.
   UidChild nobody(kNobody);
   ASSERT_TRUE(nobody.ok());
+  auto nobody_client = [&](size_t i) {
+    auto it = nobody_tcp.find(i);
+    if (it == nobody_tcp.end()) it = nobody_tcp.emplace(i, nobody.Connect(dest)).first;
+    return it->second;
+  };
   int nobody_count = 0;
   for (size_t i = per_uid; i < kCapacity; ++i) {
     uint64_t nonce = 0;
@@ -1582,9 +1686,10 @@ TEST_F(RendezvousRegistrationTest, MovingKeepsTheClaimAndTheStream) {
   // Assigning over a live registration lets go of what it held: the stream's proxy pair,
   // the client's B, the anchor's slot.
   Offer other;
-  ASSERT_TRUE(IsAccept(Register(&other, 40001), other.nonce));
+  const wire::Endpoint other_ep = NewClient();
+  ASSERT_TRUE(IsAccept(Register(&other, other_ep), other.nonce));
   Registration second;
-  ASSERT_TRUE(rv_->Take(Ep("127.0.0.1", 40001), server_ep_, &second));
+  ASSERT_TRUE(rv_->Take(other_ep, server_ep_, &second));
   const int before = CountOpenFds();
   assigned = std::move(second);
   EXPECT_EQ(CountOpenFds(), before - 4);
@@ -1662,8 +1767,17 @@ TEST_F(RendezvousRegistrationTest, RegisteredConnectionSettlesEndToEnd) {
 
   // The server: accept() takes the registration (answering it), and the TCP socket goes
   // to the slot kept for it.
-  int accepted = accept4(server_->tcp, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  ASSERT_GE(accepted, 0);
+  // (The listener's backlog holds the fixture's own connection too: accept this one's.)
+  int accepted = -1;
+  for (;;) {
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof(peer);
+    accepted = accept4(server_->tcp, reinterpret_cast<sockaddr*>(&peer), &peer_len,
+                       SOCK_CLOEXEC | SOCK_NONBLOCK);
+    ASSERT_GE(accepted, 0) << std::strerror(errno);
+    if (Ep(peer) == client_ep) break;
+    close(accepted);
+  }
   Registration reg;
   ASSERT_TRUE(rv_->Take(client_ep, server_ep_, &reg));
   ASSERT_EQ(dup3(accepted, reg.anchor_slot, O_CLOEXEC), reg.anchor_slot);
