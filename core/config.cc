@@ -316,6 +316,14 @@ constexpr Option kOptions[] = {
      }},
     {"SLIP_VERBS_REUSE", "expected a decimal integer between 0 and 1024",
      [](std::string_view v, Config* c, Why*) { return ParseRange(v, 0, 1024, &c->verbs_reuse); }},
+    {"SLIP_VERBS_PIN_MAX", "expected a size between 1M and 1024G (e.g. 512M)",
+     [](std::string_view v, Config* c, Why*) {
+       uint64_t size;
+       if (!ParseSize(v, &size) || size < (uint64_t(1) << 20) || size > (uint64_t(1) << 40))
+         return false;
+       c->verbs_pin_max = size;
+       return true;
+     }},
 };
 
 // Quotes the value for the one-line error: control characters become '?' so the message

@@ -89,6 +89,11 @@ struct Config {
   // SLIP_VERBS_REUSE, 0..1024: queue pairs a process keeps after their connections closed,
   // for the next connections to the same listener (0: every connection makes its own).
   uint32_t verbs_reuse = 16;
+  // SLIP_VERBS_PIN_MAX, 1M..1024G (K/M/G suffixes): the most bytes of rings the process
+  // keeps registered with RDMA devices (pinned), all connections and idle rings together;
+  // 0 (the default): a quarter of the machine's physical memory. Beyond it a new verbs
+  // connection stays on TCP (reason resources) and a listener rejects requests.
+  uint64_t verbs_pin_max = 0;
   // SLIP_FAILOVER=0|1: a connection whose transport fails continues on its TCP connection
   // (0: it resets, as before failover existed; for tests and for the cautious).
   bool failover = true;

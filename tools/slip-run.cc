@@ -121,6 +121,11 @@ const Option kOptions[] = {
     {"--verbs-reuse", "N", "SLIP_VERBS_REUSE",
      "queue pairs kept after their connections closed, for the next ones (0..1024; 0: none)",
      [](const Config& c) { return std::to_string(c.verbs_reuse); }},
+    {"--verbs-pin-max", "SIZE", "SLIP_VERBS_PIN_MAX",
+     "the most bytes of rings pinned for RDMA (1M..1024G; default: a quarter of memory)",
+     [](const Config& c) {
+       return c.verbs_pin_max ? std::to_string(c.verbs_pin_max) : std::string("auto");
+     }},
     {"--failover", "0|1", "SLIP_FAILOVER",
      "continue a connection on TCP when its RDMA path fails mid-stream (0: reset it)",
      [](const Config& c) { return std::string(c.failover ? "1" : "0"); }},

@@ -129,7 +129,7 @@ int Conn::Init(bool send_notify) noexcept {
     attr.cap.max_inline_data = want;
     attr.cap.max_send_wr = kSendDepth;
     attr.cap.max_recv_wr = kRecvDepth;
-    qp_ = ibv_create_qp(device_->pd(), &attr);
+    qp_ = ibv_create_qp(slot_.pd, &attr);  // the slot's own: only this queue pair reaches it
     if (qp_) break;
   }
   if (!qp_) return -(errno ? errno : EINVAL);
@@ -325,8 +325,16 @@ int Conn::Connect(int gid_override) noexcept {
   attr = ibv_qp_attr{};
   mask = 0;
   attr.qp_state = IBV_QPS_RTS;
-  if (rdma_init_qp_attr(id_, &attr, &mask) != 0 || ibv_modify_qp(qp_, &attr, mask) != 0)
-    return -(errno ? errno : EINVAL);
+  if (rdma_init_qp_attr(id_, &attr, &mask) != 0) return -(errno ? errno : EINVAL);
+  // A peer queue pair that stops answering must end in a completion error (retry
+  // exceeded), never in an endless wait: the transport timeout is never "infinite" (0).
+  if (!(mask & IBV_QP_TIMEOUT) || attr.timeout == 0) {
+    attr.timeout = kTransportTimeout;
+    mask |= IBV_QP_TIMEOUT;
+  }
+  SLIP_LOG(kDebug, "verbs: queue pair %u: transport timeout %u, retries %u, rnr retries %u",
+           qp_->qp_num, unsigned(attr.timeout), unsigned(attr.retry_cnt), unsigned(attr.rnr_retry));
+  if (ibv_modify_qp(qp_, &attr, mask) != 0) return -(errno ? errno : EINVAL);
   return 0;
 }
 
@@ -1106,6 +1114,87 @@ bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
   }
 }
 
+// ------------------------------------------------------------------------ liveness
+
+void CheckAllConns(uint64_t now_ms) noexcept {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  for (Conn* c = g_registry_head; c; c = c->next_) c->CheckLiveness(now_ms);
+}
+
+void Conn::CheckLiveness(uint64_t now_ms) noexcept {
+  if (orphaned_.load(std::memory_order_relaxed) || !have_peer_ || !streamed_ ||
+      parked_.load(std::memory_order_relaxed) || mode_.load() != Mode::kRdma ||
+      error_.load(std::memory_order_acquire) != 0 || rdma_released_.load()) {
+    live_ = Liveness{};
+    return;
+  }
+  // Anything that moved: bytes in, credit back, sends acknowledged.
+  const uint64_t progress = rx_produced_.load(std::memory_order_relaxed) * 3 +
+                            tx_credit_.load(std::memory_order_relaxed) * 5 +
+                            sq_completed_.load(std::memory_order_relaxed) * 7;
+  if (progress != live_.progress || live_.quiet_since_ms == 0 || !SomebodyWaits()) {
+    // (Nobody waiting: nobody can hang on it; the first to wait starts the clock.)
+    live_ = Liveness{progress, now_ms, 0};
+    return;
+  }
+  if (now_ms - live_.quiet_since_ms < kQuietMs) return;
+  // Quiet while somebody waits: the data or credit may simply not be sent yet (a peer
+  // that computes), or the path may be dead without anybody having been told.
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (ibv_query_qp(qp_, &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state != IBV_QPS_RTS &&
+      attr.qp_state != IBV_QPS_SQD) {
+    SLIP_LOG(kWarn,
+             "verbs: queue pair %u is in state %d with nothing reported: its RDMA path "
+             "is taken as failed",
+             qp_num_, int(attr.qp_state));
+    live_ = Liveness{};
+    TransportFailed(wire::FailoverCause::kTransportError);
+    return;
+  }
+  if (live_.probe_done_at == 0) {
+    // The peer's queue pair must acknowledge a write; one that died without telling (no
+    // disconnect) lets it run into the transport's retry limit: a completion error.
+    uint64_t done_at = 0;
+    if (PostProbe(&done_at)) live_.probe_done_at = done_at;
+    return;
+  }
+  if (sq_completed_.load(std::memory_order_acquire) >= live_.probe_done_at) {
+    live_ = Liveness{progress, now_ms, 0};  // the peer answered: alive, and quiet
+  }
+}
+
+bool Conn::PostProbe(uint64_t* done_at) noexcept {
+  // Never wait for the send queue here (the progress thread serves every connection): a
+  // writer holding it, or a full queue, already has writes in flight for the transport to
+  // judge.
+  if (post_busy_.test_and_set(std::memory_order_acquire)) return false;
+  bool posted = false;
+  if (!rdma_released_.load(std::memory_order_relaxed) &&
+      sq_posted_ + 1 - sq_completed_.load(std::memory_order_acquire) <= sq_depth_) {
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_RDMA_WRITE;  // zero length: nothing lands, only the acknowledgement
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr_id = sq_posted_ + 1;
+    wr.wr.rdma.remote_addr = peer_ring_addr_;
+    wr.wr.rdma.rkey = peer_rkey_;
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp_, &wr, &bad);
+    if (rc == 0) {
+      sq_posted_ += 1;
+      unsignaled_ = 0;
+      *done_at = sq_posted_;
+      posted = true;
+    } else {
+      SLIP_LOG(kWarn, "verbs: queue pair %u refuses a probe (%s)", qp_num_, strerror(rc));
+      RequestFailover(wire::FailoverCause::kTransportError);
+    }
+  }
+  post_busy_.clear(std::memory_order_release);
+  if (!posted) MaybeFailover();
+  return posted;
+}
+
 // ------------------------------------------------------------------------ own channel
 
 void SetConnWatchEpoll(int epoll_fd) noexcept {
@@ -1127,6 +1216,16 @@ ibv_comp_channel* Conn::SetUpOwnChannel() noexcept {
   own_.conn = this;
   ibv_comp_channel* channel = ibv_create_comp_channel(device_->context());
   if (!channel) return device_->comp_channel();  // ~OwnChannel drops the registration
+  // Above the floor, or not at all: a connection (a pending request of a remote peer's
+  // above all) never takes a descriptor number the application would get. The kernel
+  // finds the channel by its number when the queue is created, after this.
+  const int high = sys::DupAbove(channel->fd, sys::HiddenFdFloor());
+  if (high < 0) {
+    ibv_destroy_comp_channel(channel);
+    return device_->comp_channel();  // the device's shared one serves it instead
+  }
+  sys::close(channel->fd);
+  channel->fd = high;
   sys::fcntl(channel->fd, F_SETFL, sys::fcntl(channel->fd, F_GETFL) | O_NONBLOCK);
   own_.channel = channel;
   own_fd_ = channel->fd;

@@ -189,6 +189,17 @@ class Conn final : public Channel {
   // with bit 0 set). Looks the connection up among the live ones first.
   static void OnWatchEvent(uint64_t key) noexcept;
 
+  // --- liveness (docs/DESIGN.md "Failover": a queue pair that stops silently) ---
+  // Progress thread, with the registry locked (CheckAllConns): a stream on RDMA whose
+  // waiting thread saw no progress for kQuietMs has its queue pair looked at (a state other
+  // than ready to send, which nothing reported: a silent RESET, say, fails over) and the
+  // peer's probed with a zero-length RDMA WRITE (a dead peer queue pair ends it with a
+  // completion error, which fails over as any other).
+  void CheckLiveness(uint64_t now_ms) noexcept;
+  static constexpr uint64_t kQuietMs = 2000;
+  // 4.096 us << 18: about a second per try, as NCCL's default order of magnitude.
+  static constexpr uint8_t kTransportTimeout = 18;
+
  private:
   Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept;
   int Init(bool send_notify) noexcept;
@@ -287,6 +298,15 @@ class Conn final : public Channel {
   mutable std::atomic<bool> peer_closed_{false};
   mutable std::atomic<int> error_{0};
   mutable std::atomic<bool> hello_received_{false};
+
+  // CheckLiveness's (the progress thread's alone).
+  struct Liveness {
+    uint64_t progress = 0;  // what the counters said at the last look
+    uint64_t quiet_since_ms = 0;
+    uint64_t probe_done_at = 0;  // sq_completed_ value that acknowledges the probe, or 0
+  };
+  Liveness live_;
+  bool PostProbe(uint64_t* done_at) noexcept;
   mutable Hello hello_;
 
   // Reuse.
@@ -368,6 +388,9 @@ class Conn final : public Channel {
   Conn* next_ = nullptr;
   friend void OrphanAllConns() noexcept;
   friend void FlushAllConns(int timeout_ms) noexcept;
+  friend void CheckAllConns(uint64_t now_ms) noexcept;
+  // Progress thread: CheckLiveness on every connection.
+  void CheckAllConns(uint64_t now_ms) noexcept;
   friend int ReleaseRemovedConns(const Device* device) noexcept;
 
   // A completion channel of the connection's own, so that a blocking reader can sleep on
@@ -396,6 +419,8 @@ void ConnRegistryLock() noexcept;
 void ConnRegistryUnlock() noexcept;
 void OrphanAllConns() noexcept;  // in a fork child, with the registry locked
 void FlushAllConns(int timeout_ms) noexcept;
+// Progress thread: CheckLiveness on every connection.
+void CheckAllConns(uint64_t now_ms) noexcept;
 // Progress thread, after the device's DEVICE_REMOVAL events were acknowledged: releases the
 // RDMA objects of every connection on `device` that rdma_cm said lost it (ReleaseRdma).
 // Returns how many of those still hold them.

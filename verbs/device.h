@@ -1,5 +1,5 @@
-// One RDMA device as the transport uses it: a protection domain, a completion channel
-// served by the progress thread, and a pool of registered ring slots.
+// One RDMA device as the transport uses it: a completion channel served by the progress
+// thread, and a pool of registered ring slots.
 //
 // Removal (rdma_cm's DEVICE_REMOVAL: `rdma link delete`, a driver unload): the module stops
 // handing the device out, its connections release what they hold of it (Conn::ReleaseRdma),
@@ -13,6 +13,18 @@
 // into the mirror at the same offsets it will write in the peer's ring, and RDMA WRITE
 // takes the bytes from there. The mirror needs no separate free-space tracking: an offset
 // is reused only after the peer returned credit for it, that is after the write landed.
+//
+// Isolation (docs/SECURITY.md, "Remote hosts"): every slot has a protection domain of its
+// own, and a connection's queue pair is created in its slot's. A remote key is honoured
+// only for a queue pair of the memory region's protection domain, so a peer reaches only
+// the rings of the connection its queue pair belongs to, whatever addresses and keys it
+// learned or guessed: another connection's queue pair, or one of its own earlier
+// connections, is refused by the device (remote access error). A slot goes back to the
+// pool only after its queue pair was destroyed, so the next connection's queue pair is
+// again the only one in it, and the key it inherits reaches nothing else.
+//
+// Pinned memory is bounded: the process pins at most SLIP_VERBS_PIN_MAX bytes of slots
+// (GetSlot says -ENOBUFS beyond), and idle slots are given back after kIdleSlotMs.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -42,8 +54,10 @@ struct Slot {
   uint8_t* base = nullptr;  // rx ring, then the control block, then the tx mirror
   size_t size = 0;
   uint32_t ring_size = 0;
+  ibv_pd* pd = nullptr;         // the slot's own: its connection's queue pair is made in it
   ibv_mr* remote_mr = nullptr;  // rx ring + control: remote write
   ibv_mr* local_mr = nullptr;   // tx mirror
+  uint64_t idle_since_ms = 0;   // in the pool: when it went there
 
   uint8_t* rx_ring() const noexcept { return base; }
   uint8_t* control() const noexcept { return base + ring_size; }
@@ -59,20 +73,32 @@ class Device {
   Device& operator=(const Device&) = delete;
 
   ibv_context* context() const noexcept { return context_; }
-  ibv_pd* pd() const noexcept { return pd_; }
   ibv_comp_channel* comp_channel() const noexcept { return comp_channel_; }
   const char* name() const noexcept { return ibv_get_device_name(context_->device); }
   // iWARP has no RDMA WRITE WITH IMMEDIATE.
   bool iwarp() const noexcept { return context_->device->transport_type == IBV_TRANSPORT_IWARP; }
 
-  // A registered slot for rings of `ring_size`, or -errno: -ENOMEM when registration
-  // failed under a finite RLIMIT_MEMLOCK (the caller says so and stays on TCP).
+  // A registered slot for rings of `ring_size`, with no queue pair in its protection
+  // domain, or -errno: -ENOMEM when registration failed under a finite RLIMIT_MEMLOCK (the
+  // caller says so and stays on TCP), -ENOBUFS when the process's pinned-memory budget
+  // (SetPinBudget) has no room for it.
   int GetSlot(uint32_t ring_size, Slot* slot) noexcept;
+  // Back to the pool; the queue pair made in the slot's protection domain must be
+  // destroyed already.
   void PutSlot(const Slot& slot) noexcept;
-  // The slot's registrations go, its memory stays (a connection that failed over to TCP
-  // still reads and writes its rings); FreeRings unmaps it later.
+  // Gives back the slots idle for longer than kIdleSlotMs (the progress thread, often).
+  void TrimIdle(uint64_t now_ms) noexcept;
+  // The slot's registrations and protection domain go (its queue pair must be destroyed
+  // already), its memory stays (a connection that failed over to TCP still reads and
+  // writes its rings); FreeRings unmaps it later.
   static void DeregisterSlot(Slot* slot) noexcept;
   static void FreeRings(Slot* slot) noexcept;
+
+  // The most bytes of slots the process keeps registered (pinned), all devices together;
+  // 0: no limit of our own (RLIMIT_MEMLOCK still applies). Set once, before any slot.
+  static void SetPinBudget(size_t bytes) noexcept;
+  // Bytes of slots registered now (in use and idle).
+  static size_t PinnedBytes() noexcept;
 
   // Connections holding objects of this device (queue pair, completion queue, slot): the
   // device may be destroyed only once none does.
@@ -86,7 +112,6 @@ class Device {
 
   std::atomic<int> users_{0};
   ibv_context* context_ = nullptr;
-  ibv_pd* pd_ = nullptr;
   ibv_comp_channel* comp_channel_ = nullptr;
   std::mutex mu_;
   std::vector<Slot> idle_;  // registered, unused
@@ -100,5 +125,8 @@ bool ContextRetired(const ibv_context* context) noexcept;
 
 // Bytes one connection pins: what RLIMIT_MEMLOCK must allow per connection.
 size_t SlotBytes(uint32_t ring_size) noexcept;
+
+// How long a slot stays registered in the pool without a connection.
+constexpr uint64_t kIdleSlotMs = 30000;
 
 }  // namespace slip::verbs

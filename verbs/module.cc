@@ -38,6 +38,9 @@ constexpr int kListenBacklog = 1024;
 // may wait keeps a flood of requests without SYNs from pinning unbounded memory.
 constexpr uint64_t kPendingTtlMs = 30000;
 constexpr size_t kMaxPendingPerListener = 1024;
+// One source address may hold this many of them: a host that floods requests (each pins
+// a slot until it expires) takes no more than its share of the listener's.
+constexpr size_t kMaxPendingPerSource = 64;
 // Parked queue pairs (docs/DESIGN.md "Reusing queue pairs"): one whose peer has not closed
 // yet waits this long for it; a client's idle one this long for a connection to claim it;
 // a listener's (which the client drops first) longer.
@@ -85,6 +88,9 @@ struct Pending {
   wire::Endpoint client, server;
   uint64_t nonce = 0;
   uint8_t ring_log2 = 0;
+  // Null once withdrawn: the queue pair and its slot are given back at once (a flood of
+  // requests that disconnect pins nothing), the record stays until it expires so that
+  // accept() knows the client gave up.
   Conn* conn = nullptr;
   uint64_t expires_ms = 0;
   bool withdrawn = false;  // the client disconnected before confirming
@@ -97,6 +103,24 @@ struct Listener {
   bool wildcard = false;
   std::mutex mu;
   std::vector<Pending> pending;
+
+  // Requests that hold a queue pair (under mu).
+  size_t Live() const noexcept {
+    size_t n = 0;
+    for (const Pending& p : pending) n += p.conn != nullptr;
+    return n;
+  }
+  // Makes room for one more record: the oldest withdrawn one goes (its client is plain
+  // already). False when every record holds a queue pair and the table is full.
+  bool RoomForOne(size_t limit) noexcept {
+    if (pending.size() < limit) return true;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (pending[i].conn) continue;
+      pending.erase(pending.begin() + long(i));
+      return true;
+    }
+    return false;
+  }
 };
 
 struct ClientConn {
@@ -179,6 +203,7 @@ class VerbsModule final : public Module, public ConnOwner {
   void OnConnectRequest(rdma_cm_event* event) noexcept;
   void HandleCompletions(Device* device) noexcept;
   void ExpirePending() noexcept;
+  void TrimIdleSlots() noexcept;
   Device* DeviceFor(ibv_context* context, int* error) noexcept;
   bool DeviceAllowed(ibv_context* context) const noexcept;
   bool SendNotify(Device* device) const noexcept;
@@ -231,6 +256,7 @@ class VerbsModule final : public Module, public ConnOwner {
   std::vector<ParkedConn> parked_;
   std::vector<Removal> removals_;  // written by the progress thread under mu_
   bool reaping_ = false;           // progress thread: a removal is not finished yet
+  uint64_t last_liveness_ms_ = 0;  // progress thread: CheckAllConns
 };
 
 // ------------------------------------------------------------------------ start
@@ -250,6 +276,7 @@ int VerbsModule::Start(char* error, size_t error_len) noexcept {
     return -ENODEV;
   }
   cm_channel_ = rdma_create_event_channel();
+  if (cm_channel_) cm_channel_->fd = sys::MoveHigh(cm_channel_->fd, sys::HiddenFdFloor());
   if (!cm_channel_ || !SetNonblocking(cm_channel_->fd)) {
     snprintf(error, error_len, "cannot open the rdma_cm event channel (%s)", strerror(errno));
     return -ENODEV;
@@ -263,6 +290,14 @@ int VerbsModule::Start(char* error, size_t error_len) noexcept {
     return -EIO;
   }
   SetConnWatchEpoll(epoll_fd_);  // connections' own completion channels (odd keys)
+  // The pinned-memory budget: what the user set, or a quarter of physical memory (a peer
+  // that asks for connections must not pin what the host needs, RLIMIT_MEMLOCK or not).
+  uint64_t budget = config_->verbs_pin_max;
+  if (budget == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    budget = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) / 4 : 0;
+  }
+  Device::SetPinBudget(size_t(budget));
   // Rings must be pinned: say once, clearly, when the limit cannot hold even one.
   rlimit rl{};
   if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
@@ -332,6 +367,13 @@ bool VerbsModule::SendNotify(Device* device) const noexcept {
 }
 
 Reason VerbsModule::MemlockReason(int error, uint32_t ring_size) noexcept {
+  if (error == -ENOBUFS) {
+    SLIP_LOG(kWarn,
+             "verbs: %zu KiB of rings already pinned, the budget (SLIP_VERBS_PIN_MAX) has no "
+             "room for %zu KiB more: this connection stays on TCP",
+             Device::PinnedBytes() / 1024, SlotBytes(ring_size) / 1024);
+    return Reason::kResources;
+  }
   rlimit rl{};
   bool limited = getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
   if (error != -ENOMEM && error != -EPERM && error != -EAGAIN) return Reason::kResources;
@@ -371,8 +413,27 @@ void VerbsModule::Run() noexcept {
     ServeClaims();
     ExpirePending();
     SweepParked();
+    TrimIdleSlots();
+    if (const uint64_t now = sys::MonotonicMs(); now - last_liveness_ms_ >= 500) {
+      last_liveness_ms_ = now;
+      CheckAllConns(now);
+    }
     ReapRemoved();
   }
+}
+
+void VerbsModule::TrimIdleSlots() noexcept {
+  // Devices are deleted only by this thread (ReapRemoval), so they outlive the copy.
+  Device* devices[16];
+  size_t count = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& entry : devices_) {
+      if (count < std::size(devices)) devices[count++] = entry.second;
+    }
+  }
+  const uint64_t now = sys::MonotonicMs();
+  for (size_t i = 0; i < count; ++i) devices[i]->TrimIdle(now);
 }
 
 void VerbsModule::HandleCompletions(Device* device) noexcept {
@@ -445,11 +506,26 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
     ok = false;
   } else if (!DeviceAllowed(id->verbs)) {
     ok = false;
+  } else if ((1u << req.ring_log2) > config_->ring_size) {
+    // The listener decides what it pins: rings up to its own SLIP_RING_SIZE.
+    SLIP_LOG(kWarn,
+             "verbs: rejecting a connection request for %u KiB rings (this listener's limit "
+             "is SLIP_RING_SIZE, %u KiB)",
+             (1u << req.ring_log2) >> 10, config_->ring_size >> 10);
+    ok = false;
   } else {
     std::lock_guard<std::mutex> lock(listener->mu);
-    if (listener->pending.size() >= kMaxPendingPerListener) {
-      SLIP_LOG(kWarn, "verbs: %zu requests already wait on port %u; rejecting",
-               listener->pending.size(), listener->port);
+    size_t from_source = 0;
+    for (const Pending& p : listener->pending)
+      from_source += p.conn && SameAddress(p.client, req.client);
+    if (listener->Live() >= kMaxPendingPerListener ||
+        !listener->RoomForOne(2 * kMaxPendingPerListener)) {
+      SLIP_LOG(kWarn, "verbs: %zu requests already wait on port %u; rejecting", listener->Live(),
+               listener->port);
+      ok = false;
+    } else if (from_source >= kMaxPendingPerSource) {
+      SLIP_LOG(kWarn, "verbs: %zu requests from one address already wait on port %u; rejecting",
+               from_source, listener->port);
       ok = false;
     }
   }
@@ -511,7 +587,13 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
       }
       SLIP_LOG(kInfo, "verbs: cannot accept a connection request (%s)", strerror(errno));
     } else {
-      SLIP_LOG(kInfo, "verbs: no resources for a connection request (%s)", strerror(-err));
+      if (err == -ENOBUFS)
+        SLIP_LOG(kWarn,
+                 "verbs: rejecting a connection request: %zu KiB of rings already pinned, the "
+                 "budget (SLIP_VERBS_PIN_MAX) has no room for more",
+                 Device::PinnedBytes() / 1024);
+      else
+        SLIP_LOG(kInfo, "verbs: no resources for a connection request (%s)", strerror(-err));
     }
   }
   Reject(id);
@@ -537,6 +619,16 @@ void VerbsModule::ExpirePending() noexcept {
     for (Listener* l : listeners_) {
       std::lock_guard<std::mutex> llock(l->mu);
       MoveOutIf(&l->pending, &expired, [now](const Pending& p) { return p.expires_ms <= now; });
+      // Withdrawn ones give their queue pair back now (their events were acknowledged:
+      // this runs after them), and keep only their record.
+      for (Pending& p : l->pending) {
+        if (!p.withdrawn || !p.conn) continue;
+        try {
+          expired.push_back(p);
+          p.conn = nullptr;
+        } catch (...) {
+        }
+      }
     }
   }
   if (!expired.empty()) SLIP_LOG(kDebug, "verbs: %zu request(s) expired", expired.size());
@@ -1127,7 +1219,7 @@ void VerbsModule::ServeClaim(Conn* conn, const LinkMsg& claim) noexcept {
     Listener* l = ListenerFor(p.server);
     if (l) {
       std::lock_guard<std::mutex> llock(l->mu);
-      if (l->pending.size() < kMaxPendingPerListener) {
+      if (l->Live() < kMaxPendingPerListener && l->RoomForOne(2 * kMaxPendingPerListener)) {
         // Pending before the answer: the client's SYN follows the answer.
         conn->BeginClaimed(claim);
         try {
@@ -1235,8 +1327,9 @@ bool VerbsModule::ReapRemoval(Removal* r) noexcept {
         }
       }
       std::lock_guard<std::mutex> llock(l->mu);
-      MoveOutIf(&l->pending, &dropped,
-                [r](const Pending& p) { return r->device && p.conn->device() == r->device; });
+      MoveOutIf(&l->pending, &dropped, [r](const Pending& p) {
+        return r->device && p.conn && p.conn->device() == r->device;
+      });
     }
   }
   for (rdma_cm_id* id : ids) rdma_destroy_id(id);  // its events were acknowledged

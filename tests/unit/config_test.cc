@@ -90,6 +90,13 @@ TEST(Config, VerbsOptions) {
   EXPECT_EQ(MustParse({{"SLIP_VERBS_REUSE", "1024"}}).verbs_reuse, 1024u);
   MustFail("SLIP_VERBS_REUSE", "1025");
   MustFail("SLIP_VERBS_REUSE", "-1");
+  EXPECT_EQ(MustParse({}).verbs_pin_max, 0u);  // auto
+  EXPECT_EQ(MustParse({{"SLIP_VERBS_PIN_MAX", "512M"}}).verbs_pin_max, uint64_t(512) << 20);
+  EXPECT_EQ(MustParse({{"SLIP_VERBS_PIN_MAX", "1024G"}}).verbs_pin_max, uint64_t(1) << 40);
+  MustFail("SLIP_VERBS_PIN_MAX", "0");
+  MustFail("SLIP_VERBS_PIN_MAX", "1023K");
+  MustFail("SLIP_VERBS_PIN_MAX", "1025G");
+  MustFail("SLIP_VERBS_PIN_MAX", "lots");
   EXPECT_EQ(c.gid_index, 1);
   EXPECT_EQ(c.verbs_notify, VerbsNotify::kSend);
   EXPECT_EQ(c.negative_ttl_ms, 0u);

@@ -7,7 +7,9 @@
 #    shm: an accelerated connection must report transport "verbs", and a Slipstream peer
 #    of a plain one "tcp" with its reason. Content is checked by every case (SHA-256).
 # 2. Verbs-only cases (tests/vm/verbs_cases.py): forged and malformed rdma_cm requests,
-#    SEND-based notification (the iWARP path), RLIMIT_MEMLOCK, the negative cache,
+#    a remote peer's attacks (writes into another connection's ring, request floods,
+#    oversized rings; docs/SECURITY.md "Remote hosts"), queue pairs that stop behind their
+#    owner's back, SEND-based notification (the iWARP path), RLIMIT_MEMLOCK, the negative cache,
 #    non-blocking connects that never block on detection, and
 #    failover to TCP when the RDMA device is deleted mid-stream (last: it re-creates rxe0).
 #
@@ -31,7 +33,10 @@ sockperf.both asyncio.both poll.both select.both et.both sendfile.both banner.bo
 kill.sender_killed kill.receiver_killed kill.recv_blocked_client_killed
 kill.recv_blocked_server_killed"}
 VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
-forged_nonce.run memlock.run negative_cache.run nbconnect.verbs nbconnect.plain_server
+forged_nonce.run cross_write.run flood.source flood.budget flood.fdlimit qp_fault.server_reset
+qp_fault.client_reset qp_fault.server_err memlock.run
+negative_cache.run
+nbconnect.verbs nbconnect.plain_server
 nbconnect.refused nbconnect.closed gid.default gid.explicit gid.missing_client gid.missing_server
 failover.device_removed reuse.paced reuse.tight reuse.off reuse.send
 reuse_restart.run"}

@@ -86,6 +86,22 @@ def bulk_pair(t, server_slip=True, client_slip=True, server_env=None, client_env
     return server, client, {server: (s["sent"], s["received"]), client: (c["sent"], c["received"])}
 
 
+def serve_real_client(t, server, total=BULK, meanwhile=None):
+    """A legitimate client of `server` (bulk.py, seed 1, `total` bytes each way; `meanwhile()`
+    runs while it streams): both streams exact, both ends on verbs."""
+    client = t.start("client", py("bulk.py", "client", "--port", t.port, "--host", LOOPBACK,
+                                  "--seed", 2, "--total", total), slip=True)
+    if meanwhile:
+        meanwhile()
+    client.expect_exit(0)
+    server.expect_exit(0)
+    s, c = server.json_output(), client.json_output()
+    t.expect_same_stream("client -> server", c, s)
+    t.expect_same_stream("server -> client", s, c)
+    t.expect_stats(server, "verbs", "")
+    t.expect_stats(client, "verbs", "")
+
+
 @case("notify_send", variants=("both", "server"))
 def notify_send(t, variant):
     """RDMA WRITE followed by a SEND notification, as iWARP (no immediate data) needs: forced
@@ -99,24 +115,18 @@ def notify_send(t, variant):
 
 @case("malformed")
 def malformed(t, variant):
-    """Requests with garbage, cut-short, wrong-version and wrong-tuple private data are each
-    rejected by the listener, which then serves a real connection over verbs unharmed."""
+    """Requests with garbage, cut-short, wrong-version and wrong-tuple private data, and one
+    for rings larger than the listener's own SLIP_RING_SIZE (a client must not choose what
+    the server pins), are each rejected by the listener, which then serves a real
+    connection over verbs unharmed."""
     server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--bind", LOOPBACK,
                                   "--seed", 1, "--total", BULK), slip=True)
-    for mode in ("garbage", "short", "version", "tuple"):
+    for mode in ("garbage", "short", "version", "tuple", "bigring"):
         forge = t.start(f"forge_{mode}", [forge_path(t), LOOPBACK, t.port, mode])
         code = forge.wait(timeout=30)
         t.check(code == 0 and "rejected" in forge.stdout(),
                 f"forged request ({mode}): exit {code}, said {forge.stdout().strip()!r}")
-    client = t.start("client", py("bulk.py", "client", "--port", t.port, "--host", LOOPBACK,
-                                  "--seed", 2, "--total", BULK), slip=True)
-    client.expect_exit(0)
-    server.expect_exit(0)
-    s, c = server.json_output(), client.json_output()
-    t.expect_same_stream("client -> server", c, s)
-    t.expect_same_stream("server -> client", s, c)
-    t.expect_stats(server, "verbs", "")
-    t.expect_stats(client, "verbs", "")
+    serve_real_client(t, server)
 
 
 @case("forged_nonce")
@@ -141,6 +151,87 @@ def forged_nonce(t, variant):
     code = forge.wait(timeout=30)
     t.check(code == 0 and "disconnected" in forge.stdout(),
             f"the forged request was not dropped: exit {code}, said {forge.stdout().strip()!r}")
+
+
+def pinned_kib(proc):
+    """The process's pinned memory (VmPin: what its RDMA registrations hold), in KiB."""
+    for line in Path(f"/proc/{proc.popen.pid}/status").read_text().splitlines():
+        if line.startswith("VmPin:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmPin line")
+
+
+def low_device_fds(proc, floor):
+    """How many of the process's descriptors below `floor` are files of an RDMA device."""
+    count = 0
+    for entry in Path(f"/proc/{proc.popen.pid}/fd").iterdir():
+        try:
+            if int(entry.name) < floor and "infiniband" in os.readlink(entry):
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+@case("cross_write")
+def cross_write(t, variant):
+    """A remote peer that learned one connection's ring (address and key, from the answer to
+    a request it then abandoned) RDMA-WRITEs there through a second connection of its own
+    while a legitimate connection, which may have got that ring from the pool, streams:
+    the device refuses the writes (each connection's queue pair and rings have a protection
+    domain of their own) and the legitimate stream arrives exactly, on verbs."""
+    go = t.dir / "go"
+    server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--bind", LOOPBACK,
+                                  "--seed", 1, "--total", 48 * MiB), slip=True)
+    attacker = t.start("attacker", [forge_path(t), LOOPBACK, t.port, "cross", pick_port(), go, 5])
+    attacker.wait_until(lambda: "learned" in attacker.stdout(), "the first request answered")
+    time.sleep(0.5)  # its disconnect reaches the listener: the ring goes back to the pool
+    attack = {}
+
+    def write_across():
+        time.sleep(1.0)  # the legitimate connection is up and streaming
+        go.write_text("go")
+        attack["code"] = attacker.wait(timeout=60)
+
+    serve_real_client(t, server, total=48 * MiB, meanwhile=write_across)
+    code, said = attack["code"], attacker.stdout().strip()
+    t.check(code == 0 and "refused" in said,
+            f"the cross-connection writes were not refused: exit {code}, said {said!r}")
+
+
+@case("flood", variants=("source", "budget", "fdlimit"))
+def flood(t, variant):
+    """Requests from one host held open together: at most 64 per source address wait on a
+    listener (source), or as many as the pinned-memory budget holds (budget: 8 MiB, three
+    1 MiB-ring connections; the server's VmPin stays within it); the rest are rejected.
+    fdlimit: 130 requests at a server whose descriptor limit is 128 (each pending request
+    once took a descriptor of the application's, which then failed accept() with EMFILE).
+    Once the flood lets go, a real connection is served over verbs with its bytes intact."""
+    count, limit = {"source": (80, 64), "budget": (10, 3), "fdlimit": (130, 64)}[variant]
+    env = {"SLIP_VERBS_PIN_MAX": "8M"} if variant == "budget" else None
+    wrap = ["prlimit", "--nofile=128:128"] if variant == "fdlimit" else []
+    server = t.serve("server", [*wrap, *py("bulk.py", "server", "--port", t.port, "--bind",
+                                           LOOPBACK, "--seed", 1, "--total", BULK)],
+                     slip=True, env=env)
+    if wrap:
+        server.exe = os.path.realpath(PYTHON)  # what the stats record will name
+    forge = t.start("flood", [forge_path(t), LOOPBACK, t.port, "flood", pick_port(), count, 3])
+    forge.wait_until(lambda: "established" in forge.stdout(), "the flood's requests answered",
+                     timeout=120)
+    said = forge.stdout().strip()
+    t.check(said == f"established {limit} rejected {count - limit}",
+            f"expected {limit} requests accepted and {count - limit} rejected, got {said!r}")
+    if variant == "budget":
+        pinned = pinned_kib(server)
+        t.check(pinned <= 8 * 1024, f"the server pins {pinned} KiB, over its 8 MiB budget")
+    if variant == "fdlimit":
+        # The application's numbers (below the floor, 64 at this limit) hold the device's
+        # context files, not a completion channel per request.
+        low = low_device_fds(server, 64)
+        t.check(low <= 4, f"{low} descriptors of the RDMA device below the floor during the flood")
+    t.check(forge.wait(timeout=60) == 0, "the flood program failed")
+    time.sleep(0.5)  # the flood's disconnects reach the listener
+    serve_real_client(t, server)
 
 
 @case("memlock")
@@ -446,6 +537,36 @@ def failover(t, variant):
     for name, path in logs.items():
         text = path.read_text() if path.exists() else ""
         t.check("continues on TCP" in text, f"{name}: no failover line in its log: {text!r}")
+
+
+@case("qp_fault", variants=("server_reset", "client_reset", "server_err"))
+def qp_fault(t, variant):
+    """A queue pair stops behind its owner's back while 48 MiB flow each way:
+    tests/vm/progs/qp_fault.c moves it to RESET (no completion, no rdma_cm event: the silent
+    case) or to ERR. Both ends continue on TCP from the byte offsets they agree on (a
+    connection that waits without progress checks its queue pair and probes the peer's),
+    the streams arrive exactly, and nothing hangs."""
+    lib = t.settings.build_dir / "tests" / "vm" / "qp_fault.so"
+    t.check(lib.exists(), f"{lib} is not built")
+    cue = t.dir / "fault"
+    side, state = variant.split("_")
+    log = t.dir / f"{side}.log"
+    fault = {"LD_PRELOAD": str(lib), "QP_FAULT_FILE": str(cue), "QP_FAULT_STATE": state.upper(),
+             "SLIP_LOG": "info", "SLIP_LOG_FILE": str(log)}
+
+    def inject(server, client):
+        start = rdma_packets()
+        client.wait_until(lambda: rdma_packets() - start > 3000, "RDMA traffic", timeout=60)
+        cue.touch()
+
+    try:
+        server, client, traffic = bulk_pair(t, server_env=fault if side == "server" else None,
+                                            client_env=fault if side == "client" else None,
+                                            total=48 * MiB, meanwhile=inject)
+    finally:
+        print(f"--- {side}'s log:\n{log.read_text() if log.exists() else '(none)'}")
+    for proc in (server, client):
+        t.expect_stats(proc, "tcp", "failover", traffic=traffic[proc])
 
 
 if __name__ == "__main__":

@@ -1,16 +1,32 @@
-// forge_cm: sends a hand-made rdma_cm connection request to a Slipstream listener, the way
-// a confused or hostile peer would, and reports what the listener did with it.
+// forge_cm: a hostile rdma_cm peer of a Slipstream listener, as any other host on the
+// fabric could be: hand-made connection requests, and RDMA WRITEs with what it learned.
+// Reports what the listener did.
 //
-// usage: forge_cm HOST PORT MODE [CLIENT_PORT]
+// usage: forge_cm HOST PORT MODE [CLIENT_PORT] [ARGS...]
 //   garbage   40 random bytes of private data          -> the listener must reject
 //   short     a REQ cut to 10 bytes                    -> reject
 //   version   a REQ with version 99                    -> reject
 //   tuple     a well-formed REQ claiming another client address -> reject
+//   bigring   a well-formed REQ for 256 MiB rings (more than the listener's SLIP_RING_SIZE:
+//             the listener decides what it pins)                 -> reject
 //   nonce     a well-formed REQ for HOST:CLIENT_PORT -> HOST:PORT with a random nonce:
 //             the listener accepts it (it cannot know yet), and must drop it once the TCP
 //             connection from CLIENT_PORT turns out not to confirm that nonce
-// Prints one line: "rejected", "established", then "disconnected" (nonce mode), or what
-// happened instead. Exit 0 when the listener behaved as required.
+//   cross CLIENT_PORT GO_FILE SECONDS
+//             a request from CLIENT_PORT, whose answer names the listener's ring (address
+//             and key); the request is then abandoned (disconnected), so that its ring goes
+//             back to the listener's pool; once GO_FILE exists (the test has started a
+//             legitimate connection, which may get that ring), a second request of ours
+//             (CLIENT_PORT + 1) is established and RDMA-WRITEs 64 KiB blocks of 0xA5 at the
+//             learned address and key through its own queue pair for SECONDS. Prints
+//             "refused STATUS" at the first write the listener's device refused (it must:
+//             a queue pair reaches only its own connection's memory), or "wrote N" if all
+//             landed (a hole: they went into another connection's stream).
+//   flood CLIENT_PORT COUNT HOLD_S
+//             COUNT well-formed requests from this host (ports CLIENT_PORT and up), all
+//             kept open for HOLD_S seconds, then abandoned. Prints "established E rejected R".
+// Exit 0 when the run got to its report (the caller judges it) and, for the single-request
+// modes, the listener behaved as required; 1 otherwise; 3 when the setup failed.
 #include <arpa/inet.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
@@ -19,6 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 static struct rdma_cm_event* next_event(struct rdma_event_channel* ch, int timeout_ms) {
   struct pollfd p = {ch->fd, POLLIN, 0};
@@ -32,56 +50,235 @@ static void put16(uint8_t* p, uint16_t v) {
   p[1] = (uint8_t)(v >> 8);
 }
 
-int main(int argc, char** argv) {
-  if (argc < 4) {
-    fprintf(stderr, "usage: forge_cm HOST PORT garbage|short|version|tuple|nonce [CLIENT_PORT]\n");
-    return 2;
-  }
-  const char* mode = argv[3];
-  struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[2]))};
-  if (inet_pton(AF_INET, argv[1], &dst.sin_addr) != 1) return 2;
-  struct rdma_event_channel* ch = rdma_create_event_channel();
-  struct rdma_cm_id* id = NULL;
-  if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) != 0) {
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+// One rdma_cm connection of ours: its own event channel, protection domain, queue pair.
+struct peer {
+  struct rdma_event_channel* ch;
+  struct rdma_cm_id* id;
+  struct ibv_pd* pd;
+  struct ibv_cq* cq;
+  uint8_t rep[64];  // the listener's answer (private data), once established
+};
+
+// Resolves `dst` and creates the queue pair. Returns 0, or -1 with a message printed.
+static int peer_open(struct peer* p, const struct sockaddr_in* dst) {
+  memset(p, 0, sizeof(*p));
+  p->ch = rdma_create_event_channel();
+  if (!p->ch || rdma_create_id(p->ch, &p->id, NULL, RDMA_PS_TCP) != 0) {
     perror("rdma_create_id");
-    return 3;
+    return -1;
   }
   struct rdma_cm_event* ev = NULL;
-  if (rdma_resolve_addr(id, NULL, (struct sockaddr*)&dst, 2000) != 0 ||
-      !(ev = next_event(ch, 3000)) || ev->event != RDMA_CM_EVENT_ADDR_RESOLVED) {
+  if (rdma_resolve_addr(p->id, NULL, (struct sockaddr*)dst, 2000) != 0 ||
+      !(ev = next_event(p->ch, 3000)) || ev->event != RDMA_CM_EVENT_ADDR_RESOLVED) {
     fprintf(stderr, "resolve_addr failed\n");
-    return 3;
+    return -1;
   }
   rdma_ack_cm_event(ev);
-  if (rdma_resolve_route(id, 2000) != 0 || !(ev = next_event(ch, 3000)) ||
+  if (rdma_resolve_route(p->id, 2000) != 0 || !(ev = next_event(p->ch, 3000)) ||
       ev->event != RDMA_CM_EVENT_ROUTE_RESOLVED) {
     fprintf(stderr, "resolve_route failed\n");
-    return 3;
+    return -1;
   }
   rdma_ack_cm_event(ev);
+  p->pd = ibv_alloc_pd(p->id->verbs);
+  p->cq = p->pd ? ibv_create_cq(p->id->verbs, 16, NULL, NULL, 0) : NULL;
   struct ibv_qp_init_attr attr = {0};
+  attr.send_cq = attr.recv_cq = p->cq;
   attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 8;
   attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id, NULL, &attr) != 0) {
+  if (!p->cq || rdma_create_qp(p->id, p->pd, &attr) != 0) {
     perror("rdma_create_qp");
-    return 3;
+    return -1;
   }
+  return 0;
+}
 
-  // The REQ layout of verbs/private_data.h (little-endian), built by hand on purpose.
-  uint8_t pd[56] = {0};
-  size_t len = 52;
+// The REQ layout of verbs/private_data.h (little-endian), built by hand on purpose: from
+// this host's address (as rdma_cm resolved it) and `client_port` to `dst`.
+static size_t build_req(uint8_t pd[56], const struct peer* p, const struct sockaddr_in* dst,
+                        uint16_t client_port) {
+  memset(pd, 0, 56);
   uint32_t magic = 0x51524c53;
   memcpy(pd, &magic, 4);
   pd[4] = 1;   // version
   pd[5] = 0;   // flags
   pd[6] = 20;  // ring 1 MiB
   pd[7] = 4;   // IPv4
-  put16(pd + 8, (uint16_t)(argc > 4 ? atoi(argv[4]) : 40000));
-  put16(pd + 10, (uint16_t)atoi(argv[2]));
-  if (getrandom(pd + 12, 8, 0) != 8) return 3;
-  memcpy(pd + 20, &dst.sin_addr, 4);  // client address: the host itself (one guest)
-  memcpy(pd + 36, &dst.sin_addr, 4);
+  put16(pd + 8, client_port);
+  put16(pd + 10, ntohs(dst->sin_port));
+  if (getrandom(pd + 12, 8, 0) != 8) return 0;
+  const struct sockaddr_in* src = (const struct sockaddr_in*)rdma_get_local_addr(p->id);
+  memcpy(pd + 20, &src->sin_addr, 4);
+  memcpy(pd + 36, &dst->sin_addr, 4);
+  return 52;
+}
+
+// Sends the REQ; returns the event that answered it (ESTABLISHED keeps the REP in p->rep),
+// or RDMA_CM_EVENT_TIMEWAIT_EXIT when nothing did.
+static enum rdma_cm_event_type peer_request(struct peer* p, const uint8_t* pd, size_t len) {
+  struct rdma_conn_param param = {0};
+  param.private_data = pd;
+  param.private_data_len = (uint8_t)len;
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;
+  if (rdma_connect(p->id, &param) != 0) {
+    perror("rdma_connect");
+    return RDMA_CM_EVENT_TIMEWAIT_EXIT;
+  }
+  struct rdma_cm_event* ev = next_event(p->ch, 10000);
+  if (!ev) return RDMA_CM_EVENT_TIMEWAIT_EXIT;
+  enum rdma_cm_event_type got = ev->event;
+  if (got == RDMA_CM_EVENT_ESTABLISHED && ev->param.conn.private_data) {
+    size_t n = ev->param.conn.private_data_len;
+    memcpy(p->rep, ev->param.conn.private_data, n < sizeof(p->rep) ? n : sizeof(p->rep));
+  }
+  rdma_ack_cm_event(ev);
+  return got;
+}
+
+static void peer_close(struct peer* p) {
+  if (p->id) {
+    rdma_disconnect(p->id);
+    if (p->id->qp) rdma_destroy_qp(p->id);
+    rdma_destroy_id(p->id);
+  }
+  if (p->cq) ibv_destroy_cq(p->cq);
+  if (p->pd) ibv_dealloc_pd(p->pd);
+  if (p->ch) rdma_destroy_event_channel(p->ch);
+  memset(p, 0, sizeof(*p));
+}
+
+// cross: learn a ring's address and key, abandon that request, write there through
+// another connection.
+static int cross(const struct sockaddr_in* dst, uint16_t client_port, const char* go,
+                 double seconds) {
+  struct peer first, second;
+  uint8_t pd[56];
+  if (peer_open(&first, dst) != 0) return 3;
+  size_t len = build_req(pd, &first, dst, client_port);
+  if (peer_request(&first, pd, len) != RDMA_CM_EVENT_ESTABLISHED) {
+    printf("first request not established\n");
+    return 1;
+  }
+  uint64_t addr;
+  uint32_t rkey;
+  memcpy(&addr, first.rep + 16, 8);  // REP: ring address at 16, key at 24
+  memcpy(&rkey, first.rep + 24, 4);
+  const uint32_t ring = 1u << first.rep[6];
+  printf("learned %#llx key %#x ring %u\n", (unsigned long long)addr, rkey, ring);
+  fflush(stdout);
+  peer_close(&first);  // abandoned: the listener gives its ring back to the pool
+  for (double until = now_s() + 60; access(go, F_OK) != 0; usleep(20000)) {
+    if (now_s() > until) {
+      printf("no go\n");
+      return 1;
+    }
+  }
+  if (peer_open(&second, dst) != 0) return 3;
+  len = build_req(pd, &second, dst, (uint16_t)(client_port + 1));
+  if (peer_request(&second, pd, len) != RDMA_CM_EVENT_ESTABLISHED) {
+    printf("second request not established\n");
+    return 1;
+  }
+  static uint8_t block[64 << 10];
+  memset(block, 0xa5, sizeof(block));
+  struct ibv_mr* mr = ibv_reg_mr(second.pd, block, sizeof(block), IBV_ACCESS_LOCAL_WRITE);
+  if (!mr) {
+    perror("ibv_reg_mr");
+    return 3;
+  }
+  long wrote = 0;
+  for (double until = now_s() + seconds; now_s() < until;) {
+    struct ibv_sge sge = {(uintptr_t)block, sizeof(block), mr->lkey};
+    struct ibv_send_wr wr = {0}, *bad = NULL;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.wr.rdma.remote_addr = addr + (uint64_t)(wrote * (long)sizeof(block)) % ring;
+    wr.wr.rdma.rkey = rkey;
+    if (ibv_post_send(second.id->qp, &wr, &bad) != 0) {
+      printf("refused (post: %s)\n", strerror(errno));
+      return 0;
+    }
+    struct ibv_wc wc;
+    int n = 0;
+    for (double limit = now_s() + 10; n == 0 && now_s() < limit;)
+      n = ibv_poll_cq(second.cq, 1, &wc);
+    if (n <= 0) {
+      printf("refused (no completion)\n");
+      return 0;
+    }
+    if (wc.status != IBV_WC_SUCCESS) {
+      printf("refused %s after %ld writes\n", ibv_wc_status_str(wc.status), wrote);
+      return 0;
+    }
+    ++wrote;
+  }
+  printf("wrote %ld\n", wrote);
+  return 0;
+}
+
+// flood: COUNT requests held open together.
+static int flood(const struct sockaddr_in* dst, uint16_t client_port, int count, int hold_s) {
+  struct peer* peers = calloc((size_t)count, sizeof(*peers));
+  if (!peers) return 3;
+  int established = 0, rejected = 0;
+  uint8_t pd[56];
+  for (int i = 0; i < count; ++i) {
+    if (peer_open(&peers[i], dst) != 0) return 3;
+    size_t len = build_req(pd, &peers[i], dst, (uint16_t)(client_port + i));
+    enum rdma_cm_event_type got = peer_request(&peers[i], pd, len);
+    if (got == RDMA_CM_EVENT_ESTABLISHED) {
+      ++established;
+    } else if (got == RDMA_CM_EVENT_REJECTED) {
+      ++rejected;
+    } else {
+      printf("request %d: %s\n", i, rdma_event_str(got));
+      return 1;
+    }
+  }
+  printf("established %d rejected %d\n", established, rejected);
+  fflush(stdout);
+  sleep((unsigned)hold_s);
+  for (int i = 0; i < count; ++i) peer_close(&peers[i]);
+  free(peers);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    fprintf(stderr,
+            "usage: forge_cm HOST PORT garbage|short|version|tuple|bigring|nonce [CLIENT_PORT]\n"
+            "       forge_cm HOST PORT cross CLIENT_PORT GO_FILE SECONDS\n"
+            "       forge_cm HOST PORT flood CLIENT_PORT COUNT HOLD_S\n");
+    return 2;
+  }
+  const char* mode = argv[3];
+  struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[2]))};
+  if (inet_pton(AF_INET, argv[1], &dst.sin_addr) != 1) return 2;
+  const uint16_t client_port = (uint16_t)(argc > 4 ? atoi(argv[4]) : 40000);
+  if (strcmp(mode, "cross") == 0) {
+    if (argc < 7) return 2;
+    return cross(&dst, client_port, argv[5], atof(argv[6]));
+  }
+  if (strcmp(mode, "flood") == 0) {
+    if (argc < 7) return 2;
+    return flood(&dst, client_port, atoi(argv[5]), atoi(argv[6]));
+  }
+
+  struct peer p;
+  if (peer_open(&p, &dst) != 0) return 3;
+  uint8_t pd[56];
+  size_t len = build_req(pd, &p, &dst, client_port);
+  if (len == 0) return 3;
   int expect_reject = 1;
   if (strcmp(mode, "garbage") == 0) {
     if (getrandom(pd, 40, 0) != 40) return 3;
@@ -92,28 +289,19 @@ int main(int argc, char** argv) {
     pd[4] = 99;
   } else if (strcmp(mode, "tuple") == 0) {
     pd[23] ^= 0x55;  // another client address than the one the request comes from
+  } else if (strcmp(mode, "bigring") == 0) {
+    pd[6] = 28;
   } else if (strcmp(mode, "nonce") == 0) {
     expect_reject = 0;
   } else {
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;
   }
-  struct rdma_conn_param param = {0};
-  param.private_data = pd;
-  param.private_data_len = (uint8_t)len;
-  param.retry_count = 7;
-  param.rnr_retry_count = 7;
-  if (rdma_connect(id, &param) != 0) {
-    perror("rdma_connect");
-    return 3;
-  }
-  ev = next_event(ch, 10000);
-  if (!ev) {
+  enum rdma_cm_event_type got = peer_request(&p, pd, len);
+  if (got == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
     printf("no answer\n");
     return 1;
   }
-  enum rdma_cm_event_type got = ev->event;
-  rdma_ack_cm_event(ev);
   if (got == RDMA_CM_EVENT_REJECTED) {
     printf("rejected\n");
     return expect_reject ? 0 : 1;
@@ -125,7 +313,7 @@ int main(int argc, char** argv) {
   printf("established\n");
   fflush(stdout);
   if (expect_reject) return 1;
-  ev = next_event(ch, 15000);
+  struct rdma_cm_event* ev = next_event(p.ch, 15000);
   if (!ev || ev->event != RDMA_CM_EVENT_DISCONNECTED) {
     printf("still connected\n");
     return 1;
