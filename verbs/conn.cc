@@ -243,6 +243,7 @@ Conn::ChannelUse::ChannelUse(const Conn* conn) noexcept : conn_(conn) {
 bool Conn::CloseStream(bool may_linger) noexcept {
   if (stream_closed_ || orphaned_.load(std::memory_order_acquire)) return false;
   stream_closed_ = true;
+  stream_live_.store(false, std::memory_order_relaxed);
   closing_.store(true, std::memory_order_release);
   // A FAILOVER the peer sent while we were closing: the control thread no longer reads the
   // anchor, and the bytes the peer lost must still go out, on TCP.
@@ -351,6 +352,7 @@ void Conn::SetProxy(int proxy_b) noexcept {
   // Anything that arrived before the stream existed must still wake its first sleeper.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b_, SHUT_WR);
+  stream_live_.store(true, std::memory_order_release);  // the peer's rings are set by now
 }
 
 bool Conn::PostRecv(uint32_t index) noexcept {
@@ -480,6 +482,7 @@ bool Conn::Claimable() const noexcept {
 }
 
 void Conn::ResetStream() noexcept {
+  stream_live_.store(false, std::memory_order_relaxed);
   // Both ends' last writes of the old stream landed before the PARKED that preceded this
   // (the client's claim, or the listener's answer to it): nothing old arrives any more.
   rx_wake_.reader_waiting.store(0);
@@ -1122,7 +1125,8 @@ void CheckAllConns(uint64_t now_ms) noexcept {
 }
 
 void Conn::CheckLiveness(uint64_t now_ms) noexcept {
-  if (orphaned_.load(std::memory_order_relaxed) || !have_peer_ || !streamed_ ||
+  // (stream_live_ first: it orders the peer's ring address and key before their use.)
+  if (!stream_live_.load(std::memory_order_acquire) || orphaned_.load(std::memory_order_relaxed) ||
       parked_.load(std::memory_order_relaxed) || mode_.load() != Mode::kRdma ||
       error_.load(std::memory_order_acquire) != 0 || rdma_released_.load()) {
     live_ = Liveness{};

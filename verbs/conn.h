@@ -299,6 +299,9 @@ class Conn final : public Channel {
   mutable std::atomic<int> error_{0};
   mutable std::atomic<bool> hello_received_{false};
 
+  // A stream runs on the queue pair (SetProxy until CloseStream or a claim's reset): what
+  // CheckLiveness may look at.
+  std::atomic<bool> stream_live_{false};
   // CheckLiveness's (the progress thread's alone).
   struct Liveness {
     uint64_t progress = 0;  // what the counters said at the last look
