@@ -203,7 +203,7 @@ class VerbsModule final : public Module, public ConnOwner {
   void OnConnectRequest(rdma_cm_event* event) noexcept;
   void HandleCompletions(Device* device) noexcept;
   void ExpirePending() noexcept;
-  void TrimIdleSlots() noexcept;
+  void TrimIdleSlots(uint64_t now_ms) noexcept;
   Device* DeviceFor(ibv_context* context, int* error) noexcept;
   bool DeviceAllowed(ibv_context* context) const noexcept;
   bool SendNotify(Device* device) const noexcept;
@@ -254,9 +254,9 @@ class VerbsModule final : public Module, public ConnOwner {
   std::atomic<bool> memlock_reported_{false};
   std::mutex park_mu_;  // parked_ (a leaf: nothing else is taken under it)
   std::vector<ParkedConn> parked_;
-  std::vector<Removal> removals_;  // written by the progress thread under mu_
-  bool reaping_ = false;           // progress thread: a removal is not finished yet
-  uint64_t last_liveness_ms_ = 0;  // progress thread: CheckAllConns
+  std::vector<Removal> removals_;      // written by the progress thread under mu_
+  bool reaping_ = false;               // progress thread: a removal is not finished yet
+  uint64_t last_housekeeping_ms_ = 0;  // progress thread: TrimIdleSlots, CheckAllConns
 };
 
 // ------------------------------------------------------------------------ start
@@ -413,16 +413,16 @@ void VerbsModule::Run() noexcept {
     ServeClaims();
     ExpirePending();
     SweepParked();
-    TrimIdleSlots();
-    if (const uint64_t now = sys::MonotonicMs(); now - last_liveness_ms_ >= 500) {
-      last_liveness_ms_ = now;
+    if (const uint64_t now = sys::MonotonicMs(); now - last_housekeeping_ms_ >= 500) {
+      last_housekeeping_ms_ = now;
+      TrimIdleSlots(now);
       CheckAllConns(now);
     }
     ReapRemoved();
   }
 }
 
-void VerbsModule::TrimIdleSlots() noexcept {
+void VerbsModule::TrimIdleSlots(uint64_t now_ms) noexcept {
   // Devices are deleted only by this thread (ReapRemoval), so they outlive the copy.
   Device* devices[16];
   size_t count = 0;
@@ -432,8 +432,7 @@ void VerbsModule::TrimIdleSlots() noexcept {
       if (count < std::size(devices)) devices[count++] = entry.second;
     }
   }
-  const uint64_t now = sys::MonotonicMs();
-  for (size_t i = 0; i < count; ++i) devices[i]->TrimIdle(now);
+  for (size_t i = 0; i < count; ++i) devices[i]->TrimIdle(now_ms);
 }
 
 void VerbsModule::HandleCompletions(Device* device) noexcept {
