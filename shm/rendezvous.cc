@@ -472,19 +472,15 @@ void Rendezvous::NoteLate(const wire::Endpoint& client, const wire::Endpoint& se
 bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server,
                       Registration* out) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  size_t found[kMaxPerTuple];
-  size_t count = 0;
-  auto look = [&] {
-    count = 0;
-    for (size_t i = 0; i < used_ && count < kMaxPerTuple; ++i) {
-      if (table_[i].msg.client == client && table_[i].msg.server == server) found[count++] = i;
-    }
-  };
   // Whatever arrived is read first: the registration, if the control thread has not
   // read it yet, and any other for the same 4-tuple (a forger's) that the choice below
   // must see.
   const bool complete = DrainLocked() == DrainResult::kDone;
-  look();
+  size_t found[kMaxPerTuple];
+  size_t count = 0;
+  for (size_t i = 0; i < used_ && count < kMaxPerTuple; ++i) {
+    if (table_[i].msg.client == client && table_[i].msg.server == server) found[count++] = i;
+  }
   if (count == 0) {
     // A registration sent before this connection's SYN is read by now, unless the drain
     // was cut short: then one may still come, and must be refused when it does.

@@ -1132,10 +1132,11 @@ void Conn::CheckLiveness(uint64_t now_ms) noexcept {
     live_ = Liveness{};
     return;
   }
-  // Anything that moved: bytes in, credit back, sends acknowledged.
-  const uint64_t progress = rx_produced_.load(std::memory_order_relaxed) * 3 +
-                            tx_credit_.load(std::memory_order_relaxed) * 5 +
-                            sq_completed_.load(std::memory_order_relaxed) * 7;
+  // Anything that moved: bytes in, credit back, sends acknowledged (each only grows, so
+  // their sum changes whenever one does).
+  const uint64_t progress = rx_produced_.load(std::memory_order_relaxed) +
+                            tx_credit_.load(std::memory_order_relaxed) +
+                            sq_completed_.load(std::memory_order_relaxed);
   if (progress != live_.progress || live_.quiet_since_ms == 0 || !SomebodyWaits()) {
     // (Nobody waiting: nobody can hang on it; the first to wait starts the clock.)
     live_ = Liveness{progress, now_ms, 0};
@@ -1173,29 +1174,19 @@ bool Conn::PostProbe(uint64_t* done_at) noexcept {
   // writer holding it, or a full queue, already has writes in flight for the transport to
   // judge.
   if (post_busy_.test_and_set(std::memory_order_acquire)) return false;
-  bool posted = false;
+  bool posted = false, refused = false;
   if (!rdma_released_.load(std::memory_order_relaxed) &&
       sq_posted_ + 1 - sq_completed_.load(std::memory_order_acquire) <= sq_depth_) {
     ibv_send_wr wr{};
     wr.opcode = IBV_WR_RDMA_WRITE;  // zero length: nothing lands, only the acknowledgement
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr_id = sq_posted_ + 1;
     wr.wr.rdma.remote_addr = peer_ring_addr_;
     wr.wr.rdma.rkey = peer_rkey_;
-    ibv_send_wr* bad = nullptr;
-    const int rc = ibv_post_send(qp_, &wr, &bad);
-    if (rc == 0) {
-      sq_posted_ += 1;
-      unsignaled_ = 0;
-      *done_at = sq_posted_;
-      posted = true;
-    } else {
-      SLIP_LOG(kWarn, "verbs: queue pair %u refuses a probe (%s)", qp_num_, strerror(rc));
-      RequestFailover(wire::FailoverCause::kTransportError);
-    }
+    posted = PostLocked(&wr, 1, /*signal=*/true);
+    refused = !posted;
+    if (posted) *done_at = sq_posted_;
   }
   post_busy_.clear(std::memory_order_release);
-  if (!posted) MaybeFailover();
+  if (refused) MaybeFailover();
   return posted;
 }
 
@@ -1473,25 +1464,31 @@ bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cu
 }
 
 bool Conn::PostChain(ibv_send_wr* wrs, int n, bool signal) noexcept {
+  bool posted = false;
   {
     SpinGuard guard(&post_busy_);
     if (rdma_released_.load(std::memory_order_relaxed) || !WaitSendSpace(uint32_t(n))) return false;
-    unsignaled_ += uint32_t(n);
-    if (unsignaled_ >= kSignalEvery || signal) {
-      wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
-      wrs[n - 1].wr_id = sq_posted_ + uint64_t(n);
-      unsignaled_ = 0;
-    }
-    ibv_send_wr* bad = nullptr;
-    int rc = ibv_post_send(qp_, wrs, &bad);
-    if (rc == 0) {
-      sq_posted_ += uint64_t(n);
-      return true;
-    }
-    SLIP_LOG(kWarn, "verbs: post_send failed (%s)", strerror(rc));
-    RequestFailover(wire::FailoverCause::kTransportError);
+    posted = PostLocked(wrs, n, signal);
   }
-  MaybeFailover();
+  if (!posted) MaybeFailover();
+  return posted;
+}
+
+bool Conn::PostLocked(ibv_send_wr* wrs, int n, bool signal) noexcept {
+  unsignaled_ += uint32_t(n);
+  if (unsignaled_ >= kSignalEvery || signal) {
+    wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
+    wrs[n - 1].wr_id = sq_posted_ + uint64_t(n);
+    unsignaled_ = 0;
+  }
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(qp_, wrs, &bad);
+  if (rc == 0) {
+    sq_posted_ += uint64_t(n);
+    return true;
+  }
+  SLIP_LOG(kWarn, "verbs: queue pair %u: post_send failed (%s)", qp_num_, strerror(rc));
+  RequestFailover(wire::FailoverCause::kTransportError);
   return false;
 }
 

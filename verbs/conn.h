@@ -216,6 +216,9 @@ class Conn final : public Channel {
   // Posts a chained list of n WRs (signalling one in kSignalEvery), waiting for send-queue
   // space; false (and the channel failed) when the queue pair refuses.
   bool PostChain(ibv_send_wr* wrs, int n, bool signal = false) noexcept;
+  // The posting itself, with post_busy_ held and room for n in the send queue; false (the
+  // failover requested, for the caller to act on after the lock) when the queue pair refuses.
+  bool PostLocked(ibv_send_wr* wrs, int n, bool signal) noexcept;
   bool WaitSendSpace(uint32_t needed) noexcept;
   bool PostRecv(uint32_t index) noexcept;
   bool FlushRdma(int timeout_ms, bool own_anchor) noexcept;
@@ -392,8 +395,6 @@ class Conn final : public Channel {
   friend void OrphanAllConns() noexcept;
   friend void FlushAllConns(int timeout_ms) noexcept;
   friend void CheckAllConns(uint64_t now_ms) noexcept;
-  // Progress thread: CheckLiveness on every connection.
-  void CheckAllConns(uint64_t now_ms) noexcept;
   friend int ReleaseRemovedConns(const Device* device) noexcept;
 
   // A completion channel of the connection's own, so that a blocking reader can sleep on

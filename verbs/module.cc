@@ -514,12 +514,14 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
     ok = false;
   } else {
     std::lock_guard<std::mutex> lock(listener->mu);
-    size_t from_source = 0;
-    for (const Pending& p : listener->pending)
-      from_source += p.conn && SameAddress(p.client, req.client);
-    if (listener->Live() >= kMaxPendingPerListener ||
-        !listener->RoomForOne(2 * kMaxPendingPerListener)) {
-      SLIP_LOG(kWarn, "verbs: %zu requests already wait on port %u; rejecting", listener->Live(),
+    size_t live = 0, from_source = 0;
+    for (const Pending& p : listener->pending) {
+      if (!p.conn) continue;  // withdrawn: holds nothing
+      ++live;
+      from_source += SameAddress(p.client, req.client);
+    }
+    if (live >= kMaxPendingPerListener || !listener->RoomForOne(2 * kMaxPendingPerListener)) {
+      SLIP_LOG(kWarn, "verbs: %zu requests already wait on port %u; rejecting", live,
                listener->port);
       ok = false;
     } else if (from_source >= kMaxPendingPerSource) {

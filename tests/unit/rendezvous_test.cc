@@ -247,6 +247,22 @@ int ConnectTcp(const sockaddr_storage& dest, sockaddr_storage* local) {
   return fd;
 }
 
+// A TCP socket bound to 127.0.0.1 (the kernel picks the port) and not connected: its
+// local end in *local. Returns it, or -errno.
+int BindLoopback(sockaddr_storage* local) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  *local = Addr("127.0.0.1", 0);
+  socklen_t len = sizeof(*local);
+  if (bind(fd, Sa(*local), Len(*local)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(local), &len) != 0) {
+    const int err = -errno;
+    close(fd);
+    return err;
+  }
+  return fd;
+}
+
 // A real TCP connection to `dest`, for a 4-tuple a test registers and takes: Take asks the
 // kernel who owns the client socket whose local end is the 4-tuple's client and whose peer
 // is its server, and takes only a registration of that uid. The client socket (this
@@ -1475,12 +1491,9 @@ TEST_F(RendezvousRegistrationTest, ARegistrationOfAnotherUidThanTheClientSockets
 // not taken (and does not stay behind).
 TEST_F(RendezvousRegistrationTest, ARegistrationWithoutAConnectionIsNeverTaken) {
   // A port of this process's, bound but never connected: no connection has this 4-tuple.
-  int bound = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(bound, 0);
-  sockaddr_storage local = Addr("127.0.0.1", 0);
-  socklen_t len = sizeof(local);
-  ASSERT_EQ(bind(bound, Sa(local), Len(local)), 0);
-  ASSERT_EQ(getsockname(bound, reinterpret_cast<sockaddr*>(&local), &len), 0);
+  sockaddr_storage local{};
+  const int bound = BindLoopback(&local);
+  ASSERT_GE(bound, 0) << std::strerror(-bound);
   const wire::Endpoint client = Ep(local);
   Offer offer;
   ASSERT_TRUE(IsAccept(Register(&offer, client), offer.nonce));
@@ -1738,12 +1751,9 @@ TEST_F(RendezvousRegistrationTest, MovingKeepsTheClaimAndTheStream) {
 TEST_F(RendezvousRegistrationTest, RegisteredConnectionSettlesEndToEnd) {
   // The client: a TCP socket (bound first: the 4-tuple is registered before the SYN), its
   // registration, then the connection and its channel awaiting the listener's answer.
-  int tcp = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(tcp, 0);
-  sockaddr_storage local = Addr("127.0.0.1", 0);
-  socklen_t len = sizeof(local);
-  ASSERT_EQ(bind(tcp, Sa(local), Len(local)), 0);
-  ASSERT_EQ(getsockname(tcp, reinterpret_cast<sockaddr*>(&local), &len), 0);
+  sockaddr_storage local{};
+  int tcp = BindLoopback(&local);
+  ASSERT_GE(tcp, 0) << std::strerror(-tcp);
   const wire::Endpoint client_ep = Ep(local);
 
   Offer offer;
