@@ -506,7 +506,7 @@ class Direction {
   uint64_t received() const { return received_; }
   uint64_t sent_hash() const { return sent_hash_.Digest(); }
   uint64_t recv_hash() const { return recv_hash_.Digest(); }
-  uint64_t spurious_wakeups() const { return spurious_; }
+  uint64_t spurious_wakeups() const { return spurious_.load(); }
 
  private:
   ssize_t Fail(const std::string& what) {
@@ -562,7 +562,8 @@ class Direction {
   uint64_t received_ = 0;
   StreamHash sent_hash_;
   StreamHash recv_hash_;
-  uint64_t spurious_ = 0;
+  // Counted by both threads of the direction (the sender's and the receiver's waits).
+  std::atomic<uint64_t> spurious_{0};
 };
 
 class StreamContentTest : public ::testing::TestWithParam<ContentParam> {};
