@@ -6,10 +6,10 @@
 // registration's nonce. Anything else in those bytes is a plain client (a forged
 // registration), and its bytes are the application's.
 //
-// accept() never waits for those bytes on shm: a registration's stream is built when the
-// registration arrives, so it is installed at once, held (no bytes either way) until the
-// CONFIRM comes, which it usually already has (Channel::Settle; docs/DESIGN.md, "Settling
-// a connection"). A verbs request still waits for its CONFIRM here, bounded.
+// accept() never waits for those bytes: a registration's stream (shm) or a request's queue
+// pair and rings (verbs) are built when they arrive, so the connection is installed at
+// once, held (no bytes either way) until the CONFIRM comes, which it usually already has
+// (Channel::Settle; docs/DESIGN.md, "Settling a connection").
 #include <netinet/in.h>
 #include <poll.h>
 #include <unistd.h>
@@ -58,32 +58,7 @@ struct Registered {
   shm::Registration shm;
   bool has_shm = false;
   verbs::Module* verbs = nullptr;  // set when a verbs request is pending
-
-  // True once the client withdrew everything it registered (its TCP handshake was slow).
-  bool Withdrawn() noexcept {
-    if (has_shm && shm.ReadClaim() != shm::Claim::kWithdrawn) return false;
-    if (verbs && !verbs->PendingWithdrawn(listener->verbs_listener, client, server)) return false;
-    return has_shm || verbs;
-  }
-
-  // At the deadline: stops waiting for the shm registration if its client has not decided
-  // yet (shm.h, Claim). Returns the nonce of one whose client has committed to its CONFIRM
-  // (it is on its way: the connection must not be handed over as plain TCP), or 0.
-  // A verbs client commits by sending its HELLO before its SYN (the request then has it
-  // here, since we hold its TCP connection) and withdraws only by disconnecting.
-  uint64_t Abandon() noexcept {
-    uint64_t committed = 0;
-    if (has_shm && shm.Abandon() == shm::Claim::kConfirmed) committed = shm.msg.nonce;
-    if (verbs && !committed)
-      committed = verbs->PendingCommitted(listener->verbs_listener, client, server);
-    return committed;
-  }
 };
-
-// How long a server waits, after its deadline, for the CONFIRM of a client that committed
-// to sending it just before (at least): only a client held up between the two would take
-// longer, and that connection is then dropped, never handed over as plain TCP.
-constexpr int64_t kCommittedWaitMs = 1000;
 
 // True when the bytes already queued on `fd` start with a whole, valid CONFIRM (nothing is
 // consumed).
@@ -100,87 +75,38 @@ bool PeekConfirm(int fd, wire::Confirm* confirm) noexcept {
   return true;
 }
 
-// Waits for the client's first bytes. Returns kOk with the CONFIRM read (left in the
-// socket: *used says its length), kNotSlipstream
-// (bytes left in place, or EOF), or kNeedMore when no CONFIRM will come: the client withdrew
-// (*cancelled set) or the server stopped waiting before it decided. *lost is set instead
-// when a client committed to its CONFIRM but it did not come even after kCommittedWaitMs
-// more: that connection must be dropped.
-wire::ParseStatus ReadConfirm(int fd, Registered* reg, wire::Confirm* confirm, size_t* confirm_len,
-                              bool* cancelled, uint64_t* lost) noexcept {
-  const int64_t timeout = GetRuntime().config.handshake_timeout_ms;
-  int64_t deadline = int64_t(sys::MonotonicMs()) + timeout;
-  uint64_t committed = 0;
-  uint8_t buf[wire::kMaxMessageSize];
-  for (;;) {
-    ssize_t n = sys::recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0) return wire::ParseStatus::kNotSlipstream;  // EOF: nothing of ours in there
-    if (n > 0) {
-      wire::Message msg;
-      size_t used = 0;
-      wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
-      if (st == wire::ParseStatus::kOk && msg.type == wire::Type::kConfirm) {
-        *confirm = msg.confirm;
-        *confirm_len = used;
-        return st;
-      }
-      if (st != wire::ParseStatus::kNeedMore) return wire::ParseStatus::kNotSlipstream;
-    } else if (errno != EAGAIN && errno != EINTR) {
-      return wire::ParseStatus::kNotSlipstream;  // the application will see the error itself
-    }
-    // (A committed shm claim is never withdrawn; a verbs client may still disconnect.)
-    if (reg->Withdrawn()) {
-      *cancelled = true;
-      return wire::ParseStatus::kNeedMore;
-    }
-    int64_t left = deadline - int64_t(sys::MonotonicMs());
-    if (left <= 0) {
-      if (committed) {
-        *lost = committed;
-        return wire::ParseStatus::kNeedMore;
-      }
-      // Giving up is safe only for registrations whose client has not committed: each is
-      // marked so (atomically) and its client, finding it, stays plain. One that committed
-      // first sends its CONFIRM next: wait for it (and look again at once, it may be here).
-      committed = reg->Abandon();
-      if (!committed) return wire::ParseStatus::kNeedMore;
-      deadline = int64_t(sys::MonotonicMs()) + std::max(timeout, kCommittedWaitMs);
-      continue;
-    }
-    pollfd p{fd, POLLIN, 0};
-    // A partial CONFIRM keeps POLLIN set, and a withdrawal (a word in the region, or verbs
-    // state) has no descriptor to watch: sleep briefly instead of spinning.
-    if (n > 0) left = 1;
-    sys::poll(&p, 1, int(left > 10 ? 10 : left));
-  }
-}
-
-// The verbs half of the negotiation: true when the connection now runs on verbs.
-bool AcceptVerbs(Registered* reg, SlipSocket* s, int fd, const wire::Confirm& confirm,
-                 wire::DeclineReason* decline, bool* dropped) noexcept {
+// The verbs half: installs the request's channel held until its client's CONFIRM, which
+// settles it (verbs/settle.cc) here if it is already queued, or later on the control
+// thread: accept() never waits, and nothing of ours is written to the connection.
+Outcome AcceptVerbs(Registered* reg, SlipSocket* s, int fd) noexcept {
   int pair[2];
-  if (proxy::CreatePair(pair) < 0) {
-    *decline = wire::DeclineReason::kResources;
-    return false;
+  int proxy_a = -1, proxy_b = -1;
+  if (proxy::CreatePair(pair) == 0) {
+    proxy_a = sys::MoveHigh(pair[0], sys::HiddenFdFloor());
+    proxy_b = sys::MoveHigh(pair[1], sys::HiddenFdFloor());
   }
-  int proxy_a = sys::MoveHigh(pair[0], sys::HiddenFdFloor());
-  int proxy_b = sys::MoveHigh(pair[1], sys::HiddenFdFloor());
+  Reason why = Reason::kResources;
+  bool committed = false;
   auto channel = reg->verbs->AcceptPending(reg->listener->verbs_listener, reg->client, reg->server,
-                                           confirm.nonce, confirm.ring_size, proxy_b, decline);
-  // Success is silent (no ACCEPT on the wire): a client that closes at once must not find
-  // negotiation bytes unread in its TCP socket, or its kernel would reset the connection
-  // (and with it our EOF, and getpeername on this side).
-  if (!channel) {
-    sys::close(proxy_a);
-    sys::close(proxy_b);
-    return false;
+                                           proxy_b, &why, &committed);
+  int rc = -ENOMEM;
+  if (channel)
+    rc = InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, nullptr, kRoleServer);
+  if (rc == 0) {
+    ControlSettle(s);
+    return Outcome::kAccelerated;
   }
-  if (InstallAccelerated(s, fd, std::move(channel), proxy_a, proxy_b, nullptr, kRoleServer) < 0) {
-    sys::close(proxy_a);
-    sys::close(proxy_b);
-    *dropped = true;  // the client already writes to the ring: reset rather than corrupt
+  if (proxy_a >= 0) sys::close(proxy_a);
+  if (proxy_b >= 0) sys::close(proxy_b);
+  if (committed) {
+    // A client that sent its HELLO may be confirming now: plain would hand its CONFIRM to
+    // the application as data. (Only our own shortage gets here, never the client's say.)
+    SLIP_LOG(kWarn, "fd %d: cannot hold a requested verbs connection (%s); dropping it", fd,
+             ReasonName(why));
+    return Outcome::kDropped;
   }
-  return true;
+  MarkPlain(s, fd, why, kRoleServer);
+  return Outcome::kPlain;
 }
 
 // The shm half: installs the registration's stream, held until its CONFIRM, which settles
@@ -247,48 +173,13 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
     return Outcome::kPlain;
   }
   if (!reg.verbs) return AcceptShm(&reg, s, fd);
-
-  // An rdma_cm request is pending (and perhaps an shm registration for the same 4-tuple,
-  // one of them forged): the CONFIRM's nonce says which is real.
-  wire::Confirm confirm;
-  size_t confirm_len = 0;
-  bool cancelled = false;
-  uint64_t lost = 0;
-  wire::ParseStatus st = ReadConfirm(fd, &reg, &confirm, &confirm_len, &cancelled, &lost);
-  if (lost) {
-    SLIP_LOG(kWarn,
-             "fd %d: the client committed to its CONFIRM but it did not come; dropping the "
-             "connection rather than passing it on as plain TCP",
-             fd);
-    reg.verbs->DropPending(listener->verbs_listener, reg.client, reg.server);
-    SendDecline(fd, lost, wire::DeclineReason::kUnspecified);
-    return Outcome::kDropped;
-  }
-  if (st != wire::ParseStatus::kOk) {
-    Reason why = cancelled                            ? Reason::kConnectSlow
-                 : st == wire::ParseStatus::kNeedMore ? Reason::kHandshakeTimeout
-                                                      : Reason::kPeerNotSlipstream;
-    if (!cancelled)
-      SLIP_LOG(kInfo, "fd %d: registered client sent no CONFIRM (%s); plain", fd, ReasonName(why));
-    reg.verbs->DropPending(listener->verbs_listener, reg.client, reg.server);
-    if (reg.has_shm) reg.shm.Abandon();
-    MarkPlain(s, fd, why, kRoleServer);
-    return Outcome::kPlain;
-  }
-  if (reg.has_shm && confirm.nonce == reg.shm.msg.nonce) {
-    // The shm registration is the real one (its settling reads the CONFIRM).
+  if (reg.has_shm) {
+    // The registration came from the owner of the connection's client socket (Take checks
+    // it, with the kernel's view): the rdma_cm request for the same tuple is not its.
     reg.verbs->DropPending(listener->verbs_listener, reg.client, reg.server);
     return AcceptShm(&reg, s, fd);
   }
-  uint8_t discard[wire::kMaxMessageSize];
-  sys::recv(fd, discard, confirm_len, MSG_DONTWAIT);
-  wire::DeclineReason decline = wire::DeclineReason::kNonceMismatch;
-  bool dropped = false;
-  if (AcceptVerbs(&reg, s, fd, confirm, &decline, &dropped))
-    return dropped ? Outcome::kDropped : Outcome::kAccelerated;
-  SLIP_LOG(kWarn, "fd %d: declining a registered connection (reason %u)", fd, unsigned(decline));
-  SendDecline(fd, confirm.nonce, decline);
-  return Outcome::kDropped;
+  return AcceptVerbs(&reg, s, fd);
 }
 
 // An accepted connection that cannot be tracked: its registration, if any, is abandoned so

@@ -140,10 +140,13 @@ void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
     wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
     if (st == wire::ParseStatus::kNeedMore) return;  // edge-triggered: the rest wakes us
     if (st != wire::ParseStatus::kOk) {
-      SLIP_LOG(kError, "anchor fd %d: unexpected bytes on the control channel (%s); closing",
+      // (A verbs server that settled as plain after its deadline sends its application's
+      // bytes here: this end confirmed too late. It resets too, so neither end mistakes
+      // the broken connection for an orderly close.)
+      SLIP_LOG(kError, "anchor fd %d: unexpected bytes on the control channel (%s); resetting",
                s->anchor_fd, wire::ParseStatusName(st));
       sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
-      s->stream->MarkPeerGone();
+      s->stream->MarkPeerGone(/*reset=*/true);
       return;
     }
     sys::recv(s->anchor_fd, buf, used, MSG_DONTWAIT);

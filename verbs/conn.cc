@@ -245,6 +245,9 @@ bool Conn::CloseStream(bool may_linger) noexcept {
   stream_closed_ = true;
   stream_live_.store(false, std::memory_order_relaxed);
   closing_.store(true, std::memory_order_release);
+  // Closed before it settled: nothing was carried either way, and the queue pair may be a
+  // forger's. It goes, and its peer (if real) fails over to an anchor that is closed.
+  if (held()) return false;
   // A FAILOVER the peer sent while we were closing: the control thread no longer reads the
   // anchor, and the bytes the peer lost must still go out, on TCP.
   if (mode_.load() == Mode::kRdma && CanFailover()) TakePeerFailover(0);
@@ -266,7 +269,7 @@ bool Conn::CloseStream(bool may_linger) noexcept {
     // credits otherwise go out only every quarter ring.
     uint64_t consumed = rx_consumed_.load(std::memory_order_acquire);
     if (consumed != credit_sent_ && PostCredit(consumed)) credit_sent_ = consumed;
-    bool eof = eof_sent_ || PostNote(nullptr, 0, Note::kEof, 0);
+    bool eof = eof_sent_ || eof_posted_.exchange(true) || PostNote(nullptr, 0, Note::kEof, 0);
     // Said before the note goes: a disconnect from then on is the end we ask for.
     // Signalled: the flush below waits for its completion rather than posting a write of
     // its own for that.
@@ -349,6 +352,8 @@ void Conn::SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept
 void Conn::SetProxy(int proxy_b) noexcept {
   proxy_b_ = proxy_b;
   streamed_ = true;
+  // Held: nothing of the request's reaches the stream before it settles (settle.cc).
+  if (held()) return;
   // Anything that arrived before the stream existed must still wake its first sleeper.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b_, SHUT_WR);
@@ -504,6 +509,11 @@ void Conn::ResetStream() noexcept {
   credit_sent_ = 0;
   tx_posted_ = 0;
   eof_sent_ = false;
+  eof_posted_.store(false);
+  rx_close_wanted_.store(false);
+  held_broken_.store(false);
+  gate_up_.store(false);
+  gate_tripped_.store(false);
   closed_sent_.store(false);
   closing_.store(false);
   aborting_ = false;
@@ -802,6 +812,11 @@ void Conn::WakeWriterNow() const noexcept {
 }
 
 void Conn::Fail(int error) noexcept {
+  if (held_.load(std::memory_order_seq_cst)) {
+    // (The request's queue pair, not the connection's client: settling decides.)
+    held_broken_.store(true, std::memory_order_seq_cst);
+    return;
+  }
   int expected = 0;
   if (!error_.compare_exchange_strong(expected, error)) return;
   SLIP_LOG(kDebug, "verbs: connection failed (%s; eof %d, peer closed %d)", strerror(error),
@@ -856,6 +871,10 @@ bool Conn::CanFailover() const noexcept {
 }
 
 void Conn::RequestFailover(wire::FailoverCause cause) noexcept {
+  if (held_.load(std::memory_order_seq_cst)) {
+    held_broken_.store(true, std::memory_order_seq_cst);
+    return;
+  }
   if (!CanFailover()) {
     Fail(ECONNRESET);
     return;
@@ -992,7 +1011,7 @@ bool Conn::EnterTcpLocked(const wire::Failover& peer) noexcept {
 
 void Conn::OnAnchorReady(uint32_t events) noexcept {
   if (mode_.load(std::memory_order_acquire) != Mode::kTcp) return;
-  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) && PassGate()) {
     uint64_t before = anchor_path_.received();
     anchor_path_.Pull(rx_consumed_.load(std::memory_order_acquire));
     // (Never under the poll lock: the wake-ups go out at once.)
@@ -1311,7 +1330,9 @@ void Conn::EndRxSleep(bool woken) noexcept {
 // ------------------------------------------------------------------------ Channel
 
 uint64_t Conn::RxProduced() const noexcept {
+  if (held_.load(std::memory_order_acquire)) return 0;
   if (mode_.load(std::memory_order_acquire) == Mode::kTcp) {
+    if (!PassGate()) return 0;  // (nothing was delivered before the gate opens)
     uint64_t received = anchor_path_.Pull(rx_consumed_.load(std::memory_order_acquire));
     if (anchor_path_.eof() || anchor_path_.error()) WakeAtEnd();
     return received;
@@ -1321,6 +1342,7 @@ uint64_t Conn::RxProduced() const noexcept {
 }
 
 bool Conn::RxEof() const noexcept {
+  if (held_.load(std::memory_order_acquire)) return false;
   if (rx_eof_.load(std::memory_order_acquire)) return true;
   if (mode_.load(std::memory_order_acquire) == Mode::kTcp) return anchor_path_.eof();
   Poll();
@@ -1328,6 +1350,7 @@ bool Conn::RxEof() const noexcept {
 }
 
 int Conn::Error() const noexcept {
+  if (held_.load(std::memory_order_acquire)) return 0;
   int error = error_.load(std::memory_order_acquire);
   if (error == 0 && mode_.load(std::memory_order_acquire) == Mode::kTcp)
     error = anchor_path_.error();
@@ -1343,6 +1366,9 @@ void Conn::RxConsumed(uint64_t consumed) noexcept {
 }
 
 uint64_t Conn::TxConsumed() const noexcept {
+  // Held: nothing published, nothing credited, so a full ring: nothing can be sent.
+  if (held_.load(std::memory_order_acquire))
+    return tx_published_.load(std::memory_order_relaxed) - ring_size();
   // After failover the ring frees as the kernel takes its bytes.
   if (mode_.load(std::memory_order_acquire) == Mode::kTcp)
     return anchor_path_.Push(tx_published_.load(std::memory_order_acquire));
@@ -1383,6 +1409,7 @@ void Conn::TxPublish(uint64_t produced) noexcept {
 }
 
 bool Conn::TxPeerClosed() const noexcept {
+  if (held_.load(std::memory_order_acquire)) return false;
   if (peer_closed_.load(std::memory_order_acquire)) return true;
   if (mode_.load(std::memory_order_acquire) == Mode::kTcp) return anchor_path_.peer_closed();
   Poll();
@@ -1398,13 +1425,17 @@ void Conn::CloseTx() noexcept {
     case Mode::kFailing:
       break;
     case Mode::kRdma:
-      eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
+      // Held: settling sends it (the same race as TxPublish's, on held_).
+      if (held_.load(std::memory_order_seq_cst)) break;
+      if (!eof_posted_.exchange(true)) eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
       break;
   }
 }
 
 void Conn::CloseRx() noexcept {
-  if (mode_.load(std::memory_order_acquire) == Mode::kRdma)
+  rx_close_wanted_.store(true, std::memory_order_seq_cst);
+  if (held_.load(std::memory_order_seq_cst)) return;  // settling sends it
+  if (mode_.load(std::memory_order_acquire) == Mode::kRdma && !closed_sent_.load())
     closed_sent_ = PostNote(nullptr, 0, Note::kClosed, 0);
 }
 

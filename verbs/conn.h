@@ -87,6 +87,16 @@ class Conn final : public Channel {
   bool SendHello(uint64_t nonce) noexcept;
   bool HelloReceived(Hello* hello) const noexcept;
 
+  // --- settling a server's connection (verbs/settle.cc; docs/DESIGN.md "Settling") ---
+  // Listener, before SetProxy: the request whose 4-tuple the accepted TCP connection has
+  // is installed *held* until that connection's client proves, in band, that it made the
+  // request (a CONFIRM with `nonce`). Held, the stream shows no bytes and no space, the
+  // peer's ring is not known, and whatever the request's queue pair does (notes, errors, a
+  // disconnect) reaches neither the application nor the anchor: the rdma_cm peer may be a
+  // forger, and the TCP client a plain one. Settle decides by `deadline_ms`.
+  void Hold(uint64_t nonce, uint64_t deadline_ms) noexcept;
+  bool held() const noexcept { return held_.load(std::memory_order_acquire); }
+
   // --- reuse ---
   // The client end of a connection to `dest` (what a later connect() there may reuse).
   void SetClientOf(const wire::Endpoint& dest) noexcept {
@@ -176,7 +186,10 @@ class Conn final : public Channel {
   }
   void SetAnchor(int fd) noexcept override { anchor_fd_.store(fd, std::memory_order_release); }
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
-  bool AnchorCarriesStream() const noexcept override { return mode_.load() == Mode::kTcp; }
+  // (Held, the anchor's bytes are the client's, for settling alone.)
+  bool AnchorCarriesStream() const noexcept override {
+    return mode_.load() == Mode::kTcp || held();
+  }
   void OnAnchorReady(uint32_t events) noexcept override;
   bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
   // A fork child's copy fails at once (the queue pair is the parent's): never shared.
@@ -184,6 +197,11 @@ class Conn final : public Channel {
 
   int BeginRxSleep() noexcept override;
   void EndRxSleep(bool woken) noexcept override;
+
+  uint64_t SettleDeadline() const noexcept override {
+    return settle_at_.load(std::memory_order_acquire);
+  }
+  Settlement Settle(uint64_t now_ms, Reason* why) noexcept override;
 
   // Progress thread: a connection's own completion channel is readable (`key`: its address
   // with bit 0 set). Looks the connection up among the live ones first.
@@ -222,6 +240,20 @@ class Conn final : public Channel {
   bool WaitSendSpace(uint32_t needed) noexcept;
   bool PostRecv(uint32_t index) noexcept;
   bool FlushRdma(int timeout_ms, bool own_anchor) noexcept;
+
+  // Settling (verbs/settle.cc), under failover_mu_.
+  // The CONFIRM came with the request's HELLO: the rings carry the stream from now on.
+  // Returns true when the queue pair failed while held (the caller fails over, unlocked).
+  bool SettleOnRdmaLocked() noexcept;
+  // The connection's client is not the request's (or gave up, or stayed silent): the
+  // stream goes to TCP from byte 0, the queue pair to the error state. `gated`: nothing
+  // was read from the client yet, and its first bytes are looked at before they are
+  // delivered (PassGate).
+  void SettlePlainLocked(bool gated) noexcept;
+  // TCP from byte 0 after silence: a real client late with its CONFIRM must not have it
+  // delivered as data. True once the first bytes are known to be the application's; a
+  // CONFIRM there resets the connection.
+  bool PassGate() const noexcept;
 
   // Failover (under failover_mu_ where it says Locked).
   enum class Mode : uint8_t { kRdma, kFailing, kTcp };
@@ -314,6 +346,19 @@ class Conn final : public Channel {
   Liveness live_;
   bool PostProbe(uint64_t* done_at) noexcept;
   mutable Hello hello_;
+
+  // Settling: held_ until the CONFIRM; settle_at_ is when Settle must run next (0:
+  // settled), deadline_ms_ when it must decide. held_broken_: the request's queue pair
+  // failed or broke the protocol while held (plain, or a failover once confirmed).
+  std::atomic<bool> held_{false};
+  std::atomic<bool> held_broken_{false};
+  std::atomic<uint64_t> settle_at_{0};
+  uint64_t held_nonce_ = 0;
+  uint64_t deadline_ms_ = 0;
+  std::atomic<bool> rx_close_wanted_{false};  // CloseRx while held
+  std::atomic<bool> eof_posted_{false};       // CloseTx's EOF note went (once)
+  mutable std::atomic<bool> gate_up_{false};  // PassGate has not seen the first bytes yet
+  mutable std::atomic<bool> gate_tripped_{false};
 
   // Reuse.
   ConnOwner* owner_ = nullptr;

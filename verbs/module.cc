@@ -167,16 +167,11 @@ class VerbsModule final : public Module, public ConnOwner {
   void Unlisten(Listener* listener) noexcept override;
   bool HasPending(Listener* listener, const wire::Endpoint& client,
                   const wire::Endpoint& server) noexcept override;
-  bool PendingWithdrawn(Listener* listener, const wire::Endpoint& client,
-                        const wire::Endpoint& server) noexcept override;
-  uint64_t PendingCommitted(Listener* listener, const wire::Endpoint& client,
-                            const wire::Endpoint& server) noexcept override;
   void DropPending(Listener* listener, const wire::Endpoint& client,
                    const wire::Endpoint& server) noexcept override;
   std::unique_ptr<Channel> AcceptPending(Listener* listener, const wire::Endpoint& client,
-                                         const wire::Endpoint& server, uint64_t nonce,
-                                         uint32_t ring_size, int proxy_b,
-                                         wire::DeclineReason* why) noexcept override;
+                                         const wire::Endpoint& server, int proxy_b, Reason* why,
+                                         bool* committed) noexcept override;
   ClientConn* Resolve(const sockaddr* dest, sockaddr_storage* source,
                       Reason* why) noexcept override;
   bool Handshake(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
@@ -709,30 +704,6 @@ bool VerbsModule::HasPending(Listener* l, const wire::Endpoint& client,
   return false;
 }
 
-bool VerbsModule::PendingWithdrawn(Listener* l, const wire::Endpoint& client,
-                                   const wire::Endpoint& server) noexcept {
-  std::lock_guard<std::mutex> lock(l->mu);
-  bool any = false;
-  for (const Pending& p : l->pending) {
-    if (!(p.client == client && p.server == server)) continue;
-    if (!p.withdrawn) return false;
-    any = true;
-  }
-  return any;
-}
-
-uint64_t VerbsModule::PendingCommitted(Listener* l, const wire::Endpoint& client,
-                                       const wire::Endpoint& server) noexcept {
-  std::lock_guard<std::mutex> lock(l->mu);
-  for (const Pending& p : l->pending) {
-    Hello hello;
-    if (p.client == client && p.server == server && !p.withdrawn && p.conn &&
-        p.conn->HelloReceived(&hello) && hello.nonce == p.nonce)
-      return p.nonce;
-  }
-  return 0;
-}
-
 // Moves every request pending for the tuple out of the listener's table.
 static void TakeTuple(Listener* l, const wire::Endpoint& client, const wire::Endpoint& server,
                       std::vector<Pending>* out) noexcept {
@@ -752,45 +723,40 @@ void VerbsModule::DropPending(Listener* l, const wire::Endpoint& client,
 }
 
 std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::Endpoint& client,
-                                                    const wire::Endpoint& server, uint64_t nonce,
-                                                    uint32_t ring_size, int proxy_b,
-                                                    wire::DeclineReason* why) noexcept {
-  // Only one request per tuple is real: the one whose nonce came in band.
-  std::vector<Pending> others;
-  TakeTuple(l, client, server, &others);
-  Pending chosen;
-  for (size_t i = 0; i < others.size(); ++i) {
-    if (others[i].nonce != nonce) continue;
-    chosen = others[i];
-    others.erase(others.begin() + long(i));
-    break;
+                                                    const wire::Endpoint& server, int proxy_b,
+                                                    Reason* why, bool* committed) noexcept {
+  std::vector<Pending> taken;
+  TakeTuple(l, client, server, &taken);
+  // One connection makes one request; a client sends its HELLO before its SYN, so the one
+  // that did is the likelier real one. Which it is, the CONFIRM says when it comes.
+  size_t chosen = taken.size();
+  *committed = false;
+  for (size_t i = 0; i < taken.size(); ++i) {
+    if (!taken[i].conn || taken[i].withdrawn) continue;  // its client gave up
+    Hello hello;
+    const bool said = taken[i].conn->HelloReceived(&hello) && hello.nonce == taken[i].nonce;
+    *committed = *committed || said;
+    if (chosen == taken.size() || said) chosen = i;
+    if (said) break;
   }
-  if (!others.empty())
-    SLIP_LOG(kWarn, "verbs: rejecting %zu forged connection request(s) for one connection",
-             others.size());
-  DestroyPending(&others);
-  *why = wire::DeclineReason::kNonceMismatch;
-  if (!chosen.conn) return nullptr;
-  std::unique_ptr<Conn> conn(chosen.conn);
-  *why = wire::DeclineReason::kBadRegion;
-  if ((1u << chosen.ring_log2) != ring_size) return nullptr;
-  // The client's HELLO (its ring) left before its SYN; it is here or about to be.
-  const uint64_t deadline = sys::MonotonicMs() + config_->handshake_timeout_ms;
-  Hello hello;
-  while (!conn->HelloReceived(&hello)) {
-    if (conn->Error() != 0 || sys::MonotonicMs() > deadline) {
-      *why = wire::DeclineReason::kUnspecified;
-      return nullptr;
-    }
-    usleep(100);
+  *why = Reason::kConnectSlow;  // (every client of the tuple gave up)
+  std::unique_ptr<Conn> conn;
+  uint64_t nonce = 0;
+  if (chosen != taken.size()) {
+    conn.reset(taken[chosen].conn);
+    nonce = taken[chosen].nonce;
+    taken.erase(taken.begin() + long(chosen));
   }
-  if (hello.nonce != nonce || hello.ring_log2 != chosen.ring_log2) return nullptr;
-  int b = sys::DupHigh(proxy_b, sys::HiddenFdFloor());
-  if (b < 0) {
-    *why = wire::DeclineReason::kResources;
-    return nullptr;
-  }
-  conn->SetPeer(hello.ring_addr, hello.rkey, false);
+  const size_t live = size_t(std::count_if(
+      taken.begin(), taken.end(), [](const Pending& p) { return p.conn && !p.withdrawn; }));
+  if (live)
+    SLIP_LOG(kWarn, "verbs: %zu other connection request(s) for one connection: rejected", live);
+  DestroyPending(&taken);
+  if (!conn) return nullptr;
+  *why = Reason::kFdLimit;
+  int b = proxy_b < 0 ? -1 : sys::DupHigh(proxy_b, sys::HiddenFdFloor());
+  if (b < 0) return nullptr;
+  conn->Hold(nonce, sys::MonotonicMs() + config_->handshake_timeout_ms);
   conn->SetProxy(b);
   conn->SetOwner(this);
   return conn;

@@ -42,29 +42,25 @@ class Module {
   // *why set when it cannot (no device on that address, port taken, ...).
   virtual Listener* Listen(const sockaddr* local, Reason* why) noexcept = 0;
   virtual void Unlisten(Listener* listener) noexcept = 0;
-  // Is an rdma_cm request pending for this TCP connection? Then its first bytes must be
-  // a CONFIRM.
+  // Is an rdma_cm request pending for this TCP connection? (Made by its client, or forged.)
   virtual bool HasPending(Listener* listener, const wire::Endpoint& client,
                           const wire::Endpoint& server) noexcept = 0;
-  // True once every request pending for the tuple was withdrawn by its client.
-  virtual bool PendingWithdrawn(Listener* listener, const wire::Endpoint& client,
-                                const wire::Endpoint& server) noexcept = 0;
-  // At the listener's deadline for a CONFIRM: the nonce of a pending request whose client
-  // committed to sending it (its HELLO, sent before its SYN, arrived, and it did not
-  // disconnect), or 0. Such a connection must not be handed over as plain TCP.
-  virtual uint64_t PendingCommitted(Listener* listener, const wire::Endpoint& client,
-                                    const wire::Endpoint& server) noexcept = 0;
-  // The connection stays plain (no valid CONFIRM): its pending requests are forged or
-  // stale, so they are rejected now rather than left to expire.
+  // The connection goes another way (shm): its pending requests are forged or stale, so
+  // they are rejected now rather than left to expire.
   virtual void DropPending(Listener* listener, const wire::Endpoint& client,
                            const wire::Endpoint& server) noexcept = 0;
-  // Takes the request whose nonce the client confirmed and builds the server's channel
-  // (the others for the tuple are forged: rejected). `proxy_b` is the server's proxy end,
-  // which the channel duplicates for its wake-ups. Returns nullptr with *why set.
+  // Takes a request pending for the accepted TCP connection's tuple (one whose client sent
+  // its HELLO first) and returns its channel *held* (Conn::Hold): the application may have
+  // the connection at once, and the client's first bytes on TCP settle it
+  // (Channel::Settle). The tuple's other requests are rejected: a connection makes one
+  // request, so all but one are forged, and a CONFIRM for another resets the connection.
+  // `proxy_b` is the server's proxy end, which the channel duplicates for its wake-ups.
+  // Returns nullptr with *why set (kConnectSlow: every client of the tuple gave up) and
+  // *committed when a request's client had sent its HELLO (its CONFIRM may be on its way:
+  // the connection must not be handed over as plain TCP then).
   virtual std::unique_ptr<Channel> AcceptPending(Listener* listener, const wire::Endpoint& client,
-                                                 const wire::Endpoint& server, uint64_t nonce,
-                                                 uint32_t ring_size, int proxy_b,
-                                                 wire::DeclineReason* why) noexcept = 0;
+                                                 const wire::Endpoint& server, int proxy_b,
+                                                 Reason* why, bool* committed) noexcept = 0;
 
   // --- connecting side ---
   // Resolves `dest` over RDMA (bounded by the handshake timeout; answers from the negative

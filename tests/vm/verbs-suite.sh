@@ -33,7 +33,7 @@ sockperf.both asyncio.both poll.both select.both et.both sendfile.both banner.bo
 kill.sender_killed kill.receiver_killed kill.recv_blocked_client_killed
 kill.recv_blocked_server_killed"}
 VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
-forged_nonce.run cross_write.run flood.source flood.budget flood.fdlimit qp_fault.server_reset
+forged_nonce.run forged_silent.run late_confirm.run cross_write.run flood.source flood.budget flood.fdlimit qp_fault.server_reset
 qp_fault.client_reset qp_fault.server_err memlock.run
 negative_cache.run
 nbconnect.verbs nbconnect.plain_server

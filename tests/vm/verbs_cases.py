@@ -129,6 +129,13 @@ def malformed(t, variant):
     serve_real_client(t, server)
 
 
+def expect_dropped(t, forge):
+    """forge_cm's request was disconnected by the listener (it reports it and exits 0)."""
+    code = forge.wait(timeout=30)
+    t.check(code == 0 and "disconnected" in forge.stdout(),
+            f"the forged request was not dropped: exit {code}, said {forge.stdout().strip()!r}")
+
+
 @case("forged_nonce")
 def forged_nonce(t, variant):
     """A well-formed request for a real connection's 4-tuple but with a nonce nobody
@@ -148,9 +155,68 @@ def forged_nonce(t, variant):
     t.expect_same_stream("client -> server", c, s)
     t.expect_same_stream("server -> client", s, c)
     t.expect_stats(server, "tcp", "peer_not_slipstream")
-    code = forge.wait(timeout=30)
-    t.check(code == 0 and "disconnected" in forge.stdout(),
-            f"the forged request was not dropped: exit {code}, said {forge.stdout().strip()!r}")
+    expect_dropped(t, forge)
+
+
+@case("forged_silent")
+def forged_silent(t, variant):
+    """A forged request made to look committed (HELLO sent, bytes RDMA-written into the
+    listener's ring with a data note) for the 4-tuple of a plain client that then connects
+    and stays silent, waiting for its server to speak first: the server's accept() returns
+    at once (the connection is held, not waited for), the held connection settles as plain
+    TCP at the handshake timeout, the client gets the server's bytes (nothing of ours, no
+    DECLINE) and both streams are exact, none of the forger's bytes reaching the server's
+    application; the forged request is disconnected."""
+    go = t.dir / "go"
+    server = t.serve("server", py("speak_first.py", "server", "--port", t.port, "--bind", LOOPBACK,
+                                  "--seed", 1, "--total", BULK, "--go", go), slip=True)
+    source_port = pick_port()
+    forge = t.start("forge", [forge_path(t), LOOPBACK, t.port, "committed", source_port])
+    forge.wait_until(lambda: "committed" in forge.stdout(), "the forged request committed")
+    client = t.start("client", py("speak_first.py", "client", "--port", t.port, "--host",
+                                  LOOPBACK, "--source-port", source_port, "--seed", 3,
+                                  "--total", BULK))
+    # Once the client's connection is queued, accept() finds it there: what it takes is
+    # Slipstream's own work.
+    client.wait_until(lambda: "connected" in client.stdout(), "the client connected")
+    go.write_text("go")
+    client.expect_exit(0)
+    server.expect_exit(0)
+    s, c = server.json_output(), client.json_output()
+    t.expect_same_stream("server -> client", s, c)
+    t.expect_same_stream("client -> server", c, s)
+    t.check(s["accept_s"] < 0.5, f"accept() took {s['accept_s']:.2f} s (it waited for the "
+                                 "forged request's CONFIRM)")
+    timeout_s = 2.0  # SLIP_HANDSHAKE_TIMEOUT_MS's default
+    t.check(c["first_byte_s"] is not None and c["first_byte_s"] < timeout_s + 1.5,
+            f"the server's first bytes came after {c['first_byte_s']} s")
+    t.expect_stats(server, "tcp", "handshake_timeout")
+    expect_dropped(t, forge)
+
+
+@case("late_confirm")
+def late_confirm(t, variant):
+    """A verbs client held up between its TCP handshake and its CONFIRM past the server's
+    handshake timeout (its rdma_cm request, with HELLO, made by forge_cm; its TCP side by
+    hand): the server has settled the connection as plain TCP meanwhile, so the late CONFIRM
+    must not reach its application as data: the connection is reset, and the application
+    read nothing."""
+    server = t.serve("server", py("late_confirm.py", "server", "--port", t.port), slip=True)
+    source_port = pick_port()
+    forge = t.start("forge", [forge_path(t), LOOPBACK, t.port, "committed", source_port])
+    forge.wait_until(lambda: "committed" in forge.stdout(), "the request committed")
+    nonce = int(forge.stdout().split("committed", 1)[1].split()[0])
+    client = t.start("client", py("late_confirm.py", "client", "--port", t.port, "--mode",
+                                  "verbs", "--nonce", nonce, "--source-port", source_port,
+                                  "--delay", 3.5))
+    client.expect_exit(0)
+    server.expect_exit(0)
+    s, c = server.json_output(), client.json_output()
+    t.check(s["count"] == 0 and s["end"] == "reset",
+            f"the server's application read {s['count']} bytes ({s['received'][:64]}...) and "
+            f"saw {s['end']}: the late CONFIRM must reset the connection")
+    t.check(c["end"] == "reset", f"the late client saw {c['end']}, not a reset")
+    t.expect_stats(server, "tcp", "handshake_timeout")
 
 
 def pinned_kib(proc):

@@ -18,6 +18,12 @@ it once: the end that moves it first from open wins.
     committed  claims the region (confirmed) at once, sleeps past the server's timeout,
                then sends its CONFIRM: the server must still take it (and its ring), its
                application reading no byte of ours. Then it closes everything.
+    verbs      (--nonce N, --source-port P) the TCP half of a verbs client whose rdma_cm
+               request (with that nonce, from that port, HELLO sent) forge_cm made:
+               connects, sleeps past the server's timeout, then sends its CONFIRM and
+               PLAIN. The server has settled the connection as plain TCP meanwhile: the
+               late CONFIRM must reset it, never be read as data. Prints {"sent_confirm",
+               "end": "eof" | "reset" | "timeout"}.
           Prints {"registered": bool, "claim": the word before the client's own move,
           "sent_confirm": bool}.
 The wire format and the region header are written out here independently of the C++.
@@ -114,13 +120,34 @@ def client(port, mode, delay):
     report(registered=registered, claim=before, sent_confirm=sent_confirm)
 
 
+def verbs_client(port, source_port, nonce, delay):
+    tcp = socket.create_connection((LOOPBACK, port), source_address=(LOOPBACK, source_port))
+    time.sleep(delay)
+    end = "eof"
+    try:
+        tcp.sendall(confirm_message(nonce) + PLAIN)
+        tcp.shutdown(socket.SHUT_WR)
+        tcp.settimeout(10)
+        while tcp.recv(65536):
+            pass
+    except (ConnectionResetError, BrokenPipeError):
+        end = "reset"
+    except socket.timeout:
+        end = "timeout"
+    tcp.close()
+    report(sent_confirm=True, end=end)
+
+
 def main():
     parser = argument_parser(__doc__, role=True)
-    parser.add_argument("--mode", choices=["abandoned", "committed"], default="abandoned")
+    parser.add_argument("--mode", choices=["abandoned", "committed", "verbs"], default="abandoned")
     parser.add_argument("--delay", type=float, default=1.0, help="client: seconds held up")
+    parser.add_argument("--nonce", type=int, help="verbs: the rdma_cm request's nonce")
     args = parser.parse_args()
     if args.role == "server":
         serve(args.port)
+    elif args.mode == "verbs":
+        verbs_client(args.port, args.source_port, args.nonce, args.delay)
     else:
         client(args.port, args.mode, args.delay)
 

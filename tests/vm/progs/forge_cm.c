@@ -22,6 +22,15 @@
 //             "refused STATUS" at the first write the listener's device refused (it must:
 //             a queue pair reaches only its own connection's memory), or "wrote N" if all
 //             landed (a hole: they went into another connection's stream).
+//   committed CLIENT_PORT
+//             as nonce, and then what a real client does before its SYN: a HELLO (SEND)
+//             with the request's nonce and a ring of ours, so that the request looks
+//             committed; then 4 KiB of 0xA5 RDMA-WRITTEN into the listener's ring (from
+//             the REP) with a data note, as if they were stream bytes. Prints "committed
+//             NONCE" (decimal),
+//             then "disconnected" once the listener drops the request (within 20 s): the
+//             TCP connection from CLIENT_PORT is a plain client, and none of this may reach
+//             it or its server's application.
 //   flood CLIENT_PORT COUNT HOLD_S
 //             COUNT well-formed requests from this host (ports CLIENT_PORT and up), all
 //             kept open for HOLD_S seconds, then abandoned. Prints "established E rejected R".
@@ -226,6 +235,92 @@ static int cross(const struct sockaddr_in* dst, uint16_t client_port, const char
   return 0;
 }
 
+static void put32(uint8_t* p, uint32_t v) {
+  put16(p, (uint16_t)v);
+  put16(p + 2, (uint16_t)(v >> 16));
+}
+
+static void put64(uint8_t* p, uint64_t v) {
+  put32(p, (uint32_t)v);
+  put32(p + 4, (uint32_t)(v >> 32));
+}
+
+// The listener drops our request (it must): prints "disconnected" and returns 0, or 1.
+static int await_disconnect(struct peer* p, int timeout_ms) {
+  struct rdma_cm_event* ev = next_event(p->ch, timeout_ms);
+  if (!ev || ev->event != RDMA_CM_EVENT_DISCONNECTED) {
+    printf("still connected\n");
+    return 1;
+  }
+  rdma_ack_cm_event(ev);
+  printf("disconnected\n");
+  return 0;
+}
+
+// Posts one work request and waits for its completion; 0 when it succeeded.
+static int post_and_wait(struct peer* p, struct ibv_send_wr* wr) {
+  struct ibv_send_wr* bad = NULL;
+  wr->send_flags |= IBV_SEND_SIGNALED;
+  if (ibv_post_send(p->id->qp, wr, &bad) != 0) return -1;
+  struct ibv_wc wc;
+  int n = 0;
+  for (double limit = now_s() + 10; n == 0 && now_s() < limit;) n = ibv_poll_cq(p->cq, 1, &wc);
+  return n == 1 && wc.status == IBV_WC_SUCCESS ? 0 : -1;
+}
+
+// committed: a forged request that says HELLO and writes "stream bytes", as a real client.
+static int committed(struct peer* p, const uint8_t* req) {
+  uint64_t addr;
+  uint32_t rkey;
+  memcpy(&addr, p->rep + 16, 8);  // REP: ring address at 16, key at 24
+  memcpy(&rkey, p->rep + 24, 4);
+  static uint8_t ring[1 << 20];
+  static uint8_t hello[28];
+  static uint8_t block[4096];
+  struct ibv_mr* mr = ibv_reg_mr(p->pd, ring, sizeof(ring),
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_mr* out = ibv_reg_mr(p->pd, hello, sizeof(hello), IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr* data = ibv_reg_mr(p->pd, block, sizeof(block), IBV_ACCESS_LOCAL_WRITE);
+  if (!mr || !out || !data) {
+    perror("ibv_reg_mr");
+    return 3;
+  }
+  // verbs/private_data.h, Hello: magic "SLHL", version, ring log2, pad, nonce, ring, key.
+  put32(hello, 0x4c484c53);
+  hello[4] = 1;
+  hello[5] = 20;
+  memcpy(hello + 8, req + 12, 8);  // the request's nonce
+  put64(hello + 16, (uint64_t)(uintptr_t)ring);
+  put32(hello + 24, mr->rkey);
+  struct ibv_sge sge = {(uintptr_t)hello, sizeof(hello), out->lkey};
+  struct ibv_send_wr wr = {0};
+  wr.opcode = IBV_WR_SEND;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  if (post_and_wait(p, &wr) != 0) {
+    printf("hello not delivered\n");
+    return 1;
+  }
+  memset(block, 0xa5, sizeof(block));
+  struct ibv_sge dsge = {(uintptr_t)block, sizeof(block), data->lkey};
+  struct ibv_send_wr dwr = {0};
+  dwr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  dwr.imm_data = htonl(sizeof(block));  // a data note: produced = 4096
+  dwr.sg_list = &dsge;
+  dwr.num_sge = 1;
+  dwr.wr.rdma.remote_addr = addr;
+  dwr.wr.rdma.rkey = rkey;
+  if (post_and_wait(p, &dwr) != 0) {
+    printf("write not delivered\n");
+    return 1;
+  }
+  uint64_t nonce;
+  memcpy(&nonce, req + 12, 8);
+  printf("committed %llu\n", (unsigned long long)nonce);
+  fflush(stdout);
+  return await_disconnect(p, 20000);
+}
+
 // flood: COUNT requests held open together.
 static int flood(const struct sockaddr_in* dst, uint16_t client_port, int count, int hold_s) {
   struct peer* peers = calloc((size_t)count, sizeof(*peers));
@@ -256,7 +351,8 @@ static int flood(const struct sockaddr_in* dst, uint16_t client_port, int count,
 int main(int argc, char** argv) {
   if (argc < 4) {
     fprintf(stderr,
-            "usage: forge_cm HOST PORT garbage|short|version|tuple|bigring|nonce [CLIENT_PORT]\n"
+            "usage: forge_cm HOST PORT garbage|short|version|tuple|bigring|nonce|committed "
+            "[CLIENT_PORT]\n"
             "       forge_cm HOST PORT cross CLIENT_PORT GO_FILE SECONDS\n"
             "       forge_cm HOST PORT flood CLIENT_PORT COUNT HOLD_S\n");
     return 2;
@@ -291,7 +387,7 @@ int main(int argc, char** argv) {
     pd[23] ^= 0x55;  // another client address than the one the request comes from
   } else if (strcmp(mode, "bigring") == 0) {
     pd[6] = 28;
-  } else if (strcmp(mode, "nonce") == 0) {
+  } else if (strcmp(mode, "nonce") == 0 || strcmp(mode, "committed") == 0) {
     expect_reject = 0;
   } else {
     fprintf(stderr, "unknown mode %s\n", mode);
@@ -313,12 +409,6 @@ int main(int argc, char** argv) {
   printf("established\n");
   fflush(stdout);
   if (expect_reject) return 1;
-  struct rdma_cm_event* ev = next_event(p.ch, 15000);
-  if (!ev || ev->event != RDMA_CM_EVENT_DISCONNECTED) {
-    printf("still connected\n");
-    return 1;
-  }
-  rdma_ack_cm_event(ev);
-  printf("disconnected\n");
-  return 0;
+  if (strcmp(mode, "committed") == 0) return committed(&p, pd);
+  return await_disconnect(&p, 15000);
 }
