@@ -242,9 +242,6 @@ class Conn final : public Channel {
   bool FlushRdma(int timeout_ms, bool own_anchor) noexcept;
 
   // Settling (verbs/settle.cc), under failover_mu_.
-  // The CONFIRM came with the request's HELLO: the rings carry the stream from now on.
-  // Returns true when the queue pair failed while held (the caller fails over, unlocked).
-  bool SettleOnRdmaLocked() noexcept;
   // The connection's client is not the request's (or gave up, or stayed silent): the
   // stream goes to TCP from byte 0, the queue pair to the error state. `gated`: nothing
   // was read from the client yet, and its first bytes are looked at before they are

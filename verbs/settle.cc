@@ -13,6 +13,10 @@
 //   nothing by the deadline                  -> TCP from byte 0, gated
 //   a CONFIRM of another nonce               -> reset (neither path is safe)
 //
+// Settle runs under failover_mu_, and polls the queue pair for the HELLO: nothing may ask
+// for a failover while held (Fail and RequestFailover only mark the request broken), so the
+// poll never takes that lock again.
+//
 // "Gated": no byte of the client has been seen, and a real client may yet be late with its
 // CONFIRM, which must never be delivered as data. The first bytes that arrive are looked
 // at before any is delivered: a CONFIRM there resets the connection (the late client gets
@@ -35,7 +39,9 @@ namespace slip::verbs {
 void Conn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
   held_nonce_ = nonce;
   deadline_ms_ = deadline_ms;
-  held_broken_.store(false, std::memory_order_relaxed);
+  // A request whose queue pair failed before the accept is broken from the start; the
+  // failure is the request's, not the connection's (which may yet be plain).
+  held_broken_.store(error_.exchange(0) != 0, std::memory_order_relaxed);
   gate_up_.store(false, std::memory_order_relaxed);
   gate_tripped_.store(false, std::memory_order_relaxed);
   held_.store(true, std::memory_order_seq_cst);
@@ -43,7 +49,6 @@ void Conn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
 }
 
 Channel::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
-  bool failed_while_held = false;
   {
     std::lock_guard<std::mutex> lock(failover_mu_);
     if (!held()) return Settlement::kSettled;
@@ -83,7 +88,9 @@ Channel::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
       }
       sys::recv(anchor, buf, used, MSG_DONTWAIT);
       SetPeer(hello.ring_addr, hello.rkey, false);
-      failed_while_held = SettleOnRdmaLocked();
+      held_.store(false, std::memory_order_seq_cst);
+      settle_at_.store(0, std::memory_order_release);
+      stream_live_.store(true, std::memory_order_release);
     } else if (n > 0 && st != wire::ParseStatus::kNeedMore) {
       // Bytes that are not a CONFIRM come from a plain client (whoever made the request
       // was not its client): they are the application's.
@@ -112,26 +119,22 @@ Channel::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
       return Settlement::kPlain;
     }
   }
-  // Confirmed, but its queue pair failed meanwhile: the client is real, so the stream
-  // fails over from where both ends stand (nothing was carried yet).
-  if (failed_while_held) TransportFailed(wire::FailoverCause::kTransportError);
-  return Settlement::kSettled;
-}
-
-bool Conn::SettleOnRdmaLocked() noexcept {
-  held_.store(false, std::memory_order_seq_cst);
-  settle_at_.store(0, std::memory_order_release);
+  // On the rings now. The rest posts and polls, which may ask for a failover (and so take
+  // failover_mu_): after the lock.
   // What the application did while held (the same race as CloseTx's, on held_).
   if (tx_finished_.load(std::memory_order_seq_cst)) CloseTx();
   if (rx_close_wanted_.load(std::memory_order_seq_cst)) CloseRx();
   if (proxy_b_ >= 0 && (rx_eof_.load() || error_.load())) sys::shutdown(proxy_b_, SHUT_WR);
-  stream_live_.store(true, std::memory_order_release);
   // Whoever waited for space or bytes while held is owed a wake-up now, if there is
   // anything for them (a token for nothing would make an idle connection readable).
   WakeWriterNow();
   if (rx_produced_.load(std::memory_order_acquire) != rx_consumed_.load(std::memory_order_acquire))
     WakeReaderNow();
-  return held_broken_.load(std::memory_order_seq_cst);
+  // Confirmed, but its queue pair failed meanwhile: the client is real, so the stream
+  // fails over from where both ends stand (nothing was carried yet).
+  if (held_broken_.load(std::memory_order_seq_cst))
+    TransportFailed(wire::FailoverCause::kTransportError);
+  return Settlement::kSettled;
 }
 
 void Conn::SettlePlainLocked(bool gated) noexcept {
@@ -141,6 +144,8 @@ void Conn::SettlePlainLocked(bool gated) noexcept {
   // The request's peer learns it at once (a client that gave up, or a forger).
   if (id_ && !rdma_released_.load(std::memory_order_acquire)) rdma_disconnect(id_);
   if (gated) gate_up_.store(true, std::memory_order_release);
+  // A failure that raced with Hold was the request's, never this connection's.
+  error_.store(0, std::memory_order_release);
   anchor_path_.Start(anchor_fd_.load(), slot_.rx_ring(), slot_.tx_mirror(), ring_size(), 0, 0);
   mode_.store(Mode::kTcp, std::memory_order_seq_cst);
   held_.store(false, std::memory_order_seq_cst);
