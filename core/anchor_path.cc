@@ -23,6 +23,28 @@ bool WaitUntil(int fd, short events, uint64_t deadline) noexcept {
 
 }  // namespace
 
+AnchorPeek PeekAnchor(int fd) noexcept {
+  AnchorPeek peek;
+  uint8_t buf[wire::kMaxMessageSize];
+  const ssize_t n = sys::recv(fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_PEEK);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return peek;
+  if (n <= 0) {
+    peek.kind = AnchorPeek::Kind::kEnd;
+    peek.error = n < 0 ? errno : 0;
+    return peek;
+  }
+  peek.status = wire::ParseMessage(buf, size_t(n), &peek.msg, &peek.length);
+  peek.kind = peek.status == wire::ParseStatus::kOk         ? AnchorPeek::Kind::kMessage
+              : peek.status == wire::ParseStatus::kNeedMore ? AnchorPeek::Kind::kPartial
+                                                            : AnchorPeek::Kind::kBytes;
+  return peek;
+}
+
+void ConsumeAnchor(int fd, const AnchorPeek& peek) noexcept {
+  uint8_t buf[wire::kMaxMessageSize];
+  if (peek.kind == AnchorPeek::Kind::kMessage) sys::recv(fd, buf, peek.length, MSG_DONTWAIT);
+}
+
 bool SendFailover(int fd, const wire::Failover& failover, int timeout_ms) noexcept {
   wire::Message msg;
   msg.type = wire::Type::kFailover;
@@ -47,25 +69,18 @@ bool SendFailover(int fd, const wire::Failover& failover, int timeout_ms) noexce
 
 bool ReceiveFailover(int fd, int timeout_ms, wire::Failover* out) noexcept {
   const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
-  uint8_t buf[wire::kMaxMessageSize];
   for (;;) {
-    ssize_t n = sys::recv(fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_PEEK);
-    if (n > 0) {
-      wire::Message msg;
-      size_t used = 0;
-      wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
-      if (st == wire::ParseStatus::kOk && msg.type == wire::Type::kFailover) {
-        sys::recv(fd, buf, used, MSG_DONTWAIT);
-        *out = msg.failover;
-        return true;
-      }
-      if (st != wire::ParseStatus::kNeedMore) return false;
-    } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      return false;
+    const AnchorPeek peek = PeekAnchor(fd);
+    if (peek.Is(wire::Type::kFailover)) {
+      ConsumeAnchor(fd, peek);
+      *out = peek.msg.failover;
+      return true;
     }
+    if (peek.kind != AnchorPeek::Kind::kPartial && peek.kind != AnchorPeek::Kind::kNone)
+      return false;
     if (!WaitUntil(fd, POLLIN, deadline)) return false;
     // A partial message keeps POLLIN set: do not spin on it.
-    if (n > 0) sys::poll(nullptr, 0, 1);
+    if (peek.kind == AnchorPeek::Kind::kPartial) sys::poll(nullptr, 0, 1);
   }
 }
 

@@ -24,6 +24,28 @@
 
 namespace slip {
 
+// What the bytes at the head of a connection's TCP socket are, looked at without consuming
+// them and without waiting: the one place that peeks and parses our in-band messages.
+struct AnchorPeek {
+  enum class Kind : uint8_t {
+    kMessage,  // a whole, valid message of ours: `msg`, `length` bytes on the wire
+    kPartial,  // the start of one (our magic so far): the rest is on its way
+    kBytes,    // bytes that are not a message of ours (`status` says why)
+    kNone,     // nothing queued
+    kEnd,      // EOF (`error` 0) or an error (`error`: the errno, e.g. ECONNRESET)
+  };
+  Kind kind = Kind::kNone;
+  wire::Message msg;
+  size_t length = 0;
+  wire::ParseStatus status = wire::ParseStatus::kNeedMore;
+  int error = 0;
+
+  bool Is(wire::Type type) const noexcept { return kind == Kind::kMessage && msg.type == type; }
+};
+AnchorPeek PeekAnchor(int fd) noexcept;
+// Consumes the message PeekAnchor found (its `length` bytes, already queued).
+void ConsumeAnchor(int fd, const AnchorPeek& peek) noexcept;
+
 // The FAILOVER exchange on the anchor. Both wait at most `timeout_ms` (0: no wait).
 // Sends `failover` whole (a short write continues), or returns false.
 bool SendFailover(int fd, const wire::Failover& failover, int timeout_ms) noexcept;

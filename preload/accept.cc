@@ -20,6 +20,7 @@
 #include <ctime>
 #include <vector>
 
+#include "core/anchor_path.h"
 #include "core/log.h"
 #include "core/proxy.h"
 #include "core/sys.h"
@@ -63,15 +64,9 @@ struct Registered {
 // True when the bytes already queued on `fd` start with a whole, valid CONFIRM (nothing is
 // consumed).
 bool PeekConfirm(int fd, wire::Confirm* confirm) noexcept {
-  uint8_t buf[wire::kMaxMessageSize];
-  ssize_t n = sys::recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
-  if (n <= 0) return false;
-  wire::Message msg;
-  size_t used = 0;
-  if (wire::ParseMessage(buf, size_t(n), &msg, &used) != wire::ParseStatus::kOk ||
-      msg.type != wire::Type::kConfirm)
-    return false;
-  *confirm = msg.confirm;
+  const AnchorPeek peek = PeekAnchor(fd);
+  if (!peek.Is(wire::Type::kConfirm)) return false;
+  *confirm = peek.msg.confirm;
   return true;
 }
 

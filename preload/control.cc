@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <mutex>
 
+#include "core/anchor_path.h"
 #include "core/log.h"
 #include "core/no_destructor.h"
 #include "core/sys.h"
@@ -121,35 +122,36 @@ void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
     channel->OnAnchorReady(events);
     return;
   }
-  uint8_t buf[wire::kMaxMessageSize];
   for (;;) {
-    ssize_t n = sys::recv(s->anchor_fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_PEEK);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    if (n <= 0) {
-      bool reset = n < 0 && errno == ECONNRESET;
-      SLIP_LOG(kDebug, "anchor fd %d: peer gone (%s)", s->anchor_fd,
-               n == 0  ? "EOF"
-               : reset ? "reset"
-                       : "error");
-      sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
-      s->stream->MarkPeerGone(reset);
-      return;
+    const AnchorPeek peek = PeekAnchor(s->anchor_fd);
+    switch (peek.kind) {
+      case AnchorPeek::Kind::kNone:
+      case AnchorPeek::Kind::kPartial:
+        return;  // edge-triggered: the rest wakes us
+      case AnchorPeek::Kind::kEnd: {
+        const bool reset = peek.error == ECONNRESET;
+        SLIP_LOG(kDebug, "anchor fd %d: peer gone (%s)", s->anchor_fd,
+                 peek.error == 0 ? "EOF"
+                 : reset         ? "reset"
+                                 : "error");
+        sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
+        s->stream->MarkPeerGone(reset);
+        return;
+      }
+      case AnchorPeek::Kind::kBytes:
+        // (A verbs server that settled as plain after its deadline sends its application's
+        // bytes here: this end confirmed too late. It resets too, so neither end mistakes
+        // the broken connection for an orderly close.)
+        SLIP_LOG(kError, "anchor fd %d: unexpected bytes on the control channel (%s); resetting",
+                 s->anchor_fd, wire::ParseStatusName(peek.status));
+        sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
+        s->stream->MarkPeerGone(/*reset=*/true);
+        return;
+      case AnchorPeek::Kind::kMessage:
+        break;
     }
-    wire::Message msg;
-    size_t used = 0;
-    wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
-    if (st == wire::ParseStatus::kNeedMore) return;  // edge-triggered: the rest wakes us
-    if (st != wire::ParseStatus::kOk) {
-      // (A verbs server that settled as plain after its deadline sends its application's
-      // bytes here: this end confirmed too late. It resets too, so neither end mistakes
-      // the broken connection for an orderly close.)
-      SLIP_LOG(kError, "anchor fd %d: unexpected bytes on the control channel (%s); resetting",
-               s->anchor_fd, wire::ParseStatusName(st));
-      sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
-      s->stream->MarkPeerGone(/*reset=*/true);
-      return;
-    }
-    sys::recv(s->anchor_fd, buf, used, MSG_DONTWAIT);
+    ConsumeAnchor(s->anchor_fd, peek);
+    const wire::Message& msg = peek.msg;
     if (msg.type == wire::Type::kDecline) {
       SLIP_LOG(kWarn, "connection declined by the peer after registration (reason %u); reset",
                unsigned(msg.decline.reason));

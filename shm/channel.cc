@@ -341,16 +341,11 @@ Channel::Settlement ShmChannel::Settle(uint64_t now_ms, Reason* why) noexcept {
 
 // The server's side: the application has the connection; its client's first bytes decide.
 Channel::Settlement ShmChannel::SettleServer(uint64_t now_ms, Reason* why) noexcept {
-  uint8_t buf[wire::kMaxMessageSize];
-  ssize_t n = sys::recv(anchor_, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+  const AnchorPeek peek = PeekAnchor(anchor_);
   Reason plain = Reason::kNone;
-  if (n > 0) {
-    wire::Message msg;
-    size_t used = 0;
-    wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
-    if (st == wire::ParseStatus::kOk && msg.type == wire::Type::kConfirm &&
-        msg.confirm.nonce == nonce_ && msg.confirm.ring_size == ring_size()) {
-      sys::recv(anchor_, buf, used, MSG_DONTWAIT);
+  if (peek.Is(wire::Type::kConfirm)) {
+    if (peek.msg.confirm.nonce == nonce_ && peek.msg.confirm.ring_size == ring_size()) {
+      ConsumeAnchor(anchor_, peek);
       phase_.store(Phase::kShm, std::memory_order_seq_cst);
       if (tx_closed_.load(std::memory_order_seq_cst)) CloseTx();
       Settled();
@@ -362,21 +357,21 @@ Channel::Settlement ShmChannel::SettleServer(uint64_t now_ms, Reason* why) noexc
         WakeReaderNow();
       return Settlement::kSettled;
     }
-    if (st == wire::ParseStatus::kOk && msg.type == wire::Type::kConfirm) {
-      // A client that confirmed a registration other than the one held here (the real one
-      // lost to a same-uid forgery): it writes to a ring nobody reads, so the connection
-      // can be neither accelerated nor plain.
-      SLIP_LOG(kWarn,
-               "shm: the client confirmed another registration than this connection's; "
-               "resetting it");
-      Settled();
-      return Settlement::kReset;
-    }
+    // A client that confirmed a registration other than the one held here (the real one
+    // lost to a same-uid forgery): it writes to a ring nobody reads, so the connection
+    // can be neither accelerated nor plain.
+    SLIP_LOG(kWarn,
+             "shm: the client confirmed another registration than this connection's; "
+             "resetting it");
+    Settled();
+    return Settlement::kReset;
+  }
+  if (peek.kind == AnchorPeek::Kind::kMessage || peek.kind == AnchorPeek::Kind::kBytes ||
+      peek.kind == AnchorPeek::Kind::kEnd) {
     // Bytes that are not a CONFIRM come from a plain client (whoever registered this
-    // 4-tuple was not its client): they are the application's.
-    if (st != wire::ParseStatus::kNeedMore) plain = Reason::kPeerNotSlipstream;
-  } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-    plain = Reason::kPeerNotSlipstream;  // EOF or an error: the application sees it on TCP
+    // 4-tuple was not its client): they are the application's. EOF or an error: the
+    // application sees it on TCP.
+    plain = Reason::kPeerNotSlipstream;
   }
   if (plain == Reason::kNone) {
     const Claim claim = Claim(claim_->load(std::memory_order_acquire));

@@ -30,6 +30,7 @@
 
 #include <cerrno>
 
+#include "core/anchor_path.h"
 #include "core/log.h"
 #include "core/sys.h"
 #include "verbs/conn.h"
@@ -54,16 +55,11 @@ Channel::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
     if (!held()) return Settlement::kSettled;
     const int anchor = anchor_fd_.load(std::memory_order_acquire);
     if (anchor < 0) return Settlement::kPending;  // (not installed yet)
-    uint8_t buf[wire::kMaxMessageSize];
-    const ssize_t n = sys::recv(anchor, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
-    const bool quiet = n < 0 && (errno == EAGAIN || errno == EINTR);
-    wire::Message msg;
-    size_t used = 0;
-    const wire::ParseStatus st =
-        n > 0 ? wire::ParseMessage(buf, size_t(n), &msg, &used) : wire::ParseStatus::kNeedMore;
-    if (n > 0 && st == wire::ParseStatus::kOk && msg.type == wire::Type::kConfirm) {
+    const AnchorPeek peek = PeekAnchor(anchor);
+    const wire::Confirm& confirm = peek.msg.confirm;
+    if (peek.Is(wire::Type::kConfirm)) {
       Hello hello;
-      const bool ours = msg.confirm.nonce == held_nonce_ && msg.confirm.ring_size == ring_size();
+      const bool ours = confirm.nonce == held_nonce_ && confirm.ring_size == ring_size();
       bool hello_ok = HelloReceived(&hello);
       if (ours && !hello_ok && !held_broken_.load() && now_ms < deadline_ms_) {
         // Its HELLO left before its SYN, on the queue pair: it is in flight, or in the
@@ -86,19 +82,17 @@ Channel::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
         Fail(ECONNRESET);
         return Settlement::kReset;
       }
-      sys::recv(anchor, buf, used, MSG_DONTWAIT);
+      ConsumeAnchor(anchor, peek);
       SetPeer(hello.ring_addr, hello.rkey, false);
       held_.store(false, std::memory_order_seq_cst);
       settle_at_.store(0, std::memory_order_release);
       stream_live_.store(true, std::memory_order_release);
-    } else if (n > 0 && st != wire::ParseStatus::kNeedMore) {
+    } else if (peek.kind == AnchorPeek::Kind::kMessage || peek.kind == AnchorPeek::Kind::kBytes ||
+               peek.kind == AnchorPeek::Kind::kEnd) {
       // Bytes that are not a CONFIRM come from a plain client (whoever made the request
-      // was not its client): they are the application's.
+      // was not its client): they are the application's. EOF or an error: the application
+      // sees it on TCP.
       SettlePlainLocked(/*gated=*/false);
-      *why = Reason::kPeerNotSlipstream;
-      return Settlement::kPlain;
-    } else if (!quiet && n <= 0) {
-      SettlePlainLocked(/*gated=*/false);  // EOF or an error: the application sees it on TCP
       *why = Reason::kPeerNotSlipstream;
       return Settlement::kPlain;
     } else if (held_broken_.load(std::memory_order_seq_cst)) {
@@ -160,29 +154,23 @@ bool Conn::PassGate() const noexcept {
   if (!gate_up_.load(std::memory_order_acquire)) return true;
   if (gate_tripped_.load(std::memory_order_acquire)) return false;  // (being reset)
   const int anchor = anchor_fd_.load(std::memory_order_acquire);
-  uint8_t buf[wire::kMaxMessageSize];
-  const ssize_t n = anchor < 0 ? 0 : sys::recv(anchor, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
-  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;  // nothing to deliver yet
-  if (n > 0) {
-    wire::Message msg;
-    size_t used = 0;
-    const wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
-    if (st == wire::ParseStatus::kNeedMore) return false;  // our magic so far: wait for more
-    if (st == wire::ParseStatus::kOk && msg.type == wire::Type::kConfirm) {
-      if (!gate_tripped_.exchange(true)) {
-        SLIP_LOG(kWarn,
-                 "verbs: a CONFIRM arrived after the connection went on as plain TCP (its "
-                 "client was too late); resetting the connection rather than passing it on "
-                 "as data");
-        // The application gets ECONNRESET now, and its close resets the TCP connection
-        // (no FIN first: the client must not take it for an orderly end).
-        linger lg{1, 0};
-        sys::setsockopt(anchor, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-        auto* self = const_cast<Conn*>(this);
-        self->Fail(ECONNRESET);
-      }
-      return false;
+  const AnchorPeek peek = PeekAnchor(anchor);
+  // Nothing yet, or our magic so far: nothing to deliver until the rest says what it is.
+  if (peek.kind == AnchorPeek::Kind::kNone || peek.kind == AnchorPeek::Kind::kPartial) return false;
+  if (peek.Is(wire::Type::kConfirm)) {
+    if (!gate_tripped_.exchange(true)) {
+      SLIP_LOG(kWarn,
+               "verbs: a CONFIRM arrived after the connection went on as plain TCP (its "
+               "client was too late); resetting the connection rather than passing it on as "
+               "data");
+      // The application gets ECONNRESET now, and its close resets the TCP connection (no
+      // FIN first: the client must not take it for an orderly end).
+      linger lg{1, 0};
+      sys::setsockopt(anchor, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+      auto* self = const_cast<Conn*>(this);
+      self->Fail(ECONNRESET);
     }
+    return false;
   }
   gate_up_.store(false, std::memory_order_release);  // the application's bytes (or EOF)
   return true;

@@ -11,7 +11,6 @@
 
 #include "core/stream.h"
 #include "core/wire.h"
-#include "shm/region.h"
 #include "shm/shm.h"
 #include "tools/slip-perf/codec.h"
 #include "tools/slip-perf/fd_passing.h"
