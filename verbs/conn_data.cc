@@ -1,0 +1,519 @@
+// Conn's data path: polling the completion queue (what arrived, and whom it wakes), the
+// Channel functions the stream calls, and posting writes and notes to the send queue.
+#include <arpa/inet.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/log.h"
+#include "core/proxy.h"
+#include "core/sys.h"
+#include "verbs/conn.h"
+#include "verbs/conn_internal.h"
+
+namespace slip::verbs {
+
+using namespace conn_internal;
+
+bool Conn::Poll() const noexcept {
+  if (orphaned_.load(std::memory_order_relaxed)) return true;
+  if (mode_.load(std::memory_order_acquire) != Mode::kRdma) return true;
+  {
+    // Waits for a concurrent poller rather than skipping: a caller deciding EOF or reset
+    // must see every completion that has arrived, and drains are short.
+    SpinGuard guard(&poll_busy_);
+    defer_wakes_ = true;
+    DrainLocked();
+    // Completion events only while somebody sleeps on this connection: an event wakes the
+    // progress thread (a context switch per message), which spinning threads do not need.
+    // The sleeper announced itself (WakeState) before this poll, so arming here, then
+    // draining again, cannot miss a completion.
+    if (SomebodyWaits() && !armed_.load(std::memory_order_relaxed) &&
+        !rdma_released_.load(std::memory_order_relaxed)) {
+      armed_.store(true, std::memory_order_relaxed);
+      ibv_req_notify_cq(cq_, 0);
+      DrainLocked();
+    }
+    defer_wakes_ = false;
+  }
+  RunDeferredWakes();
+  if (own_.channel && !watched_.load(std::memory_order_relaxed) && WantsProgress())
+    WatchFromProgress();
+  const_cast<Conn*>(this)->MaybeFailover();
+  return true;
+}
+
+void Conn::RunDeferredWakes() const noexcept {
+  // A load first: every poll comes here, and a read-modify-write on every one would cost.
+  if (deferred_wakes_.load(std::memory_order_relaxed) == 0) return;
+  uint32_t wakes = deferred_wakes_.exchange(0, std::memory_order_acquire);
+  if (wakes & kWakeReader) WakeReaderNow();
+  if (wakes & kWakeWriter) WakeWriterNow();
+}
+
+bool Conn::SomebodyWaits() const noexcept {
+  return SomebodyWaitsOnProxy() || direct_readers_.load(std::memory_order_relaxed) != 0 ||
+         parked_.load(std::memory_order_relaxed) || claiming_.load(std::memory_order_relaxed);
+}
+
+bool Conn::WantsProgress() const noexcept {
+  return SomebodyWaitsOnProxy() || parked_.load(std::memory_order_relaxed);
+}
+
+bool Conn::SomebodyWaitsOnProxy() const noexcept {
+  return rx_wake_.reader_waiting.load(std::memory_order_relaxed) != 0 ||
+         tx_wake_.writer_waiting.load(std::memory_order_relaxed) != 0;
+}
+
+void Conn::DrainLocked() const noexcept {
+  if (rdma_released_.load(std::memory_order_relaxed)) return;  // (under poll_busy_)
+  ibv_wc wc[16];
+  for (;;) {
+    int n = ibv_poll_cq(cq_, 16, wc);
+    if (n <= 0) {
+      if (n < 0) const_cast<Conn*>(this)->RequestFailover(wire::FailoverCause::kTransportError);
+      return;
+    }
+    for (int i = 0; i < n; ++i) Handle(wc[i]);
+  }
+}
+
+void Conn::OnCompletionEvent() noexcept {
+  {
+    SpinGuard guard(&poll_busy_);
+    defer_wakes_ = true;
+    armed_.store(false, std::memory_order_relaxed);  // an event disarms the queue
+    DrainLocked();
+    if (SomebodyWaits() && !rdma_released_.load(std::memory_order_relaxed)) {
+      armed_.store(true, std::memory_order_relaxed);
+      ibv_req_notify_cq(cq_, 0);
+      DrainLocked();  // what arrived between the drain and the re-arm
+    }
+    defer_wakes_ = false;
+  }
+  RunDeferredWakes();
+  // (After ReleaseRdma too: it waits for this thread's ChannelUse before destroying cq_.)
+  ibv_ack_cq_events(cq_, 1);
+  MaybeFailover();
+}
+
+void Conn::Handle(const ibv_wc& wc) const noexcept {
+  auto* self = const_cast<Conn*>(this);
+  if (wc.status != IBV_WC_SUCCESS) {
+    // After the peer's orderly close (EOF and CLOSED arrived) its disconnect flushes our
+    // queues: the end of the connection, not a failure.
+    if (rx_eof_.load(std::memory_order_acquire) && peer_closed_.load(std::memory_order_acquire))
+      return;
+    if (mode_.load(std::memory_order_relaxed) != Mode::kRdma) return;  // our own stop flushed it
+    if (error_.load(std::memory_order_relaxed) == 0 && wc.status != IBV_WC_WR_FLUSH_ERR)
+      SLIP_LOG(kWarn, "verbs: %s completion failed: %s", (wc.wr_id & kRecvTag) ? "receive" : "send",
+               ibv_wc_status_str(wc.status));
+    self->RequestFailover(wire::FailoverCause::kTransportError);
+    return;
+  }
+  if (!(wc.wr_id & kRecvTag)) {
+    // A signalled send: everything posted up to it is done.
+    uint64_t done = wc.wr_id;
+    uint64_t prev = sq_completed_.load(std::memory_order_relaxed);
+    while (done > prev && !sq_completed_.compare_exchange_weak(prev, done)) {
+    }
+    return;
+  }
+  auto index = uint32_t(wc.wr_id & ~kRecvTag);
+  if (index >= kRecvDepth) {
+    self->Fail(EPROTO);
+    return;
+  }
+  if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    HandleNote(ntohl(wc.imm_data));
+  } else if (wc.opcode == IBV_WC_RECV) {
+    const uint8_t* buf = slot_.control() + kRecvBufOffset + index * kRecvBufSize;
+    Hello hello;
+    if (wc.byte_len == 4) {
+      uint32_t note = uint32_t(buf[0]) | uint32_t(buf[1]) << 8 | uint32_t(buf[2]) << 16 |
+                      uint32_t(buf[3]) << 24;
+      HandleNote(note);
+    } else if (!hello_received_.load(std::memory_order_relaxed) &&
+               ParseHello(buf, wc.byte_len, &hello) == ParseResult::kOk) {
+      hello_ = hello;
+      hello_received_.store(true, std::memory_order_release);
+    } else if (LinkMsg msg; ParseLink(buf, wc.byte_len, &msg) == ParseResult::kOk) {
+      HandleLink(msg);
+    } else {
+      SLIP_LOG(kWarn, "verbs: malformed message from the peer (%u bytes); resetting", wc.byte_len);
+      self->Fail(EPROTO);
+      return;
+    }
+  } else {
+    self->Fail(EPROTO);
+    return;
+  }
+  if (error_.load(std::memory_order_relaxed) == 0 &&
+      mode_.load(std::memory_order_relaxed) == Mode::kRdma && !self->PostRecv(index))
+    self->RequestFailover(wire::FailoverCause::kTransportError);
+}
+
+void Conn::HandleNote(uint32_t note) const noexcept {
+  switch (NoteKind(note)) {
+    case Note::kData: {
+      uint64_t produced = NoteCursor(note, rx_produced_.load(std::memory_order_relaxed));
+      // A peer that claims more than the ring can hold would make us read garbage.
+      if (produced - rx_consumed_.load(std::memory_order_acquire) > ring_size()) {
+        SLIP_LOG(kWarn,
+                 "verbs: the peer overran the ring (produced %llu, consumed %llu, last %llu, "
+                 "note %08x); resetting",
+                 (unsigned long long)produced, (unsigned long long)rx_consumed_.load(),
+                 (unsigned long long)rx_produced_.load(), note);
+        const_cast<Conn*>(this)->Fail(EPROTO);
+        return;
+      }
+      rx_produced_.store(produced, std::memory_order_release);
+      WakeReader();
+      break;
+    }
+    case Note::kCredit: {
+      // The credit word landed before this completion (same WRITE, or an earlier one).
+      // It is the authority: the note's 30 bits may be older than a word that a later
+      // credit write already replaced, and extending them from a newer value would
+      // invent credit.
+      auto* word = reinterpret_cast<volatile uint64_t*>(slot_.control() + kCreditInOffset);
+      uint64_t credit = *word;
+      if (credit > tx_credit_.load(std::memory_order_relaxed))
+        tx_credit_.store(credit, std::memory_order_release);
+      WakeWriter();
+      break;
+    }
+    case Note::kEof:
+      rx_eof_.store(true, std::memory_order_release);
+      if (proxy_b_ >= 0) sys::shutdown(proxy_b_, SHUT_WR);
+      break;
+    case Note::kClosed:
+      peer_lingers_.store((note & kNoteValueMask) == kClosedLingers, std::memory_order_release);
+      peer_closed_.store(true, std::memory_order_release);
+      WakeWriter();
+      break;
+  }
+}
+
+void Conn::WakeReader() const noexcept {
+  if (defer_wakes_) {
+    deferred_wakes_.fetch_or(kWakeReader, std::memory_order_release);
+    return;
+  }
+  WakeReaderNow();
+}
+
+void Conn::WakeReaderNow() const noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (proxy_b_ >= 0 && rx_wake_.reader_waiting.load(std::memory_order_relaxed) &&
+      rx_wake_.reader_waiting.exchange(0)) {
+    proxy::WriteToken(&rx_wake_, proxy_b_);
+  } else if (proxy_b_ >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
+             rx_wake_.tokens.load(std::memory_order_relaxed) == 0) {
+    // A reader asleep on the own channel whose event another thread took (the progress
+    // thread, or another reader): its ppoll would not return for it, the proxy wakes it.
+    proxy::WriteToken(&rx_wake_, proxy_b_);
+  }
+}
+
+void Conn::WakeWriter() const noexcept {
+  if (defer_wakes_) {
+    deferred_wakes_.fetch_or(kWakeWriter, std::memory_order_release);
+    return;
+  }
+  WakeWriterNow();
+}
+
+void Conn::WakeWriterNow() const noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (proxy_b_ >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
+      tx_wake_.writer_waiting.exchange(0))
+    proxy::Unfill(proxy_b_);
+}
+
+void Conn::Fail(int error) noexcept {
+  if (held_.load(std::memory_order_seq_cst)) {
+    // (The request's queue pair, not the connection's client: settling decides.)
+    held_broken_.store(true, std::memory_order_seq_cst);
+    return;
+  }
+  int expected = 0;
+  if (!error_.compare_exchange_strong(expected, error)) return;
+  SLIP_LOG(kDebug, "verbs: connection failed (%s; eof %d, peer closed %d)", strerror(error),
+           int(rx_eof_.load()), int(peer_closed_.load()));
+  // Readers see the error after what already arrived; writers wake to it.
+  if (proxy_b_ >= 0) {
+    sys::shutdown(proxy_b_, SHUT_WR);
+    proxy::Unfill(proxy_b_);
+  }
+}
+
+void Conn::OnDisconnect() noexcept {
+  // Said last, once the notes are taken and the outcome settled: a closing end's flush
+  // stops at it and reads peer_closed_ then.
+  struct SayDisconnected {
+    std::atomic<bool>* flag;
+    ~SayDisconnected() { flag->store(true, std::memory_order_release); }
+  } say{&peer_disconnected_};
+  if (mode_.load(std::memory_order_acquire) != Mode::kRdma)
+    return;  // the peer's side of a failover
+  // The peer's EOF and CLOSED notes, if any, came before its DREQ, but may still sit in
+  // the completion queue: take them first. A disconnect without them means the transport
+  // (or the peer process) went away under us.
+  {
+    SpinGuard guard(&poll_busy_);
+    DrainLocked();
+  }
+  if (closed_sent_.load(std::memory_order_acquire) && !peer_closed_.load()) {
+    // We told the peer we read no more, and it went (a peer that saw our CLOSED note may
+    // close without notes of its own): the end of the connection, not a failing transport.
+    // What we still send has no reader, as on TCP after the peer's close.
+    rx_eof_.store(true, std::memory_order_release);
+    peer_closed_.store(true, std::memory_order_release);
+    WakeWriterNow();
+    return;
+  }
+  if (!rx_eof_.load(std::memory_order_acquire) || !peer_closed_.load(std::memory_order_acquire))
+    TransportFailed(wire::FailoverCause::kTransportError);
+}
+
+void Conn::Orphan() noexcept {
+  orphaned_.store(true, std::memory_order_release);
+  error_.store(ECONNRESET, std::memory_order_release);
+}
+
+// ------------------------------------------------------------------------ Channel
+
+uint64_t Conn::RxProduced() const noexcept {
+  if (held_.load(std::memory_order_acquire)) return 0;
+  if (mode_.load(std::memory_order_acquire) == Mode::kTcp) {
+    if (!PassGate()) return 0;  // (nothing was delivered before the gate opens)
+    uint64_t received = anchor_path_.Pull(rx_consumed_.load(std::memory_order_acquire));
+    if (anchor_path_.eof() || anchor_path_.error()) WakeAtEnd();
+    return received;
+  }
+  Poll();
+  return rx_produced_.load(std::memory_order_acquire);
+}
+
+bool Conn::RxEof() const noexcept {
+  if (held_.load(std::memory_order_acquire)) return false;
+  if (rx_eof_.load(std::memory_order_acquire)) return true;
+  if (mode_.load(std::memory_order_acquire) == Mode::kTcp) return anchor_path_.eof();
+  Poll();
+  return rx_eof_.load(std::memory_order_acquire);
+}
+
+int Conn::Error() const noexcept {
+  if (held_.load(std::memory_order_acquire)) return 0;
+  int error = error_.load(std::memory_order_acquire);
+  if (error == 0 && mode_.load(std::memory_order_acquire) == Mode::kTcp)
+    error = anchor_path_.error();
+  return error;
+}
+
+void Conn::RxConsumed(uint64_t consumed) noexcept {
+  rx_consumed_.store(consumed, std::memory_order_release);
+  if (mode_.load(std::memory_order_acquire) != Mode::kRdma) return;  // TCP has its own window
+  // A sender waits only on a full ring, and a reader that wants more bytes must first
+  // empty it, so credit every quarter ring can never leave the two waiting on each other.
+  if (consumed - credit_sent_ >= ring_size() / 4 && PostCredit(consumed)) credit_sent_ = consumed;
+}
+
+uint64_t Conn::TxConsumed() const noexcept {
+  // Held: nothing published, nothing credited, so a full ring: nothing can be sent.
+  if (held_.load(std::memory_order_acquire))
+    return tx_published_.load(std::memory_order_relaxed) - ring_size();
+  // After failover the ring frees as the kernel takes its bytes.
+  if (mode_.load(std::memory_order_acquire) == Mode::kTcp)
+    return anchor_path_.Push(tx_published_.load(std::memory_order_acquire));
+  Poll();
+  return tx_credit_.load(std::memory_order_acquire);
+}
+
+void Conn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
+  std::memcpy(slot_.tx_mirror() + offset, src, len);
+}
+
+void Conn::TxPublish(uint64_t produced) noexcept {
+  // Published before the mode is read, as EnterTcpLocked sets the mode before it pushes
+  // what is published: a publish racing with failover is sent by one of the two.
+  tx_published_.store(produced, std::memory_order_seq_cst);
+  switch (mode_.load(std::memory_order_seq_cst)) {
+    case Mode::kTcp:
+      anchor_path_.Push(produced);
+      return;
+    case Mode::kFailing:
+      return;  // resent from where the peer says, once it says
+    case Mode::kRdma:
+      break;
+  }
+  if (produced == tx_posted_) return;
+  const uint32_t mask = ring_size() - 1;
+  Fragment frags[2];
+  int count = 0;
+  uint64_t from = tx_posted_;
+  while (from < produced) {
+    uint32_t offset = uint32_t(from & mask);
+    uint64_t len = produced - from;
+    if (len > ring_size() - offset) len = ring_size() - offset;
+    frags[count++] = Fragment{offset, uint32_t(len)};
+    from += len;
+  }
+  if (PostNote(frags, count, Note::kData, produced)) tx_posted_ = produced;
+}
+
+bool Conn::TxPeerClosed() const noexcept {
+  if (held_.load(std::memory_order_acquire)) return false;
+  if (peer_closed_.load(std::memory_order_acquire)) return true;
+  if (mode_.load(std::memory_order_acquire) == Mode::kTcp) return anchor_path_.peer_closed();
+  Poll();
+  return peer_closed_.load(std::memory_order_acquire);
+}
+
+void Conn::CloseTx() noexcept {
+  tx_finished_.store(true, std::memory_order_seq_cst);  // (the same race as TxPublish's)
+  switch (mode_.load(std::memory_order_seq_cst)) {
+    case Mode::kTcp:
+      anchor_path_.Finish(tx_published_.load());
+      break;
+    case Mode::kFailing:
+      break;
+    case Mode::kRdma:
+      // Held: settling sends it (the same race as TxPublish's, on held_).
+      if (held_.load(std::memory_order_seq_cst)) break;
+      if (!eof_posted_.exchange(true)) eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
+      break;
+  }
+}
+
+void Conn::CloseRx() noexcept {
+  rx_close_wanted_.store(true, std::memory_order_seq_cst);
+  if (held_.load(std::memory_order_seq_cst)) return;  // settling sends it
+  if (mode_.load(std::memory_order_acquire) == Mode::kRdma && !closed_sent_.load())
+    closed_sent_ = PostNote(nullptr, 0, Note::kClosed, 0);
+}
+
+// ------------------------------------------------------------------------ posting
+
+bool Conn::WaitSendSpace(uint32_t needed) noexcept {
+  // Called with post_busy_ held. Each signalled completion frees a batch of slots.
+  while (sq_posted_ + needed - sq_completed_.load(std::memory_order_acquire) > sq_depth_) {
+    if (error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma) return false;
+    Poll();
+    sched_yield();
+  }
+  return true;
+}
+
+bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor,
+                    bool signal) noexcept {
+  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma)
+    return false;
+  const uint32_t imm = htonl(EncodeNote(note, cursor));
+  ibv_send_wr wrs[4]{};
+  ibv_sge sges[4]{};
+  int n = 0;
+  for (int i = 0; i < count; ++i, ++n) {
+    sges[n].addr = uint64_t(uintptr_t(slot_.tx_mirror() + fragments[i].offset));
+    sges[n].length = fragments[i].len;
+    sges[n].lkey = local_lkey_;
+    wrs[n].sg_list = &sges[n];
+    wrs[n].num_sge = 1;
+    wrs[n].opcode = IBV_WR_RDMA_WRITE;
+    wrs[n].wr.rdma.remote_addr = peer_ring_addr_ + fragments[i].offset;
+    wrs[n].wr.rdma.rkey = peer_rkey_;
+    if (fragments[i].len <= max_inline_) wrs[n].send_flags = IBV_SEND_INLINE;
+  }
+  uint32_t note_le = EncodeNote(note, cursor);  // a SEND carries it little-endian
+  if (send_notify_) {
+    sges[n].addr = uint64_t(uintptr_t(&note_le));
+    sges[n].length = 4;
+    wrs[n].sg_list = &sges[n];
+    wrs[n].num_sge = 1;
+    wrs[n].opcode = IBV_WR_SEND;
+    wrs[n].send_flags = IBV_SEND_INLINE;
+    ++n;
+  } else if (n > 0) {
+    wrs[n - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wrs[n - 1].imm_data = imm;
+  } else {
+    // A notification without bytes: an empty write with the immediate.
+    wrs[n].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wrs[n].imm_data = imm;
+    wrs[n].wr.rdma.remote_addr = peer_ring_addr_;
+    wrs[n].wr.rdma.rkey = peer_rkey_;
+    ++n;
+  }
+  for (int i = 0; i + 1 < n; ++i) wrs[i].next = &wrs[i + 1];
+  return PostChain(wrs, n, signal);
+}
+
+bool Conn::PostChain(ibv_send_wr* wrs, int n, bool signal) noexcept {
+  bool posted = false;
+  {
+    SpinGuard guard(&post_busy_);
+    if (rdma_released_.load(std::memory_order_relaxed) || !WaitSendSpace(uint32_t(n))) return false;
+    posted = PostLocked(wrs, n, signal);
+  }
+  if (!posted) MaybeFailover();
+  return posted;
+}
+
+bool Conn::PostLocked(ibv_send_wr* wrs, int n, bool signal) noexcept {
+  unsignaled_ += uint32_t(n);
+  if (unsignaled_ >= kSignalEvery || signal) {
+    wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
+    wrs[n - 1].wr_id = sq_posted_ + uint64_t(n);
+    unsignaled_ = 0;
+  }
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(qp_, wrs, &bad);
+  if (rc == 0) {
+    sq_posted_ += uint64_t(n);
+    return true;
+  }
+  SLIP_LOG(kWarn, "verbs: queue pair %u: post_send failed (%s)", qp_num_, strerror(rc));
+  RequestFailover(wire::FailoverCause::kTransportError);
+  return false;
+}
+
+bool Conn::PostCredit(uint64_t consumed) noexcept {
+  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma)
+    return false;
+  // The cursor goes into the peer's credit word (right after its ring).
+  uint64_t value = consumed;
+  auto* out = reinterpret_cast<uint64_t*>(slot_.control() + kCreditOutOffset);
+  ibv_sge sge{};
+  if (max_inline_ >= sizeof(value)) {
+    sge = ibv_sge{uint64_t(uintptr_t(&value)), sizeof(value), 0};
+  } else {
+    *out = value;  // a later write may overwrite it: a larger credit is still correct
+    sge = ibv_sge{uint64_t(uintptr_t(out)), sizeof(value), remote_lkey_};
+  }
+  uint32_t note_le = EncodeNote(Note::kCredit, consumed);
+  ibv_sge note_sge{uint64_t(uintptr_t(&note_le)), 4, 0};
+  ibv_send_wr wrs[2]{};
+  wrs[0].sg_list = &sge;
+  wrs[0].num_sge = 1;
+  wrs[0].wr.rdma.remote_addr = peer_ring_addr_ + ring_size() + kCreditInOffset;
+  wrs[0].wr.rdma.rkey = peer_rkey_;
+  if (max_inline_ >= sizeof(value)) wrs[0].send_flags = IBV_SEND_INLINE;
+  int n = 1;
+  if (send_notify_) {
+    wrs[0].opcode = IBV_WR_RDMA_WRITE;
+    wrs[1].sg_list = &note_sge;
+    wrs[1].num_sge = 1;
+    wrs[1].opcode = IBV_WR_SEND;
+    wrs[1].send_flags = IBV_SEND_INLINE;
+    wrs[0].next = &wrs[1];
+    n = 2;
+  } else {
+    wrs[0].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wrs[0].imm_data = htonl(EncodeNote(Note::kCredit, consumed));
+  }
+  return PostChain(wrs, n);
+}
+
+}  // namespace slip::verbs

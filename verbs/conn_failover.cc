@@ -1,0 +1,367 @@
+// Conn's failover to the TCP anchor (docs/DESIGN.md "Failover"): the FAILOVER exchange,
+// the hand-back at exec, flushing before a close, and the liveness check that finds a
+// queue pair that stopped without telling anyone.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "verbs/conn.h"
+#include "verbs/conn_internal.h"
+
+namespace slip::verbs {
+
+using namespace conn_internal;
+
+bool Conn::CanFailover() const noexcept {
+  return anchor_fd_.load(std::memory_order_acquire) >= 0 && have_peer_ &&
+         !orphaned_.load(std::memory_order_acquire) && !aborting_ &&
+         error_.load(std::memory_order_acquire) == 0;
+}
+
+void Conn::RequestFailover(wire::FailoverCause cause) noexcept {
+  if (held_.load(std::memory_order_seq_cst)) {
+    held_broken_.store(true, std::memory_order_seq_cst);
+    return;
+  }
+  if (!CanFailover()) {
+    Fail(ECONNRESET);
+    return;
+  }
+  failover_cause_.store(cause, std::memory_order_relaxed);
+  failover_wanted_.store(true, std::memory_order_release);
+}
+
+void Conn::TransportFailed(wire::FailoverCause cause) noexcept {
+  RequestFailover(cause);
+  MaybeFailover();
+}
+
+void Conn::MaybeFailover() noexcept {
+  if (!failover_wanted_.load(std::memory_order_acquire) || mode_.load() != Mode::kRdma) return;
+  std::lock_guard<std::mutex> lock(failover_mu_);
+  if (mode_.load() != Mode::kRdma || error_.load(std::memory_order_acquire) != 0) return;
+  if (!CanFailover()) {  // (an abortive close took the anchor since the request)
+    Fail(ECONNRESET);
+    return;
+  }
+  if (AnchorGone()) {
+    // The peer reset the connection (SO_LINGER {1, 0} closes its anchor before its queue
+    // pair, or it died with bytes unread): its reset, not a failing transport.
+    SLIP_LOG(kDebug, "verbs: the queue pair went down after the peer reset the connection");
+    Fail(ECONNRESET);
+    return;
+  }
+  // The peer answers with its own FAILOVER, which the control thread hands to
+  // OnPeerFailover.
+  if (!StopRdmaLocked(failover_cause_.load(std::memory_order_relaxed))) Fail(ECONNRESET);
+}
+
+bool Conn::AnchorGone() const noexcept {
+  const int fd = anchor_fd_.load();
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  // TCP_INFO, not a peek or SO_ERROR: those would take the pending ECONNRESET from the
+  // control thread, which reports it to the application.
+  return fd >= 0 && sys::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+         info.tcpi_state == TCP_CLOSE;
+}
+
+namespace {
+
+const char* CauseText(wire::FailoverCause cause) noexcept {
+  switch (cause) {
+    case wire::FailoverCause::kPeerRequest:
+      return "the peer's RDMA path failed";
+    case wire::FailoverCause::kTransportError:
+      return "the queue pair failed";
+    case wire::FailoverCause::kDeviceRemoved:
+      return "the RDMA device went away";
+    case wire::FailoverCause::kHandBack:
+      return "the peer handed the connection back to TCP (exec)";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void Conn::HaltRdmaLocked() noexcept {
+  SpinGuard guard(&poll_busy_);
+  mode_.store(Mode::kFailing, std::memory_order_seq_cst);
+  // Nothing may land in our ring after we count what arrived: the queue pair goes to the
+  // error state first (late writes are dropped), then the completions that made it are
+  // taken.
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  if (qp_ && !rdma_released_.load(std::memory_order_relaxed))
+    ibv_modify_qp(qp_, &attr, IBV_QP_STATE);
+  DrainLocked();
+}
+
+bool Conn::StopRdmaLocked(wire::FailoverCause cause) noexcept {
+  HaltRdmaLocked();
+  rx_received_ = rx_produced_.load(std::memory_order_acquire);
+  const wire::Failover mine{.received = rx_received_,
+                            .sent = tx_published_.load(std::memory_order_seq_cst),
+                            .cause = cause};
+  if (!SendFailover(anchor_fd_.load(), mine, 0)) {
+    // A peer that reset the connection meanwhile is gone, not a failure of ours to report.
+    const LogLevel level =
+        errno == ECONNRESET || errno == EPIPE ? LogLevel::kDebug : LogLevel::kWarn;
+    if (LogEnabled(level))
+      LogWrite(level, "verbs: %s, and the TCP connection cannot take FAILOVER (%s); resetting",
+               CauseText(cause), strerror(errno));
+    return false;
+  }
+  // While closing (the application has let go) the outcome is what matters, and
+  // FinishOnAnchor says it if bytes may be lost.
+  const LogLevel level = closing_.load() ? LogLevel::kInfo : LogLevel::kWarn;
+  if (LogEnabled(level))
+    LogWrite(level, "verbs: %s: the connection continues on TCP (%llu bytes received over RDMA)",
+             CauseText(cause), (unsigned long long)rx_received_);
+  return true;
+}
+
+bool Conn::OnPeerFailover(const wire::Failover& peer) noexcept {
+  if (anchor_fd_.load() < 0 || !have_peer_ || orphaned_.load()) return false;
+  std::lock_guard<std::mutex> lock(failover_mu_);
+  if (error_.load(std::memory_order_acquire) != 0 || mode_.load() == Mode::kTcp) return false;
+  if (peer.cause == wire::FailoverCause::kHandBack)
+    SLIP_LOG(kInfo, "verbs: the peer handed the connection back to TCP (exec)");
+  if (mode_.load() == Mode::kRdma && !StopRdmaLocked(wire::FailoverCause::kPeerRequest)) {
+    Fail(ECONNRESET);
+    return false;
+  }
+  return EnterTcpLocked(peer);
+}
+
+bool Conn::EnterTcpLocked(const wire::Failover& peer) noexcept {
+  const uint64_t published = tx_published_.load(std::memory_order_seq_cst);
+  // Only what the peer did not receive is still in our ring.
+  if (!FailoverFits(peer, tx_credit_.load(std::memory_order_acquire), published, rx_received_)) {
+    Fail(EPROTO);
+    return false;
+  }
+  const uint64_t peer_received = peer.received;
+  anchor_path_.Start(anchor_fd_.load(), slot_.rx_ring(), slot_.tx_mirror(), ring_size(),
+                     rx_received_, peer_received);
+  mode_.store(Mode::kTcp, std::memory_order_seq_cst);
+  SLIP_LOG(kInfo, "verbs: on TCP from here: resending %llu bytes from byte %llu",
+           (unsigned long long)(published - peer_received), (unsigned long long)peer_received);
+  if (tx_finished_.load(std::memory_order_seq_cst)) anchor_path_.Finish(tx_published_.load());
+  OnAnchorReady(EPOLLIN | EPOLLOUT);
+  // Send credit jumped from the last credit note to what the peer received (often with
+  // nothing to resend): a writer asleep on a full ring must look again, and a reader
+  // asleep on the completion channel must move to the proxy.
+  WakeWriterNow();
+  WakeReaderNow();
+  return true;
+}
+
+void Conn::OnAnchorReady(uint32_t events) noexcept {
+  if (mode_.load(std::memory_order_acquire) != Mode::kTcp) return;
+  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) && PassGate()) {
+    uint64_t before = anchor_path_.received();
+    anchor_path_.Pull(rx_consumed_.load(std::memory_order_acquire));
+    // (Never under the poll lock: the wake-ups go out at once.)
+    if (anchor_path_.received() != before) WakeReaderNow();
+  }
+  if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) {
+    uint64_t before = anchor_path_.sent();
+    anchor_path_.Push(tx_published_.load(std::memory_order_acquire));
+    if (anchor_path_.sent() != before) WakeWriterNow();
+  }
+  if (anchor_path_.eof() || anchor_path_.error() || anchor_path_.peer_closed()) WakeAtEnd();
+}
+
+void Conn::WakeAtEnd() const noexcept {
+  if (proxy_b_ < 0) return;
+  // As the EOF note and Fail do: readers see EOF (or the error) on A, writers wake. Once
+  // each: every later read of the ring would come here again.
+  if ((anchor_path_.eof() || anchor_path_.error()) && !rx_end_woken_.exchange(true))
+    sys::shutdown(proxy_b_, SHUT_WR);
+  if ((anchor_path_.peer_closed() || anchor_path_.error()) && !tx_end_woken_.exchange(true))
+    proxy::Unfill(proxy_b_);
+}
+
+bool Conn::TakePeerFailover(int timeout_ms) noexcept {
+  const int fd = anchor_fd_.load();
+  wire::Failover peer;
+  return fd >= 0 && ReceiveFailover(fd, timeout_ms, &peer) && OnPeerFailover(peer);
+}
+
+bool Conn::HandBack(uint64_t consumed, int timeout_ms) noexcept {
+  const int fd = anchor_fd_.load();
+  if (!CanFailover()) return false;
+  std::lock_guard<std::mutex> lock(failover_mu_);
+  // After a failover the bytes the application did not read came over TCP already: they
+  // cannot be given back to the anchor.
+  if (mode_.load() != Mode::kRdma || error_.load(std::memory_order_acquire) != 0) return false;
+  // Whatever happens now, this end never speaks on the anchor again (the new program owns
+  // its bytes): no close notes, no failover of our own.
+  aborting_ = true;
+  HaltRdmaLocked();
+  // What our last writes did not deliver is still in the send mirror.
+  return HandBackOnAnchor(fd, slot_.tx_mirror(), ring_size(), consumed,
+                          tx_credit_.load(std::memory_order_acquire),
+                          tx_published_.load(std::memory_order_seq_cst),
+                          tx_finished_.load(std::memory_order_seq_cst), timeout_ms);
+}
+
+void Conn::FinishOnAnchor() noexcept {
+  const uint64_t published = tx_published_.load();
+  if (mode_.load() == Mode::kFailing && !TakePeerFailover(5000)) {
+    // A peer that closed its TCP connection too (EOF or reset) has ended, as a TCP peer
+    // that closes with bytes unread would: nothing is lost that it still wanted.
+    uint8_t byte;
+    const int fd = anchor_fd_.load();
+    const bool peer_ended =
+        AnchorGone() || (fd >= 0 && sys::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0);
+    if (published != tx_credit_.load() && !peer_ended)
+      SLIP_LOG(kWarn,
+               "verbs: closed during failover without the peer's answer: up to %llu bytes "
+               "not confirmed as received",
+               (unsigned long long)(published - tx_credit_.load()));
+    return;
+  }
+  if (mode_.load() != Mode::kTcp) return;
+  // Closing ends the stream (the last holder: verbs connections do not cross fork).
+  anchor_path_.Finish(published);
+  if (!anchor_path_.PushAll(published, 5000))
+    SLIP_LOG(kWarn, "verbs: closing with %llu bytes not taken by the TCP connection",
+             (unsigned long long)(published - anchor_path_.sent()));
+}
+
+bool Conn::Flush(int timeout_ms) noexcept {
+  switch (mode_.load()) {
+    case Mode::kTcp:
+      return anchor_path_.PushAll(tx_published_.load(), timeout_ms);
+    case Mode::kFailing:
+      return false;  // where to resend from is not known yet
+    case Mode::kRdma:
+      break;
+  }
+  return FlushRdma(timeout_ms, false);
+}
+
+bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
+  {
+    SpinGuard guard(&post_busy_);
+    if (mode_.load() != Mode::kRdma || rdma_released_.load(std::memory_order_relaxed)) return false;
+    if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
+    // Unsignalled writes complete silently: a signalled empty write behind them tells
+    // when they are all acknowledged.
+    if (unsignaled_ != 0) {
+      ibv_send_wr wr{};
+      wr.wr_id = sq_posted_ + 1;
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = peer_ring_addr_;
+      wr.wr.rdma.rkey = peer_rkey_;
+      ibv_send_wr* bad = nullptr;
+      if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
+      ++sq_posted_;
+      unsignaled_ = 0;
+    }
+  }
+  const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
+  for (;;) {
+    Poll();
+    if (error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma) return false;
+    // A peer that failed over waits for our answer, not for acknowledgements.
+    if (own_anchor && TakePeerFailover(0)) return false;
+    // A peer that went away acknowledges nothing more (our queue pair, ours and not
+    // rdma_cm's, would retry for seconds). One that only closed still acknowledges: its
+    // queue pair lives until its own notes are acknowledged, and ours (EOF, CLOSED) must
+    // arrive, or it would take our disconnect for a failing transport.
+    if (peer_disconnected_.load(std::memory_order_acquire))
+      return peer_closed_.load(std::memory_order_acquire);
+    {
+      SpinGuard guard(&post_busy_);
+      if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
+    }
+    if (sys::MonotonicMs() > deadline) return false;
+    sched_yield();
+  }
+}
+
+// ------------------------------------------------------------------------ liveness
+
+void CheckAllConns(uint64_t now_ms) noexcept {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  for (Conn* c = g_registry_head; c; c = c->next_) c->CheckLiveness(now_ms);
+}
+
+void Conn::CheckLiveness(uint64_t now_ms) noexcept {
+  // (stream_live_ first: it orders the peer's ring address and key before their use.)
+  if (!stream_live_.load(std::memory_order_acquire) || orphaned_.load(std::memory_order_relaxed) ||
+      parked_.load(std::memory_order_relaxed) || mode_.load() != Mode::kRdma ||
+      error_.load(std::memory_order_acquire) != 0 || rdma_released_.load()) {
+    live_ = Liveness{};
+    return;
+  }
+  // Anything that moved: bytes in, credit back, sends acknowledged (each only grows, so
+  // their sum changes whenever one does).
+  const uint64_t progress = rx_produced_.load(std::memory_order_relaxed) +
+                            tx_credit_.load(std::memory_order_relaxed) +
+                            sq_completed_.load(std::memory_order_relaxed);
+  if (progress != live_.progress || live_.quiet_since_ms == 0 || !SomebodyWaits()) {
+    // (Nobody waiting: nobody can hang on it; the first to wait starts the clock.)
+    live_ = Liveness{progress, now_ms, 0};
+    return;
+  }
+  if (now_ms - live_.quiet_since_ms < kQuietMs) return;
+  // Quiet while somebody waits: the data or credit may simply not be sent yet (a peer
+  // that computes), or the path may be dead without anybody having been told.
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (ibv_query_qp(qp_, &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state != IBV_QPS_RTS &&
+      attr.qp_state != IBV_QPS_SQD) {
+    SLIP_LOG(kWarn,
+             "verbs: queue pair %u is in state %d with nothing reported: its RDMA path "
+             "is taken as failed",
+             qp_num_, int(attr.qp_state));
+    live_ = Liveness{};
+    TransportFailed(wire::FailoverCause::kTransportError);
+    return;
+  }
+  if (live_.probe_done_at == 0) {
+    // The peer's queue pair must acknowledge a write; one that died without telling (no
+    // disconnect) lets it run into the transport's retry limit: a completion error.
+    uint64_t done_at = 0;
+    if (PostProbe(&done_at)) live_.probe_done_at = done_at;
+    return;
+  }
+  if (sq_completed_.load(std::memory_order_acquire) >= live_.probe_done_at) {
+    live_ = Liveness{progress, now_ms, 0};  // the peer answered: alive, and quiet
+  }
+}
+
+bool Conn::PostProbe(uint64_t* done_at) noexcept {
+  // Never wait for the send queue here (the progress thread serves every connection): a
+  // writer holding it, or a full queue, already has writes in flight for the transport to
+  // judge.
+  if (post_busy_.test_and_set(std::memory_order_acquire)) return false;
+  bool posted = false, refused = false;
+  if (!rdma_released_.load(std::memory_order_relaxed) &&
+      sq_posted_ + 1 - sq_completed_.load(std::memory_order_acquire) <= sq_depth_) {
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_RDMA_WRITE;  // zero length: nothing lands, only the acknowledgement
+    wr.wr.rdma.remote_addr = peer_ring_addr_;
+    wr.wr.rdma.rkey = peer_rkey_;
+    posted = PostLocked(&wr, 1, /*signal=*/true);
+    refused = !posted;
+    if (posted) *done_at = sq_posted_;
+  }
+  post_busy_.clear(std::memory_order_release);
+  if (refused) MaybeFailover();
+  return posted;
+}
+
+}  // namespace slip::verbs

@@ -1,0 +1,45 @@
+// What the files of Conn share (verbs/conn*.cc): send-queue constants, the spin lock of
+// the data path, and the registry of live connections. Internal to the verbs library.
+#pragma once
+
+#include <sched.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <unordered_set>
+
+namespace slip::verbs {
+
+class Conn;
+
+namespace conn_internal {
+
+inline constexpr uint32_t kSendDepth = 256;
+inline constexpr uint32_t kInlineWanted = 220;
+inline constexpr uint32_t kSignalEvery = 32;  // one signalled WR per this many: reclaims SQ slots
+inline constexpr uint64_t kRecvTag = 1ull << 63;
+
+// Spin lock for short, uncontended critical sections on the data path.
+class SpinGuard {
+ public:
+  explicit SpinGuard(std::atomic_flag* flag) noexcept : flag_(flag) {
+    while (flag_->test_and_set(std::memory_order_acquire)) sched_yield();
+  }
+  ~SpinGuard() { flag_->clear(std::memory_order_release); }
+
+ private:
+  std::atomic_flag* flag_;
+};
+
+// The registry (verbs/conn.cc): a mutex-protected intrusive list of live connections.
+extern std::mutex g_registry_mu;
+extern Conn* g_registry_head;
+// Connections with an own completion channel watched by the progress thread, which may
+// hold an event for one that is being destroyed: it looks the key up here first (under
+// g_registry_mu, which it keeps while it handles the event). verbs/conn_events.cc.
+extern std::unordered_set<const void*>* g_watched;
+extern int g_watch_epoll;
+
+}  // namespace conn_internal
+}  // namespace slip::verbs

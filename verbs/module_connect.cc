@@ -1,0 +1,298 @@
+// The verbs module's client side: resolving a destination over RDMA, the REQ, the REP,
+// the HELLO, blocking (Resolve, Handshake) or a step at a time (StartResolve, Advance).
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "verbs/module_impl.h"
+
+namespace slip::verbs {
+
+using namespace module_internal;
+
+void VerbsModule::ReleaseClient(ClientConn* c) noexcept {
+  if (c->conn && c->reused &&
+      (c->stage == ClientConn::Stage::kReused || c->stage == ClientConn::Stage::kResolved)) {
+    PutParked(c->conn);  // not claimed yet: still the peer's parked queue pair too
+  } else if (c->conn) {
+    delete c->conn;  // destroys the id too
+  } else if (c->id) {
+    rdma_destroy_id(c->id);
+  }
+  if (c->channel) rdma_destroy_event_channel(c->channel);
+  delete c;
+}
+
+ClientConn* VerbsModule::StartResolve(const sockaddr* dest, Reason* why) noexcept {
+  *why = Reason::kNoRdmaPath;
+  if (forked_.load()) {
+    *why = Reason::kUnsupported;
+    return nullptr;
+  }
+  wire::Endpoint ep;
+  if (!wire::EndpointFromSockaddr(dest, &ep)) return nullptr;
+  if (Reason cached; negative_.Lookup(ep, sys::MonotonicMs(), &cached)) {
+    SLIP_LOG(kDebug, "verbs: destination in the negative cache (%s)", ReasonName(cached));
+    *why = cached;
+    return nullptr;
+  }
+  if (ClientConn* c = Reuse(ep)) return c;
+  auto* c = new (std::nothrow) ClientConn();
+  if (!c) {
+    *why = Reason::kResources;
+    return nullptr;
+  }
+  c->dest = ep;
+  c->channel = rdma_create_event_channel();
+  // Each connecting id has a channel of its own (its descriptor is what a caller waits
+  // on); it lives among the hidden descriptors, since it may outlive the connect() call.
+  if (c->channel) c->channel->fd = sys::MoveHigh(c->channel->fd, sys::HiddenFdFloor());
+  if (!c->channel || !SetNonblocking(c->channel->fd) ||
+      rdma_create_id(c->channel, &c->id, nullptr, RDMA_PS_TCP) != 0) {
+    *why = Reason::kResources;
+    ReleaseClient(c);
+    return nullptr;
+  }
+  c->deadline_ms = sys::MonotonicMs() + config_->handshake_timeout_ms;
+  sockaddr_storage dst{};
+  std::memcpy(&dst, dest, dest->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  if (rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&dst),
+                        int(config_->handshake_timeout_ms)) != 0) {
+    Fail(c, Reason::kNoRdmaPath, why);
+    ReleaseClient(c);
+    return nullptr;
+  }
+  c->stage = ClientConn::Stage::kAddr;
+  return c;
+}
+
+VerbsModule::Step VerbsModule::Fail(ClientConn* c, Reason why, Reason* out) noexcept {
+  // A destination without an RDMA path, or whose rdma_cm peer is not Slipstream, is
+  // remembered: the next connection there goes plain at once.
+  if (why == Reason::kNoRdmaPath || why == Reason::kPeerNotSlipstream)
+    negative_.Insert(c->dest, why, sys::MonotonicMs() + config_->negative_ttl_ms);
+  *out = why;
+  return Step::kFailed;
+}
+
+// The id's local address (port 0) is where the caller binds its TCP socket.
+VerbsModule::Step VerbsModule::Resolved(ClientConn* c, sockaddr_storage* source,
+                                        Reason* why) noexcept {
+  const sockaddr* src = rdma_get_local_addr(c->id);
+  std::memset(source, 0, sizeof(*source));
+  std::memcpy(source, src, src->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  if (source->ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(source)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(source)->sin6_port = 0;
+  c->stage = ClientConn::Stage::kResolved;
+  *why = Reason::kNone;
+  return Step::kResolved;
+}
+
+VerbsModule::Step VerbsModule::Advance(ClientConn* c, sockaddr_storage* source,
+                                       Reason* why) noexcept {
+  if (c->stage == ClientConn::Stage::kReused) {
+    // The parked queue pair's own address is the source (its listener knows it).
+    return Resolved(c, source, why);
+  }
+  if (c->stage == ClientConn::Stage::kClaim) {
+    const int answer = c->conn->TakeAnswer();
+    if (answer > 0) {
+      c->stage = ClientConn::Stage::kAccepted;
+      *why = Reason::kNone;
+      return Step::kAccepted;
+    }
+    if (answer < 0 || sys::MonotonicMs() >= c->deadline_ms) {
+      // Not remembered: the listener's process refused this one queue pair (its listener
+      // went, say), or is slow; the next connection asks rdma_cm as usual.
+      *why = answer < 0 ? Reason::kDeclined : Reason::kHandshakeTimeout;
+      SLIP_LOG(kInfo, "verbs: the claim of a parked queue pair failed (%s)", ReasonName(*why));
+      return Step::kFailed;
+    }
+    return Step::kWaiting;
+  }
+  for (;;) {
+    if (c->stage == ClientConn::Stage::kAccepted || c->stage == ClientConn::Stage::kResolved)
+      return c->stage == ClientConn::Stage::kAccepted ? Step::kAccepted : Step::kWaiting;
+    rdma_cm_event* event = nullptr;
+    if (rdma_get_cm_event(c->channel, &event) == 0) {
+      Step step = TakeEvent(c, event, source, why);  // acks
+      if (step != Step::kWaiting) return step;
+      continue;
+    }
+    if (errno != EAGAIN && errno != EINTR) return Fail(c, Reason::kNoRdmaPath, why);
+    if (sys::MonotonicMs() < c->deadline_ms) return Step::kWaiting;
+    if (c->stage == ClientConn::Stage::kRequest) {
+      // No answer to the REQ: remembered as no path, reported as a timeout.
+      Fail(c, Reason::kNoRdmaPath, why);
+      *why = Reason::kHandshakeTimeout;
+      return Step::kFailed;
+    }
+    return Fail(c, Reason::kNoRdmaPath, why);
+  }
+}
+
+VerbsModule::Step VerbsModule::TakeEvent(ClientConn* c, rdma_cm_event* event,
+                                         sockaddr_storage* source, Reason* why) noexcept {
+  const rdma_cm_event_type type = event->event;
+  switch (c->stage) {
+    case ClientConn::Stage::kAddr: {
+      rdma_ack_cm_event(event);
+      if (type != RDMA_CM_EVENT_ADDR_RESOLVED) return Fail(c, Reason::kNoRdmaPath, why);
+      if (!DeviceAllowed(c->id->verbs)) {
+        *why = Reason::kNoRdmaDevice;
+        return Step::kFailed;
+      }
+      const int left =
+          int(c->deadline_ms > sys::MonotonicMs() ? c->deadline_ms - sys::MonotonicMs() : 1);
+      if (rdma_resolve_route(c->id, left) != 0) return Fail(c, Reason::kNoRdmaPath, why);
+      c->stage = ClientConn::Stage::kRoute;
+      return Step::kWaiting;
+    }
+    case ClientConn::Stage::kRoute: {
+      rdma_ack_cm_event(event);
+      if (type != RDMA_CM_EVENT_ROUTE_RESOLVED) return Fail(c, Reason::kNoRdmaPath, why);
+      return Resolved(c, source, why);
+    }
+    case ClientConn::Stage::kRequest:
+      break;
+    default:
+      rdma_ack_cm_event(event);  // nothing is expected now (an address change, say)
+      return Step::kWaiting;
+  }
+  bool ok = false;
+  // The queue pair is not rdma_cm's, so the REP arrives as CONNECT_RESPONSE: we move the
+  // queue pair to RTS ourselves and then complete the exchange (rdma_establish sends RTU).
+  if (type == RDMA_CM_EVENT_CONNECT_RESPONSE) {
+    Rep rep;
+    ParseResult pr = ParseRep(static_cast<const uint8_t*>(event->param.conn.private_data),
+                              event->param.conn.private_data_len, &rep);
+    if (pr != ParseResult::kOk || rep.nonce != c->nonce || rep.ring_log2 != c->ring_log2) {
+      SLIP_LOG(kWarn, "verbs: the listener answered with bad private data (%s)",
+               ParseResultName(pr));
+      *why = Reason::kDeclined;
+    } else if (int rc = c->conn->Connect(config_->gid_index); rc < 0) {
+      SLIP_LOG(kInfo, "verbs: cannot ready the queue pair (%s)", strerror(-rc));
+      *why = Reason::kNoRdmaPath;
+    } else if (rdma_establish(c->id) != 0) {
+      *why = Reason::kNoRdmaPath;
+    } else {
+      c->conn->SetPeer(rep.ring_addr, rep.rkey, (rep.flags & kFlagSendNotify) != 0);
+      ok = true;
+    }
+    rdma_ack_cm_event(event);
+    if (!ok) return Step::kFailed;
+  } else {
+    rdma_ack_cm_event(event);
+    // REJECTED: no Slipstream listener there (or it refused us): plain, and remembered
+    // for a while. Anything else (UNREACHABLE, CONNECT_ERROR): no path.
+    return Fail(
+        c, type == RDMA_CM_EVENT_REJECTED ? Reason::kPeerNotSlipstream : Reason::kNoRdmaPath, why);
+  }
+  if (!c->conn->SendHello(c->nonce)) {
+    *why = Reason::kResources;
+    return Step::kFailed;
+  }
+  // From now on the progress thread sees this id's events (DISCONNECTED). The private
+  // channel stays open (its descriptor may still be in a caller's wait set) until Finish
+  // or Abort.
+  if (rdma_migrate_id(c->id, cm_channel_) != 0) {
+    *why = Reason::kResources;
+    return Step::kFailed;
+  }
+  c->stage = ClientConn::Stage::kAccepted;
+  *why = Reason::kNone;
+  return Step::kAccepted;
+}
+
+VerbsModule::Step VerbsModule::WaitStep(ClientConn* c, sockaddr_storage* source,
+                                        Reason* why) noexcept {
+  for (;;) {
+    Step step = Advance(c, source, why);
+    if (step != Step::kWaiting) return step;
+    uint64_t now = sys::MonotonicMs();
+    pollfd p{EventFd(c), POLLIN, 0};
+    sys::poll(&p, 1, c->deadline_ms > now ? int(c->deadline_ms - now) : 0);
+  }
+}
+
+ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
+                                 Reason* why) noexcept {
+  ClientConn* c = StartResolve(dest, why);
+  if (!c) return nullptr;
+  if (WaitStep(c, source, why) == Step::kResolved) return c;
+  ReleaseClient(c);
+  return nullptr;
+}
+
+bool VerbsModule::StartHandshake(ClientConn* c, const wire::Endpoint& client,
+                                 const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
+                                 Reason* why) noexcept {
+  if (c->reused) {
+    c->nonce = nonce;
+    return SendClaim(c, client, server, ring_size, why);
+  }
+  int err = 0;
+  Device* dev = DeviceFor(c->id->verbs, &err);
+  bool send_notify = dev && SendNotify(dev);
+  c->conn = dev ? Conn::Create(c->id, dev, ring_size, send_notify, &err) : nullptr;
+  if (!c->conn && dev && EvictParked())  // parked rings may hold what the limit allows
+    c->conn = Conn::Create(c->id, dev, ring_size, send_notify, &err);
+  if (!c->conn) {
+    *why = MemlockReason(err, ring_size);
+    return false;
+  }
+  c->nonce = nonce;
+  c->ring_log2 = uint8_t(__builtin_ctz(ring_size));
+  Req req;
+  req.flags = send_notify ? kFlagSendNotify : 0;
+  req.ring_log2 = c->ring_log2;
+  req.nonce = nonce;
+  req.client = client;
+  req.server = server;
+  uint8_t data[kMaxReqPrivateData];
+  rdma_conn_param param = ConnParam(data, EncodeReq(req, data, sizeof(data)), c->conn->qp_num());
+  if (param.private_data_len == 0 || rdma_connect(c->id, &param) != 0) {
+    *why = Reason::kNoRdmaPath;
+    return false;
+  }
+  c->stage = ClientConn::Stage::kRequest;
+  c->deadline_ms = sys::MonotonicMs() + config_->handshake_timeout_ms;
+  return true;
+}
+
+bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
+                            const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
+                            Reason* why) noexcept {
+  if (!StartHandshake(c, client, server, nonce, ring_size, why)) return false;
+  sockaddr_storage unused;
+  return WaitStep(c, &unused, why) == Step::kAccepted;
+}
+
+std::unique_ptr<Channel> VerbsModule::Finish(ClientConn* c, int proxy_b) noexcept {
+  int b = sys::DupHigh(proxy_b, sys::HiddenFdFloor());
+  if (b < 0) {
+    Abort(c);
+    return nullptr;
+  }
+  std::unique_ptr<Channel> channel(c->conn);
+  c->conn->SetProxy(b);
+  c->conn->SetClientOf(c->dest);
+  c->conn->SetOwner(this);
+  c->conn = nullptr;
+  c->id = nullptr;
+  ReleaseClient(c);
+  return channel;
+}
+
+void VerbsModule::Abort(ClientConn* c) noexcept {
+  ReleaseClient(c);
+}
+
+}  // namespace slip::verbs

@@ -1,0 +1,277 @@
+// The verbs module's internals, shared by its files: the records of a listener's pending
+// requests, of a client's handshake, of parked queue pairs and of removed devices, and the
+// VerbsModule class (verbs.h's Module). Internal to the verbs library.
+//
+// Files by concern: module.cc (start-up, devices, fork, the library's entry point),
+// module_progress.cc (the progress thread: rdma_cm events, completions, requests arriving
+// and expiring), module_listen.cc (listeners and accepting requests), module_connect.cc
+// (the client's handshake), module_reuse.cc (parked queue pairs), module_removal.cc (a
+// device that goes away).
+//
+// Locks: mu_ (devices_, listeners_) before a Listener's mu; park_mu_ is a leaf.
+#pragma once
+
+#include <rdma/rdma_cma.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/config.h"
+#include "core/sys.h"
+#include "core/wire.h"
+#include "verbs/conn.h"
+#include "verbs/device.h"
+#include "verbs/negative_cache.h"
+#include "verbs/private_data.h"
+#include "verbs/verbs.h"
+
+namespace slip::verbs {
+
+namespace module_internal {
+inline constexpr int kListenBacklog = 1024;
+// A request waits for its TCP connection to be accepted: the application may leave it in
+// the backlog for a while (as long as shm's registrations: 30 s). A bound on how many
+// may wait keeps a flood of requests without SYNs from pinning unbounded memory.
+inline constexpr uint64_t kPendingTtlMs = 30000;
+inline constexpr size_t kMaxPendingPerListener = 1024;
+// One source address may hold this many of them: a host that floods requests (each pins
+// a slot until it expires) takes no more than its share of the listener's.
+inline constexpr size_t kMaxPendingPerSource = 64;
+// Parked queue pairs (docs/DESIGN.md "Reusing queue pairs"): one whose peer has not closed
+// yet waits this long for it; a client's idle one this long for a connection to claim it;
+// a listener's (which the client drops first) longer.
+inline constexpr uint64_t kLingerMs = 30000;
+inline constexpr uint64_t kClientIdleMs = 10000;
+inline constexpr uint64_t kListenerIdleMs = 60000;
+
+inline bool SetNonblocking(int fd) noexcept {
+  int flags = fcntl(fd, F_GETFL);
+  return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
+// The wire endpoint of an rdma_cm address (v4-mapped folds to IPv4, as in core/wire).
+inline bool EndpointOf(const sockaddr* sa, wire::Endpoint* ep) noexcept {
+  return sa && wire::EndpointFromSockaddr(sa, ep);
+}
+
+inline bool SameAddress(const wire::Endpoint& a, const wire::Endpoint& b) noexcept {
+  return a.family == b.family && std::memcmp(a.addr, b.addr, 16) == 0;
+}
+
+// Moves the elements for which `take` holds from *from to the end of *out, keeping the
+// others in their order (the parked list is oldest first). One that cannot be moved (out
+// of memory) stays where it is, for a later round.
+template <typename T, typename Take>
+void MoveOutIf(std::vector<T>* from, std::vector<T>* out, Take take) noexcept {
+  size_t kept = 0;
+  for (size_t i = 0; i < from->size(); ++i) {
+    bool moved = false;
+    if (take((*from)[i])) {
+      try {
+        out->push_back((*from)[i]);
+        moved = true;
+      } catch (...) {
+      }
+    }
+    if (!moved) (*from)[kept++] = (*from)[i];
+  }
+  from->erase(from->begin() + long(kept), from->end());
+}
+
+// The rdma_cm parameters of our REQ and REP: `data` (`len` bytes, 0 when it did not encode)
+// as private data, our own queue pair (not rdma_cm's), the transport's retries at their
+// maximum (a lost packet is retried by the device, not noticed by the stream).
+inline rdma_conn_param ConnParam(const uint8_t* data, size_t len, uint32_t qp_num) noexcept {
+  rdma_conn_param param{};
+  param.private_data = data;
+  param.private_data_len = uint8_t(len);
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;
+  param.qp_num = qp_num;
+  return param;
+}
+
+}  // namespace module_internal
+
+struct Pending {
+  wire::Endpoint client, server;
+  uint64_t nonce = 0;
+  uint8_t ring_log2 = 0;
+  // Null once withdrawn: the queue pair and its slot are given back at once (a flood of
+  // requests that disconnect pins nothing), the record stays until it expires so that
+  // accept() knows the client gave up.
+  Conn* conn = nullptr;
+  uint64_t expires_ms = 0;
+  bool withdrawn = false;  // the client disconnected before confirming
+};
+
+struct Listener {
+  rdma_cm_id* id = nullptr;
+  uint16_t port = 0;
+  wire::Endpoint addr{};  // as bound (claims must name it, unless it is the wildcard)
+  bool wildcard = false;
+  std::mutex mu;
+  std::vector<Pending> pending;
+
+  // Requests that hold a queue pair (under mu).
+  size_t Live() const noexcept {
+    size_t n = 0;
+    for (const Pending& p : pending) n += p.conn != nullptr;
+    return n;
+  }
+  // Makes room for one more record: the oldest withdrawn one goes (its client is plain
+  // already). False when every record holds a queue pair and the table is full.
+  bool RoomForOne(size_t limit) noexcept {
+    if (pending.size() < limit) return true;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (pending[i].conn) continue;
+      pending.erase(pending.begin() + long(i));
+      return true;
+    }
+    return false;
+  }
+};
+
+struct ClientConn {
+  // Where the client stands: resolving the address, then the route; resolved (the caller
+  // binds its TCP socket); the REQ sent; the REP taken (the id now reports to the module's
+  // channel). A parked queue pair taken for the connection: kReused (resolved, not yet
+  // said), kResolved, the CLAIM sent (kClaim), the ANSWER taken (kAccepted).
+  enum class Stage : uint8_t { kAddr, kRoute, kResolved, kRequest, kAccepted, kReused, kClaim };
+  rdma_event_channel* channel = nullptr;  // private until Finish/Abort
+  rdma_cm_id* id = nullptr;
+  Conn* conn = nullptr;
+  wire::Endpoint dest;
+  uint64_t nonce = 0;
+  uint8_t ring_log2 = 0;
+  Stage stage = Stage::kAddr;
+  uint64_t deadline_ms = 0;
+  bool reused = false;  // conn is a parked queue pair (no rdma_cm exchange of its own)
+};
+
+struct ParkedConn {
+  Conn* conn = nullptr;
+  uint64_t since_ms = 0;
+  // Release lists a queue pair before its PARKED goes out and marks it ready after: until
+  // then its closing thread still uses it, and nothing else may take or delete it.
+  bool ready = true;
+};
+
+// A device that rdma_cm said was removed (DEVICE_REMOVAL), from the event to the end of the
+// process: the context is never handed out again (librdmacm may still name it in an id
+// resolved before the removal).
+struct Removal {
+  ibv_context* context = nullptr;
+  Device* device = nullptr;  // ours on it, until nothing uses it any more
+  bool retired = false;      // RetireContext done
+  bool superseded = false;   // under mu_: the address now holds a new context (DeviceFor)
+};
+
+class VerbsModule final : public Module, public ConnOwner {
+ public:
+  explicit VerbsModule(const Config* config) noexcept : config_(config) {}
+  int Start(char* error, size_t error_len) noexcept;
+
+  Listener* Listen(const sockaddr* local, Reason* why) noexcept override;
+  void Unlisten(Listener* listener) noexcept override;
+  bool HasPending(Listener* listener, const wire::Endpoint& client,
+                  const wire::Endpoint& server) noexcept override;
+  void DropPending(Listener* listener, const wire::Endpoint& client,
+                   const wire::Endpoint& server) noexcept override;
+  std::unique_ptr<Channel> AcceptPending(Listener* listener, const wire::Endpoint& client,
+                                         const wire::Endpoint& server, int proxy_b, Reason* why,
+                                         bool* committed) noexcept override;
+  ClientConn* Resolve(const sockaddr* dest, sockaddr_storage* source,
+                      Reason* why) noexcept override;
+  bool Handshake(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
+                 uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
+  ClientConn* StartResolve(const sockaddr* dest, Reason* why) noexcept override;
+  bool StartHandshake(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
+                      uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
+  Step Advance(ClientConn* conn, sockaddr_storage* source, Reason* why) noexcept override;
+  int EventFd(ClientConn* conn) noexcept override {
+    return conn->channel ? conn->channel->fd : conn->conn->EventFd();
+  }
+  uint64_t Deadline(ClientConn* conn) noexcept override { return conn->deadline_ms; }
+  std::unique_ptr<Channel> Finish(ClientConn* conn, int proxy_b) noexcept override;
+  void Abort(ClientConn* conn) noexcept override;
+  void ForkPrepare() noexcept override;
+  void ForkParent() noexcept override;
+  void ForkChild() noexcept override;
+  void FlushAll(int timeout_ms) noexcept override;
+  void Release(Conn* conn) noexcept override;
+
+ private:
+  void Run() noexcept;
+  void HandleCmEvent(rdma_cm_event* event) noexcept;
+  void OnConnectRequest(rdma_cm_event* event) noexcept;
+  void HandleCompletions(Device* device) noexcept;
+  void ExpirePending() noexcept;
+  void TrimIdleSlots(uint64_t now_ms) noexcept;
+  Device* DeviceFor(ibv_context* context, int* error) noexcept;
+  bool DeviceAllowed(ibv_context* context) const noexcept;
+  bool SendNotify(Device* device) const noexcept;
+  static void Reject(rdma_cm_id* id) noexcept;
+  void DestroyPending(std::vector<Pending>* dropped) noexcept;
+  Reason MemlockReason(int error, uint32_t ring_size) noexcept;
+  bool IsListenerId(rdma_cm_id* id) noexcept;
+  void ReleaseClient(ClientConn* c) noexcept;
+  Step TakeEvent(ClientConn* c, rdma_cm_event* event, sockaddr_storage* source,
+                 Reason* why) noexcept;
+  Step Fail(ClientConn* c, Reason why, Reason* out) noexcept;
+  Step Resolved(ClientConn* c, sockaddr_storage* source, Reason* why) noexcept;
+  // Blocking use of Advance: waits on the event descriptor until a step is decided.
+  Step WaitStep(ClientConn* c, sockaddr_storage* source, Reason* why) noexcept;
+  // Reuse: a parked client queue pair to `dest` whose listener parked too, or nullptr.
+  Conn* TakeParked(const wire::Endpoint& dest) noexcept;
+  void PutParked(Conn* conn) noexcept;
+  size_t ParkedCount() noexcept;
+  ClientConn* Reuse(const wire::Endpoint& dest) noexcept;
+  bool SendClaim(ClientConn* c, const wire::Endpoint& client, const wire::Endpoint& server,
+                 uint32_t ring_size, Reason* why) noexcept;
+  // Progress thread: CLAIMs that arrived on the listener's parked queue pairs, and the
+  // parked queue pairs that died or waited too long.
+  void ServeClaims() noexcept;
+  void ServeClaim(Conn* conn, const LinkMsg& claim) noexcept;
+  void SweepParked() noexcept;
+  // Deletes the oldest parked queue pair (its ring slot goes back to the device's pool):
+  // a new connection that could not get resources tries once more. False if none.
+  bool EvictParked() noexcept;
+  Listener* ListenerFor(const wire::Endpoint& server) noexcept;
+  // When a request queued now expires: it waits for its TCP connection to be accepted.
+  uint64_t PendingExpiry() const noexcept {
+    return sys::MonotonicMs() + std::max<uint64_t>(module_internal::kPendingTtlMs,
+                                                   2 * uint64_t(config_->handshake_timeout_ms));
+  }
+  // Device removal (docs/DESIGN.md "Failover"): the event's context is noted (and no longer
+  // handed out); after the events were acknowledged, ReapRemoved destroys what the process
+  // holds on it: listener ids bound to it, requests pending on it, parked queue pairs, the
+  // RDMA objects of its connections (which live on over TCP), and then the device.
+  void NoteRemoved(ibv_context* context) noexcept;
+  void ReapRemoved() noexcept;
+  bool ReapRemoval(Removal* removal) noexcept;  // true once nothing is left to do
+
+  const Config* config_;
+  rdma_event_channel* cm_channel_ = nullptr;
+  int epoll_fd_ = -1;
+  std::thread thread_;
+  std::mutex mu_;  // devices_, listeners_
+  std::map<ibv_context*, Device*> devices_;
+  std::vector<Listener*> listeners_;
+  NegativeCache negative_;
+  std::atomic<bool> forked_{false};
+  std::atomic<bool> memlock_reported_{false};
+  std::mutex park_mu_;  // parked_ (a leaf: nothing else is taken under it)
+  std::vector<ParkedConn> parked_;
+  std::vector<Removal> removals_;      // written by the progress thread under mu_
+  bool reaping_ = false;               // progress thread: a removal is not finished yet
+  uint64_t last_housekeeping_ms_ = 0;  // progress thread: TrimIdleSlots, CheckAllConns
+};
+
+}  // namespace slip::verbs

@@ -1,0 +1,144 @@
+// The verbs module's listeners: the rdma_cm twin of a TCP listener, and the requests that
+// accept() finds pending for a connection.
+#include <algorithm>
+#include <cerrno>
+#include <mutex>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "verbs/module_impl.h"
+
+namespace slip::verbs {
+
+using namespace module_internal;
+
+Listener* VerbsModule::Listen(const sockaddr* local, Reason* why) noexcept {
+  *why = Reason::kNoRdmaPath;
+  if (forked_.load()) return nullptr;
+  wire::Endpoint ep;
+  if (!wire::EndpointFromSockaddr(local, &ep)) return nullptr;
+  auto* l = new (std::nothrow) Listener();
+  if (!l) return nullptr;
+  l->port = ep.port;
+  l->addr = ep;
+  l->wildcard = true;
+  for (uint8_t byte : ep.addr) l->wildcard = l->wildcard && byte == 0;
+  if (rdma_create_id(cm_channel_, &l->id, l, RDMA_PS_TCP) != 0) {
+    delete l;
+    return nullptr;
+  }
+  sockaddr_storage addr{};
+  std::memcpy(&addr, local,
+              local->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  if (rdma_bind_addr(l->id, reinterpret_cast<sockaddr*>(&addr)) != 0 ||
+      (l->id->verbs && !DeviceAllowed(l->id->verbs)) || rdma_listen(l->id, kListenBacklog) != 0) {
+    SLIP_LOG(kInfo, "verbs: no rdma_cm listener on port %u (%s)", ep.port, strerror(errno));
+    rdma_destroy_id(l->id);
+    delete l;
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    listeners_.push_back(l);
+  } catch (...) {
+    rdma_destroy_id(l->id);
+    delete l;
+    return nullptr;
+  }
+  *why = Reason::kNone;
+  return l;
+}
+
+void VerbsModule::Unlisten(Listener* l) noexcept {
+  if (!l) return;
+  rdma_cm_id* id = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < listeners_.size(); ++i) {
+      if (listeners_[i] == l) {
+        listeners_.erase(listeners_.begin() + long(i));
+        break;
+      }
+    }
+    id = l->id;  // null once its device was removed (ReapRemoval destroyed it)
+    l->id = nullptr;
+  }
+  if (forked_.load()) return;  // the parent's objects: leave them alone
+  if (id) rdma_destroy_id(id);
+  std::vector<Pending> dropped;
+  {
+    std::lock_guard<std::mutex> lock(l->mu);
+    dropped.swap(l->pending);
+  }
+  DestroyPending(&dropped);
+  delete l;
+}
+
+bool VerbsModule::HasPending(Listener* l, const wire::Endpoint& client,
+                             const wire::Endpoint& server) noexcept {
+  std::lock_guard<std::mutex> lock(l->mu);
+  for (const Pending& p : l->pending) {
+    if (p.client == client && p.server == server) return true;
+  }
+  return false;
+}
+
+// Moves every request pending for the tuple out of the listener's table.
+static void TakeTuple(Listener* l, const wire::Endpoint& client, const wire::Endpoint& server,
+                      std::vector<Pending>* out) noexcept {
+  std::lock_guard<std::mutex> lock(l->mu);
+  MoveOutIf(&l->pending, out,
+            [&](const Pending& p) { return p.client == client && p.server == server; });
+}
+
+void VerbsModule::DropPending(Listener* l, const wire::Endpoint& client,
+                              const wire::Endpoint& server) noexcept {
+  std::vector<Pending> dropped;
+  TakeTuple(l, client, server, &dropped);
+  if (!dropped.empty())
+    SLIP_LOG(kInfo, "verbs: dropping %zu connection request(s) of a plain connection",
+             dropped.size());
+  DestroyPending(&dropped);
+}
+
+std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::Endpoint& client,
+                                                    const wire::Endpoint& server, int proxy_b,
+                                                    Reason* why, bool* committed) noexcept {
+  std::vector<Pending> taken;
+  TakeTuple(l, client, server, &taken);
+  // One connection makes one request; a client sends its HELLO before its SYN, so the one
+  // that did is the likelier real one. Which it is, the CONFIRM says when it comes.
+  size_t chosen = taken.size();
+  *committed = false;
+  for (size_t i = 0; i < taken.size(); ++i) {
+    if (!taken[i].conn || taken[i].withdrawn) continue;  // its client gave up
+    Hello hello;
+    const bool said = taken[i].conn->HelloReceived(&hello) && hello.nonce == taken[i].nonce;
+    *committed = *committed || said;
+    if (chosen == taken.size() || said) chosen = i;
+    if (said) break;
+  }
+  *why = Reason::kConnectSlow;  // (every client of the tuple gave up)
+  std::unique_ptr<Conn> conn;
+  uint64_t nonce = 0;
+  if (chosen != taken.size()) {
+    conn.reset(taken[chosen].conn);
+    nonce = taken[chosen].nonce;
+    taken.erase(taken.begin() + long(chosen));
+  }
+  const size_t live = size_t(std::count_if(
+      taken.begin(), taken.end(), [](const Pending& p) { return p.conn && !p.withdrawn; }));
+  if (live)
+    SLIP_LOG(kWarn, "verbs: %zu other connection request(s) for one connection: rejected", live);
+  DestroyPending(&taken);
+  if (!conn) return nullptr;
+  *why = Reason::kFdLimit;
+  int b = proxy_b < 0 ? -1 : sys::DupHigh(proxy_b, sys::HiddenFdFloor());
+  if (b < 0) return nullptr;
+  conn->Hold(nonce, sys::MonotonicMs() + config_->handshake_timeout_ms);
+  conn->SetProxy(b);
+  conn->SetOwner(this);
+  return conn;
+}
+
+}  // namespace slip::verbs

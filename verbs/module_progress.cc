@@ -1,0 +1,260 @@
+// The verbs module's progress thread: rdma_cm events, completion events, connection
+// requests as they arrive (checked, bounded, answered) and as they expire.
+#include <pthread.h>
+#include <signal.h>
+#include <sys/epoll.h>
+
+#include <cerrno>
+#include <mutex>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "verbs/module_impl.h"
+
+namespace slip::verbs {
+
+using namespace module_internal;
+
+void VerbsModule::Run() noexcept {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  pthread_setname_np(pthread_self(), "slip-verbs");
+  epoll_event events[16];
+  for (;;) {
+    // The raw call: the interposed epoll_wait would prepare every accelerated stream for a
+    // sleep (arming all their proxies) and spin SLIP_SPIN_US first, on every wake-up.
+    // While a removed device still has users, looked at often: `rdma link delete` waits.
+    int n = sys::epoll_wait(epoll_fd_, events, 16, reaping_ ? 20 : 500);
+    if (forked_.load(std::memory_order_acquire)) return;
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.ptr == nullptr) {
+        rdma_cm_event* event = nullptr;
+        while (rdma_get_cm_event(cm_channel_, &event) == 0) HandleCmEvent(event);
+      } else if (IsConnWatchKey(events[i].data.u64)) {
+        Conn::OnWatchEvent(events[i].data.u64);
+      } else {
+        HandleCompletions(static_cast<Device*>(events[i].data.ptr));
+      }
+    }
+    ServeClaims();
+    ExpirePending();
+    SweepParked();
+    if (const uint64_t now = sys::MonotonicMs(); now - last_housekeeping_ms_ >= 500) {
+      last_housekeeping_ms_ = now;
+      TrimIdleSlots(now);
+      CheckAllConns(now);
+    }
+    ReapRemoved();
+  }
+}
+
+void VerbsModule::TrimIdleSlots(uint64_t now_ms) noexcept {
+  // Devices are deleted only by this thread (ReapRemoval), so they outlive the copy.
+  Device* devices[16];
+  size_t count = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& entry : devices_) {
+      if (count < std::size(devices)) devices[count++] = entry.second;
+    }
+  }
+  for (size_t i = 0; i < count; ++i) devices[i]->TrimIdle(now_ms);
+}
+
+void VerbsModule::HandleCompletions(Device* device) noexcept {
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  while (ibv_get_cq_event(device->comp_channel(), &cq, &context) == 0)
+    static_cast<Conn*>(context)->OnCompletionEvent();  // acks the event
+}
+
+void VerbsModule::HandleCmEvent(rdma_cm_event* event) noexcept {
+  switch (event->event) {
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+      OnConnectRequest(event);  // acks
+      return;
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_CONNECT_ERROR: {
+      // Listener ids carry a Listener, connection ids their Conn.
+      auto* conn = IsListenerId(event->id) ? nullptr : static_cast<Conn*>(event->id->context);
+      if (conn) {
+        if (event->event == RDMA_CM_EVENT_DISCONNECTED) {
+          // A pending request whose client gave up: accept() must not wait for it.
+          std::lock_guard<std::mutex> lock(mu_);
+          for (Listener* l : listeners_) {
+            std::lock_guard<std::mutex> llock(l->mu);
+            for (Pending& p : l->pending) {
+              if (p.conn == conn) p.withdrawn = true;
+            }
+          }
+          conn->OnDisconnect();
+        } else if (event->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+          conn->TransportFailed(wire::FailoverCause::kDeviceRemoved);
+          conn->MarkDeviceRemoved();
+        } else {
+          conn->Fail(ECONNRESET);
+        }
+      }
+      // The id cannot be destroyed before this event is acknowledged (rdma_destroy_id
+      // would wait for it): ReapRemoved does it, after the events.
+      if (event->event == RDMA_CM_EVENT_DEVICE_REMOVAL) NoteRemoved(event->id->verbs);
+      break;
+    }
+    default:
+      break;  // ESTABLISHED, TIMEWAIT_EXIT, ADDR_CHANGE: nothing to do
+  }
+  rdma_ack_cm_event(event);
+}
+
+void VerbsModule::Reject(rdma_cm_id* id) noexcept {
+  rdma_reject(id, nullptr, 0);
+}
+
+void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
+  rdma_cm_id* id = event->id;
+  auto* listener = static_cast<Listener*>(event->listen_id->context);
+  Req req;
+  ParseResult pr = ParseReq(static_cast<const uint8_t*>(event->param.conn.private_data),
+                            event->param.conn.private_data_len, &req);
+  wire::Endpoint peer, local;
+  bool ok = pr == ParseResult::kOk;
+  if (!ok) {
+    SLIP_LOG(kInfo, "verbs: rejecting a connection request: %s private data", ParseResultName(pr));
+  } else if (!EndpointOf(rdma_get_peer_addr(id), &peer) ||
+             !EndpointOf(rdma_get_local_addr(id), &local) || !SameAddress(peer, req.client) ||
+             !SameAddress(local, req.server) || req.server.port != listener->port) {
+    // The tuple must be the one this request really comes from and goes to.
+    SLIP_LOG(kInfo, "verbs: rejecting a connection request whose 4-tuple does not match");
+    ok = false;
+  } else if (!DeviceAllowed(id->verbs)) {
+    ok = false;
+  } else if ((1u << req.ring_log2) > config_->ring_size) {
+    // The listener decides what it pins: rings up to its own SLIP_RING_SIZE.
+    SLIP_LOG(kWarn,
+             "verbs: rejecting a connection request for %u KiB rings (this listener's limit "
+             "is SLIP_RING_SIZE, %u KiB)",
+             (1u << req.ring_log2) >> 10, config_->ring_size >> 10);
+    ok = false;
+  } else {
+    std::lock_guard<std::mutex> lock(listener->mu);
+    size_t live = 0, from_source = 0;
+    for (const Pending& p : listener->pending) {
+      if (!p.conn) continue;  // withdrawn: holds nothing
+      ++live;
+      from_source += SameAddress(p.client, req.client);
+    }
+    if (live >= kMaxPendingPerListener || !listener->RoomForOne(2 * kMaxPendingPerListener)) {
+      SLIP_LOG(kWarn, "verbs: %zu requests already wait on port %u; rejecting", live,
+               listener->port);
+      ok = false;
+    } else if (from_source >= kMaxPendingPerSource) {
+      SLIP_LOG(kWarn, "verbs: %zu requests from one address already wait on port %u; rejecting",
+               from_source, listener->port);
+      ok = false;
+    }
+  }
+  Conn* conn = nullptr;
+  if (ok) {
+    int err = 0;
+    Device* dev = DeviceFor(id->verbs, &err);
+    bool send_notify = dev && (SendNotify(dev) || (req.flags & kFlagSendNotify));
+    conn = dev ? Conn::Create(id, dev, 1u << req.ring_log2, send_notify, &err) : nullptr;
+    if (!conn && dev && EvictParked())  // parked rings may hold what the limit allows
+      conn = Conn::Create(id, dev, 1u << req.ring_log2, send_notify, &err);
+    int ready = conn ? conn->Connect(config_->gid_index) : -1;
+    if (conn && ready < 0) {
+      SLIP_LOG(kInfo, "verbs: cannot ready a queue pair for a request (%s)", strerror(-ready));
+    } else if (conn) {
+      Rep rep;
+      rep.flags = send_notify ? kFlagSendNotify : 0;
+      rep.ring_log2 = req.ring_log2;
+      rep.nonce = req.nonce;
+      rep.ring_addr = uint64_t(uintptr_t(conn->slot().rx_ring()));
+      rep.rkey = conn->slot().remote_mr->rkey;
+      uint8_t data[kRepSize];
+      rdma_conn_param param = ConnParam(data, EncodeRep(rep, data, sizeof(data)), conn->qp_num());
+      Pending p;
+      p.client = req.client;
+      p.server = req.server;
+      p.nonce = req.nonce;
+      p.ring_log2 = req.ring_log2;
+      p.conn = conn;
+      p.expires_ms = PendingExpiry();
+      bool queued = false;
+      {
+        std::lock_guard<std::mutex> lock(listener->mu);
+        try {
+          listener->pending.push_back(p);
+          queued = true;
+        } catch (...) {
+        }
+      }
+      if (queued && rdma_accept(id, &param) == 0) {
+        SLIP_LOG(kDebug, "verbs: request from port %u pending", req.client.port);
+        rdma_ack_cm_event(event);
+        return;
+      }
+      if (queued) {
+        std::lock_guard<std::mutex> lock(listener->mu);
+        for (size_t i = 0; i < listener->pending.size(); ++i) {
+          if (listener->pending[i].conn == conn) {
+            listener->pending.erase(listener->pending.begin() + long(i));
+            break;
+          }
+        }
+      }
+      SLIP_LOG(kInfo, "verbs: cannot accept a connection request (%s)", strerror(errno));
+    } else {
+      if (err == -ENOBUFS)
+        SLIP_LOG(kWarn,
+                 "verbs: rejecting a connection request: %zu KiB of rings already pinned, the "
+                 "budget (SLIP_VERBS_PIN_MAX) has no room for more",
+                 Device::PinnedBytes() / 1024);
+      else
+        SLIP_LOG(kInfo, "verbs: no resources for a connection request (%s)", strerror(-err));
+    }
+  }
+  Reject(id);
+  rdma_ack_cm_event(event);
+  // The id is ours to destroy (after the ack): with its Conn, or alone.
+  if (conn) {
+    delete conn;
+  } else {
+    rdma_destroy_id(id);
+  }
+}
+
+void VerbsModule::DestroyPending(std::vector<Pending>* dropped) noexcept {
+  for (Pending& p : *dropped) delete p.conn;  // disconnects: the client learns
+  dropped->clear();
+}
+
+void VerbsModule::ExpirePending() noexcept {
+  std::vector<Pending> expired;
+  uint64_t now = sys::MonotonicMs();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Listener* l : listeners_) {
+      std::lock_guard<std::mutex> llock(l->mu);
+      MoveOutIf(&l->pending, &expired, [now](const Pending& p) { return p.expires_ms <= now; });
+      // Withdrawn ones give their queue pair back now (their events were acknowledged:
+      // this runs after them), and keep only their record.
+      for (Pending& p : l->pending) {
+        if (!p.withdrawn || !p.conn) continue;
+        try {
+          expired.push_back(p);
+          p.conn = nullptr;
+        } catch (...) {
+        }
+      }
+    }
+  }
+  if (!expired.empty()) SLIP_LOG(kDebug, "verbs: %zu request(s) expired", expired.size());
+  DestroyPending(&expired);
+}
+
+}  // namespace slip::verbs

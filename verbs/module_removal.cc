@@ -1,0 +1,133 @@
+// The verbs module and a device that goes away (DEVICE_REMOVAL; docs/DESIGN.md
+// "Failover"): its connections continue on TCP, and everything the process holds on it is
+// destroyed once nothing uses it.
+#include <cerrno>
+#include <mutex>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "verbs/module_impl.h"
+
+namespace slip::verbs {
+
+using namespace module_internal;
+
+void VerbsModule::NoteRemoved(ibv_context* context) noexcept {
+  if (!context) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Removal& r : removals_) {
+    if (r.context == context && !r.superseded) return;
+  }
+  Removal r;
+  r.context = context;
+  auto it = devices_.find(context);
+  if (it != devices_.end()) r.device = it->second;
+  try {
+    removals_.push_back(r);
+  } catch (...) {
+    SLIP_LOG(kWarn, "verbs: out of memory: the removed device stays open until exit");
+    return;
+  }
+  if (it != devices_.end()) devices_.erase(it);  // a later connection opens a new one
+  reaping_ = true;
+  SLIP_LOG(kInfo, "verbs: RDMA device %s removed: releasing what this process holds of it",
+           ibv_get_device_name(context->device));
+}
+
+void VerbsModule::ReapRemoved() noexcept {
+  if (!reaping_) return;
+  bool done = true;
+  // Only this thread adds removals (under mu_, which DeviceFor reads them under), so it
+  // reads them without the lock; ReapRemoval takes mu_ itself.
+  for (size_t i = 0; i < removals_.size(); ++i) done = ReapRemoval(&removals_[i]) && done;
+  reaping_ = !done;
+}
+
+bool VerbsModule::ReapRemoval(Removal* r) noexcept {
+  if (r->retired) return true;
+  // Listener ids bound to the device (a wildcard listener has none: rdma_cm keeps its own
+  // per-device listeners): the TCP listener goes on serving, plain. Requests pending on
+  // the device are dropped (their clients failed over nothing yet: they go plain).
+  std::vector<rdma_cm_id*> ids;
+  std::vector<Pending> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Listener* l : listeners_) {
+      if (l->id && l->id->verbs == r->context) {
+        try {
+          ids.push_back(l->id);
+          l->id = nullptr;
+        } catch (...) {
+          return false;  // tried again on the next round
+        }
+      }
+      std::lock_guard<std::mutex> llock(l->mu);
+      MoveOutIf(&l->pending, &dropped, [r](const Pending& p) {
+        return r->device && p.conn && p.conn->device() == r->device;
+      });
+    }
+  }
+  for (rdma_cm_id* id : ids) rdma_destroy_id(id);  // its events were acknowledged
+  if (!dropped.empty())
+    SLIP_LOG(kDebug, "verbs: dropping %zu request(s) pending on the removed device",
+             dropped.size());
+  DestroyPending(&dropped);
+  if (r->device) {
+    // Parked queue pairs on it are deleted (their peers see them go); the connections
+    // that failed over keep their rings and release the rest.
+    std::vector<ParkedConn> gone;
+    {
+      std::lock_guard<std::mutex> lock(park_mu_);
+      MoveOutIf(&parked_, &gone,
+                [r](const ParkedConn& p) { return p.ready && p.conn->device() == r->device; });
+    }
+    for (const ParkedConn& p : gone) delete p.conn;
+    ReleaseRemovedConns(r->device);
+    // A connection that an application thread is still setting up on the device holds it
+    // until that thread lets go (its handshake fails, bounded by its timeout).
+    if (r->device->users() != 0) return false;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, r->device->comp_channel()->fd, nullptr);
+    delete r->device;  // its idle slots, channel and protection domain
+    r->device = nullptr;
+  }
+  RetireContext(r->context);
+  r->retired = true;
+  SLIP_LOG(kInfo, "verbs: released the removed RDMA device");
+  return true;
+}
+
+void VerbsModule::ForkPrepare() noexcept {
+  // Lock order: module, listeners, connection registry (as the progress thread takes them).
+  mu_.lock();
+  for (Listener* l : listeners_) l->mu.lock();
+  ConnRegistryLock();
+}
+
+void VerbsModule::ForkParent() noexcept {
+  ConnRegistryUnlock();
+  for (Listener* l : listeners_) l->mu.unlock();
+  mu_.unlock();
+}
+
+void VerbsModule::ForkChild() noexcept {
+  forked_.store(true, std::memory_order_release);
+  OrphanAllConns();
+  for (Listener* l : listeners_) l->pending.clear();  // the parent's requests, not ours
+  ConnRegistryUnlock();
+  for (Listener* l : listeners_) l->mu.unlock();
+  mu_.unlock();
+}
+
+void VerbsModule::FlushAll(int timeout_ms) noexcept {
+  if (!forked_.load()) FlushAllConns(timeout_ms);
+}
+
+bool VerbsModule::IsListenerId(rdma_cm_id* id) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Listener* l : listeners_) {
+    if (l->id == id) return true;
+  }
+  return false;
+}
+
+}  // namespace slip::verbs
