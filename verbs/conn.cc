@@ -165,7 +165,7 @@ Conn::~Conn() {
   if (proxy_b_ >= 0) sys::close(proxy_b_);
 }
 
-bool Conn::ReleaseRdma() noexcept {
+bool Conn::ReleaseRdma(const char* why) noexcept {
   if (rdma_released_.load(std::memory_order_acquire) || orphaned_.load()) return true;
   // A stream still on RDMA needs all of it (it has not failed over or failed yet).
   if (mode_.load(std::memory_order_seq_cst) == Mode::kRdma &&
@@ -195,7 +195,7 @@ bool Conn::ReleaseRdma() noexcept {
     device_held_ = false;
     device_->Unuse();
   }
-  SLIP_LOG(kDebug, "verbs: queue pair %u released (its device went away)", qp_num_);
+  SLIP_LOG(kDebug, "verbs: queue pair %u released (%s)", qp_num_, why);
   return true;
 }
 
@@ -208,7 +208,7 @@ int ReleaseRemovedConns(const Device* device) noexcept {
     if (c->device_ != device || !c->device_removed_.load(std::memory_order_acquire) ||
         c->parked_.load(std::memory_order_acquire))
       continue;
-    if (!c->ReleaseRdma()) ++holding;
+    if (!c->ReleaseRdma("its device went away")) ++holding;
   }
   return holding;
 }

@@ -149,12 +149,13 @@ class Conn final : public Channel {
   // Progress thread: rdma_cm said DEVICE_REMOVAL for this connection's id (and the
   // connection failed over, or failed).
   void MarkDeviceRemoved() noexcept { device_removed_.store(true, std::memory_order_release); }
-  // Progress thread, with the registry locked (ReleaseRemovedConns): once the connection no
-  // longer needs RDMA (it is on TCP, waits for the peer's FAILOVER, or failed), destroys its
-  // queue pair, completion queue and channel, deregisters its rings (their memory stays:
-  // the TCP path uses it) and destroys its rdma_cm id, so that the device can go while the
-  // stream lives on. Returns false when it still needs them (nothing done).
-  bool ReleaseRdma() noexcept;
+  // Progress thread, with the registry locked (ReleaseRemovedConns, CheckAllConns): once the
+  // connection no longer needs RDMA (it is on TCP, waits for the peer's FAILOVER, or
+  // failed), destroys its queue pair, completion queue and channel, deregisters its rings
+  // (their memory stays: the TCP path uses it; the pinned budget gets it back) and destroys
+  // its rdma_cm id, so that the device can go while the stream lives on. `why` is for the
+  // log. Returns false when it still needs them (nothing done).
+  bool ReleaseRdma(const char* why) noexcept;
   bool rdma_released() const noexcept { return rdma_released_.load(std::memory_order_acquire); }
   // Waits (bounded) until everything posted has been acknowledged by the peer (or, after
   // failover, written to the anchor).
@@ -465,7 +466,9 @@ void ConnRegistryLock() noexcept;
 void ConnRegistryUnlock() noexcept;
 void OrphanAllConns() noexcept;  // in a fork child, with the registry locked
 void FlushAllConns(int timeout_ms) noexcept;
-// Progress thread: CheckLiveness on every connection.
+// Progress thread: CheckLiveness on every connection, and ReleaseRdma on those on TCP for
+// good (failed over, or settled as plain): a stream that no longer uses its queue pair
+// keeps no pinned memory until the application closes it.
 void CheckAllConns(uint64_t now_ms) noexcept;
 // Progress thread, after the device's DEVICE_REMOVAL events were acknowledged: releases the
 // RDMA objects of every connection on `device` that rdma_cm said lost it (ReleaseRdma).

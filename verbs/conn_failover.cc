@@ -295,7 +295,11 @@ bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
 
 void CheckAllConns(uint64_t now_ms) noexcept {
   std::lock_guard<std::mutex> lock(g_registry_mu);
-  for (Conn* c = g_registry_head; c; c = c->next_) c->CheckLiveness(now_ms);
+  for (Conn* c = g_registry_head; c; c = c->next_) {
+    c->CheckLiveness(now_ms);
+    if (c->mode_.load(std::memory_order_acquire) == Conn::Mode::kTcp && !c->rdma_released())
+      c->ReleaseRdma("the stream is on TCP for good");
+  }
 }
 
 void Conn::CheckLiveness(uint64_t now_ms) noexcept {

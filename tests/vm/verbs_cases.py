@@ -166,7 +166,7 @@ def forged_silent(t, variant):
     at once (the connection is held, not waited for), the held connection settles as plain
     TCP at the handshake timeout, the client gets the server's bytes (nothing of ours, no
     DECLINE) and both streams are exact, none of the forger's bytes reaching the server's
-    application; the forged request is disconnected."""
+    application; the forged request is disconnected and its ring slot deregistered."""
     go = t.dir / "go"
     server = t.serve("server", py("speak_first.py", "server", "--port", t.port, "--bind", LOOPBACK,
                                   "--seed", 1, "--total", BULK, "--go", go), slip=True)
@@ -191,6 +191,10 @@ def forged_silent(t, variant):
     t.check(c["first_byte_s"] is not None and c["first_byte_s"] < timeout_s + 1.5,
             f"the server's first bytes came after {c['first_byte_s']} s")
     t.expect_stats(server, "tcp", "handshake_timeout")
+    # On TCP for good, the connection gives its ring slot back (a 1 MiB ring's slot is
+    # 2 MiB): a forged request pins nothing for the life of the plain connection.
+    t.check(s["pinned_after"] <= s["pinned_before"] + 1024,
+            f"the plain connection still pins {s['pinned_after'] - s['pinned_before']} KiB")
     expect_dropped(t, forge)
 
 

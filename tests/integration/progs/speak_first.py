@@ -3,7 +3,10 @@
   server: listens; waits until the file --go exists (the client's connection is queued by
           then, so accept() measures only what is done inside it); accepts one connection;
           sends --total seeded random bytes and shuts down its side; reads until EOF.
-          Prints {"accept_s", "sent", "sent_sha256", "received", "received_sha256"}.
+          Prints {"accept_s", "pinned_before", "pinned_after" (VmPin in KiB once listening,
+          and before closing the connection: once it is within 1 MiB of the first, or after
+          2 s), "sent", "sent_sha256", "received",
+          "received_sha256"}.
   client: connects (prints "connected") and sends nothing until it has all --total bytes of the server's (a
           silent client: nothing it does tells a server that it is plain); then sends its
           own --total bytes, shuts down its side and reads to EOF. Prints {"first_byte_s",
@@ -28,6 +31,15 @@ def send_seeded(sock, seed, total):
     return sha
 
 
+def pinned_kib():
+    """This process's pinned memory (VmPin: what its RDMA registrations hold), in KiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmPin:"):
+                return int(line.split()[1])
+    return None
+
+
 def main():
     parser = argument_parser(__doc__, role=True)
     parser.add_argument("--seed", type=int, required=True)
@@ -38,6 +50,7 @@ def main():
     count = 0
     if args.role == "server":
         with listen(args.port, args.bind) as listener:
+            pinned_before = pinned_kib()
             while args.go and not os.path.exists(args.go):
                 time.sleep(0.01)
             start = time.monotonic()
@@ -47,8 +60,16 @@ def main():
         while data := sock.recv(MiB):
             received.update(data)
             count += len(data)
+        # A registration given back by a background thread may take a moment (at most 2 s
+        # here): what is pinned then, with no slot beyond 1 MiB left over, or after 2 s.
+        deadline = time.monotonic() + 2
+        while (pinned_before is not None and pinned_kib() > pinned_before + 1024
+               and time.monotonic() < deadline):
+            time.sleep(0.1)
+        pinned_after = pinned_kib()
         sock.close()
-        report(accept_s=accept_s, sent=args.total, sent_sha256=sent.hexdigest(), received=count,
+        report(accept_s=accept_s, pinned_before=pinned_before, pinned_after=pinned_after,
+               sent=args.total, sent_sha256=sent.hexdigest(), received=count,
                received_sha256=received.hexdigest())
         return
     sock = connect(args.port, args.source_port, args.host)
