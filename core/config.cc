@@ -12,115 +12,15 @@ namespace slip {
 namespace {
 
 using Why = std::string;  // optional detail naming the offending list item
-
-char Lower(char c) {
-  return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-}
-bool IsDigit(char c) {
-  return c >= '0' && c <= '9';
-}
-
-bool IEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (Lower(a[i]) != Lower(b[i])) return false;
-  }
-  return true;
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-// Strict decimal: digits only (no sign, space or base prefix), no overflow.
-bool ParseU64(std::string_view s, uint64_t* out) {
-  if (s.empty()) return false;
-  uint64_t v = 0;
-  for (char c : s) {
-    if (!IsDigit(c)) return false;
-    uint64_t d = static_cast<uint64_t>(c - '0');
-    if (v > (UINT64_MAX - d) / 10) return false;
-    v = v * 10 + d;
-  }
-  *out = v;
-  return true;
-}
-
-bool ParseRange(std::string_view s, uint64_t lo, uint64_t hi, uint32_t* out) {
-  uint64_t v;
-  if (!ParseU64(s, &v) || v < lo || v > hi) return false;
-  *out = static_cast<uint32_t>(v);
-  return true;
-}
-
-// "64K", "1MiB", "2g", "4096": binary multiples, suffix case-insensitive.
-bool ParseSize(std::string_view s, uint64_t* out) {
-  size_t n = 0;
-  while (n < s.size() && IsDigit(s[n])) ++n;
-  uint64_t v;
-  if (!ParseU64(s.substr(0, n), &v)) return false;
-  std::string_view suffix = s.substr(n);
-  size_t shift = 0;
-  if (!suffix.empty()) {
-    size_t unit = std::string_view("kmg").find(Lower(suffix[0]));
-    if (unit == std::string_view::npos) return false;
-    shift = 10 * (unit + 1);
-    suffix.remove_prefix(1);
-    if (!suffix.empty() && !IEquals(suffix, "b") && !IEquals(suffix, "ib")) return false;
-  }
-  if (v > (UINT64_MAX >> shift)) return false;
-  *out = v << shift;
-  return true;
-}
-
-// Calls item(trimmed, why) for each comma-separated item; an empty item is an error. A
-// failing item that gave no reason is reported as a bad item.
-template <typename F>
-bool ForEachItem(std::string_view list, Why* why, F item) {
-  while (true) {
-    size_t comma = list.find(',');
-    std::string_view it = Trim(list.substr(0, comma));
-    if (it.empty()) {
-      *why = "empty item";
-      return false;
-    }
-    if (!item(it, why)) {
-      if (why->empty()) *why = "bad item \"" + std::string(it) + "\"";
-      return false;
-    }
-    if (comma == std::string_view::npos) return true;
-    list.remove_prefix(comma + 1);
-  }
-}
+using options::ForEachItem;
+using options::IEquals;
+using options::ParseBool;
+using options::ParseRange;
+using options::ParseSize;
+using options::Trim;
 
 constexpr const char* kTransportNames[] = {"tcp", "shm", "verbs", "fabric", "dpdk"};
 constexpr const char* kLevelNames[] = {"error", "warn", "info", "debug", "trace"};
-
-bool ParseVerbsNotify(std::string_view v, Config* c, Why*) {
-  static constexpr std::pair<const char*, VerbsNotify> kWords[] = {
-      {"auto", VerbsNotify::kAuto}, {"imm", VerbsNotify::kImm}, {"send", VerbsNotify::kSend}};
-  for (const auto& [word, mode] : kWords) {
-    if (IEquals(v, word)) {
-      c->verbs_notify = mode;
-      return true;
-    }
-  }
-  return false;
-}
-
-bool ParseBool(std::string_view v, bool* out) {
-  static constexpr std::pair<const char*, bool> kWords[] = {
-      {"1", true}, {"true", true}, {"yes", true}, {"0", false}, {"false", false}, {"no", false}};
-  for (const auto& [word, value] : kWords) {
-    if (IEquals(v, word)) {
-      *out = value;
-      return true;
-    }
-  }
-  return false;
-}
 
 bool ParseTransports(std::string_view v, Config* c, Why* why) {
   TransportList list;
@@ -241,11 +141,7 @@ constexpr const char* kCidrExpected =
     "expected IPv4/IPv6 addresses with optional /prefix, comma-separated "
     "(e.g. 127.0.0.0/8,::1/128)";
 
-struct Option {
-  const char* name;
-  const char* expected;
-  bool (*parse)(std::string_view value, Config* c, Why* why);
-};
+using Option = options::Option<Config>;
 
 // The single list of known variables: drives parsing and UnknownSlipVariables().
 constexpr Option kOptions[] = {
@@ -289,55 +185,9 @@ constexpr Option kOptions[] = {
      [](std::string_view v, Config* c, Why* why) {
        return EmptyList(v) || ParseCidrs(v, &c->exclude_cidrs, why);
      }},
-    {"SLIP_DEVICE", "expected an RDMA device name (e.g. rxe0)",
-     [](std::string_view v, Config* c, Why*) {
-       if (v.empty() || v.size() > 63) return false;
-       for (char ch : v) {
-         if (!(IsDigit(ch) || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_' ||
-               ch == '-' || ch == '.'))
-           return false;
-       }
-       c->device = v;
-       return true;
-     }},
-    {"SLIP_GID_INDEX", "expected a GID table index between 0 and 255",
-     [](std::string_view v, Config* c, Why*) {
-       uint32_t index;
-       if (!ParseRange(v, 0, 255, &index)) return false;
-       c->gid_index = int(index);
-       return true;
-     }},
-    {"SLIP_VERBS_NOTIFY", "expected auto, imm or send", ParseVerbsNotify},
     {"SLIP_FAILOVER", "expected 0, 1, true, false, yes or no",
      [](std::string_view v, Config* c, Why*) { return ParseBool(v, &c->failover); }},
-    {"SLIP_NEGATIVE_TTL_MS", "expected a decimal integer between 0 and 3600000",
-     [](std::string_view v, Config* c, Why*) {
-       return ParseRange(v, 0, 3600000, &c->negative_ttl_ms);
-     }},
-    {"SLIP_VERBS_REUSE", "expected a decimal integer between 0 and 1024",
-     [](std::string_view v, Config* c, Why*) { return ParseRange(v, 0, 1024, &c->verbs_reuse); }},
-    {"SLIP_VERBS_PIN_MAX", "expected a size between 1M and 1024G (e.g. 512M)",
-     [](std::string_view v, Config* c, Why*) {
-       uint64_t size;
-       if (!ParseSize(v, &size) || size < (uint64_t(1) << 20) || size > (uint64_t(1) << 40))
-         return false;
-       c->verbs_pin_max = size;
-       return true;
-     }},
 };
-
-// Quotes the value for the one-line error: control characters become '?' so the message
-// stays on one line, and long values are cut.
-std::string Quote(std::string_view v) {
-  constexpr size_t kMax = 64;
-  std::string q = "\"";
-  for (size_t i = 0; i < v.size() && i < kMax; ++i) {
-    unsigned char c = static_cast<unsigned char>(v[i]);
-    q += (c < 0x20 || c == 0x7f) ? '?' : v[i];
-  }
-  q += v.size() > kMax ? "...\"" : "\"";
-  return q;
-}
 
 bool PortIn(const std::vector<PortRange>& ranges, uint16_t port) {
   for (const PortRange& r : ranges) {
@@ -379,16 +229,7 @@ bool ParseConfig(EnvLookup lookup, void* ctx, Config* out, std::string* error) n
   if (lookup == nullptr) return false;
   try {
     Config config;
-    for (const Option& opt : kOptions) {
-      const char* value = lookup(opt.name, ctx);
-      Why why;
-      if (value == nullptr || opt.parse(value, &config, &why)) continue;
-      if (error != nullptr) {
-        *error = std::string(opt.name) + "=" + Quote(value) + ": " +
-                 (why.empty() ? "" : why + "; ") + opt.expected;
-      }
-      return false;
-    }
+    if (!options::ParseTable<Config>(kOptions, lookup, ctx, &config, error)) return false;
     if (out == nullptr) return false;
     *out = std::move(config);
     return true;
@@ -399,11 +240,11 @@ bool ParseConfig(EnvLookup lookup, void* ctx, Config* out, std::string* error) n
 }
 
 bool ParseConfigFromEnv(Config* out, std::string* error) noexcept {
-  return ParseConfig([](const char* name, void*) -> const char* { return getenv(name); }, nullptr,
-                     out, error);
+  return ParseConfig(ProcessEnv, nullptr, out, error);
 }
 
-std::vector<std::string> UnknownSlipVariables(char** envp) {
+std::vector<std::string> UnknownSlipVariables(char** envp,
+                                              std::span<const char* const> also_known) {
   std::vector<std::string> unknown;
   try {
     for (char** e = envp; e != nullptr && *e != nullptr; ++e) {
@@ -414,6 +255,7 @@ std::vector<std::string> UnknownSlipVariables(char** envp) {
       if (name.substr(0, 8) == "SLIP_VM_" || name.substr(0, 10) == "SLIP_TEST_") continue;
       bool known = false;
       for (const Option& opt : kOptions) known |= name == opt.name;
+      for (const char* other : also_known) known |= name == other;
       if (!known) unknown.emplace_back(name);
     }
   } catch (const std::bad_alloc&) {

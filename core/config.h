@@ -1,4 +1,5 @@
-// Slipstream configuration: every SLIP_* environment variable, validated once.
+// Slipstream configuration: core's SLIP_* environment variables, validated once. Each
+// transport reads its own (verbs/options.h) with the same grammar (core/options.h).
 //
 // A bad value never aborts the host program: ParseConfig() reports one clear
 // line and the caller disables Slipstream for the process (plain TCP).
@@ -10,8 +11,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
+
+#include "core/options.h"
 
 namespace slip {
 
@@ -60,11 +64,6 @@ struct Cidr {
   uint8_t prefix_len = 0;
 };
 
-// How a verbs sender tells the receiver that bytes arrived: RDMA WRITE WITH IMMEDIATE
-// (InfiniBand, RoCE), or a SEND after the WRITE (iWARP has no immediate). kAuto picks
-// by the device's transport.
-enum class VerbsNotify : uint8_t { kAuto = 0, kImm, kSend };
-
 struct Config {
   bool enabled = true;  // SLIP_ENABLE=0|1
   TransportList transports = {TransportKind::kShm, TransportKind::kVerbs,
@@ -81,28 +80,12 @@ struct Config {
   std::vector<Cidr> include_cidrs;       // SLIP_INCLUDE_CIDR="127.0.0.0/8,::1/128" (empty: all)
   std::vector<Cidr> exclude_cidrs;       // SLIP_EXCLUDE_CIDR
 
-  // verbs
-  std::string device;  // SLIP_DEVICE: RDMA device name (empty: any)
-  int gid_index = -1;  // SLIP_GID_INDEX: 0..255, -1 = RoCEv2 GID of the IP
-  VerbsNotify verbs_notify = VerbsNotify::kAuto;  // SLIP_VERBS_NOTIFY=auto|imm|send
-  uint32_t negative_ttl_ms = 10000;               // SLIP_NEGATIVE_TTL_MS, 0..3600000
-  // SLIP_VERBS_REUSE, 0..1024: queue pairs a process keeps after their connections closed,
-  // for the next connections to the same listener (0: every connection makes its own).
-  uint32_t verbs_reuse = 16;
-  // SLIP_VERBS_PIN_MAX, 1M..1024G (K/M/G suffixes): the most bytes of rings the process
-  // keeps registered with RDMA devices (pinned), all connections and idle rings together;
-  // 0 (the default): a quarter of the machine's physical memory. Beyond it a new verbs
-  // connection stays on TCP (reason resources) and a listener rejects requests.
-  uint64_t verbs_pin_max = 0;
   // SLIP_FAILOVER=0|1: a connection whose transport fails continues on its TCP connection
   // (0: it resets, as before failover existed; for tests and for the cautious).
   bool failover = true;
 
   bool Allows(TransportKind kind) const noexcept;
 };
-
-// Looks a variable up; returns nullptr when unset. Lets tests parse a fake environment.
-using EnvLookup = const char* (*)(const char* name, void* ctx);
 
 // Parses all SLIP_* variables. Returns true on success. On a bad value returns false, leaves
 // *out untouched and sets *error (when non-null) to one line naming the variable, the value
@@ -112,8 +95,10 @@ bool ParseConfig(EnvLookup lookup, void* ctx, Config* out, std::string* error) n
 // Convenience: parses the process environment.
 bool ParseConfigFromEnv(Config* out, std::string* error) noexcept;
 
-// Lists SLIP_* names in `envp` that ParseConfig does not know.
-std::vector<std::string> UnknownSlipVariables(char** envp);
+// Lists SLIP_* names in `envp` that neither ParseConfig nor `also_known` (the transports'
+// own variables) know.
+std::vector<std::string> UnknownSlipVariables(char** envp,
+                                              std::span<const char* const> also_known = {});
 
 // A socket address reduced to what policy and stats need. v4-mapped IPv6 addresses
 // (::ffff:a.b.c.d) come out as AF_INET, so IPv4 rules and output apply to them.

@@ -34,7 +34,8 @@ Runtime Initialise() noexcept {
   Runtime rt;
   try {
     std::string error;
-    if (!ParseConfigFromEnv(&rt.config, &error)) {
+    if (!ParseConfigFromEnv(&rt.config, &error) ||
+        !verbs::ParseOptions(ProcessEnv, nullptr, &rt.verbs, &error)) {
       LogAlways("%s; Slipstream disabled for this process (plain TCP)",
                 error.empty() ? "the configuration cannot be read (no memory?)" : error.c_str());
       return rt;
@@ -49,7 +50,7 @@ Runtime Initialise() noexcept {
   sys::SetHiddenFdFloor(ChooseHiddenFloor());  // first: the log file goes above it
   LogInit(rt.config.log_level, rt.config.log_file.c_str());
   try {
-    for (const std::string& name : UnknownSlipVariables(environ))
+    for (const std::string& name : UnknownSlipVariables(environ, verbs::OptionNames()))
       SLIP_LOG(kWarn, "unknown variable %s ignored", name.c_str());
   } catch (...) {
   }

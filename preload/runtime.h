@@ -4,11 +4,13 @@
 #pragma once
 
 #include "core/config.h"
+#include "verbs/options.h"
 
 namespace slip::preload {
 
 struct Runtime {
   Config config;
+  verbs::Options verbs;  // the verbs transport's own options, handed to its module
   bool enabled = false;
 };
 

@@ -39,14 +39,14 @@ verbs::Module* Load() noexcept {
     SLIP_LOG(kInfo, "verbs transport unavailable: %s", dlerror());
     return nullptr;
   }
-  using Entry = verbs::Module* (*)(const Config*, int, char*, size_t);
+  using Entry = verbs::Module* (*)(const Config*, const verbs::Options*, int, char*, size_t);
   auto entry = reinterpret_cast<Entry>(dlsym(handle, "slip_verbs_module"));
   if (!entry) {
     SLIP_LOG(kWarn, "verbs transport unavailable: %s has no entry point", path.c_str());
     return nullptr;  // never dlclose: keep the loader simple and the state stable
   }
   char error[256] = "";
-  verbs::Module* m = entry(&rt.config, sys::HiddenFdFloor(), error, sizeof(error));
+  verbs::Module* m = entry(&rt.config, &rt.verbs, sys::HiddenFdFloor(), error, sizeof(error));
   if (!m) SLIP_LOG(kInfo, "verbs transport unavailable: %s", error);
   return m;
 }

@@ -29,12 +29,19 @@
 #include "core/config.h"
 #include "tools/slip-stat/exit_records.h"
 #include "tools/slip-stat/summary.h"
+#include "verbs/options.h"
 
 extern char** environ;
 
 namespace {
 
 using slip::Config;
+
+// The library's defaults: core's and each transport's.
+struct Defaults {
+  Config core;
+  slip::verbs::Options verbs;
+};
 
 // By slip::LogLevel, the names SLIP_LOG takes.
 constexpr const char* kLevelNames[] = {"error", "warn", "info", "debug", "trace"};
@@ -87,67 +94,70 @@ struct Option {
   const char* value;  // what VALUE looks like
   const char* env;    // the SLIP_* variable it sets
   const char* help;
-  std::string (*default_of)(const Config&);  // the library's default, from Config{}
+  std::string (*default_of)(const Defaults&);  // the library's default
 };
 
-// Every variable the library reads (core/config.cc), one option each.
+// Every variable the library reads (core/config.cc, verbs/options.cc), one option each.
 const Option kOptions[] = {
-    {"--transports", "LIST", "SLIP_TRANSPORTS", "transports in preference order", TransportsText},
+    {"--transports", "LIST", "SLIP_TRANSPORTS", "transports in preference order",
+     [](const Defaults& d) { return TransportsText(d.core); }},
     {"--ring-size", "SIZE", "SLIP_RING_SIZE",
      "ring bytes per direction: a power of two from 4K to 256M (K, M, G suffixes)",
-     [](const Config& c) { return SizeText(c.ring_size); }},
+     [](const Defaults& d) { return SizeText(d.core.ring_size); }},
     {"--spin-us", "N", "SLIP_SPIN_US", "busy-poll before sleeping, in microseconds (0..1000000)",
-     [](const Config& c) { return std::to_string(c.spin_us); }},
+     [](const Defaults& d) { return std::to_string(d.core.spin_us); }},
     {"--handshake-timeout-ms", "N", "SLIP_HANDSHAKE_TIMEOUT_MS",
      "negotiation timeout in milliseconds (1..600000)",
-     [](const Config& c) { return std::to_string(c.handshake_timeout_ms); }},
+     [](const Defaults& d) { return std::to_string(d.core.handshake_timeout_ms); }},
     {"--device", "NAME", "SLIP_DEVICE", "RDMA device for verbs (e.g. rxe0)",
-     [](const Config& c) { return PathText(c.device, "any"); }},
+     [](const Defaults& d) { return PathText(d.verbs.device, "any"); }},
     {"--gid-index", "N", "SLIP_GID_INDEX", "RoCE GID table index (0..255)",
-     [](const Config& c) {
-       return c.gid_index < 0 ? std::string("the RoCEv2 GID of the address")
-                              : std::to_string(c.gid_index);
+     [](const Defaults& d) {
+       return d.verbs.gid_index < 0 ? std::string("the RoCEv2 GID of the address")
+                                    : std::to_string(d.verbs.gid_index);
      }},
     {"--verbs-notify", "MODE", "SLIP_VERBS_NOTIFY",
      "imm (RDMA WRITE WITH IMMEDIATE), send (SEND after WRITE, as iWARP needs) or auto",
-     [](const Config& c) {
-       return std::string(c.verbs_notify == slip::VerbsNotify::kImm    ? "imm"
-                          : c.verbs_notify == slip::VerbsNotify::kSend ? "send"
-                                                                       : "auto");
+     [](const Defaults& d) {
+       return std::string(d.verbs.notify == slip::verbs::NotifyMode::kImm    ? "imm"
+                          : d.verbs.notify == slip::verbs::NotifyMode::kSend ? "send"
+                                                                             : "auto");
      }},
     {"--negative-ttl-ms", "N", "SLIP_NEGATIVE_TTL_MS",
      "how long a destination that answered 'no RDMA' is tried plainly (0..3600000)",
-     [](const Config& c) { return std::to_string(c.negative_ttl_ms); }},
+     [](const Defaults& d) { return std::to_string(d.verbs.negative_ttl_ms); }},
     {"--verbs-reuse", "N", "SLIP_VERBS_REUSE",
      "queue pairs kept after their connections closed, for the next ones (0..1024; 0: none)",
-     [](const Config& c) { return std::to_string(c.verbs_reuse); }},
+     [](const Defaults& d) { return std::to_string(d.verbs.reuse); }},
     {"--verbs-pin-max", "SIZE", "SLIP_VERBS_PIN_MAX",
      "the most bytes of rings pinned for RDMA (1M..1024G; default: a quarter of memory)",
-     [](const Config& c) {
-       return c.verbs_pin_max ? std::to_string(c.verbs_pin_max) : std::string("auto");
+     [](const Defaults& d) {
+       return d.verbs.pin_max ? std::to_string(d.verbs.pin_max) : std::string("auto");
      }},
     {"--failover", "0|1", "SLIP_FAILOVER",
      "continue a connection on TCP when its RDMA path fails mid-stream (0: reset it)",
-     [](const Config& c) { return std::string(c.failover ? "1" : "0"); }},
+     [](const Defaults& d) { return std::string(d.core.failover ? "1" : "0"); }},
     {"--include-ports", "PORTS", "SLIP_INCLUDE_PORTS",
      "accelerate only these ports (local or remote), e.g. 80,8000-9000",
-     [](const Config& c) { return PortsText(c.include_ports, "all"); }},
+     [](const Defaults& d) { return PortsText(d.core.include_ports, "all"); }},
     {"--exclude-ports", "PORTS", "SLIP_EXCLUDE_PORTS", "never accelerate these ports",
-     [](const Config& c) { return PortsText(c.exclude_ports, "none"); }},
+     [](const Defaults& d) { return PortsText(d.core.exclude_ports, "none"); }},
     {"--include-cidr", "PREFIXES", "SLIP_INCLUDE_CIDR",
      "accelerate only these remote prefixes, e.g. 127.0.0.0/8,::1/128",
-     [](const Config& c) { return CidrsText(c.include_cidrs, "all"); }},
+     [](const Defaults& d) { return CidrsText(d.core.include_cidrs, "all"); }},
     {"--exclude-cidr", "PREFIXES", "SLIP_EXCLUDE_CIDR", "never accelerate these remote prefixes",
-     [](const Config& c) { return CidrsText(c.exclude_cidrs, "none"); }},
+     [](const Defaults& d) { return CidrsText(d.core.exclude_cidrs, "none"); }},
     {"--log", "LEVEL", "SLIP_LOG", "error, warn, info, debug or trace",
-     [](const Config& c) { return std::string(kLevelNames[static_cast<int>(c.log_level)]); }},
+     [](const Defaults& d) {
+       return std::string(kLevelNames[static_cast<int>(d.core.log_level)]);
+     }},
     {"--log-file", "PATH", "SLIP_LOG_FILE", "where log lines go",
-     [](const Config& c) { return PathText(c.log_file, "stderr"); }},
+     [](const Defaults& d) { return PathText(d.core.log_file, "stderr"); }},
     {"--stats", "PATH", "SLIP_STATS_FILE",
      "each process appends one JSON line of per-connection stats at exit",
-     [](const Config& c) { return PathText(c.stats_file, "none"); }},
+     [](const Defaults& d) { return PathText(d.core.stats_file, "none"); }},
     {"--enable", "0|1", "SLIP_ENABLE", "0 runs CMD with Slipstream inert (plain TCP)",
-     [](const Config& c) { return std::string(c.enabled ? "1" : "0"); }},
+     [](const Defaults& d) { return std::string(d.core.enabled ? "1" : "0"); }},
 };
 
 void Usage(FILE* out) {
@@ -159,7 +169,7 @@ void Usage(FILE* out) {
                "Each option sets the SLIP_* variable named after it, and setting that variable\n"
                "instead has the same effect; these are all the variables the library reads.\n"
                "A bad value is reported on stderr and leaves that process on plain TCP.\n\n");
-  const Config defaults;
+  const Defaults defaults;
   for (const Option& o : kOptions) {
     std::fprintf(out, "  %s=%s  %s, default %s\n      %s\n", o.flag, o.value, o.env,
                  o.default_of(defaults).c_str(), o.help);

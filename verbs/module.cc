@@ -23,13 +23,13 @@ int VerbsModule::Start(char* error, size_t error_len) noexcept {
   ibv_device** list = ibv_get_device_list(&count);
   int usable = 0;
   for (int i = 0; list && i < count; ++i) {
-    if (config_->device.empty() || config_->device == ibv_get_device_name(list[i])) ++usable;
+    if (options_->device.empty() || options_->device == ibv_get_device_name(list[i])) ++usable;
   }
   if (list) ibv_free_device_list(list);
   if (usable == 0) {
     snprintf(error, error_len,
-             config_->device.empty() ? "no RDMA device" : "RDMA device %s not found",
-             config_->device.c_str());
+             options_->device.empty() ? "no RDMA device" : "RDMA device %s not found",
+             options_->device.c_str());
     return -ENODEV;
   }
   cm_channel_ = rdma_create_event_channel();
@@ -49,7 +49,7 @@ int VerbsModule::Start(char* error, size_t error_len) noexcept {
   SetConnWatchEpoll(epoll_fd_);  // connections' own completion channels (odd keys)
   // The pinned-memory budget: what the user set, or a quarter of physical memory (a peer
   // that asks for connections must not pin what the host needs, RLIMIT_MEMLOCK or not).
-  uint64_t budget = config_->verbs_pin_max;
+  uint64_t budget = options_->pin_max;
   if (budget == 0) {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     budget = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) / 4 : 0;
@@ -114,12 +114,12 @@ Device* VerbsModule::DeviceFor(ibv_context* context, int* error) noexcept {
 
 bool VerbsModule::DeviceAllowed(ibv_context* context) const noexcept {
   return context &&
-         (config_->device.empty() || config_->device == ibv_get_device_name(context->device));
+         (options_->device.empty() || options_->device == ibv_get_device_name(context->device));
 }
 
 bool VerbsModule::SendNotify(Device* device) const noexcept {
-  if (config_->verbs_notify == VerbsNotify::kSend) return true;
-  if (config_->verbs_notify == VerbsNotify::kImm) return false;
+  if (options_->notify == NotifyMode::kSend) return true;
+  if (options_->notify == NotifyMode::kImm) return false;
   return device->iwarp();
 }
 
@@ -146,7 +146,8 @@ Reason VerbsModule::MemlockReason(int error, uint32_t ring_size) noexcept {
 }  // namespace slip::verbs
 
 extern "C" __attribute__((visibility("default"))) slip::verbs::Module* slip_verbs_module(
-    const slip::Config* config, int hidden_fd_floor, char* error, size_t error_len) {
+    const slip::Config* config, const slip::verbs::Options* options, int hidden_fd_floor,
+    char* error, size_t error_len) {
   static std::mutex mu;
   static slip::verbs::VerbsModule* module = nullptr;
   static bool tried = false;
@@ -158,7 +159,7 @@ extern "C" __attribute__((visibility("default"))) slip::verbs::Module* slip_verb
   tried = true;
   slip::sys::SetHiddenFdFloor(hidden_fd_floor);
   slip::LogInit(config->log_level, config->log_file.c_str());
-  auto* m = new (std::nothrow) slip::verbs::VerbsModule(config);
+  auto* m = new (std::nothrow) slip::verbs::VerbsModule(config, options);
   if (!m) {
     snprintf(error, error_len, "out of memory");
     return nullptr;

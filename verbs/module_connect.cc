@@ -75,7 +75,7 @@ VerbsModule::Step VerbsModule::Fail(ClientConn* c, Reason why, Reason* out) noex
   // A destination without an RDMA path, or whose rdma_cm peer is not Slipstream, is
   // remembered: the next connection there goes plain at once.
   if (why == Reason::kNoRdmaPath || why == Reason::kPeerNotSlipstream)
-    negative_.Insert(c->dest, why, sys::MonotonicMs() + config_->negative_ttl_ms);
+    negative_.Insert(c->dest, why, sys::MonotonicMs() + options_->negative_ttl_ms);
   *out = why;
   return Step::kFailed;
 }
@@ -177,7 +177,7 @@ VerbsModule::Step VerbsModule::TakeEvent(ClientConn* c, rdma_cm_event* event,
       SLIP_LOG(kWarn, "verbs: the listener answered with bad private data (%s)",
                ParseResultName(pr));
       *why = Reason::kDeclined;
-    } else if (int rc = c->conn->Connect(config_->gid_index); rc < 0) {
+    } else if (int rc = c->conn->Connect(options_->gid_index); rc < 0) {
       SLIP_LOG(kInfo, "verbs: cannot ready the queue pair (%s)", strerror(-rc));
       *why = Reason::kNoRdmaPath;
     } else if (rdma_establish(c->id) != 0) {

@@ -28,6 +28,7 @@
 #include "verbs/conn.h"
 #include "verbs/device.h"
 #include "verbs/negative_cache.h"
+#include "verbs/options.h"
 #include "verbs/private_data.h"
 #include "verbs/verbs.h"
 
@@ -175,7 +176,8 @@ struct Removal {
 
 class VerbsModule final : public Module, public ConnOwner {
  public:
-  explicit VerbsModule(const Config* config) noexcept : config_(config) {}
+  VerbsModule(const Config* config, const Options* options) noexcept
+      : config_(config), options_(options) {}
   int Start(char* error, size_t error_len) noexcept;
 
   Listener* Listen(const sockaddr* local, Reason* why) noexcept override;
@@ -258,6 +260,7 @@ class VerbsModule final : public Module, public ConnOwner {
   bool ReapRemoval(Removal* removal) noexcept;  // true once nothing is left to do
 
   const Config* config_;
+  const Options* options_;  // the verbs transport's own (verbs/options.h)
   rdma_event_channel* cm_channel_ = nullptr;
   int epoll_fd_ = -1;
   std::thread thread_;

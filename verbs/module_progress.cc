@@ -165,7 +165,7 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
     conn = dev ? Conn::Create(id, dev, 1u << req.ring_log2, send_notify, &err) : nullptr;
     if (!conn && dev && EvictParked())  // parked rings may hold what the limit allows
       conn = Conn::Create(id, dev, 1u << req.ring_log2, send_notify, &err);
-    int ready = conn ? conn->Connect(config_->gid_index) : -1;
+    int ready = conn ? conn->Connect(options_->gid_index) : -1;
     if (conn && ready < 0) {
       SLIP_LOG(kInfo, "verbs: cannot ready a queue pair for a request (%s)", strerror(-ready));
     } else if (conn) {

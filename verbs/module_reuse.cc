@@ -16,8 +16,8 @@ using namespace module_internal;
 void VerbsModule::Release(Conn* conn) noexcept {
   // The closing thread (the closer, or close() itself with SO_LINGER) runs the close: the
   // notes and their acknowledgements, as before reuse existed.
-  const bool room = !forked_.load() && config_->verbs_reuse > 0 &&
-                    ParkedCount() < config_->verbs_reuse && !conn->orphaned();
+  const bool room = !forked_.load() && options_->reuse > 0 && ParkedCount() < options_->reuse &&
+                    !conn->orphaned();
   if (!conn->CloseStream(room)) {
     delete conn;
     return;
@@ -75,7 +75,7 @@ void VerbsModule::PutParked(Conn* conn) noexcept {
 }
 
 ClientConn* VerbsModule::Reuse(const wire::Endpoint& dest) noexcept {
-  if (config_->verbs_reuse == 0) return nullptr;
+  if (options_->reuse == 0) return nullptr;
   Conn* conn = TakeParked(dest);
   if (!conn) return nullptr;
   auto* c = new (std::nothrow) ClientConn();

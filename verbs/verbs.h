@@ -27,6 +27,7 @@
 #include "core/config.h"
 #include "core/stats.h"
 #include "core/wire.h"
+#include "verbs/options.h"
 
 namespace slip::verbs {
 
@@ -115,8 +116,9 @@ class Module {
 
 extern "C" {
 // Returns the process's module, or nullptr (with a one-line reason in `error`) when no RDMA
-// device is usable. `config` must outlive the module; descriptors the module keeps go at or
-// above `hidden_fd_floor`.
-slip::verbs::Module* slip_verbs_module(const slip::Config* config, int hidden_fd_floor, char* error,
-                                       size_t error_len);
+// device is usable. `config` (core's) and `options` (the transport's, verbs/options.h) must
+// outlive the module; descriptors the module keeps go at or above `hidden_fd_floor`.
+slip::verbs::Module* slip_verbs_module(const slip::Config* config,
+                                       const slip::verbs::Options* options, int hidden_fd_floor,
+                                       char* error, size_t error_len);
 }
