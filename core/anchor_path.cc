@@ -1,11 +1,13 @@
 #include "core/anchor_path.h"
 
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
 
 #include "core/log.h"
+#include "core/proxy.h"
 #include "core/sys.h"
 
 namespace slip {
@@ -137,6 +139,26 @@ void AnchorPath::Start(int fd, uint8_t* rx_ring, const uint8_t* tx_ring, uint32_
   rx_.store(rx_from, std::memory_order_relaxed);
   tx_.store(tx_from, std::memory_order_relaxed);
   started_.store(true, std::memory_order_release);
+}
+
+AnchorPath::Moved AnchorPath::OnReady(uint32_t events, uint64_t consumed, uint64_t published,
+                                      bool may_pull) noexcept {
+  Moved moved;
+  if (may_pull && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+    const uint64_t before = received();
+    moved.received = Pull(consumed) != before;
+  }
+  if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) {
+    const uint64_t before = sent();
+    moved.sent = Push(published) != before;
+  }
+  return moved;
+}
+
+void AnchorPath::ShowEnd(int proxy_b) const noexcept {
+  if (proxy_b < 0) return;
+  if ((eof() || error()) && !rx_end_shown_.exchange(true)) sys::shutdown(proxy_b, SHUT_WR);
+  if ((peer_closed() || error()) && !tx_end_shown_.exchange(true)) proxy::Unfill(proxy_b);
 }
 
 uint64_t AnchorPath::Pull(uint64_t consumed) noexcept {

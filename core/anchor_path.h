@@ -95,6 +95,21 @@ class AnchorPath {
   // No byte will be published after `published`: the anchor's FIN follows the last one.
   void Finish(uint64_t published) noexcept;
 
+  // The anchor's readiness while it carries the stream (`events` as epoll says them):
+  // pulls what arrived (when `may_pull`) and pushes what is published before `published`.
+  // Says whether bytes came in or went out, for the caller's wake-ups.
+  struct Moved {
+    bool received = false;
+    bool sent = false;
+  };
+  Moved OnReady(uint32_t events, uint64_t consumed, uint64_t published,
+                bool may_pull = true) noexcept;
+  // Shows the stream's end on the application's proxy (`proxy_b`, its far end) as the
+  // transport would have: EOF, or the error, for readers once the anchor says so; a wake-up
+  // for writers once the peer stopped reading (or the error). Each once: every later read
+  // of the ring would come here again. Nothing before the end.
+  void ShowEnd(int proxy_b) const noexcept;
+
   uint64_t received() const noexcept { return rx_.load(std::memory_order_acquire); }
   uint64_t sent() const noexcept { return tx_.load(std::memory_order_acquire); }
   bool eof() const noexcept { return eof_.load(std::memory_order_acquire); }
@@ -119,9 +134,11 @@ class AnchorPath {
   std::atomic<bool> eof_{false};
   std::atomic<bool> peer_closed_{false};
   std::atomic<int> error_{0};
-  bool finish_ = false;  // under tx_mu_
-  uint64_t final_ = 0;   // under tx_mu_
-  bool shut_ = false;    // under tx_mu_
+  mutable std::atomic<bool> rx_end_shown_{false};  // ShowEnd: the proxy shut for readers
+  mutable std::atomic<bool> tx_end_shown_{false};  // ShowEnd: writers woken
+  bool finish_ = false;                            // under tx_mu_
+  uint64_t final_ = 0;                             // under tx_mu_
+  bool shut_ = false;                              // under tx_mu_
 };
 
 }  // namespace slip

@@ -104,7 +104,7 @@ class ShmChannel final : public Channel {
         break;
     }
     uint64_t received = path_.Pull(consumed_.load(std::memory_order_acquire));
-    WakeAtEnd();
+    path_.ShowEnd(own_b_);
     return received;
   }
   const uint8_t* RxData() const noexcept override { return rx_data_; }
@@ -265,14 +265,6 @@ class ShmChannel final : public Channel {
     if (wake.writer_waiting.load(std::memory_order_relaxed) && wake.writer_waiting.exchange(0))
       proxy::Unfill(own_b_);
   }
-  // As the peer's CloseTx and a reset would on shm: readers see EOF (or the error) on the
-  // proxy, writers wake. Once each: every later read of the ring would come here again.
-  void WakeAtEnd() const noexcept {
-    if ((path_.eof() || path_.error()) && !rx_end_woken_.exchange(true))
-      sys::shutdown(own_b_, SHUT_WR);
-    if ((path_.peer_closed() || path_.error()) && !tx_end_woken_.exchange(true))
-      proxy::Unfill(own_b_);
-  }
 
   void* region_;
   size_t region_size_;
@@ -303,8 +295,6 @@ class ShmChannel final : public Channel {
   std::mutex switch_mu_;  // OnPeerFailover against HandBack and settling
   std::atomic<Phase> phase_{Phase::kShm};
   mutable AnchorPath path_;
-  mutable std::atomic<bool> rx_end_woken_{false};
-  mutable std::atomic<bool> tx_end_woken_{false};
 };
 
 bool ShmChannel::StartTcp(uint64_t rx_from, uint64_t tx_from, bool private_rings) noexcept {
@@ -518,17 +508,11 @@ bool ShmChannel::OnPeerFailover(const wire::Failover& peer) noexcept {
 
 void ShmChannel::OnAnchorReady(uint32_t events) noexcept {
   if (!tcp()) return;
-  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
-    uint64_t before = path_.received();
-    path_.Pull(consumed_.load(std::memory_order_acquire));
-    if (path_.received() != before) WakeReaderNow();
-  }
-  if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) {
-    uint64_t before = path_.sent();
-    path_.Push(published_.load(std::memory_order_acquire));
-    if (path_.sent() != before) WakeWriterNow();
-  }
-  WakeAtEnd();
+  const AnchorPath::Moved moved = path_.OnReady(events, consumed_.load(std::memory_order_acquire),
+                                                published_.load(std::memory_order_acquire));
+  if (moved.received) WakeReaderNow();
+  if (moved.sent) WakeWriterNow();
+  path_.ShowEnd(own_b_);  // (as the peer's CloseTx and a reset would on shm)
 }
 
 bool ShmChannel::HandBack(uint64_t consumed, int timeout_ms) noexcept {

@@ -271,7 +271,6 @@ class Conn final : public Channel {
   bool TakePeerFailover(int timeout_ms) noexcept;
   // Closing after failover: the peer's FAILOVER if still missing, then every byte out.
   void FinishOnAnchor() noexcept;
-  void WakeAtEnd() const noexcept;
   void DrainLocked() const noexcept;
   void Handle(const ibv_wc& wc) const noexcept;
   void HandleNote(uint32_t note) const noexcept;
@@ -400,8 +399,6 @@ class Conn final : public Channel {
   std::mutex failover_mu_;
   uint64_t rx_received_ = 0;  // our FAILOVER's count, under failover_mu_
   mutable AnchorPath anchor_path_;
-  mutable std::atomic<bool> rx_end_woken_{false};  // WakeAtEnd: proxy shut for readers
-  mutable std::atomic<bool> tx_end_woken_{false};  // WakeAtEnd: writers woken
 
   // Send queue, under post_busy_.
   std::atomic_flag post_busy_ = ATOMIC_FLAG_INIT;

@@ -290,7 +290,7 @@ uint64_t Conn::RxProduced() const noexcept {
   if (mode_.load(std::memory_order_acquire) == Mode::kTcp) {
     if (!PassGate()) return 0;  // (nothing was delivered before the gate opens)
     uint64_t received = anchor_path_.Pull(rx_consumed_.load(std::memory_order_acquire));
-    if (anchor_path_.eof() || anchor_path_.error()) WakeAtEnd();
+    anchor_path_.ShowEnd(proxy_b_);
     return received;
   }
   Poll();

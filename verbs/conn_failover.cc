@@ -166,28 +166,15 @@ bool Conn::EnterTcpLocked(const wire::Failover& peer) noexcept {
 
 void Conn::OnAnchorReady(uint32_t events) noexcept {
   if (mode_.load(std::memory_order_acquire) != Mode::kTcp) return;
-  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) && PassGate()) {
-    uint64_t before = anchor_path_.received();
-    anchor_path_.Pull(rx_consumed_.load(std::memory_order_acquire));
-    // (Never under the poll lock: the wake-ups go out at once.)
-    if (anchor_path_.received() != before) WakeReaderNow();
-  }
-  if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) {
-    uint64_t before = anchor_path_.sent();
-    anchor_path_.Push(tx_published_.load(std::memory_order_acquire));
-    if (anchor_path_.sent() != before) WakeWriterNow();
-  }
-  if (anchor_path_.eof() || anchor_path_.error() || anchor_path_.peer_closed()) WakeAtEnd();
-}
-
-void Conn::WakeAtEnd() const noexcept {
-  if (proxy_b_ < 0) return;
-  // As the EOF note and Fail do: readers see EOF (or the error) on A, writers wake. Once
-  // each: every later read of the ring would come here again.
-  if ((anchor_path_.eof() || anchor_path_.error()) && !rx_end_woken_.exchange(true))
-    sys::shutdown(proxy_b_, SHUT_WR);
-  if ((anchor_path_.peer_closed() || anchor_path_.error()) && !tx_end_woken_.exchange(true))
-    proxy::Unfill(proxy_b_);
+  const bool readable = events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR);
+  const AnchorPath::Moved moved =
+      anchor_path_.OnReady(events, rx_consumed_.load(std::memory_order_acquire),
+                           tx_published_.load(std::memory_order_acquire), !readable || PassGate());
+  // (Never under the poll lock: the wake-ups go out at once.)
+  if (moved.received) WakeReaderNow();
+  if (moved.sent) WakeWriterNow();
+  // As the EOF note and Fail do: readers see EOF (or the error) on A, writers wake.
+  anchor_path_.ShowEnd(proxy_b_);
 }
 
 bool Conn::TakePeerFailover(int timeout_ms) noexcept {

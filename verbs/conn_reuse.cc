@@ -131,8 +131,6 @@ void Conn::ResetStream() noexcept {
   tx_published_.store(0);
   tx_finished_.store(false);
   rx_received_ = 0;
-  rx_end_woken_.store(false);
-  tx_end_woken_.store(false);
   streamed_ = false;
   stream_closed_ = false;
   answer_.store(0);
