@@ -51,8 +51,20 @@ bool SendFailover(int fd, const wire::Failover& failover, int timeout_ms) noexce
   wire::Message msg;
   msg.type = wire::Type::kFailover;
   msg.failover = failover;
+  return SendOnAnchor(fd, msg, timeout_ms);
+}
+
+bool SendConfirm(int fd, uint64_t nonce, uint32_t ring_size, int timeout_ms) noexcept {
+  wire::Message msg;
+  msg.type = wire::Type::kConfirm;
+  msg.confirm = wire::Confirm{nonce, ring_size};
+  return SendOnAnchor(fd, msg, timeout_ms);
+}
+
+bool SendOnAnchor(int fd, const wire::Message& msg, int timeout_ms) noexcept {
   uint8_t buf[wire::kMaxMessageSize];
   const size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  if (len == 0) return false;
   const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
   size_t done = 0;
   while (done < len) {

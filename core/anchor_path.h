@@ -46,6 +46,12 @@ AnchorPeek PeekAnchor(int fd) noexcept;
 // Consumes the message PeekAnchor found (its `length` bytes, already queued).
 void ConsumeAnchor(int fd, const AnchorPeek& peek) noexcept;
 
+// Sends one message whole as the anchor's next bytes (a short write continues: a message
+// half written is a stream the peer cannot parse), waiting at most `timeout_ms` for room.
+bool SendOnAnchor(int fd, const wire::Message& msg, int timeout_ms) noexcept;
+// The client's CONFIRM (the first bytes of an accelerated connection).
+bool SendConfirm(int fd, uint64_t nonce, uint32_t ring_size, int timeout_ms) noexcept;
+
 // The FAILOVER exchange on the anchor. Both wait at most `timeout_ms` (0: no wait).
 // Sends `failover` whole (a short write continues), or returns false.
 bool SendFailover(int fd, const wire::Failover& failover, int timeout_ms) noexcept;

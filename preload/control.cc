@@ -26,10 +26,10 @@ namespace {
 
 // What an event is about: the key's top two bits.
 enum Tag : uint64_t {
-  kAnchor = 0,      // an accelerated socket's anchor
-  kSettleFd = 1,    // the descriptor that may settle a connection (Channel::SettleFd)
-  kRendezvous = 2,  // a listener's rendezvous
-  kWake = 3,        // the thread's own eventfd: the list of deadlines changed
+  kAnchor = 0,    // an accelerated socket's anchor
+  kSettleFd = 1,  // the descriptor that may settle a connection (Channel::SettleFd)
+  kTwins = 2,     // a listener's twins' service descriptors (ListenerTwin::ServiceFd)
+  kWake = 3,      // the thread's own eventfd: the list of deadlines changed
 };
 
 struct ControlState {
@@ -213,13 +213,18 @@ void* ControlMain(void* arg) {
   ControlState& st = State();
   std::atomic<uint64_t>& batches = st.batches;
   epoll_event events[64];
-  // Rendezvous with registrations left after a drain's budget: drained again each round,
-  // between the other events, until they are empty (the edge that woke us will not come
-  // again for what is already queued).
+  // Twins with work left after a service's budget (registrations to answer): served again
+  // each round, between the other events, until they are done (the edge that woke us will
+  // not come again for what is already queued).
   uint64_t redrain[16];
   size_t redrain_count = 0;
   auto drain = [&redrain, &redrain_count](SlipSocket* s, uint64_t key) {
-    if (s->kind != SockKind::kListener || !s->rendezvous || !s->rendezvous->Drain()) return;
+    if (s->kind != SockKind::kListener) return;
+    bool more = false;
+    for (auto& twin : s->twins) {
+      if (twin && twin->ServiceFd() >= 0) more = twin->Service() || more;
+    }
+    if (!more) return;
     for (size_t i = 0; i < redrain_count; ++i) {
       if (redrain[i] == key) return;
     }
@@ -258,7 +263,7 @@ void* ControlMain(void* arg) {
       }
       SlipSocket* s = AcquireKey(key);
       if (!s) continue;
-      if (tag == kRendezvous) {
+      if (tag == kTwins) {
         drain(s, key);
       } else if (s->kind == SockKind::kAccel && s->stream) {
         if (tag == kAnchor) {
@@ -382,23 +387,28 @@ void ControlSettle(SlipSocket* s, int wait_ms) noexcept {
   }
 }
 
-void ControlWatchRendezvous(SlipSocket* listener) noexcept {
+void ControlWatchTwins(SlipSocket* listener) noexcept {
   const pid_t pid = NotedProcessId();
   ControlState& st = State();
   {
     std::lock_guard<std::mutex> lock(st.mu);
-    if (listener->acceptor_pid == pid || !listener->rendezvous || StartLocked(st) < 0) return;
+    if (listener->acceptor_pid == pid || StartLocked(st) < 0) return;
     listener->acceptor_pid = pid;
-    epoll_event ev{};
-    // Edge-triggered: a rendezvous that cannot make progress (no descriptors) must not
-    // keep the thread busy; what is left is read at the next registration or accept().
-    ev.events = EPOLLIN | EPOLLET;
-    ev.data.u64 = Key(listener, kRendezvous);
-    if (sys::epoll_ctl(st.epfd, EPOLL_CTL_ADD, listener->rendezvous->fd(), &ev) != 0)
-      SLIP_LOG(kWarn, "control thread: cannot watch a rendezvous (errno %d)", errno);
+    for (auto& twin : listener->twins) {
+      if (!twin || twin->ServiceFd() < 0) continue;
+      epoll_event ev{};
+      // Edge-triggered: a twin that cannot make progress (no descriptors) must not keep
+      // the thread busy; what is left is served at its next news or accept().
+      ev.events = EPOLLIN | EPOLLET;
+      ev.data.u64 = Key(listener, kTwins);
+      if (sys::epoll_ctl(st.epfd, EPOLL_CTL_ADD, twin->ServiceFd(), &ev) != 0)
+        SLIP_LOG(kWarn, "control thread: cannot watch a listener's twin (errno %d)", errno);
+    }
   }
   // What arrived before the watch raised no edge.
-  listener->rendezvous->Drain();
+  for (auto& twin : listener->twins) {
+    if (twin && twin->ServiceFd() >= 0) twin->Service();
+  }
 }
 
 void ControlQuiesce() noexcept {

@@ -29,9 +29,10 @@ void ControlUnwatch(SlipSocket* s) noexcept;
 // can (the usual case; waiting up to `wait_ms` for its channel's news), and otherwise the
 // thread settles it from then on.
 void ControlSettle(SlipSocket* s, int wait_ms = 0) noexcept;
-// A listener this process accepts on: its rendezvous is read and answered as registrations
-// arrive (once per process; a fork child that accepts registers its own).
-void ControlWatchRendezvous(SlipSocket* listener) noexcept;
+// A listener this process accepts on: its twins' work is done as it arrives (shm: the
+// rendezvous' registrations read and answered), once per process; a fork child that
+// accepts registers its own.
+void ControlWatchTwins(SlipSocket* listener) noexcept;
 // Returns once the thread is not handling a batch of events that began before the call:
 // after ControlUnwatch, the caller then owns the anchor's bytes alone.
 void ControlQuiesce() noexcept;

@@ -10,7 +10,6 @@
 #include "preload/accel_list.h"
 #include "preload/closer.h"
 #include "preload/control.h"
-#include "preload/verbs_loader.h"
 
 namespace slip::preload {
 
@@ -66,10 +65,15 @@ void Teardown(SlipSocket* s) noexcept;
 
 }  // namespace
 
-void UnlistenVerbs(SlipSocket* s) noexcept {
-  if (!s->verbs_listener) return;
-  if (verbs::Module* m = VerbsIfLoaded()) m->Unlisten(s->verbs_listener);
-  s->verbs_listener = nullptr;
+bool HasTwins(const SlipSocket* s) noexcept {
+  for (const auto& twin : s->twins) {
+    if (twin) return true;
+  }
+  return false;
+}
+
+void CloseTwins(SlipSocket* s) noexcept {
+  for (auto& twin : s->twins) twin.reset();
 }
 
 namespace {
@@ -110,8 +114,7 @@ void Teardown(SlipSocket* s) noexcept {
   s->stream.reset();
   if (s->anchor_fd >= 0) sys::close(s->anchor_fd);
   s->anchor_fd = -1;
-  s->rendezvous.reset();
-  UnlistenVerbs(s);
+  CloseTwins(s);
   if (s->stats) StatsClose(s->stats);
   s->stats = nullptr;
 }
@@ -121,7 +124,7 @@ void Teardown(SlipSocket* s) noexcept {
 void SlipSocket::Reset() noexcept {
   epoll_regs.clear();
   table_fds.store(0, std::memory_order_relaxed);
-  no_rendezvous = Reason::kPeerNotSlipstream;
+  no_offer = Reason::kPeerNotSlipstream;
   acceptor_pid = 0;
   stats_pending.store(false, std::memory_order_relaxed);
   pending_reason = Reason::kNone;

@@ -20,18 +20,17 @@
 
 #include "core/stats.h"
 #include "core/stream.h"
-#include "shm/shm.h"
-#include "verbs/verbs.h"
+#include "core/transport.h"
 
 namespace slip::preload {
 
 enum class SockKind : uint8_t {
   kTcp,         // an AF_INET/AF_INET6 stream socket, not connected yet
-  kListener,    // listening; may publish a rendezvous
+  kListener,    // listening; its transports' twins stand beside it
   kPlain,       // a connected TCP socket that stays plain (counted, passed through)
   kAccel,       // accelerated: the application holds the proxy, the TCP socket is hidden
-  kConnecting,  // a non-blocking connect over verbs in progress (preload/connector.h): the
-                // application holds a filled proxy, the TCP socket is hidden at anchor_fd
+  kConnecting,  // a non-blocking connect whose offer is in progress (preload/connector.h):
+                // the application holds a filled proxy, the TCP socket is hidden at anchor_fd
 };
 
 struct SlipSocket {
@@ -55,14 +54,15 @@ struct SlipSocket {
   std::atomic<int> connect_error{0};
 
   ConnSlot* stats = nullptr;
-  std::unique_ptr<shm::Rendezvous> rendezvous;        // kListener
-  Reason no_rendezvous = Reason::kPeerNotSlipstream;  // kListener without one: why
-  verbs::Listener* verbs_listener = nullptr;          // kListener: its rdma_cm twin
+  // kListener: each chosen transport's twin (twins[i] is Transports()[i]'s, or null), and
+  // why a connection that no twin was offered stays plain.
+  std::unique_ptr<ListenerTwin> twins[TransportRegistry::kMax];
+  Reason no_offer = Reason::kPeerNotSlipstream;
   // kPlain after a non-blocking connect: the stats slot is opened only once the connection
   // proves established (a refused connect is no connection).
   std::atomic<bool> stats_pending{false};
   Reason pending_reason = Reason::kNone;
-  pid_t acceptor_pid = 0;  // kListener: the process whose control thread reads its rendezvous
+  pid_t acceptor_pid = 0;          // kListener: the process whose control thread serves its twins
   std::unique_ptr<Stream> stream;  // kAccel
   int anchor_fd = -1;              // kAccel, kConnecting: the hidden TCP socket
 
@@ -94,8 +94,9 @@ void ForgetEpollOnClose(int fd) noexcept;
 // The same with `s->mu` held by the caller (`s` is the socket at `fd`).
 void ForgetEpollLocked(SlipSocket* s, int fd) noexcept;
 
-// Closes a listener's rdma_cm twin, if it has one.
-void UnlistenVerbs(SlipSocket* s) noexcept;
+// A listener's twins: whether it has any; closing them.
+bool HasTwins(const SlipSocket* s) noexcept;
+void CloseTwins(SlipSocket* s) noexcept;
 
 // Allocates a socket with one reference (the caller's).
 SlipSocket* NewSocket(SockKind kind, int family) noexcept;

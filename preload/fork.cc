@@ -14,7 +14,7 @@
 #include "preload/exec.h"
 #include "preload/fd_table.h"
 #include "preload/runtime.h"
-#include "preload/verbs_loader.h"
+#include "preload/transports.h"
 
 namespace slip::preload {
 
@@ -40,16 +40,16 @@ void Prepare() {
   // connections installed before they settled (the control thread settles them).
   ConnectorForkPrepare();
   ControlWaitSettled(SettleBoundMs());
-  // Lock order: pool, then accelerated list (the order Teardown uses), then verbs.
+  // Lock order: pool, then accelerated list (the order Teardown uses), then transports.
   TableForkPrepare();
   AccelListForkPrepare();
-  if (verbs::Module* m = VerbsIfLoaded()) m->ForkPrepare();
+  for (Transport* t : Transports()) t->ForkPrepare();
   CloserForkPrepare();
 }
 
 void Parent() {
   CloserForkParent();
-  if (verbs::Module* m = VerbsIfLoaded()) m->ForkParent();
+  for (Transport* t : Transports()) t->ForkParent();
   AccelListForkParent();
   TableForkParent();
 }
@@ -84,9 +84,10 @@ void RewatchAnchor(SlipSocket* s, void*) {
 
 void Child() {
   ExecNoteProcess();
-  // The parent's queue pairs are not ours: inherited verbs connections fail (ECONNRESET).
+  // What only the parent may use (verbs: its queue pairs) is not ours: inherited
+  // connections on it fail (ECONNRESET).
   CloserForkChild();
-  if (verbs::Module* m = VerbsIfLoaded()) m->ForkChild();
+  for (Transport* t : Transports()) t->ForkChild();
   AccelListForkChild();
   TableForkChild();
   ControlResetAfterFork();

@@ -15,7 +15,8 @@ struct SlipSocket;
 int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noexcept;
 // The interposed accept4() for a tracked listener. Returns like accept4(2).
 int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int flags) noexcept;
-// Makes a bound socket a listener and publishes its shm rendezvous, if policy allows.
+// Makes a bound socket a listener and stands its transports' twins beside it, if policy
+// allows.
 // Returns false (and does nothing) while the socket has no port yet.
 bool SlipListen(SlipSocket* s, int fd) noexcept;
 // Undoes SlipListen when listen(2) itself failed.
@@ -29,12 +30,5 @@ void MarkPlain(SlipSocket* s, int fd, Reason reason, int role,
 // Opens the stats slot of a plain connection whose non-blocking connect has completed
 // (it just moved its first bytes).
 void RecordPendingPlain(SlipSocket* s, int fd) noexcept;
-
-// Sends one negotiation message as the next in-band bytes of a TCP socket (waiting
-// briefly if the socket is non-blocking and full). Returns 0 or -errno.
-int SendInBand(int fd, const wire::Message& msg) noexcept;
-
-// Loopback or an address of a local interface.
-bool IsLocalDestination(const sockaddr* addr) noexcept;
 
 }  // namespace slip::preload

@@ -111,24 +111,8 @@ int InstallStream(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int* a
   return 0;
 }
 
-int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
-                       int proxy_b, int* anchor_slot, int role) noexcept {
-  StreamOptions options;
-  options.spin_us = GetRuntime().config.spin_us;
-  std::unique_ptr<Stream> stream(new (std::nothrow)
-                                     Stream(std::move(channel), proxy_a, proxy_b, options));
-  if (!stream) return -ENOMEM;  // (the channel, not moved, is destroyed with its argument)
-  int none = -1;
-  const int rc = InstallStream(s, fd, &stream, anchor_slot ? anchor_slot : &none, role);
-  if (rc < 0) {
-    // The caller keeps the proxies: the stream must not close them.
-    stream->ReleaseProxies();
-  }
-  return rc;
-}
-
-int InstallBehindProxy(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
-                       int proxy_b, int anchor, int role) noexcept {
+int InstallBehindProxy(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int anchor,
+                       int role) noexcept {
   sockaddr_storage local{}, remote{};
   socklen_t llen = sizeof(local), rlen = sizeof(remote);
   sys::getsockname(anchor, reinterpret_cast<sockaddr*>(&local), &llen);
@@ -136,18 +120,11 @@ int InstallBehindProxy(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, 
   int fd_flags = sys::fcntl(fd, F_GETFD);
   int fl_flags = sys::fcntl(fd, F_GETFL);
   if (fd_flags < 0 || fl_flags < 0) return -errno;
-  // As InstallAccelerated: the anchor is inherited across exec exactly when the
-  // application's descriptor is.
+  // As InstallStream: the anchor is inherited across exec exactly when the application's
+  // descriptor is.
   sys::fcntl(anchor, F_SETFD, (fd_flags & FD_CLOEXEC) ? FD_CLOEXEC : 0);
-  CopyTimeouts(anchor, proxy_a);
-  StreamOptions options;
-  options.spin_us = GetRuntime().config.spin_us;
-  std::unique_ptr<Stream> stream(new (std::nothrow)
-                                     Stream(std::move(channel), proxy_a, proxy_b, options));
-  if (!stream) return -ENOMEM;
-  if (AttachStream(s, fd, &stream, anchor, fl_flags, local, remote, role)) return 0;
-  stream->ReleaseProxies();
-  return -ENOMEM;
+  CopyTimeouts(anchor, (*stream)->proxy_a());
+  return AttachStream(s, fd, stream, anchor, fl_flags, local, remote, role) ? 0 : -ENOMEM;
 }
 
 namespace {

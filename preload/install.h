@@ -3,7 +3,6 @@
 
 #include <memory>
 
-#include "core/channel.h"
 #include "core/stats.h"
 #include "core/stream.h"
 
@@ -20,16 +19,11 @@ struct SlipSocket;
 int InstallStream(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int* anchor_slot,
                   int role) noexcept;
 
-// The same over a channel and its proxies (the Stream is built here). `anchor_slot` may be
-// null. On failure nothing has changed at `fd` and the caller keeps the proxies (the
-// channel is gone) and plain TCP.
-int InstallAccelerated(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
-                       int proxy_b, int* anchor_slot, int role) noexcept;
-
-// The connector's variant (a non-blocking connect over verbs): the proxy end `proxy_a` is
-// already at `fd` and the TCP socket already hidden at `anchor`; makes `s` an accelerated
-// socket owning them and `channel`. On failure (-errno) nothing was taken.
-int InstallBehindProxy(SlipSocket* s, int fd, std::unique_ptr<Channel> channel, int proxy_a,
-                       int proxy_b, int anchor, int role) noexcept;
+// The connector's variant (a non-blocking connect in the background): the stream's proxy
+// end A is already at `fd` (a duplicate) and the TCP socket already hidden at `anchor`;
+// makes `s` an accelerated socket owning the anchor and *stream. On failure (-errno)
+// nothing was taken.
+int InstallBehindProxy(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int anchor,
+                       int role) noexcept;
 
 }  // namespace slip::preload

@@ -13,7 +13,7 @@
 #include "preload/closer.h"
 #include "preload/control.h"
 #include "preload/fork.h"
-#include "preload/verbs_loader.h"
+#include "preload/transports.h"
 
 extern char** environ;
 
@@ -34,8 +34,7 @@ Runtime Initialise() noexcept {
   Runtime rt;
   try {
     std::string error;
-    if (!ParseConfigFromEnv(&rt.config, &error) ||
-        !verbs::ParseOptions(ProcessEnv, nullptr, &rt.verbs, &error)) {
+    if (!ParseConfigFromEnv(&rt.config, &error) || !SetUpTransports(rt.config, &error)) {
       LogAlways("%s; Slipstream disabled for this process (plain TCP)",
                 error.empty() ? "the configuration cannot be read (no memory?)" : error.c_str());
       return rt;
@@ -50,7 +49,8 @@ Runtime Initialise() noexcept {
   sys::SetHiddenFdFloor(ChooseHiddenFloor());  // first: the log file goes above it
   LogInit(rt.config.log_level, rt.config.log_file.c_str());
   try {
-    for (const std::string& name : UnknownSlipVariables(environ, verbs::OptionNames()))
+    const std::vector<const char*> known = TransportOptionNames();
+    for (const std::string& name : UnknownSlipVariables(environ, known))
       SLIP_LOG(kWarn, "unknown variable %s ignored", name.c_str());
   } catch (...) {
   }
@@ -83,7 +83,7 @@ __attribute__((destructor)) void SlipstreamExit() {
   // Writes posted but not yet acknowledged would die with the process: TCP would still
   // deliver them, so wait for them (bounded).
   DrainCloser(5000);
-  if (verbs::Module* m = VerbsIfLoaded()) m->FlushAll(5000);
+  for (Transport* t : Transports()) t->Flush(5000);
   if (!rt.config.stats_file.empty()) StatsWriteExitRecord(rt.config.stats_file.c_str());
   StatsShutdown();
 }

@@ -4,13 +4,11 @@
 #pragma once
 
 #include "core/config.h"
-#include "verbs/options.h"
 
 namespace slip::preload {
 
 struct Runtime {
-  Config config;
-  verbs::Options verbs;  // the verbs transport's own options, handed to its module
+  Config config;  // core's; each transport reads its own (preload/transports.h)
   bool enabled = false;
 };
 

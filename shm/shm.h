@@ -33,7 +33,14 @@
 #include "core/stream.h"
 #include "core/wire.h"
 
+namespace slip {
+class Transport;
+}
+
 namespace slip::shm {
+
+// shm as core's Transport (core/transport.h), for the face's registry.
+Transport* TheTransport() noexcept;
 
 // Whether a registered connection's CONFIRM comes, decided once, in the region's header,
 // by whichever end moves it from kOpen first (compare and exchange):

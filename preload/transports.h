@@ -1,0 +1,19 @@
+// The shim's transports: the registry of every transport it was built with, in the order
+// the user chose (SLIP_TRANSPORTS). Adding a transport is one line in transports.cc.
+#pragma once
+
+#include <string>
+
+#include "core/transport.h"
+
+namespace slip::preload {
+
+// Lists the transports and reads their options (at start-up, once). False with *error on
+// a bad value.
+bool SetUpTransports(const Config& config, std::string* error);
+// The chosen transports, in the user's order (empty until SetUpTransports ran).
+const TransportRegistry& Transports() noexcept;
+// Every listed transport's variable names (for the list of unknown SLIP_* variables).
+std::vector<const char*> TransportOptionNames();
+
+}  // namespace slip::preload
