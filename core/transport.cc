@@ -37,6 +37,17 @@ void TransportRegistry::Choose(const TransportList& order) noexcept {
   }
 }
 
+size_t ChooseOffer(const TransportRegistry& transports, const ServerOfferPtr* offers) noexcept {
+  const size_t n = transports.size();
+  size_t chosen = n;
+  for (size_t i = 0; i < n; ++i) {
+    if (!offers[i]) continue;
+    if (transports[i]->OffersVouchedByKernel()) return i;
+    if (chosen == n) chosen = i;
+  }
+  return chosen;
+}
+
 namespace {
 
 // 0: the transport was not allowed; 1: it cannot reach another host; 2: it tried.

@@ -241,6 +241,12 @@ class TransportRegistry {
   size_t chosen_count_ = 0;
 };
 
+// Of the offers that the twins of one listener hold for one accepted connection (offers[i]
+// is transports[i]'s, or null), the index of the one that carries it: one whose origin the
+// kernel vouched for, else the first in the user's order. Any other is forged or stale.
+// transports.size() when there is none.
+size_t ChooseOffer(const TransportRegistry& transports, const ServerOfferPtr* offers) noexcept;
+
 // Of two reasons for staying plain, from two transports tried in turn, the one in the
 // terms of the transport that came closest (a transport that was not allowed, or that
 // cannot reach another host, says least).

@@ -93,19 +93,6 @@ Outcome AcceptOffer(ServerOffer* offer, SlipSocket* s, int fd) noexcept {
   return Outcome::kPlain;
 }
 
-// The offer that carries a connection: one whose origin the kernel vouched for (its client
-// owns the connection's client socket), else the first in the user's order. Any other
-// offer for the same connection is forged or stale.
-size_t ChooseOffer(const ServerOfferPtr* offers, size_t n) noexcept {
-  size_t chosen = n;
-  for (size_t i = 0; i < n; ++i) {
-    if (!offers[i]) continue;
-    if (Transports()[i]->OffersVouchedByKernel()) return i;
-    if (chosen == n) chosen = i;
-  }
-  return chosen;
-}
-
 Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
   wire::Endpoint client, server;
   if (!Endpoints(fd, &client, &server)) {
@@ -118,7 +105,7 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
   for (size_t i = 0; i < n; ++i) {
     if (listener->twins[i]) offers[i] = listener->twins[i]->Take(client, server, &rooms[i]);
   }
-  const size_t chosen = ChooseOffer(offers, n);
+  const size_t chosen = ChooseOffer(Transports(), offers);
   if (chosen == n) {
     // A client that confirmed although nothing was registered for it believes it runs on
     // a ring: its CONFIRM must not reach the application as data. (A registration dropped

@@ -287,6 +287,32 @@ def badenv(t, variant):
 
 
 
+# variant: (SLIP_TRANSPORTS of both ends, then the server's and the client's transport and
+# reason: on loopback on a host without an RDMA device, or (ACCEL "verbs") on the
+# Soft-RoCE guest's rxe address, which is this host's too, so either transport can carry)
+TRANSPORT_ORDERS = {
+    "verbs_first": ("verbs,shm,tcp", (ACCEL, ""), (ACCEL, "")),
+    "shm_first": ("shm,verbs,tcp", ("shm", ""), ("shm", "")),
+    "verbs_only": ("verbs,tcp", ("tcp", "no_rdma_device"), ("tcp", "no_rdma_path"))
+    if ACCEL == "shm" else ("verbs,tcp", ("verbs", ""), ("verbs", "")),
+    "tcp_only": ("tcp", ("tcp", "policy"), ("tcp", "policy")),
+}
+
+
+@case("transports", TRANSPORT_ORDERS)
+def transports(t, variant):
+    """SLIP_TRANSPORTS chooses the transports and their order (core's registry). On
+    loopback verbs has no path, so with verbs first shm carries the connection, and without
+    shm both ends stay plain for verbs' reasons (the listener could not stand an rdma_cm
+    twin up, the client has no RDMA path to loopback); with none, policy. In the guest both
+    can carry, and the first in the order does. Both streams exact."""
+    order, server_expected, client_expected = TRANSPORT_ORDERS[variant]
+    env = {"SLIP_TRANSPORTS": order}
+    server, client, traffic = run_bulk(t, True, True, client_env=env, server_env=env)
+    t.expect_stats(server, *server_expected, traffic=traffic[server])
+    t.expect_stats(client, *client_expected, traffic=traffic[client])
+
+
 @case("forged", variants=("slip_client", "plain_client"))
 def forged(t, variant):
     """A forged registration (wrong nonce) for the exact 4-tuple of the next connection is

@@ -27,11 +27,12 @@ IT="$BUILD/tests/integration"
 # queue pairs exceed a 2 GiB emulated guest), fork/forking/fork_own/fork_exec/exec_shared
 # (a verbs connection cannot cross fork), perf_*/slipstat/sliprun/badenv (no transport
 # involved). exec.both is here: the exec'd program continues the stream on TCP.
-# semantics.both (37 sub-tests of the socket API's corners) is here too.
+# semantics.both (37 sub-tests of the socket API's corners) is here too, and
+# transports.verbs_first/shm_first (the user's order picks verbs or shm for one address).
 CASES=${SLIP_VERBS_CASES-"semantics.both bulk.both bulk.server bulk.client socat.both iperf3.both
 sockperf.both asyncio.both poll.both select.both et.both sendfile.both banner.both exec.both
 kill.sender_killed kill.receiver_killed kill.recv_blocked_client_killed
-kill.recv_blocked_server_killed"}
+kill.recv_blocked_server_killed transports.verbs_first transports.shm_first"}
 VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
 forged_nonce.run forged_silent.run late_confirm.run cross_write.run flood.source flood.budget flood.fdlimit qp_fault.server_reset
 qp_fault.client_reset qp_fault.server_err memlock.run

@@ -10,10 +10,11 @@ VM_DIR=${SLIP_VM_DIR:-$VM_REPO/build/vm}
 VM_PKGS="qemu-system-x86 busybox-static rdma-core ibverbs-providers ibverbs-utils
 rdmacm-utils perftest iproute2 kmod xz-utils cpio"
 
-# insmod order (SOFT-ROCE.md); every module is =m in Debian's 6.1 kernel.
+# insmod order (SOFT-ROCE.md); every module is =m in Debian's 6.1 kernel. The sock_diag
+# modules let shm verify a rendezvous in the guest as on a host (core/sock_diag.h).
 VM_MODS="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci netfs
 fscache 9pnet 9pnet_virtio 9p crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel
-rdma_rxe configfs iw_cm ib_cm rdma_cm rdma_ucm veth dummy"
+rdma_rxe configfs iw_cm ib_cm rdma_cm rdma_ucm veth dummy inet_diag tcp_diag unix_diag"
 # Loaded after those when the kernel has them: Debian's 6.1 has no siw (RDMA_SIW unset).
 VM_OPT_MODS="siw"
 # Only loaded when the guest has a NIC (two-guest mode).
