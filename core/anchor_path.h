@@ -64,7 +64,7 @@ bool ReceiveFailover(int fd, int timeout_ms, wire::Failover* out) noexcept;
 bool FailoverFits(const wire::Failover& peer, uint64_t credited, uint64_t published,
                   uint64_t received) noexcept;
 
-// The leaving end's half of a hand-back (Channel::HandBack), once its transport stopped:
+// The leaving end's half of a hand-back (ChannelControl::HandBack), once its transport stopped:
 // sends FAILOVER {`consumed`, `published`, hand_back}, takes the peer's answer, checks it
 // (`credited <= peer.received <= published`, `peer.sent >= consumed`) and writes what the
 // peer did not receive, [peer.received, published) of `tx_ring`, onto the anchor; then

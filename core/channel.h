@@ -1,4 +1,6 @@
-// The transport interface: what a transport provides for one accelerated connection.
+// The channel: what a transport provides to the data path of one accelerated connection,
+// and nothing else (how a connection is set up is core/transport.h; its settling, failover
+// and hand-back core/channel_control.h).
 //
 // core/ owns stream semantics (ordering, EOF, blocking, readiness); a Channel only moves
 // bytes between the two rings of one connection and tells the other side about it.
@@ -20,6 +22,8 @@
 #include "core/wire.h"
 
 namespace slip {
+
+class ChannelControl;
 
 class Channel {
  public:
@@ -59,82 +63,11 @@ class Channel {
   virtual bool TxPeerClosed() const noexcept = 0;
   virtual WakeState* TxWake() noexcept = 0;
 
-  // --- lifetime ---
+  // --- the end of each direction ---
   // Marks our sending side finished (EOF for the peer) and wakes the peer.
   virtual void CloseTx() noexcept = 0;
   // Marks that we will read no more, and wakes a peer sender that waits for space.
   virtual void CloseRx() noexcept = 0;
-  // The application closes abortively (SO_LINGER {1, 0}): the channel, when destroyed,
-  // must not tell the peer an orderly end; the peer sees the reset.
-  virtual void Abort() noexcept {}
-  // The stream is done with the channel (Stream's destructor calls this). By default it is
-  // deleted; a transport whose resources outlive the stream takes it back instead (verbs
-  // keeps the queue pair for the next connection: docs/DESIGN.md "Reusing queue pairs").
-  virtual void Destroy() noexcept { delete this; }
-
-  // --- failover (docs/DESIGN.md, "Failover") ---
-  // A transport that can fail mid-stream continues on the connection's TCP anchor: both
-  // ends send FAILOVER (bytes received) there, then carry the stream on TCP from those
-  // offsets. Channels that never fail that way keep these defaults.
-  // The anchor (non-blocking), once the stream is installed; the channel does not own it.
-  virtual void SetAnchor(int fd) noexcept { (void)fd; }
-  // Control thread: the peer's FAILOVER arrived (how much of our stream it received, how
-  // much of its own it had sent). Answers with our own FAILOVER if we had not sent one.
-  // Returns false when the stream cannot continue (the caller then treats the peer as gone
-  // with a reset).
-  virtual bool OnPeerFailover(const wire::Failover& peer) noexcept {
-    (void)peer;
-    return false;
-  }
-  // True once the anchor carries the stream's bytes (no more messages): its readiness
-  // (EPOLLIN/EPOLLOUT/...) then goes to OnAnchorReady, from the control thread.
-  virtual bool AnchorCarriesStream() const noexcept { return false; }
-  virtual void OnAnchorReady(uint32_t events) noexcept { (void)events; }
-
-  // --- hand-back (exec) ---
-  // The process is about to exec with this connection's descriptor: the new image knows
-  // nothing of rings, so the stream goes back to the anchor for good. `consumed` is what
-  // the application read. Sends FAILOVER (cause kHandBack, received = `consumed`), takes
-  // the peer's answer and writes onto the anchor what the peer did not receive, all within
-  // `timeout_ms`. True when the anchor now carries the stream exactly: in from byte
-  // `consumed`, out after the last byte published (EOF following it if the sending side
-  // was closed). False leaves the connection unusable. The caller stopped the control
-  // thread's watch on the anchor first.
-  virtual bool HandBack(uint64_t consumed, int timeout_ms) noexcept {
-    (void)consumed;
-    (void)timeout_ms;
-    return false;
-  }
-  // True while another process also holds this end of the connection (fork): a hand-back
-  // would take the stream from under it.
-  virtual bool SharedWithOtherProcess() const noexcept { return true; }
-  // In a fork child, for each inherited connection: the child is one more holder.
-  virtual void AfterForkChild() noexcept {}
-
-  // --- settling (docs/DESIGN.md, "Settling a connection") ---
-  // A connection may be installed before its two ends agreed that it uses the transport:
-  // a client whose listener has not answered its registration yet, a server whose client's
-  // CONFIRM has not arrived when the application accepts. Neither may wait for the other
-  // inside connect() or accept(). Until settled, the channel keeps the stream safe on its
-  // own terms (a server's shows no bytes and no space), and the control thread calls Settle
-  // whenever the anchor or SettleFd() has news, and at SettleDeadline().
-  enum class Settlement : uint8_t {
-    kSettled,  // the transport carries the stream
-    kPending,  // not yet: call again on news or at the deadline
-    kPlain,    // the stream continues on the TCP anchor from here (as after a failover;
-               // its readiness goes to OnAnchorReady), for the reason in *why
-    kReset,    // neither is safe: the connection must be reset
-  };
-  // CLOCK_MONOTONIC milliseconds by which the connection must be settled; 0 once settled.
-  virtual uint64_t SettleDeadline() const noexcept { return 0; }
-  // A descriptor besides the anchor whose readiness to read may settle it, or -1.
-  virtual int SettleFd() const noexcept { return -1; }
-  // Tries to settle without blocking. At or past the deadline it decides.
-  virtual Settlement Settle(uint64_t now_ms, Reason* why) noexcept {
-    (void)now_ms;
-    (void)why;
-    return Settlement::kSettled;
-  }
   // The stream found the peer breaking the ring protocol (a cursor out of range): the
   // transport ends the connection in a way the peer notices (shm: resets the anchor).
   virtual void OnPeerViolation() noexcept {}
@@ -149,6 +82,15 @@ class Channel {
   // shutdown, peer gone) still comes through the proxy.
   virtual int BeginRxSleep() noexcept { return -1; }
   virtual void EndRxSleep(bool woken) noexcept { (void)woken; }
+
+  // --- everything else (core/channel_control.h) ---
+  // The connection's control side: settling, failover, hand-back, fork, abortive close.
+  // Never called on the data path. A channel without any keeps the defaults.
+  virtual ChannelControl* control() noexcept;
+  // The stream is done with the channel (Stream's destructor calls this). By default it is
+  // deleted; a transport whose resources outlive the stream takes it back instead (verbs
+  // keeps the queue pair for the next connection: docs/DESIGN.md "Reusing queue pairs").
+  virtual void Destroy() noexcept { delete this; }
 
  protected:
   explicit Channel(uint32_t ring_size) noexcept : ring_size_(ring_size) {}

@@ -98,7 +98,7 @@ Stream::~Stream() {
 bool Stream::HandBack(int timeout_ms) noexcept {
   std::scoped_lock lock(rx_mu_, tx_mu_);
   if (peer_gone_.load(std::memory_order_acquire)) return false;
-  return channel_->HandBack(consumed_.load(std::memory_order_relaxed), timeout_ms);
+  return channel_->control()->HandBack(consumed_.load(std::memory_order_relaxed), timeout_ms);
 }
 
 uint64_t Stream::RxAvail(bool strict) const noexcept {

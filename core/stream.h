@@ -23,6 +23,7 @@
 #include <mutex>
 
 #include "core/channel.h"
+#include "core/channel_control.h"
 
 namespace slip {
 
@@ -70,12 +71,14 @@ class Stream {
   void MarkPeerGone(bool reset = false) noexcept;
 
   // The process execs with this connection: the stream goes back to the TCP anchor for
-  // good, from the byte the application read up to (Channel::HandBack). Takes both sides'
+  // good, from the byte the application read up to (ChannelControl::HandBack). Takes both sides'
   // locks, so a send or receive in progress finishes first. False when the channel cannot
   // (peer gone, no answer in `timeout_ms`): the connection is then unusable.
   bool HandBack(int timeout_ms) noexcept;
 
   Channel* channel() noexcept { return channel_.get(); }
+  // Its control side (settling, failover, hand-back, fork): never on the data path.
+  ChannelControl* control() const noexcept { return channel_->control(); }
   // A (the application's end of the proxy), for the face that puts it at the
   // application's descriptor number.
   int proxy_a() const noexcept { return proxy_a_; }

@@ -125,7 +125,7 @@ class ServerOffer {
   ServerOffer& operator=(const ServerOffer&) = delete;
 
   // Builds the server's stream, held (no bytes, no space) until the client's first bytes
-  // settle it (Channel::Settle). False with *why when it cannot.
+  // settle it (ChannelControl::Settle). False with *why when it cannot.
   virtual bool Open(Carrier* out, Reason* why) noexcept = 0;
   // The connection will not be carried (Open failed, or the stream could not be
   // installed): stops the offer. True when plain TCP is still safe; false when the client

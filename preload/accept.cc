@@ -9,7 +9,7 @@
 // accept() never waits for those bytes: the offer's stream is built when it arrives (shm:
 // a registration's stream; verbs: a request's queue pair and rings), so the connection is
 // installed at once, held (no bytes either way) until the CONFIRM comes, which it usually
-// already has (Channel::Settle; docs/DESIGN.md, "Settling a connection"). Which
+// already has (ChannelControl::Settle; docs/DESIGN.md, "Settling a connection"). Which
 // transports stand beside the listener, and what they were offered, is core's interface
 // (core/transport.h): this file names none of them.
 #include <netinet/in.h>

@@ -86,7 +86,7 @@ int Finish(SlipSocket* s, int fd, ClientSetup* setup) noexcept {
       }
       // The listener usually answered while the TCP handshake ran; when it is slower, a
       // few milliseconds here save the control thread's round trip (several wake-ups).
-      if (s->stream->channel()->SettleDeadline() != 0) ControlSettle(s, kAnswerWaitMs);
+      if (s->stream->control()->SettleDeadline() != 0) ControlSettle(s, kAnswerWaitMs);
       break;
     }
     case ClientSetup::Stage::kReset:

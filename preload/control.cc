@@ -27,7 +27,7 @@ namespace {
 // What an event is about: the key's top two bits.
 enum Tag : uint64_t {
   kAnchor = 0,    // an accelerated socket's anchor
-  kSettleFd = 1,  // the descriptor that may settle a connection (Channel::SettleFd)
+  kSettleFd = 1,  // the descriptor that may settle a connection (ChannelControl::SettleFd)
   kTwins = 2,     // a listener's twins' service descriptors (ListenerTwin::ServiceFd)
   kWake = 3,      // the thread's own eventfd: the list of deadlines changed
 };
@@ -68,11 +68,11 @@ void CarryOnAnchor(SlipSocket* s, int epfd) noexcept {
     SLIP_LOG(kWarn, "control thread: cannot watch fd %d for writing (errno %d)", s->anchor_fd,
              errno);
   // Bytes that came before raised no edge of their own.
-  s->stream->channel()->OnAnchorReady(EPOLLIN | EPOLLOUT);
+  s->stream->control()->OnAnchorReady(EPOLLIN | EPOLLOUT);
 }
 
 void TakeFailover(SlipSocket* s, int epfd, const wire::Failover& failover) noexcept {
-  Channel* channel = s->stream->channel();
+  ChannelControl* channel = s->stream->control();
   if (!channel->OnPeerFailover(failover)) {
     SLIP_LOG(kWarn, "anchor fd %d: the peer failed over, and this end cannot; reset", s->anchor_fd);
     sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
@@ -85,20 +85,20 @@ void TakeFailover(SlipSocket* s, int epfd, const wire::Failover& failover) noexc
 
 // One attempt to settle `s` (an accelerated socket the caller holds a reference on).
 void SettleNow(SlipSocket* s, int epfd, uint64_t now_ms) noexcept {
-  Channel* channel = s->stream->channel();
+  ChannelControl* channel = s->stream->control();
   if (channel->SettleDeadline() == 0) return;
   Reason why = Reason::kNone;
   switch (channel->Settle(now_ms, &why)) {
-    case Channel::Settlement::kSettled:
-    case Channel::Settlement::kPending:
+    case ChannelControl::Settlement::kSettled:
+    case ChannelControl::Settlement::kPending:
       return;
-    case Channel::Settlement::kPlain:
+    case ChannelControl::Settlement::kPlain:
       SLIP_LOG(kInfo, "anchor fd %d: the connection is plain TCP (%s)", s->anchor_fd,
                ReasonName(why));
       StatsSetTransport(s->stats, TransportKind::kTcp, why);
       CarryOnAnchor(s, epfd);
       return;
-    case Channel::Settlement::kReset: {
+    case ChannelControl::Settlement::kReset: {
       linger lg{1, 0};
       sys::setsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
       sys::shutdown(s->anchor_fd, SHUT_RDWR);
@@ -111,7 +111,7 @@ void SettleNow(SlipSocket* s, int epfd, uint64_t now_ms) noexcept {
 
 // Reads the in-band messages that may follow the handshake; consumes only whole ones.
 void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
-  Channel* channel = s->stream->channel();
+  ChannelControl* channel = s->stream->control();
   // (A connection that settles on news of its own descriptor is settled from there.)
   if (channel->SettleDeadline() != 0 && channel->SettleFd() < 0) {
     SettleNow(s, epfd, sys::MonotonicMs());
@@ -188,7 +188,7 @@ uint64_t CollectDue(ControlState& st, uint64_t now_ms, Walk* walk) noexcept {
   SlipSocket** link = &st.settling;
   while (SlipSocket* s = *link) {
     const uint64_t deadline =
-        s->kind == SockKind::kAccel && s->stream ? s->stream->channel()->SettleDeadline() : 0;
+        s->kind == SockKind::kAccel && s->stream ? s->stream->control()->SettleDeadline() : 0;
     if (deadline == 0 && walk->unlinked_count < Walk::kMax) {
       *link = s->settle_next;
       s->settle_next = nullptr;
@@ -350,7 +350,7 @@ void ControlSettle(SlipSocket* s, int wait_ms) noexcept {
     epfd = StartLocked(st);
     if (epfd < 0) return;  // (ControlWatch ran: it has started)
   }
-  Channel* channel = s->stream->channel();
+  ChannelControl* channel = s->stream->control();
   // The news is usually here already, or on its way: waiting for it a moment costs one
   // sleep, where handing the connection to the thread costs several wake-ups.
   if (const int fd = channel->SettleFd(); fd >= 0 && wait_ms > 0) {
@@ -428,7 +428,7 @@ bool ControlWaitSettled(uint64_t bound_ms) noexcept {
       // (The list drops settled entries only when walked: count what is really pending.)
       std::lock_guard<std::mutex> lock(st.mu);
       for (SlipSocket* s = st.settling; s; s = s->settle_next) {
-        if (s->kind == SockKind::kAccel && s->stream && s->stream->channel()->SettleDeadline())
+        if (s->kind == SockKind::kAccel && s->stream && s->stream->control()->SettleDeadline())
           ++unsettled;
       }
     }

@@ -6,7 +6,7 @@
 // DECLINE) or, for a server connection still held, its client's CONFIRM; EOF or an error
 // means the peer process is gone, so every sleeper on that connection is woken to see EOF
 // or EPIPE. It settles connections that were installed before both ends agreed to use
-// the transport (Channel::Settle; docs/DESIGN.md, "Settling a connection"), at their
+// the transport (ChannelControl::Settle; docs/DESIGN.md, "Settling a connection"), at their
 // news or their deadline, and reads and answers the rendezvous of the listeners this
 // process accepts on, so that registrations are answered without waiting for accept().
 // It never touches the data path.

@@ -94,7 +94,7 @@ void Put(int what, int fd, bool cloexec) noexcept {
   sys::dup3(what, fd, cloexec ? O_CLOEXEC : 0);
 }
 
-bool WaitSoleHolder(const Channel* channel) noexcept {
+bool WaitSoleHolder(const ChannelControl* channel) noexcept {
   const uint64_t deadline = sys::MonotonicMs() + kHolderWaitMs;
   while (channel->SharedWithOtherProcess()) {
     if (sys::MonotonicMs() >= deadline) return false;
@@ -152,7 +152,7 @@ void HandBackOrReset(SlipSocket* s, ExecPlan* plan) noexcept {
     return;
   }
   // Bytes may be missing: the peer must see a reset, not an orderly end.
-  s->stream->channel()->Abort();
+  s->stream->control()->Abort();
   linger abortive{1, 0};
   sys::setsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &abortive, sizeof(abortive));
   int reset = MakeResetSocket();
@@ -200,7 +200,7 @@ ExecGuard::ExecGuard() noexcept {
     SlipSocket* s = e.s;
     std::lock_guard<std::mutex> lock(s->mu);
     if (s->kind != SockKind::kAccel || !s->stream) continue;  // done for an earlier number
-    if (WaitSoleHolder(s->stream->channel()))
+    if (WaitSoleHolder(s->stream->control()))
       HandBackOrReset(s, plan);
     else
       LeaveToOtherHolder(s, plan);

@@ -95,8 +95,8 @@ void Teardown(SlipSocket* s) noexcept {
     socklen_t len = sizeof(lg);
     if (sys::getsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff) {
       if (lg.l_linger == 0) {
-        s->stream->channel()->Abort();
-        s->stream->channel()->SetAnchor(-1);
+        s->stream->control()->Abort();
+        s->stream->control()->SetAnchor(-1);
         sys::close(s->anchor_fd);
         s->anchor_fd = -1;
       }

@@ -71,7 +71,7 @@ void CollectSlot(SlipSocket* s, void* ctx) {
 // settles it; the child's copy fails (ECONNRESET), as a verbs connection's does.
 void ResetUnsettled(SlipSocket* s, void*) {
   if (s->kind != SockKind::kAccel || !s->stream) return;
-  if (s->stream->channel()->SettleDeadline() == 0) return;
+  if (s->stream->control()->SettleDeadline() == 0) return;
   SLIP_LOG(kWarn, "a connection was still settling at fork; the child's copy fails");
   s->stream->MarkPeerGone(true);
 }
@@ -79,7 +79,7 @@ void ResetUnsettled(SlipSocket* s, void*) {
 void RewatchAnchor(SlipSocket* s, void*) {
   if (s->kind != SockKind::kAccel || s->anchor_fd < 0) return;
   ControlWatch(s);
-  if (s->stream) s->stream->channel()->AfterForkChild();  // one more holder
+  if (s->stream) s->stream->control()->AfterForkChild();  // one more holder
 }
 
 void Child() {

@@ -139,7 +139,7 @@ bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int an
   }
   sys::fcntl(anchor, F_SETFL, fl_flags | O_NONBLOCK);
   s->anchor_fd = anchor;
-  if (GetRuntime().config.failover) s->stream->channel()->SetAnchor(anchor);
+  if (GetRuntime().config.failover) s->stream->control()->SetAnchor(anchor);
   s->nonblocking.store(fl_flags & O_NONBLOCK, std::memory_order_relaxed);
   s->stats = StatsOpen(s->stream->channel()->kind(), Reason::kNone, role,
                        reinterpret_cast<const sockaddr*>(&local),

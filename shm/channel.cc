@@ -46,7 +46,7 @@ Reason ReasonForDecline(wire::DeclineReason reason) noexcept {
   }
 }
 
-class ShmChannel final : public Channel {
+class ShmChannel final : public Channel, public ChannelControl {
  public:
   explicit ShmChannel(const ChannelSetup& setup) noexcept
       : Channel(setup.ring_size),
@@ -194,6 +194,7 @@ class ShmChannel final : public Channel {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     proxy::Unfill(peer_b_);  // a peer sender asleep on a full ring wakes up to EPIPE
   }
+  ChannelControl* control() noexcept override { return this; }
   void Abort() noexcept override { aborted_ = true; }
 
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
@@ -322,7 +323,7 @@ bool ShmChannel::StartTcp(uint64_t rx_from, uint64_t tx_from, bool private_rings
   return true;
 }
 
-Channel::Settlement ShmChannel::Settle(uint64_t now_ms, Reason* why) noexcept {
+ChannelControl::Settlement ShmChannel::Settle(uint64_t now_ms, Reason* why) noexcept {
   std::lock_guard<std::mutex> lock(switch_mu_);
   if (deadline_.load(std::memory_order_relaxed) == 0) return Settlement::kSettled;
   return rendezvous_.load(std::memory_order_relaxed) >= 0 ? SettleClient(now_ms, why)
@@ -330,7 +331,7 @@ Channel::Settlement ShmChannel::Settle(uint64_t now_ms, Reason* why) noexcept {
 }
 
 // The server's side: the application has the connection; its client's first bytes decide.
-Channel::Settlement ShmChannel::SettleServer(uint64_t now_ms, Reason* why) noexcept {
+ChannelControl::Settlement ShmChannel::SettleServer(uint64_t now_ms, Reason* why) noexcept {
   const AnchorPeek peek = PeekAnchor(anchor_);
   Reason plain = Reason::kNone;
   if (peek.Is(wire::Type::kConfirm)) {
@@ -402,7 +403,7 @@ Channel::Settlement ShmChannel::SettleServer(uint64_t now_ms, Reason* why) noexc
 }
 
 // The client's side: the listener answers its registration on the rendezvous socket.
-Channel::Settlement ShmChannel::SettleClient(uint64_t now_ms, Reason* why) noexcept {
+ChannelControl::Settlement ShmChannel::SettleClient(uint64_t now_ms, Reason* why) noexcept {
   uint8_t buf[wire::kMaxMessageSize];
   ssize_t n =
       sys::recv(rendezvous_.load(std::memory_order_relaxed), buf, sizeof(buf), MSG_DONTWAIT);

@@ -64,7 +64,7 @@ struct ChannelSetup {
   int own_b = -1;   // B of this end's proxy, owned by the Stream
   int anchor = -1;  // the number the connection's TCP socket will have (not owned)
   // Client: the rendezvous socket (taken) on which the listener's answer will come; the
-  // channel then settles when it does (Channel::Settle). -1: settled.
+  // channel then settles when it does (ChannelControl::Settle). -1: settled.
   int rendezvous = -1;
   // Server: hold the stream until the client's CONFIRM arrives on the anchor.
   bool held = false;

@@ -102,7 +102,7 @@ class ShmClientOffer final : public ClientOffer {
     }
     out->anchor_slot = offer_.anchor_slot;
     offer_.anchor_slot = -1;
-    out->confirmed = false;  // the CONFIRM follows the listener's ACCEPT (Channel::Settle)
+    out->confirmed = false;  // the CONFIRM follows the listener's ACCEPT (ChannelControl::Settle)
     return Outcome::kCarried;
   }
 

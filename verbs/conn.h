@@ -43,6 +43,7 @@
 
 #include "core/anchor_path.h"
 #include "core/channel.h"
+#include "core/channel_control.h"
 #include "core/wire.h"
 #include "verbs/device.h"
 #include "verbs/private_data.h"
@@ -61,7 +62,7 @@ class ConnOwner {
   ~ConnOwner() = default;
 };
 
-class Conn final : public Channel {
+class Conn final : public Channel, public ChannelControl {
  public:
   // Creates the completion queue, the queue pair on `id` and the rings. Returns nullptr
   // with *error (-errno) on failure; `id` stays the caller's then.
@@ -178,6 +179,7 @@ class Conn final : public Channel {
   WakeState* TxWake() noexcept override { return &tx_wake_; }
   void CloseTx() noexcept override;
   void CloseRx() noexcept override;
+  ChannelControl* control() noexcept override { return this; }
   void Abort() noexcept override { aborting_ = true; }
   void Destroy() noexcept override {
     if (owner_)

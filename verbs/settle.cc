@@ -49,7 +49,7 @@ void Conn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
   settle_at_.store(deadline_ms, std::memory_order_release);
 }
 
-Channel::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
+ChannelControl::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
   {
     std::lock_guard<std::mutex> lock(failover_mu_);
     if (!held()) return Settlement::kSettled;

@@ -53,7 +53,7 @@ class Module {
   // Takes a request pending for the accepted TCP connection's tuple (one whose client sent
   // its HELLO first) and returns its channel *held* (Conn::Hold): the application may have
   // the connection at once, and the client's first bytes on TCP settle it
-  // (Channel::Settle). The tuple's other requests are rejected: a connection makes one
+  // (ChannelControl::Settle). The tuple's other requests are rejected: a connection makes one
   // request, so all but one are forged, and a CONFIRM for another resets the connection.
   // `proxy_b` is the server's proxy end, which the channel duplicates for its wake-ups.
   // Returns nullptr with *why set (kConnectSlow: every client of the tuple gave up) and

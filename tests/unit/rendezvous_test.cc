@@ -1052,7 +1052,7 @@ TEST_F(RendezvousRegistrationTest, AcceptIsTheOneAnswerAndTakeReturnsAHeldStream
   // Its stream is held: no bytes, no space, a deadline to settle by.
   Channel* channel = reg.stream->channel();
   EXPECT_EQ(channel->ring_size(), kRing);
-  EXPECT_NE(channel->SettleDeadline(), 0u);
+  EXPECT_NE(channel->control()->SettleDeadline(), 0u);
   EXPECT_EQ(channel->RxProduced(), 0u);
   EXPECT_EQ(channel->TxConsumed(), uint64_t(0) - kRing);
   EXPECT_EQ(reg.stream->ReadableBytes(), 0u);
@@ -1769,9 +1769,10 @@ TEST_F(RendezvousRegistrationTest, RegisteredConnectionSettlesEndToEnd) {
   std::unique_ptr<Channel> client_channel =
       MakeClientChannel(&offer, sock, kTimeoutMs, &client_a, &client_b);
   ASSERT_TRUE(client_channel);
-  EXPECT_EQ(client_channel->SettleFd(), sock);
+  EXPECT_EQ(client_channel->control()->SettleFd(), sock);
   Reason why = Reason::kNone;
-  EXPECT_EQ(client_channel->Settle(sys::MonotonicMs(), &why), Channel::Settlement::kPending);
+  EXPECT_EQ(client_channel->control()->Settle(sys::MonotonicMs(), &why),
+            ChannelControl::Settlement::kPending);
   Channel* client_ch = client_channel.get();
   Stream client(std::move(client_channel), client_a, client_b, StreamOptions{});
 
@@ -1793,15 +1794,18 @@ TEST_F(RendezvousRegistrationTest, RegisteredConnectionSettlesEndToEnd) {
   ASSERT_EQ(dup3(accepted, reg.anchor_slot, O_CLOEXEC), reg.anchor_slot);
   close(accepted);
   Channel* server_ch = reg.stream->channel();
-  EXPECT_EQ(server_ch->Settle(sys::MonotonicMs(), &why), Channel::Settlement::kPending);
+  EXPECT_EQ(server_ch->control()->Settle(sys::MonotonicMs(), &why),
+            ChannelControl::Settlement::kPending);
 
   // The client has its ACCEPT: it confirms; the server gets the CONFIRM: both settled.
-  EXPECT_EQ(client_ch->Settle(sys::MonotonicMs(), &why), Channel::Settlement::kSettled);
-  EXPECT_EQ(client_ch->SettleDeadline(), 0u);
+  EXPECT_EQ(client_ch->control()->Settle(sys::MonotonicMs(), &why),
+            ChannelControl::Settlement::kSettled);
+  EXPECT_EQ(client_ch->control()->SettleDeadline(), 0u);
   EXPECT_EQ(reg.ReadClaim(), Claim::kConfirmed);
-  EXPECT_EQ(server_ch->Settle(sys::MonotonicMs(), &why), Channel::Settlement::kSettled);
-  EXPECT_EQ(server_ch->SettleDeadline(), 0u);
-  EXPECT_FALSE(server_ch->AnchorCarriesStream());
+  EXPECT_EQ(server_ch->control()->Settle(sys::MonotonicMs(), &why),
+            ChannelControl::Settlement::kSettled);
+  EXPECT_EQ(server_ch->control()->SettleDeadline(), 0u);
+  EXPECT_FALSE(server_ch->control()->AnchorCarriesStream());
   EXPECT_TRUE(ExchangeThrough(&client, reg.stream.get(), 100000));
   // Nothing of the stream went over TCP.
   char c;
@@ -1905,7 +1909,7 @@ TEST_F(RendezvousAcceptTest, AcceptsWhatAClientBuilds) {
   EXPECT_FALSE(IsOpen(given[0])) << "the memfd is kept open";
   EXPECT_TRUE(IsOpen(given[3]));  // the client's B: the channel's
   EXPECT_EQ(channel->ring_size(), kRing);
-  EXPECT_EQ(channel->SettleDeadline(), 0u);  // not held
+  EXPECT_EQ(channel->control()->SettleDeadline(), 0u);  // not held
   ASSERT_NE(claim, nullptr);
   EXPECT_EQ(claim->load(), 0u);
   ClaimOf(*offer_).store(uint32_t(Claim::kConfirmed));

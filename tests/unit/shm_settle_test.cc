@@ -1,4 +1,4 @@
-// Tests for how an shm connection settles (Channel::Settle, shm/channel.cc): the server's
+// Tests for how an shm connection settles (ChannelControl::Settle, shm/channel.cc): the server's
 // channel, installed held until its client's CONFIRM comes in band on the TCP anchor, and
 // the client's, installed before the listener's answer to its registration came on the
 // rendezvous socket. Either ends on the rings (kSettled), on TCP from byte 0 (kPlain), or
@@ -43,7 +43,7 @@
 namespace slip::shm {
 namespace {
 
-using Settlement = Channel::Settlement;
+using Settlement = ChannelControl::Settlement;
 
 constexpr uint32_t kRing = 4096;
 constexpr int kTimeoutMs = 60000;  // never reached by waiting: the tests pass the clock
@@ -200,7 +200,7 @@ class ChannelEnd : public End {
 
  private:
   void Poke() {
-    if (ch_->AnchorCarriesStream()) ch_->OnAnchorReady(EPOLLIN | EPOLLOUT);
+    if (ch_->control()->AnchorCarriesStream()) ch_->control()->OnAnchorReady(EPOLLIN | EPOLLOUT);
   }
   Channel* ch_;
   uint32_t ring_;
@@ -367,7 +367,7 @@ struct Connection {
 };
 
 Settlement SettleNow(Channel* ch, Reason* why) {
-  return ch->Settle(sys::MonotonicMs(), why);
+  return ch->control()->Settle(sys::MonotonicMs(), why);
 }
 
 // ---------------------------------------------------------------------------- server, held
@@ -376,20 +376,20 @@ TEST(ShmSettleServerTest, HeldShowsNoBytesAndNoSpaceUntilTheConfirm) {
   Connection c;
   ASSERT_NO_FATAL_FAILURE(c.Init(/*held=*/true, /*awaiting=*/false));
   const uint64_t now = sys::MonotonicMs();
-  const uint64_t deadline = c.server->SettleDeadline();
+  const uint64_t deadline = c.server->control()->SettleDeadline();
   EXPECT_GE(deadline, now + kTimeoutMs - 5000);
   EXPECT_LE(deadline, now + kTimeoutMs);
-  EXPECT_EQ(c.server->SettleFd(), -1);
+  EXPECT_EQ(c.server->control()->SettleFd(), -1);
   ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("hello")));
   EXPECT_EQ(c.server->RxProduced(), 0u);
   EXPECT_FALSE(c.server->RxEof());
   EXPECT_EQ(c.server->TxConsumed(), uint64_t(0) - kRing);  // a full ring: nothing to send
   EXPECT_FALSE(c.server->TxPeerClosed());
-  EXPECT_TRUE(c.server->AnchorCarriesStream());  // (its bytes are for settling alone)
+  EXPECT_TRUE(c.server->control()->AnchorCarriesStream());  // (its bytes are for settling alone)
   EXPECT_EQ(c.server->Error(), 0);
   Reason why = Reason::kNone;
   EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPending);
-  EXPECT_EQ(c.server->SettleDeadline(), deadline);
+  EXPECT_EQ(c.server->control()->SettleDeadline(), deadline);
   EXPECT_EQ(c.ClaimNow(), Claim::kOpen);
 
   // Through a Stream, as the application sees it: nothing to read, no room to write.
@@ -403,7 +403,7 @@ TEST(ShmSettleServerTest, HeldShowsNoBytesAndNoSpaceUntilTheConfirm) {
   EXPECT_EQ(stream.ReadableBytes(), 0u);
   // Once settled, what the client had published is there, and there is room.
   SendAll(c.tcp_client, ConfirmBytes(c.offer.nonce, kRing));
-  EXPECT_EQ(ch->Settle(sys::MonotonicMs(), &why), Settlement::kSettled);
+  EXPECT_EQ(ch->control()->Settle(sys::MonotonicMs(), &why), Settlement::kSettled);
   EXPECT_EQ(stream.Recv(&iov, 1, 0, true), 5);
   EXPECT_EQ(std::memcmp(buf, "hello", 5), 0);
   EXPECT_EQ(stream.Send(&iov, 1, MSG_NOSIGNAL, true), ssize_t(sizeof(buf)));
@@ -422,8 +422,8 @@ TEST(ShmSettleServerTest, ConfirmSettlesAndLeavesWhatFollowsIt) {
   Reason why = Reason::kNone;
   EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kSettled);
   EXPECT_EQ(why, Reason::kNone);
-  EXPECT_EQ(c.server->SettleDeadline(), 0u);
-  EXPECT_FALSE(c.server->AnchorCarriesStream());
+  EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
+  EXPECT_FALSE(c.server->control()->AnchorCarriesStream());
   EXPECT_EQ(ReadSome(c.tcp_server, after.size()), after);  // exactly the CONFIRM was taken
   EXPECT_EQ(c.server->RxProduced(), 5u);
   EXPECT_EQ(std::memcmp(c.server->RxData(), "hello", 5), 0);
@@ -451,7 +451,7 @@ TEST(ShmSettleServerTest, APartialConfirmIsPending) {
     Reason why = Reason::kNone;
     EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPending);
     EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPending);
-    EXPECT_NE(c.server->SettleDeadline(), 0u);
+    EXPECT_NE(c.server->control()->SettleDeadline(), 0u);
     SendAll(c.tcp_client, std::vector<uint8_t>(confirm.begin() + split, confirm.end()));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kSettled);
@@ -473,7 +473,7 @@ TEST(ShmSettleServerTest, AConfirmForAnotherRegistrationResets) {
     SendAll(c.tcp_client, ConfirmBytes(c.offer.nonce ^ k.nonce_xor, k.ring));
     Reason why = Reason::kNone;
     EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kReset);
-    EXPECT_EQ(c.server->SettleDeadline(), 0u);
+    EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
     EXPECT_EQ(c.server->RxProduced(), 0u);  // nothing of the region's
   }
 }
@@ -490,10 +490,10 @@ TEST(ShmSettleServerTest, PlainBytesFirstMakeItPlainWithEveryByteDelivered) {
   Reason why = Reason::kNone;
   EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPlain);
   EXPECT_EQ(why, Reason::kPeerNotSlipstream);
-  EXPECT_EQ(c.server->SettleDeadline(), 0u);
-  EXPECT_TRUE(c.server->AnchorCarriesStream());
+  EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
+  EXPECT_TRUE(c.server->control()->AnchorCarriesStream());
   // The control thread hands the anchor's readiness to the channel from now on.
-  c.server->OnAnchorReady(EPOLLIN | EPOLLOUT);
+  c.server->control()->OnAnchorReady(EPOLLIN | EPOLLOUT);
   ASSERT_EQ(c.server->RxProduced(), first.size());
   EXPECT_EQ(std::memcmp(c.server->RxData(), first.data(), first.size()), 0);
 
@@ -509,7 +509,7 @@ TEST(ShmSettleServerTest, PlainBytesFirstMakeItPlainWithEveryByteDelivered) {
   // And the client's.
   shutdown(c.tcp_client, SHUT_WR);
   for (int i = 0; i < 100 && !c.server->RxEof(); ++i) {
-    c.server->OnAnchorReady(EPOLLIN);
+    c.server->control()->OnAnchorReady(EPOLLIN);
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   EXPECT_TRUE(c.server->RxEof());
@@ -523,7 +523,7 @@ TEST(ShmSettleServerTest, EofFirstMakesItPlain) {
   Reason why = Reason::kNone;
   EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPlain);
   EXPECT_EQ(why, Reason::kPeerNotSlipstream);
-  c.server->OnAnchorReady(EPOLLIN | EPOLLOUT);
+  c.server->control()->OnAnchorReady(EPOLLIN | EPOLLOUT);
   EXPECT_EQ(c.server->RxProduced(), 0u);
   EXPECT_TRUE(c.server->RxEof());
   // The other way still works.
@@ -551,14 +551,14 @@ TEST(ShmSettleServerTest, AClaimTheClientGaveUpMakesItPlain) {
 TEST(ShmSettleServerTest, DeadlineWithTheClaimOpenAbandons) {
   Connection c;
   ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-  const uint64_t deadline = c.server->SettleDeadline();
+  const uint64_t deadline = c.server->control()->SettleDeadline();
   Reason why = Reason::kNone;
-  EXPECT_EQ(c.server->Settle(deadline - 1, &why), Settlement::kPending);
+  EXPECT_EQ(c.server->control()->Settle(deadline - 1, &why), Settlement::kPending);
   EXPECT_EQ(c.ClaimNow(), Claim::kOpen);
-  EXPECT_EQ(c.server->Settle(deadline, &why), Settlement::kPlain);
+  EXPECT_EQ(c.server->control()->Settle(deadline, &why), Settlement::kPlain);
   EXPECT_EQ(why, Reason::kHandshakeTimeout);
   EXPECT_EQ(c.ClientClaim(), uint32_t(Claim::kAbandoned));  // the client sees it so
-  EXPECT_EQ(c.server->SettleDeadline(), 0u);
+  EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
   // A CONFIRM after that is the application's problem no more: it never comes (the client
   // finds the claim abandoned); plain bytes flow.
   ChannelEnd server(c.server.get());
@@ -572,7 +572,8 @@ TEST(ShmSettleServerTest, GarbageInTheClaimCountsAsOpen) {
   c.control->header.claim.store(77);
   Reason why = Reason::kNone;
   EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPending);
-  EXPECT_EQ(c.server->Settle(c.server->SettleDeadline(), &why), Settlement::kPlain);
+  EXPECT_EQ(c.server->control()->Settle(c.server->control()->SettleDeadline(), &why),
+            Settlement::kPlain);
   EXPECT_EQ(why, Reason::kHandshakeTimeout);
 }
 
@@ -580,15 +581,15 @@ TEST(ShmSettleServerTest, DeadlineWithTheClaimConfirmedWaitsOnceThenResets) {
   Connection c;
   ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
   c.control->header.claim.store(uint32_t(Claim::kConfirmed));
-  const uint64_t deadline = c.server->SettleDeadline();
+  const uint64_t deadline = c.server->control()->SettleDeadline();
   Reason why = Reason::kNone;
-  EXPECT_EQ(c.server->Settle(deadline, &why), Settlement::kPending);  // extended
-  const uint64_t extended = c.server->SettleDeadline();
+  EXPECT_EQ(c.server->control()->Settle(deadline, &why), Settlement::kPending);  // extended
+  const uint64_t extended = c.server->control()->SettleDeadline();
   EXPECT_GE(extended, deadline + 1000);
   EXPECT_EQ(c.ClaimNow(), Claim::kConfirmed);
-  EXPECT_EQ(c.server->Settle(extended - 1, &why), Settlement::kPending);
-  EXPECT_EQ(c.server->Settle(extended, &why), Settlement::kReset);
-  EXPECT_EQ(c.server->SettleDeadline(), 0u);
+  EXPECT_EQ(c.server->control()->Settle(extended - 1, &why), Settlement::kPending);
+  EXPECT_EQ(c.server->control()->Settle(extended, &why), Settlement::kReset);
+  EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
   EXPECT_EQ(c.ClaimNow(), Claim::kConfirmed);
 }
 
@@ -597,12 +598,13 @@ TEST(ShmSettleServerTest, AConfirmWithinTheExtensionSettles) {
   ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
   c.control->header.claim.store(uint32_t(Claim::kConfirmed));
   Reason why = Reason::kNone;
-  EXPECT_EQ(c.server->Settle(c.server->SettleDeadline(), &why), Settlement::kPending);
-  const uint64_t extended = c.server->SettleDeadline();
+  EXPECT_EQ(c.server->control()->Settle(c.server->control()->SettleDeadline(), &why),
+            Settlement::kPending);
+  const uint64_t extended = c.server->control()->SettleDeadline();
   SendAll(c.tcp_client, ConfirmBytes(c.offer.nonce, kRing));
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(c.server->Settle(extended - 1, &why), Settlement::kSettled);
-  EXPECT_EQ(c.server->SettleDeadline(), 0u);
+  EXPECT_EQ(c.server->control()->Settle(extended - 1, &why), Settlement::kSettled);
+  EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
 }
 
 TEST(ShmSettleServerTest, ASendingSideClosedWhileHeldEndsAfterSettling) {
@@ -624,7 +626,8 @@ TEST(ShmSettleServerTest, ASendingSideClosedWhileHeldEndsAfterSettling) {
     ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
     c.server->CloseTx();
     Reason why = Reason::kNone;
-    EXPECT_EQ(c.server->Settle(c.server->SettleDeadline(), &why), Settlement::kPlain);
+    EXPECT_EQ(c.server->control()->Settle(c.server->control()->SettleDeadline(), &why),
+              Settlement::kPlain);
     EXPECT_TRUE(ReadSome(c.tcp_client, 1).empty());
     char ch;
     EXPECT_EQ(recv(c.tcp_client, &ch, 1, MSG_DONTWAIT), 0);
@@ -636,16 +639,16 @@ TEST(ShmSettleServerTest, ASendingSideClosedWhileHeldEndsAfterSettling) {
 TEST(ShmSettleClientTest, WithoutAnAnswerItIsPendingOnTheRings) {
   Connection c;
   ASSERT_NO_FATAL_FAILURE(c.Init(true, /*awaiting=*/true));
-  EXPECT_EQ(c.client->SettleFd(), c.rendezvous_client);
+  EXPECT_EQ(c.client->control()->SettleFd(), c.rendezvous_client);
   const uint64_t now = sys::MonotonicMs();
-  EXPECT_GE(c.client->SettleDeadline(), now + kTimeoutMs - 5000);
-  EXPECT_LE(c.client->SettleDeadline(), now + kTimeoutMs);
+  EXPECT_GE(c.client->control()->SettleDeadline(), now + kTimeoutMs - 5000);
+  EXPECT_LE(c.client->control()->SettleDeadline(), now + kTimeoutMs);
   Reason why = Reason::kNone;
   EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPending);
   EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPending);
   EXPECT_EQ(c.ClaimNow(), Claim::kOpen);
   // The client may send at once, into its ring; nothing goes on TCP yet.
-  EXPECT_FALSE(c.client->AnchorCarriesStream());
+  EXPECT_FALSE(c.client->control()->AnchorCarriesStream());
   EXPECT_EQ(c.client->TxConsumed(), 0u);
   ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("early")));
   EXPECT_TRUE(NothingToRead(c.tcp_server));
@@ -660,8 +663,8 @@ TEST(ShmSettleClientTest, AcceptConfirmsExactlyOnce) {
   EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
   EXPECT_EQ(why, Reason::kNone);
   EXPECT_EQ(c.ClaimNow(), Claim::kConfirmed);
-  EXPECT_EQ(c.client->SettleDeadline(), 0u);
-  EXPECT_EQ(c.client->SettleFd(), -1);
+  EXPECT_EQ(c.client->control()->SettleDeadline(), 0u);
+  EXPECT_EQ(c.client->control()->SettleFd(), -1);
   EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
   // The rendezvous socket is closed.
   char ch;
@@ -708,9 +711,9 @@ TEST(ShmSettleClientTest, DeclineMakesItPlainFromByteZero) {
     EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
     EXPECT_EQ(why, k.why);
     EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
-    EXPECT_EQ(c.client->SettleDeadline(), 0u);
-    EXPECT_EQ(c.client->SettleFd(), -1);
-    EXPECT_TRUE(c.client->AnchorCarriesStream());
+    EXPECT_EQ(c.client->control()->SettleDeadline(), 0u);
+    EXPECT_EQ(c.client->control()->SettleFd(), -1);
+    EXPECT_TRUE(c.client->control()->AnchorCarriesStream());
     // What the client had published arrives on TCP from byte 0, and nothing before it.
     EXPECT_EQ(ReadSome(c.tcp_server, early.size()), early);
     // Then the stream goes on over TCP, both ways.
@@ -750,15 +753,15 @@ TEST(ShmSettleClientTest, DeadlineMakesItPlain) {
   Connection c;
   ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
   ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("early")));
-  const uint64_t deadline = c.client->SettleDeadline();
+  const uint64_t deadline = c.client->control()->SettleDeadline();
   Reason why = Reason::kNone;
-  EXPECT_EQ(c.client->Settle(deadline - 1, &why), Settlement::kPending);
-  EXPECT_EQ(c.client->Settle(deadline, &why), Settlement::kPlain);
+  EXPECT_EQ(c.client->control()->Settle(deadline - 1, &why), Settlement::kPending);
+  EXPECT_EQ(c.client->control()->Settle(deadline, &why), Settlement::kPlain);
   EXPECT_EQ(why, Reason::kHandshakeTimeout);
   EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
   EXPECT_EQ(ReadSome(c.tcp_server, 5), Bytes("early"));
-  EXPECT_EQ(c.client->SettleDeadline(), 0u);
-  EXPECT_EQ(c.client->SettleFd(), -1);
+  EXPECT_EQ(c.client->control()->SettleDeadline(), 0u);
+  EXPECT_EQ(c.client->control()->SettleFd(), -1);
   char ch;
   EXPECT_EQ(recv(c.rendezvous, &ch, 1, MSG_DONTWAIT), 0);  // its rendezvous socket closed
 }
@@ -768,7 +771,8 @@ TEST(ShmSettleClientTest, AcceptAfterTheServerAbandonedStaysPlain) {
   ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
   // The server gave up waiting first (its deadline).
   Reason why = Reason::kNone;
-  EXPECT_EQ(c.server->Settle(c.server->SettleDeadline(), &why), Settlement::kPlain);
+  EXPECT_EQ(c.server->control()->Settle(c.server->control()->SettleDeadline(), &why),
+            Settlement::kPlain);
   EXPECT_EQ(c.ClaimNow(), Claim::kAbandoned);
   ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("early")));
   SendAll(c.rendezvous, AcceptBytes(c.offer.nonce));
@@ -840,7 +844,8 @@ TEST(ShmSettleClientTest, AConfirmAlreadyThereAtTheServersDeadlineSettles) {
   Reason why = Reason::kNone;
   ASSERT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(c.server->Settle(c.server->SettleDeadline(), &why), Settlement::kSettled);
+  EXPECT_EQ(c.server->control()->Settle(c.server->control()->SettleDeadline(), &why),
+            Settlement::kSettled);
   EXPECT_EQ(c.ClaimNow(), Claim::kConfirmed);
 }
 
