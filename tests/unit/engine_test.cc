@@ -184,6 +184,16 @@ class EngineTest : public ::testing::Test {
     socklen_t len = sizeof(peer);
     return getpeername(client_, reinterpret_cast<sockaddr*>(&peer), &len) == 0;
   }
+  // A setup whose one transport, of `kind`, made its offer with script `s`.
+  ClientSetup Offered(Script* s, TransportKind kind) {
+    transport_ = std::make_unique<TestTransport>(kind, s);
+    registry_ = TransportRegistry();
+    registry_.Add(transport_.get());
+    registry_.Choose(TransportList{kind});
+    ClientSetup setup(req_, sys::connect);
+    setup.Probe(registry_);
+    return setup;
+  }
   Script MakeScript() {
     Script s;
     s.news = news_;
@@ -193,6 +203,8 @@ class EngineTest : public ::testing::Test {
 
   Config config_;
   ConnectRequest req_;
+  std::unique_ptr<TestTransport> transport_;
+  TransportRegistry registry_;
   int listen_fd_ = -1;
   int client_ = -1;
   int news_ = -1;
@@ -298,12 +310,8 @@ TEST_F(EngineTest, TheFirstTransportThatReachesThePeerMakesTheOffer) {
 TEST_F(EngineTest, TheSynLeavesOnlyOnceTheOfferIsReady) {
   Script s = MakeScript();
   s.wait_for_news = true;
-  TestTransport t(TransportKind::kVerbs, &s);
-  TransportRegistry r;
-  r.Add(&t);
-  r.Choose(TransportList{TransportKind::kVerbs});
-  ClientSetup setup(req_, sys::connect);
-  ASSERT_TRUE(setup.Probe(r));
+  ClientSetup setup = Offered(&s, TransportKind::kVerbs);
+  ASSERT_EQ(setup.stage(), Stage::kOffer);
   EXPECT_EQ(setup.Step(client_), Stage::kOffer);
   EXPECT_EQ(setup.Step(client_), Stage::kOffer);
   ClientSetup::Wait w = setup.NextWait(client_);
@@ -328,12 +336,8 @@ TEST_F(EngineTest, AnOfferThatFailsBeforeTheSynLeavesTheSocketUntouched) {
   Script s = MakeScript();
   s.ready_step = ClientOffer::Step::kFailed;
   s.fail_why = Reason::kRendezvousBusy;
-  TestTransport t(TransportKind::kShm, &s);
-  TransportRegistry r;
-  r.Add(&t);
-  r.Choose(TransportList{TransportKind::kShm});
-  ClientSetup setup(req_, sys::connect);
-  ASSERT_TRUE(setup.Probe(r));
+  ClientSetup setup = Offered(&s, TransportKind::kShm);
+  ASSERT_EQ(setup.stage(), Stage::kOffer);
   EXPECT_EQ(setup.Run(client_), Stage::kPlain);
   EXPECT_EQ(setup.reason(), Reason::kRendezvousBusy);
   EXPECT_FALSE(setup.syn_sent());
@@ -351,12 +355,8 @@ TEST_F(EngineTest, EstablishDecidesPlainOrReset) {
     req_.fd = client_;
     Script s = MakeScript();
     s.outcome = outcome;
-    TestTransport t(TransportKind::kShm, &s);
-    TransportRegistry r;
-    r.Add(&t);
-    r.Choose(TransportList{TransportKind::kShm});
-    ClientSetup setup(req_, sys::connect);
-    ASSERT_TRUE(setup.Probe(r));
+    ClientSetup setup = Offered(&s, TransportKind::kShm);
+    ASSERT_EQ(setup.stage(), Stage::kOffer);
     const Stage end = setup.Run(client_);
     EXPECT_EQ(end, outcome == ClientOffer::Outcome::kPlain ? Stage::kPlain : Stage::kReset);
     EXPECT_EQ(setup.reason(), Reason::kResources);
@@ -373,12 +373,8 @@ TEST_F(EngineTest, EstablishDecidesPlainOrReset) {
 TEST_F(EngineTest, RunWaitsForTheOffersNews) {
   Script s = MakeScript();
   s.wait_for_news = true;
-  TestTransport t(TransportKind::kVerbs, &s);
-  TransportRegistry r;
-  r.Add(&t);
-  r.Choose(TransportList{TransportKind::kVerbs});
-  ClientSetup setup(req_, sys::connect);
-  ASSERT_TRUE(setup.Probe(r));
+  ClientSetup setup = Offered(&s, TransportKind::kVerbs);
+  ASSERT_EQ(setup.stage(), Stage::kOffer);
   const auto start = std::chrono::steady_clock::now();
   std::thread signaller([this] {
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
@@ -395,12 +391,8 @@ TEST_F(EngineTest, RunEndsAtTheOffersDeadline) {
   Script s = MakeScript();
   s.wait_for_news = true;
   s.deadline_ms = sys::MonotonicMs() + 100;
-  TestTransport t(TransportKind::kVerbs, &s);
-  TransportRegistry r;
-  r.Add(&t);
-  r.Choose(TransportList{TransportKind::kVerbs});
-  ClientSetup setup(req_, sys::connect);
-  ASSERT_TRUE(setup.Probe(r));
+  ClientSetup setup = Offered(&s, TransportKind::kVerbs);
+  ASSERT_EQ(setup.stage(), Stage::kOffer);
   EXPECT_EQ(setup.Run(client_), Stage::kPlain);
   EXPECT_EQ(setup.reason(), Reason::kHandshakeTimeout);
   EXPECT_FALSE(setup.syn_sent());
@@ -430,12 +422,8 @@ TEST_F(EngineTest, ATcpHandshakeSlowerThanTheBudgetGoesPlain) {
   Script s = MakeScript();
   s.listen_fd = -1;
   s.budget_ms = 100;
-  TestTransport t(TransportKind::kShm, &s);
-  TransportRegistry r;
-  r.Add(&t);
-  r.Choose(TransportList{TransportKind::kShm});
-  ClientSetup setup(req_, sys::connect);
-  ASSERT_TRUE(setup.Probe(r));
+  ClientSetup setup = Offered(&s, TransportKind::kShm);
+  ASSERT_EQ(setup.stage(), Stage::kOffer);
   const uint64_t start = sys::MonotonicMs();
   EXPECT_EQ(setup.Run(client_), Stage::kPlain);
   EXPECT_GE(sys::MonotonicMs() - start, 100u);
@@ -454,12 +442,8 @@ TEST_F(EngineTest, ARefusedSynIsTheApplicationsToSee) {
   listen_fd_ = -1;
   Script s = MakeScript();
   s.listen_fd = -1;
-  TestTransport t(TransportKind::kShm, &s);
-  TransportRegistry r;
-  r.Add(&t);
-  r.Choose(TransportList{TransportKind::kShm});
-  ClientSetup setup(req_, sys::connect);
-  ASSERT_TRUE(setup.Probe(r));
+  ClientSetup setup = Offered(&s, TransportKind::kShm);
+  ASSERT_EQ(setup.stage(), Stage::kOffer);
   EXPECT_EQ(setup.Run(client_), Stage::kPlain);
   EXPECT_TRUE(setup.syn_sent());
   EXPECT_FALSE(setup.connected());
@@ -472,12 +456,8 @@ TEST_F(EngineTest, ARefusedSynIsTheApplicationsToSee) {
 TEST_F(EngineTest, GiveUpWithdrawsTheOffer) {
   Script s = MakeScript();
   s.wait_for_news = true;
-  TestTransport t(TransportKind::kVerbs, &s);
-  TransportRegistry r;
-  r.Add(&t);
-  r.Choose(TransportList{TransportKind::kVerbs});
-  ClientSetup setup(req_, sys::connect);
-  ASSERT_TRUE(setup.Probe(r));
+  ClientSetup setup = Offered(&s, TransportKind::kVerbs);
+  ASSERT_EQ(setup.stage(), Stage::kOffer);
   EXPECT_EQ(setup.Step(client_), Stage::kOffer);
   setup.GiveUp(Reason::kResources);
   EXPECT_TRUE(s.destroyed);
@@ -490,12 +470,8 @@ TEST_F(EngineTest, ASetupMovesWithItsOffer) {
   // The connector takes a setup that waits in kOffer from connect()'s stack.
   Script s = MakeScript();
   s.wait_for_news = true;
-  TestTransport t(TransportKind::kVerbs, &s);
-  TransportRegistry r;
-  r.Add(&t);
-  r.Choose(TransportList{TransportKind::kVerbs});
-  ClientSetup first(req_, sys::connect);
-  ASSERT_TRUE(first.Probe(r));
+  ClientSetup first = Offered(&s, TransportKind::kVerbs);
+  ASSERT_EQ(first.stage(), Stage::kOffer);
   EXPECT_EQ(first.Step(client_), Stage::kOffer);
   int a = -1, b = -1;
   ASSERT_TRUE(first.offer()->Proxies(&a, &b));
