@@ -24,6 +24,7 @@
 
 #include "core/anchor_path.h"
 #include "core/log.h"
+#include "core/server_setup.h"
 #include "core/sys.h"
 #include "core/wire.h"
 #include "preload/accel_list.h"
@@ -69,69 +70,73 @@ bool Endpoints(int fd, wire::Endpoint* client, wire::Endpoint* server) noexcept 
          wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), server);
 }
 
-// Installs the offer's stream, held until its CONFIRM, which settles it here if it is
-// already queued, or later on the control thread: accept() never waits.
-Outcome AcceptOffer(ServerOffer* offer, SlipSocket* s, int fd) noexcept {
-  Carrier carrier;
-  Reason why = Reason::kResources;
-  int rc = -ENOMEM;
-  if (offer->Open(&carrier, &why)) {
-    rc = InstallStream(s, fd, &carrier.stream, &carrier.anchor_slot, kRoleServer);
-    if (rc == 0) {
-      ControlSettle(s);
-      return Outcome::kAccelerated;
-    }
-  }
-  // Nothing changed at fd; the stream, if any, is still alive (the offer may read its
-  // memory). Plain is safe only while the client has not committed.
-  if (!offer->Abandon()) {
-    SLIP_LOG(kWarn, "fd %d: cannot hold a confirmed connection (%s); dropping it", fd,
-             rc == -ENOMEM ? ReasonName(why) : strerror(-rc));
+// Nothing was offered for the connection. A client that confirmed although nothing was
+// registered for it believes it runs on a ring: its CONFIRM must not reach the application
+// as data. (A registration dropped unaccepted, after 30 s, is abandoned first, so only a
+// client that had already confirmed gets here, its CONFIRM queued long since.) It is
+// declined, and that client gets a reset.
+Outcome NothingOffered(SlipSocket* listener, SlipSocket* s, int fd,
+                       const wire::Endpoint& client) noexcept {
+  if (wire::Confirm orphan; PeekConfirm(fd, &orphan)) {
+    SLIP_LOG(kWarn,
+             "fd %d: a CONFIRM arrived with nothing registered for its connection; "
+             "declining it (reset) rather than passing it on as data",
+             fd);
+    SendDecline(fd, orphan.nonce, wire::DeclineReason::kNoRegistration);
     return Outcome::kDropped;
   }
-  MarkPlain(s, fd, rc == -ENOMEM ? why : Reason::kResources, kRoleServer);
+  SLIP_LOG(kDebug, "fd %d: nothing offered for the connection from port %u: plain", fd,
+           client.port);
+  MarkPlain(s, fd, listener->no_offer, kRoleServer);
   return Outcome::kPlain;
 }
 
+// The listener's twins, as core's server setup takes them.
+struct Twins {
+  explicit Twins(SlipSocket* listener) noexcept {
+    for (size_t i = 0; i < TransportRegistry::kMax; ++i) at[i] = listener->twins[i].get();
+  }
+  ListenerTwin* at[TransportRegistry::kMax];
+};
+
+// Core's server setup (core/server_setup.h) takes, chooses and opens what the twins were
+// offered; this installs the held stream, which the client's CONFIRM settles here if it
+// is already queued, or later on the control thread: accept() never waits.
 Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
   wire::Endpoint client, server;
   if (!Endpoints(fd, &client, &server)) {
     MarkPlain(s, fd, Reason::kUnsupported, kRoleServer);
     return Outcome::kPlain;
   }
-  const size_t n = Transports().size();
-  ServerOfferRoom rooms[TransportRegistry::kMax];
-  ServerOfferPtr offers[TransportRegistry::kMax];
-  for (size_t i = 0; i < n; ++i) {
-    if (listener->twins[i]) offers[i] = listener->twins[i]->Take(client, server, &rooms[i]);
-  }
-  const size_t chosen = ChooseOffer(Transports(), offers);
-  if (chosen == n) {
-    // A client that confirmed although nothing was registered for it believes it runs on
-    // a ring: its CONFIRM must not reach the application as data. (A registration dropped
-    // unaccepted, after 30 s, is abandoned first, so only a client that had already
-    // confirmed gets here, its CONFIRM queued long since.) It is declined, and that client
-    // gets a reset.
-    if (wire::Confirm orphan; PeekConfirm(fd, &orphan)) {
-      SLIP_LOG(kWarn,
-               "fd %d: a CONFIRM arrived with nothing registered for its connection; "
-               "declining it (reset) rather than passing it on as data",
-               fd);
-      SendDecline(fd, orphan.nonce, wire::DeclineReason::kNoRegistration);
-      return Outcome::kDropped;
+  ServerSetup setup;
+  switch (setup.Run(Transports(), Twins(listener).at, client, server)) {
+    case ServerSetup::Stage::kNothing:
+      return NothingOffered(listener, s, fd, client);
+    case ServerSetup::Stage::kOpened: {
+      Carrier* carrier = setup.carrier();
+      const int rc = InstallStream(s, fd, &carrier->stream, &carrier->anchor_slot, kRoleServer);
+      if (rc == 0) {
+        ControlSettle(s);
+        return Outcome::kAccelerated;
+      }
+      // Nothing changed at fd.
+      if (setup.Fail(rc == -EMFILE ? Reason::kFdLimit : Reason::kResources) ==
+          ServerSetup::Stage::kDrop) {
+        SLIP_LOG(kWarn, "fd %d: cannot hold a confirmed connection (%s); dropping it", fd,
+                 strerror(-rc));
+        return Outcome::kDropped;
+      }
+      break;
     }
-    SLIP_LOG(kDebug, "fd %d: nothing offered for the connection from port %u: plain", fd,
-             client.port);
-    MarkPlain(s, fd, listener->no_offer, kRoleServer);
-    return Outcome::kPlain;
+    case ServerSetup::Stage::kDrop:
+      SLIP_LOG(kWarn, "fd %d: cannot hold a confirmed connection (%s); dropping it", fd,
+               ReasonName(setup.reason()));
+      return Outcome::kDropped;
+    case ServerSetup::Stage::kPlain:
+      break;
   }
-  for (size_t i = 0; i < n; ++i) {
-    if (i == chosen || !offers[i]) continue;
-    offers[i]->Abandon();
-    offers[i].reset();
-    listener->twins[i]->Drop(client, server);
-  }
-  return AcceptOffer(offers[chosen].get(), s, fd);
+  MarkPlain(s, fd, setup.reason(), kRoleServer);
+  return Outcome::kPlain;
 }
 
 // An accepted connection that cannot be tracked: what was offered for it is abandoned so
@@ -139,15 +144,7 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
 bool UntrackedIsSafe(SlipSocket* listener, int fd) noexcept {
   wire::Endpoint client, server;
   if (!Endpoints(fd, &client, &server)) return true;
-  bool safe = true;
-  for (size_t i = 0; i < Transports().size(); ++i) {
-    ListenerTwin* twin = listener->twins[i].get();
-    if (!twin) continue;
-    ServerOfferRoom room;
-    if (ServerOfferPtr offer = twin->Take(client, server, &room)) safe = offer->Abandon() && safe;
-    twin->Drop(client, server);
-  }
-  return safe;
+  return ServerSetup::AbandonAll(Transports(), Twins(listener).at, client, server);
 }
 
 }  // namespace

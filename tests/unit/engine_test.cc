@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/client_setup.h"
+#include "core/server_setup.h"
 #include "core/sys.h"
 #include "core/transport.h"
 
@@ -480,6 +481,155 @@ TEST_F(EngineTest, ASetupMovesWithItsOffer) {
   Signal();
   EXPECT_EQ(moved->Step(client_), Stage::kCarried);
   EXPECT_EQ(moved->request().dest_len, req_.dest_len);
+}
+
+// The server side: twins written here, each holding at most one offer.
+struct ServerScript {
+  bool offered = false;
+  bool open_ok = true;
+  Reason open_why = Reason::kConnectSlow;
+  bool committed = false;
+  // Observed.
+  int takes = 0, drops = 0, opens = 0, abandons = 0;
+  bool carrier_alive_at_abandon = false;
+  Carrier* carrier = nullptr;
+};
+
+class ScriptServerOffer final : public ServerOffer {
+ public:
+  explicit ScriptServerOffer(ServerScript* s) : s_(s) {}
+  bool Open(Carrier* out, Reason* why) noexcept override {
+    ++s_->opens;
+    s_->carrier = out;
+    if (!s_->open_ok) {
+      *why = s_->open_why;
+      return false;
+    }
+    out->anchor_slot = dup(0);  // stands for what the face would install
+    return true;
+  }
+  bool Abandon() noexcept override {
+    ++s_->abandons;
+    s_->carrier_alive_at_abandon = s_->carrier && s_->carrier->anchor_slot >= 0;
+    return !s_->committed;
+  }
+
+ private:
+  ServerScript* s_;
+};
+
+class ScriptTwin final : public ListenerTwin {
+ public:
+  explicit ScriptTwin(ServerScript* s) : s_(s) {}
+  ServerOfferPtr Take(const wire::Endpoint&, const wire::Endpoint&,
+                      ServerOfferRoom* room) noexcept override {
+    ++s_->takes;
+    if (!s_->offered) return nullptr;
+    return ServerOfferPtr(new (room->bytes) ScriptServerOffer(s_));
+  }
+  void Drop(const wire::Endpoint&, const wire::Endpoint&) noexcept override { ++s_->drops; }
+
+ private:
+  ServerScript* s_;
+};
+
+// A listener with a verbs twin and an shm twin (whose offers the kernel vouches for), in
+// that order.
+class ServerSetupTest : public ::testing::Test {
+ protected:
+  ServerSetupTest()
+      : verbs_(TransportKind::kVerbs, &unused_),
+        shm_(TransportKind::kShm, &unused_, true),
+        verbs_twin_(&verbs_script_),
+        shm_twin_(&shm_script_) {
+    registry_.Add(&shm_);
+    registry_.Add(&verbs_);
+    registry_.Choose(TransportList{TransportKind::kVerbs, TransportKind::kShm});
+    twins_[0] = &verbs_twin_;
+    twins_[1] = &shm_twin_;
+  }
+  ServerSetup::Stage Run(ServerSetup* setup) {
+    return setup->Run(registry_, twins_, client_, server_);
+  }
+
+  Script unused_;
+  TestTransport verbs_, shm_;
+  ServerScript verbs_script_, shm_script_;
+  ScriptTwin verbs_twin_, shm_twin_;
+  TransportRegistry registry_;
+  ListenerTwin* twins_[TransportRegistry::kMax] = {};
+  wire::Endpoint client_, server_;
+};
+
+TEST_F(ServerSetupTest, NothingOfferedIsPlainAndUntouched) {
+  ServerSetup setup;
+  EXPECT_EQ(Run(&setup), ServerSetup::Stage::kNothing);
+  EXPECT_EQ(verbs_script_.takes + shm_script_.takes, 2);
+  EXPECT_EQ(verbs_script_.drops + shm_script_.drops, 0);
+}
+
+TEST_F(ServerSetupTest, TheOfferTheKernelVouchedForCarriesItAndTheOtherIsDropped) {
+  verbs_script_.offered = shm_script_.offered = true;
+  ServerSetup setup;
+  EXPECT_EQ(Run(&setup), ServerSetup::Stage::kOpened);
+  EXPECT_EQ(setup.transport(), TransportKind::kShm);
+  EXPECT_EQ(shm_script_.opens, 1);
+  EXPECT_EQ(verbs_script_.opens, 0);
+  EXPECT_EQ(verbs_script_.abandons, 1);  // forged or stale
+  EXPECT_EQ(verbs_script_.drops, 1);
+  EXPECT_EQ(shm_script_.drops, 0);
+  EXPECT_GE(setup.carrier()->anchor_slot, 0);
+}
+
+TEST_F(ServerSetupTest, WithoutAVouchedOfferTheUsersOrderDecides) {
+  verbs_script_.offered = true;
+  ServerSetup setup;
+  EXPECT_EQ(Run(&setup), ServerSetup::Stage::kOpened);
+  EXPECT_EQ(setup.transport(), TransportKind::kVerbs);
+  EXPECT_EQ(verbs_script_.abandons, 0);
+}
+
+TEST_F(ServerSetupTest, AnOfferThatCannotOpenGoesPlainUnlessItsClientCommitted) {
+  for (bool committed : {false, true}) {
+    SCOPED_TRACE(committed);
+    ServerScript script;
+    script.offered = true;
+    script.open_ok = false;
+    script.committed = committed;
+    ScriptTwin twin(&script);
+    twins_[0] = nullptr;
+    twins_[1] = &twin;
+    ServerSetup setup;
+    EXPECT_EQ(Run(&setup), committed ? ServerSetup::Stage::kDrop : ServerSetup::Stage::kPlain);
+    EXPECT_EQ(setup.reason(), Reason::kConnectSlow);
+    EXPECT_EQ(script.abandons, 1);
+  }
+}
+
+TEST_F(ServerSetupTest, AStreamTheFaceCannotInstallIsAbandonedWhileItLives) {
+  for (bool committed : {false, true}) {
+    SCOPED_TRACE(committed);
+    ServerScript script;
+    script.offered = true;
+    script.committed = committed;
+    ScriptTwin twin(&script);
+    twins_[1] = &twin;
+    ServerSetup setup;
+    ASSERT_EQ(Run(&setup), ServerSetup::Stage::kOpened);
+    EXPECT_EQ(setup.Fail(Reason::kFdLimit),
+              committed ? ServerSetup::Stage::kDrop : ServerSetup::Stage::kPlain);
+    EXPECT_EQ(setup.reason(), Reason::kFdLimit);
+    EXPECT_TRUE(script.carrier_alive_at_abandon);  // (shm's claim word lives in it)
+  }
+}
+
+TEST_F(ServerSetupTest, AnUntrackedConnectionAbandonsEverythingOfferedForIt) {
+  verbs_script_.offered = shm_script_.offered = true;
+  EXPECT_TRUE(ServerSetup::AbandonAll(registry_, twins_, client_, server_));
+  EXPECT_EQ(verbs_script_.abandons + shm_script_.abandons, 2);
+  EXPECT_EQ(verbs_script_.drops + shm_script_.drops, 2);
+  shm_script_.committed = true;
+  EXPECT_FALSE(ServerSetup::AbandonAll(registry_, twins_, client_, server_));
 }
 
 }  // namespace
