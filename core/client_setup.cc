@@ -33,8 +33,7 @@ bool ClientSetup::Probe(const TransportRegistry& transports) noexcept {
 }
 
 void ClientSetup::GiveUp(Reason why) noexcept {
-  offer_.reset();  // withdraws
-  Plain(why);
+  Plain(why);  // (dropping the offer withdraws it)
 }
 
 void ClientSetup::Plain(Reason why) noexcept {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/no_destructor.h"
+#include "core/sys.h"
 
 namespace slip {
 
@@ -47,6 +48,20 @@ bool IsInterfaceAddress(const wire::Endpoint& ep) noexcept {
 }
 
 }  // namespace
+
+bool LocalEndpoint(int fd, wire::Endpoint* ep) noexcept {
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  return sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+         wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), ep);
+}
+
+bool PeerEndpoint(int fd, wire::Endpoint* ep) noexcept {
+  sockaddr_storage peer{};
+  socklen_t len = sizeof(peer);
+  return sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0 &&
+         wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&peer), ep);
+}
 
 bool IsLoopback(const wire::Endpoint& ep) noexcept {
   if (ep.family == 4) return ep.addr[0] == 127;

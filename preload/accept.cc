@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/anchor_path.h"
+#include "core/local_address.h"
 #include "core/log.h"
 #include "core/server_setup.h"
 #include "core/sys.h"
@@ -62,12 +63,7 @@ bool PeekConfirm(int fd, wire::Confirm* confirm) noexcept {
 }
 
 bool Endpoints(int fd, wire::Endpoint* client, wire::Endpoint* server) noexcept {
-  sockaddr_storage local{}, remote{};
-  socklen_t llen = sizeof(local), rlen = sizeof(remote);
-  return sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0 &&
-         sys::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &rlen) == 0 &&
-         wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&remote), client) &&
-         wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), server);
+  return PeerEndpoint(fd, client) && LocalEndpoint(fd, server);
 }
 
 // Nothing was offered for the connection. A client that confirmed although nothing was

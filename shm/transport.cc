@@ -25,12 +25,7 @@ constexpr int kTcpHandshakeBudgetMs = 20;
 // source for a local destination (the destination itself), so that the 4-tuple is known
 // before the SYN.
 int BindForRegistration(int fd, const sockaddr* dest, socklen_t len) noexcept {
-  sockaddr_storage local{};
-  socklen_t llen = sizeof(local);
-  if (sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) return -errno;
-  wire::Endpoint ep;
-  if (wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &ep) && ep.port != 0)
-    return 0;
+  if (wire::Endpoint ep; LocalEndpoint(fd, &ep) && ep.port != 0) return 0;
   sockaddr_storage src{};
   std::memcpy(&src, dest, len);
   if (src.ss_family == AF_INET)
@@ -39,13 +34,6 @@ int BindForRegistration(int fd, const sockaddr* dest, socklen_t len) noexcept {
     reinterpret_cast<sockaddr_in6*>(&src)->sin6_port = 0;
   if (sys::bind(fd, reinterpret_cast<sockaddr*>(&src), len) != 0) return -errno;
   return 0;
-}
-
-bool LocalEndpoint(int fd, wire::Endpoint* ep) noexcept {
-  sockaddr_storage local{};
-  socklen_t llen = sizeof(local);
-  return sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0 &&
-         wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), ep);
 }
 
 Reason FdReason(int rc) noexcept {

@@ -75,11 +75,8 @@ bool BindToRdmaSource(int family, int fd, const sockaddr_storage& source,
     std::memcpy(&bind_to, &mapped, sizeof(mapped));
     bind_len = sizeof(mapped);
   }
-  if (sys::bind(fd, reinterpret_cast<sockaddr*>(&bind_to), bind_len) != 0) return false;
-  sockaddr_storage local{};
-  socklen_t llen = sizeof(local);
-  return sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0 &&
-         wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), client);
+  return sys::bind(fd, reinterpret_cast<sockaddr*>(&bind_to), bind_len) == 0 &&
+         LocalEndpoint(fd, client);
 }
 
 // A proxy pair above the hidden-descriptor floor.
@@ -246,13 +243,9 @@ class VerbsTransport final : public Transport {
   std::unique_ptr<ClientOffer> Offer(const ConnectRequest& req, Reason* why) noexcept override {
     *why = Reason::kNoRdmaPath;
     if (IsLoopback(req.server)) return nullptr;  // rdma_cm has no loopback device
-    sockaddr_storage local{};
-    socklen_t llen = sizeof(local);
     wire::Endpoint bound;
     *why = Reason::kUnsupported;  // the application chose its port: keep out of its way
-    if (sys::getsockname(req.fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0 &&
-        wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &bound) && bound.port != 0)
-      return nullptr;
+    if (LocalEndpoint(req.fd, &bound) && bound.port != 0) return nullptr;
     Module* m = Get(req.config);
     *why = Reason::kNoRdmaDevice;
     if (!m) return nullptr;
