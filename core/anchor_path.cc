@@ -98,50 +98,6 @@ bool ReceiveFailover(int fd, int timeout_ms, wire::Failover* out) noexcept {
   }
 }
 
-bool FailoverFits(const wire::Failover& peer, uint64_t credited, uint64_t published,
-                  uint64_t received) noexcept {
-  if (peer.received >= credited && peer.received <= published && peer.sent >= received) return true;
-  SLIP_LOG(kWarn,
-           "the peer's FAILOVER (received %llu, sent %llu) does not fit this end (credited "
-           "%llu, published %llu, received %llu)",
-           (unsigned long long)peer.received, (unsigned long long)peer.sent,
-           (unsigned long long)credited, (unsigned long long)published,
-           (unsigned long long)received);
-  return false;
-}
-
-bool HandBackOnAnchor(int fd, const uint8_t* tx_ring, uint32_t ring_size, uint64_t consumed,
-                      uint64_t credited, uint64_t published, bool finished,
-                      int timeout_ms) noexcept {
-  const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
-  auto left = [deadline]() noexcept {
-    uint64_t now = sys::MonotonicMs();
-    return now >= deadline ? 0 : int(deadline - now);
-  };
-  const wire::Failover mine{
-      .received = consumed, .sent = published, .cause = wire::FailoverCause::kHandBack};
-  wire::Failover peer;
-  if (!SendFailover(fd, mine, left()) || !ReceiveFailover(fd, left(), &peer)) {
-    SLIP_LOG(kWarn, "hand-back: no FAILOVER answer from the peer within %d ms", timeout_ms);
-    return false;
-  }
-  if (!FailoverFits(peer, credited, published, consumed)) return false;
-  if (peer.received < published) {
-    AnchorPath resend;
-    resend.Start(fd, nullptr, tx_ring, ring_size, consumed, peer.received);
-    if (!resend.PushAll(published, left())) {
-      SLIP_LOG(kWarn, "hand-back: TCP did not take the %llu bytes to resend",
-               (unsigned long long)(published - resend.sent()));
-      return false;
-    }
-  }
-  if (finished) sys::shutdown(fd, SHUT_WR);
-  SLIP_LOG(kDebug, "hand-back: on TCP from byte %llu in, %llu out (%llu resent)",
-           (unsigned long long)consumed, (unsigned long long)published,
-           (unsigned long long)(published - peer.received));
-  return true;
-}
-
 void AnchorPath::Start(int fd, uint8_t* rx_ring, const uint8_t* tx_ring, uint32_t ring_size,
                        uint64_t rx_from, uint64_t tx_from) noexcept {
   fd_ = fd;

@@ -59,21 +59,6 @@ bool SendFailover(int fd, const wire::Failover& failover, int timeout_ms) noexce
 // on anything else there (other bytes, EOF, an error) or when none came in time.
 bool ReceiveFailover(int fd, int timeout_ms, wire::Failover* out) noexcept;
 
-// Whether the peer's FAILOVER fits this end's counts: it received no less than it credited
-// and nothing we did not publish, and it sent at least what we received. Logs why not.
-bool FailoverFits(const wire::Failover& peer, uint64_t credited, uint64_t published,
-                  uint64_t received) noexcept;
-
-// The leaving end's half of a hand-back (ChannelControl::HandBack), once its transport stopped:
-// sends FAILOVER {`consumed`, `published`, hand_back}, takes the peer's answer, checks it
-// (`credited <= peer.received <= published`, `peer.sent >= consumed`) and writes what the
-// peer did not receive, [peer.received, published) of `tx_ring`, onto the anchor; then
-// shuts the anchor's sending side if `finished` (the application had). All within
-// `timeout_ms`; false, with a log line, when any of it fails.
-bool HandBackOnAnchor(int fd, const uint8_t* tx_ring, uint32_t ring_size, uint64_t consumed,
-                      uint64_t credited, uint64_t published, bool finished,
-                      int timeout_ms) noexcept;
-
 class AnchorPath {
  public:
   AnchorPath() = default;

@@ -6,11 +6,13 @@
 // end's own cursors (what it published, what it consumed) are kept here, never read back
 // from the region. The cursors the peer writes are range-checked by Stream.
 //
-// Phases (docs/DESIGN.md, "Settling a connection"):
-//   held     server, the client's CONFIRM not arrived yet: no bytes, no space, either way
-//   shm      the rings carry the stream (a client awaiting its listener's answer is here)
-//   tcp      the anchor carries it (AnchorPath): the peer handed the connection back
-//            (exec), or the connection settled as plain after it was installed
+// Carriage (core/failover.h; docs/DESIGN.md, "Settling a connection"):
+//   held       server, the client's CONFIRM not arrived yet: no bytes, no space, either way
+//   transport  the rings carry the stream (a client awaiting its listener's answer is here)
+//   tcp        the anchor carries it: the peer handed the connection back (exec), or the
+//              connection settled as plain after it was installed
+// shm never fails on its own (memory does not go away under a live process), so it never
+// starts a failover: it answers a peer's hand-back and settles as plain.
 #include <sys/epoll.h>
 #include <sys/mman.h>
 
@@ -19,6 +21,7 @@
 #include <mutex>
 
 #include "core/anchor_path.h"
+#include "core/failover.h"
 #include "core/log.h"
 #include "core/sys.h"
 #include "shm/region.h"
@@ -46,7 +49,7 @@ Reason ReasonForDecline(wire::DeclineReason reason) noexcept {
   }
 }
 
-class ShmChannel final : public Channel, public ChannelControl {
+class ShmChannel final : public Channel, public ChannelControl, private AnchorFailover::Ends {
  public:
   explicit ShmChannel(const ChannelSetup& setup) noexcept
       : Channel(setup.ring_size),
@@ -59,7 +62,8 @@ class ShmChannel final : public Channel, public ChannelControl {
         anchor_(setup.anchor),
         rendezvous_(setup.rendezvous),
         timeout_ms_(setup.handshake_timeout_ms),
-        claim_(&static_cast<RegionControl*>(setup.region)->header.claim) {
+        claim_(&static_cast<RegionControl*>(setup.region)->header.claim),
+        failover_("shm", this, setup.ring_size) {
     auto* control = static_cast<RegionControl*>(region_);
     uint8_t* to_server = static_cast<uint8_t*>(region_) + kControlPage;
     uint8_t* to_client = to_server + ring_size();
@@ -69,7 +73,10 @@ class ShmChannel final : public Channel, public ChannelControl {
     rx_data_ = setup.is_client ? to_client : to_server;
     if (setup.held || setup.rendezvous >= 0)
       deadline_.store(sys::MonotonicMs() + uint64_t(timeout_ms_), std::memory_order_relaxed);
-    phase_.store(setup.held ? Phase::kHeld : Phase::kShm, std::memory_order_relaxed);
+    failover_.SetAnchor(anchor_);
+    failover_.SetRings(rx_data_, tx_data_);
+    failover_.SetOwnProxy(own_b_);
+    if (setup.held) failover_.Hold();
     TakeHolderLock();
   }
   ~ShmChannel() override {
@@ -80,13 +87,7 @@ class ShmChannel final : public Channel, public ChannelControl {
       sys::close(fd);
     }
     // On TCP, bytes still in the ring would go away with it: they go to the anchor first.
-    if (tcp() && !aborted_) {
-      const uint64_t published = published_.load(std::memory_order_acquire);
-      path_.Finish(published);
-      if (!path_.PushAll(published, 5000))
-        SLIP_LOG(kWarn, "shm: closing with %llu bytes not taken by the TCP connection",
-                 (unsigned long long)(published - path_.sent()));
-    }
+    if (failover_.on_tcp() && !aborted_) failover_.FinishOnClose(5000);
     munmap(region_, region_size_);
     if (private_rings_) munmap(private_rings_, 2 * size_t(ring_size()));
     if (peer_b_ >= 0) sys::close(peer_b_);
@@ -95,22 +96,21 @@ class ShmChannel final : public Channel, public ChannelControl {
   TransportKind kind() const noexcept override { return TransportKind::kShm; }
 
   uint64_t RxProduced() const noexcept override {
-    switch (phase()) {
-      case Phase::kShm:
+    switch (failover_.carriage()) {
+      case Carriage::kTransport:
         return rx_->produced.load(std::memory_order_acquire);
-      case Phase::kHeld:
-        return 0;
-      case Phase::kTcp:
+      case Carriage::kTcp:
+        return failover_.Pull();
+      case Carriage::kHeld:
+      case Carriage::kFailing:
         break;
     }
-    uint64_t received = path_.Pull(consumed_.load(std::memory_order_acquire));
-    path_.ShowEnd(own_b_);
-    return received;
+    return 0;
   }
   const uint8_t* RxData() const noexcept override { return rx_data_; }
   void RxConsumed(uint64_t consumed) noexcept override {
-    consumed_.store(consumed, std::memory_order_release);
-    if (phase() != Phase::kShm) return;  // TCP has its own window
+    failover_.SetConsumed(consumed);
+    if (failover_.carriage() != Carriage::kTransport) return;  // TCP has its own window
     rx_->consumed.store(consumed, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     WakeState& wake = rx_->wake;
@@ -118,78 +118,69 @@ class ShmChannel final : public Channel, public ChannelControl {
       proxy::Unfill(peer_b_);
   }
   bool RxEof() const noexcept override {
-    switch (phase()) {
-      case Phase::kShm:
+    switch (failover_.carriage()) {
+      case Carriage::kTransport:
         return rx_->eof.load(std::memory_order_acquire) != 0;
-      case Phase::kHeld:
-        return false;
-      case Phase::kTcp:
+      case Carriage::kTcp:
+        return failover_.eof();
+      case Carriage::kHeld:
+      case Carriage::kFailing:
         break;
     }
-    return path_.eof();
+    return false;
   }
   WakeState* RxWake() noexcept override { return &rx_->wake; }
-  int Error() const noexcept override { return tcp() ? path_.error() : 0; }
+  int Error() const noexcept override { return failover_.on_tcp() ? failover_.error() : 0; }
 
   uint64_t TxConsumed() const noexcept override {
-    switch (phase()) {
-      case Phase::kShm:
+    switch (failover_.carriage()) {
+      case Carriage::kTransport:
         return tx_->consumed.load(std::memory_order_acquire);
-      case Phase::kHeld:
-        // Nothing published, nothing credited: a full ring, so nothing can be sent.
-        return published_.load(std::memory_order_relaxed) - ring_size();
-      case Phase::kTcp:
+      case Carriage::kTcp:
+        return failover_.Push();  // the ring frees as the kernel takes its bytes
+      case Carriage::kHeld:
+      case Carriage::kFailing:
         break;
     }
-    // On TCP the ring frees as the kernel takes its bytes.
-    return path_.Push(published_.load(std::memory_order_acquire));
+    // Nothing credited: a full ring, so nothing can be sent.
+    return failover_.published() - ring_size();
   }
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override {
     std::memcpy(tx_data_ + offset, src, len);
   }
   void TxPublish(uint64_t produced) noexcept override {
-    // Published before the phase is read (one fence, which also orders the publish before
-    // the reader's sleep flag), as the switch to TCP sets the phase before it pushes what
-    // is published: a publish racing with the switch is sent by one of the two. (Once on
-    // TCP the region's cursor is nobody's business; writing it costs nothing.)
-    published_.store(produced, std::memory_order_relaxed);
+    // Into the region first (once on TCP its cursor is nobody's business; writing it costs
+    // nothing), then ours: Publish's sequentially consistent store and load also order the
+    // publish before the reader's sleep flag, read below.
     tx_->produced.store(produced, std::memory_order_release);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (phase_.load(std::memory_order_relaxed) == Phase::kTcp) {
-      path_.Push(produced);
-      return;
-    }
+    if (failover_.Publish(produced) == Carriage::kTcp) return;
     WakeState& wake = tx_->wake;
     if (wake.reader_waiting.load(std::memory_order_relaxed) && wake.reader_waiting.exchange(0))
       proxy::WriteToken(&wake, peer_b_);
   }
   bool TxPeerClosed() const noexcept override {
-    switch (phase()) {
-      case Phase::kShm:
+    switch (failover_.carriage()) {
+      case Carriage::kTransport:
         return tx_->reader_closed.load(std::memory_order_acquire) != 0;
-      case Phase::kHeld:
-        return false;
-      case Phase::kTcp:
+      case Carriage::kTcp:
+        return failover_.peer_closed();
+      case Carriage::kHeld:
+      case Carriage::kFailing:
         break;
     }
-    return path_.peer_closed();
+    return false;
   }
   WakeState* TxWake() noexcept override { return &tx_->wake; }
 
   void CloseTx() noexcept override {
-    tx_closed_.store(true, std::memory_order_seq_cst);  // (the same race as TxPublish's)
-    const Phase phase = phase_.load(std::memory_order_seq_cst);
-    if (phase == Phase::kTcp) {
-      path_.Finish(published_.load(std::memory_order_acquire));
-      return;
-    }
-    if (phase == Phase::kHeld) return;  // settling finishes it, on the rings or on TCP
+    // Held: settling finishes it, on the rings or on TCP.
+    if (failover_.FinishTx() != Carriage::kTransport) return;
     tx_->eof.store(1, std::memory_order_release);
     // EOF on the peer's proxy: its sleepers wake, its pollers see EPOLLIN|EPOLLRDHUP.
     sys::shutdown(peer_b_, SHUT_WR);
   }
   void CloseRx() noexcept override {
-    if (phase() != Phase::kShm) return;
+    if (failover_.carriage() != Carriage::kTransport) return;
     rx_->reader_closed.store(1, std::memory_order_release);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     proxy::Unfill(peer_b_);  // a peer sender asleep on a full ring wakes up to EPIPE
@@ -198,8 +189,10 @@ class ShmChannel final : public Channel, public ChannelControl {
   void Abort() noexcept override { aborted_ = true; }
 
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
-  bool AnchorCarriesStream() const noexcept override { return phase() != Phase::kShm; }
-  void OnAnchorReady(uint32_t events) noexcept override;
+  bool AnchorCarriesStream() const noexcept override {
+    return failover_.carriage() != Carriage::kTransport;
+  }
+  void OnAnchorReady(uint32_t events) noexcept override { failover_.OnAnchorReady(events); }
 
   bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
   bool SharedWithOtherProcess() const noexcept override;
@@ -218,16 +211,12 @@ class ShmChannel final : public Channel, public ChannelControl {
   }
 
  private:
-  enum class Phase : uint8_t { kHeld, kShm, kTcp };
-
-  Phase phase() const noexcept { return phase_.load(std::memory_order_acquire); }
-  bool tcp() const noexcept { return phase() == Phase::kTcp; }
-
   Settlement SettleServer(uint64_t now_ms, Reason* why) noexcept;
   Settlement SettleClient(uint64_t now_ms, Reason* why) noexcept;
-  // The stream goes to the anchor from where both ends stand; `private_rings`: leave the
-  // shared region (whoever registered it is not this connection's peer).
-  bool StartTcp(uint64_t rx_from, uint64_t tx_from, bool private_rings) noexcept;
+  // A connection settled as plain: the stream goes to the anchor from byte 0;
+  // `private_rings`: leave the shared region (whoever registered it is not this
+  // connection's peer). False when there is no memory for rings of our own.
+  bool SettlePlain(bool private_rings) noexcept;
   bool SendConfirm() noexcept;
   void Withdraw() noexcept {
     uint32_t expected = uint32_t(Claim::kOpen);
@@ -254,13 +243,13 @@ class ShmChannel final : public Channel, public ChannelControl {
     sys::fcntl(own_b_, F_SETLK, reinterpret_cast<long>(&lock));
   }
 
-  void WakeReaderNow() const noexcept {
+  void WakeReaderNow() const noexcept override {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     WakeState& wake = rx_->wake;
     if (wake.reader_waiting.load(std::memory_order_relaxed) && wake.reader_waiting.exchange(0))
       proxy::WriteToken(&wake, own_b_);
   }
-  void WakeWriterNow() const noexcept {
+  void WakeWriterNow() const noexcept override {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     WakeState& wake = tx_->wake;
     if (wake.writer_waiting.load(std::memory_order_relaxed) && wake.writer_waiting.exchange(0))
@@ -285,20 +274,15 @@ class ShmChannel final : public Channel, public ChannelControl {
   uint8_t* rx_data_;
   void* private_rings_ = nullptr;  // a server's rings once it left a region it cannot trust
 
-  // This end's own cursors, never read back from the region.
-  std::atomic<uint64_t> published_{0};
-  std::atomic<uint64_t> consumed_{0};
-  std::atomic<bool> tx_closed_{false};
-
   std::atomic<uint64_t> deadline_{0};
   bool extended_ = false;  // the server's wait for a committed client (control thread only)
   bool aborted_ = false;
-  std::mutex switch_mu_;  // OnPeerFailover against HandBack and settling
-  std::atomic<Phase> phase_{Phase::kShm};
-  mutable AnchorPath path_;
+  // The carriage and this end's own cursors (never read back from the region); its lock
+  // serialises the peer's hand-back, ours and settling.
+  AnchorFailover failover_;
 };
 
-bool ShmChannel::StartTcp(uint64_t rx_from, uint64_t tx_from, bool private_rings) noexcept {
+bool ShmChannel::SettlePlain(bool private_rings) noexcept {
   if (private_rings) {
     // Nothing was carried yet (the connection was held), so fresh rings lose nothing; the
     // region, and whoever holds it, are left out of the connection from here on.
@@ -308,23 +292,16 @@ bool ShmChannel::StartTcp(uint64_t rx_from, uint64_t tx_from, bool private_rings
     private_rings_ = rings;
     rx_data_ = static_cast<uint8_t*>(rings);
     tx_data_ = rx_data_ + ring_size();
+    failover_.SetRings(rx_data_, tx_data_);
     if (peer_b_ >= 0) sys::close(peer_b_);
     peer_b_ = -1;
   }
-  path_.Start(anchor_, rx_data_, tx_data_, ring_size(), rx_from, tx_from);
-  phase_.store(Phase::kTcp, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // against TxPublish's: see there
-  if (tx_closed_.load(std::memory_order_seq_cst))
-    path_.Finish(published_.load(std::memory_order_acquire));
-  OnAnchorReady(EPOLLIN | EPOLLOUT);
-  // Readers and writers waited on a phase that did not let them through.
-  WakeWriterNow();
-  WakeReaderNow();
+  failover_.EnterTcp(0, 0);
   return true;
 }
 
 ChannelControl::Settlement ShmChannel::Settle(uint64_t now_ms, Reason* why) noexcept {
-  std::lock_guard<std::mutex> lock(switch_mu_);
+  std::lock_guard<std::mutex> lock(failover_.lock());
   if (deadline_.load(std::memory_order_relaxed) == 0) return Settlement::kSettled;
   return rendezvous_.load(std::memory_order_relaxed) >= 0 ? SettleClient(now_ms, why)
                                                           : SettleServer(now_ms, why);
@@ -337,15 +314,13 @@ ChannelControl::Settlement ShmChannel::SettleServer(uint64_t now_ms, Reason* why
   if (peek.Is(wire::Type::kConfirm)) {
     if (peek.msg.confirm.nonce == nonce_ && peek.msg.confirm.ring_size == ring_size()) {
       ConsumeAnchor(anchor_, peek);
-      phase_.store(Phase::kShm, std::memory_order_seq_cst);
-      if (tx_closed_.load(std::memory_order_seq_cst)) CloseTx();
+      failover_.Release();
+      if (failover_.finished()) CloseTx();
       Settled();
       // Whoever waited for space or bytes while held is owed a wake-up now, if there is
       // anything for them (a token for nothing would make an idle connection readable).
       WakeWriterNow();
-      if (rx_->produced.load(std::memory_order_acquire) !=
-          consumed_.load(std::memory_order_relaxed))
-        WakeReaderNow();
+      if (rx_->produced.load(std::memory_order_acquire) != failover_.consumed()) WakeReaderNow();
       return Settlement::kSettled;
     }
     // A client that confirmed a registration other than the one held here (the real one
@@ -394,7 +369,7 @@ ChannelControl::Settlement ShmChannel::SettleServer(uint64_t now_ms, Reason* why
     }
   }
   Settled();
-  if (!StartTcp(0, 0, /*private_rings=*/true)) {
+  if (!SettlePlain(/*private_rings=*/true)) {
     SLIP_LOG(kWarn, "shm: no memory to carry a plain connection; resetting it");
     return Settlement::kReset;
   }
@@ -449,7 +424,7 @@ ChannelControl::Settlement ShmChannel::SettleClient(uint64_t now_ms, Reason* why
   // The server reads the rings only after our CONFIRM, which never comes: everything we
   // published since is still in our ring, and it sent nothing. The region is shared with
   // the listener's own process only (verified), so its rings may carry the TCP path.
-  if (!StartTcp(0, 0, /*private_rings=*/false)) return Settlement::kReset;
+  if (!SettlePlain(/*private_rings=*/false)) return Settlement::kReset;
   *why = plain;
   return Settlement::kPlain;
 }
@@ -472,8 +447,9 @@ bool ShmChannel::SendConfirm() noexcept {
 }
 
 bool ShmChannel::OnPeerFailover(const wire::Failover& peer) noexcept {
-  std::lock_guard<std::mutex> lock(switch_mu_);
-  if (anchor_ < 0 || phase() != Phase::kShm || deadline_.load(std::memory_order_relaxed) != 0)
+  std::lock_guard<std::mutex> lock(failover_.lock());
+  if (anchor_ < 0 || failover_.carriage() != Carriage::kTransport ||
+      deadline_.load(std::memory_order_relaxed) != 0)
     return false;
   if (SharedWithOtherProcess()) {
     SLIP_LOG(kWarn,
@@ -481,54 +457,28 @@ bool ShmChannel::OnPeerFailover(const wire::Failover& peer) noexcept {
              "holds this end too and would keep writing to the ring; reset");
     return false;
   }
-  // Everything the peer published is in our ring (checked against what we consumed: the
-  // cursor is the peer's); it consumed at least what it credited and received nothing we
-  // did not publish.
+  // The peer stopped writing before it sent its FAILOVER: everything it published is in
+  // our ring (checked against what we consumed: the cursor is the peer's).
   const uint64_t received = rx_->produced.load(std::memory_order_acquire);
-  const uint64_t consumed = consumed_.load(std::memory_order_acquire);
-  const uint64_t published = published_.load(std::memory_order_seq_cst);
-  const uint64_t credited = tx_->consumed.load(std::memory_order_acquire);
-  if (received - consumed > ring_size()) {
+  if (received - failover_.consumed() > ring_size()) {
     SLIP_LOG(kWarn, "shm: the peer's cursor is out of range at its hand-back; reset");
     return false;
   }
-  if (!FailoverFits(peer, credited, published, received)) return false;
-  const wire::Failover answer{
-      .received = received, .sent = published, .cause = wire::FailoverCause::kPeerRequest};
-  if (!SendFailover(anchor_, answer, 1000)) {
-    SLIP_LOG(kWarn, "shm: cannot answer the peer's FAILOVER on TCP (%s); reset", strerror(errno));
-    return false;
-  }
-  StartTcp(received, peer.received, /*private_rings=*/false);
-  SLIP_LOG(kInfo,
-           "shm: the peer handed the connection back to TCP (exec); resending %llu bytes from "
-           "byte %llu",
-           (unsigned long long)(published - peer.received), (unsigned long long)peer.received);
-  return true;
-}
-
-void ShmChannel::OnAnchorReady(uint32_t events) noexcept {
-  if (!tcp()) return;
-  const AnchorPath::Moved moved = path_.OnReady(events, consumed_.load(std::memory_order_acquire),
-                                                published_.load(std::memory_order_acquire));
-  if (moved.received) WakeReaderNow();
-  if (moved.sent) WakeWriterNow();
-  path_.ShowEnd(own_b_);  // (as the peer's CloseTx and a reset would on shm)
+  return failover_.OnPeerFailover(peer, received, tx_->consumed.load(std::memory_order_acquire)) ==
+         AnchorFailover::Outcome::kContinued;
 }
 
 bool ShmChannel::HandBack(uint64_t consumed, int timeout_ms) noexcept {
-  std::lock_guard<std::mutex> lock(switch_mu_);
+  std::lock_guard<std::mutex> lock(failover_.lock());
   // On TCP already (the peer handed back first), the bytes the application did not read
   // came over TCP: they cannot be given back to the anchor. An unsettled connection has
   // nothing agreed to hand back.
-  if (anchor_ < 0 || phase() != Phase::kShm || deadline_.load(std::memory_order_relaxed) != 0)
+  if (anchor_ < 0 || failover_.carriage() != Carriage::kTransport ||
+      deadline_.load(std::memory_order_relaxed) != 0)
     return false;
   aborted_ = true;  // whatever happens, nothing of ours is left to flush
   // The peer's ring holds everything we published: normally nothing is resent.
-  return HandBackOnAnchor(anchor_, tx_data_, ring_size(), consumed,
-                          tx_->consumed.load(std::memory_order_acquire),
-                          published_.load(std::memory_order_seq_cst),
-                          tx_closed_.load(std::memory_order_acquire), timeout_ms);
+  return failover_.HandBack(consumed, tx_->consumed.load(std::memory_order_acquire), timeout_ms);
 }
 
 bool ShmChannel::SharedWithOtherProcess() const noexcept {

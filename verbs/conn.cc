@@ -34,7 +34,7 @@ std::mutex conn_internal::g_registry_mu;
 Conn* conn_internal::g_registry_head = nullptr;
 
 Conn::Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept
-    : Channel(ring_size), id_(id), device_(device) {
+    : Channel(ring_size), id_(id), device_(device), failover_("verbs", this, ring_size) {
   std::lock_guard<std::mutex> lock(g_registry_mu);
   next_ = g_registry_head;
   if (next_) next_->prev_ = this;
@@ -83,6 +83,7 @@ int Conn::Init(bool send_notify) noexcept {
   if (int rc = device_->GetSlot(ring_size(), &slot_); rc < 0) return rc;
   remote_lkey_ = slot_.remote_mr->lkey;
   local_lkey_ = slot_.local_mr->lkey;
+  failover_.SetRings(slot_.rx_ring(), slot_.tx_mirror());
   cq_ = ibv_create_cq(device_->context(), int(kSendDepth + kRecvDepth), this, SetUpOwnChannel(), 0);
   if (!cq_) return -(errno ? errno : ENOMEM);
   if (ibv_req_notify_cq(cq_, 0) != 0) return -(errno ? errno : EIO);
@@ -168,9 +169,7 @@ Conn::~Conn() {
 bool Conn::ReleaseRdma(const char* why) noexcept {
   if (rdma_released_.load(std::memory_order_acquire) || orphaned_.load()) return true;
   // A stream still on RDMA needs all of it (it has not failed over or failed yet).
-  if (mode_.load(std::memory_order_seq_cst) == Mode::kRdma &&
-      error_.load(std::memory_order_acquire) == 0)
-    return false;
+  if (on_rdma() && error_.load(std::memory_order_acquire) == 0) return false;
   {
     // Pollers and posters check the flag under their lock before they touch the queues.
     SpinGuard post(&post_busy_);
@@ -229,7 +228,7 @@ bool Conn::CloseStream(bool may_linger) noexcept {
   if (held()) return false;
   // A FAILOVER the peer sent while we were closing: the control thread no longer reads the
   // anchor, and the bytes the peer lost must still go out, on TCP.
-  if (mode_.load() == Mode::kRdma && CanFailover()) TakePeerFailover(0);
+  if (on_rdma() && CanFailover()) TakePeerFailover(0);
   // The peer's notes may still sit in the completion queue: take them first (a peer that
   // closed without keeping its queue pair is about to disconnect, and we would wait for
   // acknowledgements from a queue pair that is going away).
@@ -239,14 +238,14 @@ bool Conn::CloseStream(bool may_linger) noexcept {
   bool linger = may_linger && own_.channel && !closed_sent_.load() && !aborting_ && !peer_leaves &&
                 !peer_disconnected_.load(std::memory_order_acquire);
   bool orderly = false;
-  if (mode_.load() == Mode::kRdma && id_ && qp_ && have_peer_ && streamed_ &&
+  if (on_rdma() && id_ && qp_ && have_peer_ && streamed_ &&
       error_.load(std::memory_order_acquire) == 0 && !peer_leaves && !aborting_) {
     // The last holder in this process closes (a forked child cannot hold a verbs
     // connection): as TCP's close, EOF for the peer's reader and EPIPE for its writer,
     // delivered before the disconnect so that the peer tells a close from a crash. A final
     // exact credit first: the peer decides "reset, our bytes were unread" from it, and
     // credits otherwise go out only every quarter ring.
-    uint64_t consumed = rx_consumed_.load(std::memory_order_acquire);
+    uint64_t consumed = failover_.consumed();
     if (consumed != credit_sent_ && PostCredit(consumed)) credit_sent_ = consumed;
     bool eof = eof_sent_ || eof_posted_.exchange(true) || PostNote(nullptr, 0, Note::kEof, 0);
     // Said before the note goes: a disconnect from then on is the end we ask for.
@@ -257,18 +256,17 @@ bool Conn::CloseStream(bool may_linger) noexcept {
     SLIP_LOG(kDebug, "verbs: closing: credit %llu, eof %d, closed %d, keeping the queue pair %d",
              (unsigned long long)credit_sent_, int(eof), int(closed), int(linger));
     const bool flushed = FlushRdma(5000, true);
-    if (!flushed && mode_.load() == Mode::kRdma)
+    if (!flushed && on_rdma())
       SLIP_LOG(kWarn, "verbs: closing with writes not acknowledged by the peer");
     orderly = eof && closed && flushed;
   }
   MaybeFailover();
-  if (mode_.load() != Mode::kRdma && !aborting_) FinishOnAnchor();
-  linger = linger && orderly && mode_.load() == Mode::kRdma &&
-           error_.load(std::memory_order_acquire) == 0 &&
+  if (!on_rdma() && !aborting_) FinishOnAnchor();
+  linger = linger && orderly && on_rdma() && error_.load(std::memory_order_acquire) == 0 &&
            !peer_disconnected_.load(std::memory_order_acquire);
   if (!linger) return false;
   // The stream is over: its descriptors are the application's (the anchor) or go now.
-  anchor_fd_.store(-1, std::memory_order_release);
+  failover_.SetAnchor(-1);
   if (proxy_b_ >= 0) {
     const int b = proxy_b_;
     proxy_b_ = -1;
@@ -330,6 +328,7 @@ void Conn::SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept
 
 void Conn::SetProxy(int proxy_b) noexcept {
   proxy_b_ = proxy_b;
+  failover_.SetOwnProxy(proxy_b);
   streamed_ = true;
   // Held: nothing of the request's reaches the stream before it settles (settle.cc).
   if (held()) return;

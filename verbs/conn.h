@@ -19,8 +19,10 @@
 // orderly notes, the device going away) or the peer says its own failed, the connection
 // stops using RDMA and continues on its TCP anchor: our FAILOVER tells the peer how many
 // bytes we received, its FAILOVER tells us where to resend from, and the rings are then
-// filled and drained over TCP (core/anchor_path.h). Modes: kRdma -> kFailing (ours sent,
-// waiting for the peer's) -> kTcp.
+// filled and drained over TCP. The exchange and the stream on TCP are core's
+// (core/failover.h, AnchorFailover): this class stops the queue pair and counts what it
+// delivered. Carriage: kTransport -> kFailing (ours sent, waiting for the peer's) -> kTcp;
+// a server's connection is kHeld until it settles (settle.cc).
 //
 // Reuse (docs/DESIGN.md "Reusing queue pairs"): a queue pair outlives its stream. When both
 // ends close in order, each says in its CLOSED note that it keeps the queue pair, then
@@ -41,9 +43,9 @@
 #include <cstdint>
 #include <mutex>
 
-#include "core/anchor_path.h"
 #include "core/channel.h"
 #include "core/channel_control.h"
+#include "core/failover.h"
 #include "core/wire.h"
 #include "verbs/device.h"
 #include "verbs/private_data.h"
@@ -62,7 +64,7 @@ class ConnOwner {
   ~ConnOwner() = default;
 };
 
-class Conn final : public Channel, public ChannelControl {
+class Conn final : public Channel, public ChannelControl, private AnchorFailover::Ends {
  public:
   // Creates the completion queue, the queue pair on `id` and the rings. Returns nullptr
   // with *error (-errno) on failure; `id` stays the caller's then.
@@ -96,7 +98,7 @@ class Conn final : public Channel, public ChannelControl {
   // disconnect) reaches neither the application nor the anchor: the rdma_cm peer may be a
   // forger, and the TCP client a plain one. Settle decides by `deadline_ms`.
   void Hold(uint64_t nonce, uint64_t deadline_ms) noexcept;
-  bool held() const noexcept { return held_.load(std::memory_order_acquire); }
+  bool held() const noexcept { return failover_.held(); }
 
   // --- reuse ---
   // The client end of a connection to `dest` (what a later connect() there may reuse).
@@ -187,11 +189,12 @@ class Conn final : public Channel, public ChannelControl {
     else
       delete this;
   }
-  void SetAnchor(int fd) noexcept override { anchor_fd_.store(fd, std::memory_order_release); }
+  void SetAnchor(int fd) noexcept override { failover_.SetAnchor(fd); }
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
   // (Held, the anchor's bytes are the client's, for settling alone.)
   bool AnchorCarriesStream() const noexcept override {
-    return mode_.load() == Mode::kTcp || held();
+    const Carriage carriage = failover_.carriage();
+    return carriage == Carriage::kTcp || carriage == Carriage::kHeld;
   }
   void OnAnchorReady(uint32_t events) noexcept override;
   bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
@@ -244,7 +247,7 @@ class Conn final : public Channel, public ChannelControl {
   bool PostRecv(uint32_t index) noexcept;
   bool FlushRdma(int timeout_ms, bool own_anchor) noexcept;
 
-  // Settling (verbs/settle.cc), under failover_mu_.
+  // Settling (verbs/settle.cc), under failover_.lock().
   // The connection's client is not the request's (or gave up, or stayed silent): the
   // stream goes to TCP from byte 0, the queue pair to the error state. `gated`: nothing
   // was read from the client yet, and its first bytes are looked at before they are
@@ -254,20 +257,25 @@ class Conn final : public Channel, public ChannelControl {
   // delivered as data. True once the first bytes are known to be the application's; a
   // CONFIRM there resets the connection.
   bool PassGate() const noexcept;
+  bool MayDeliver() const noexcept override { return PassGate(); }
 
-  // Failover (under failover_mu_ where it says Locked).
-  enum class Mode : uint8_t { kRdma, kFailing, kTcp };
+  // Failover (under failover_.lock() where it says Locked).
+  // The queue pair carries the stream, or will once settled (held): what "on RDMA" meant
+  // before failover for every step of the data path.
+  bool on_rdma() const noexcept { return failover_.on_transport(); }
   bool CanFailover() const noexcept;
   // Under the poll lock (or anywhere): remembers a transport failure for MaybeFailover.
   void RequestFailover(wire::FailoverCause cause) noexcept;
   void MaybeFailover() noexcept;  // a failure noticed under the poll lock, acted on after it
-  // Under failover_mu_: mode kFailing, the queue pair in the error state, its completions
-  // taken. Nothing lands in our ring after this.
+  // Under failover_.lock(): carriage kFailing (a held one stays held), the queue pair in
+  // the error state, its completions taken. Nothing lands in our ring after this.
   void HaltRdmaLocked() noexcept;
   // The TCP anchor was reset (or closed for good): the peer is gone.
   bool AnchorGone() const noexcept;
+  // Halts the queue pair and sends our FAILOVER (false: the anchor cannot take it).
   bool StopRdmaLocked(wire::FailoverCause cause) noexcept;
-  bool EnterTcpLocked(const wire::Failover& peer) noexcept;
+  // The log line of a connection that continues on TCP because of `cause`.
+  void SayContinuing(wire::FailoverCause cause) const noexcept;
   // Takes a FAILOVER the peer sent on the anchor, waiting up to `timeout_ms` (only when
   // nobody else reads the anchor: the control thread no longer watches it).
   bool TakePeerFailover(int timeout_ms) noexcept;
@@ -282,8 +290,8 @@ class Conn final : public Channel, public ChannelControl {
   // Wake-ups found while draining under poll_busy_ are made after it is released: a
   // woken thread that polls at once would otherwise spin on the lock of a preempted holder.
   void RunDeferredWakes() const noexcept;
-  void WakeReaderNow() const noexcept;
-  void WakeWriterNow() const noexcept;
+  void WakeReaderNow() const noexcept override;
+  void WakeWriterNow() const noexcept override;
   bool SendLink(const LinkMsg& msg) noexcept;
   void HandleLink(const LinkMsg& msg) const noexcept;
   // The stream's state back to a new connection's (a claimed queue pair).
@@ -346,10 +354,9 @@ class Conn final : public Channel, public ChannelControl {
   bool PostProbe(uint64_t* done_at) noexcept;
   mutable Hello hello_;
 
-  // Settling: held_ until the CONFIRM; settle_at_ is when Settle must run next (0:
-  // settled), deadline_ms_ when it must decide. held_broken_: the request's queue pair
-  // failed or broke the protocol while held (plain, or a failover once confirmed).
-  std::atomic<bool> held_{false};
+  // Settling: held (the carriage) until the CONFIRM; settle_at_ is when Settle must run
+  // next (0: settled), deadline_ms_ when it must decide. held_broken_: the request's queue
+  // pair failed or broke the protocol while held (plain, or a failover once confirmed).
   std::atomic<bool> held_broken_{false};
   std::atomic<uint64_t> settle_at_{0};
   uint64_t held_nonce_ = 0;
@@ -379,7 +386,6 @@ class Conn final : public Channel, public ChannelControl {
   mutable std::atomic<bool> armed_{true};  // under poll_busy_; Init arms the queue once
   mutable bool defer_wakes_ = false;       // under poll_busy_: its holder drains
   mutable std::atomic<uint32_t> deferred_wakes_{0};
-  std::atomic<uint64_t> rx_consumed_{0};
 
   // Receiver thread only.
   uint64_t credit_sent_ = 0;
@@ -392,15 +398,11 @@ class Conn final : public Channel, public ChannelControl {
   bool aborting_ = false;                       // SO_LINGER {1, 0}: no orderly notes at close
 
   // Failover.
-  std::atomic<int> anchor_fd_{-1};
-  std::atomic<Mode> mode_{Mode::kRdma};
   std::atomic<bool> failover_wanted_{false};
   std::atomic<wire::FailoverCause> failover_cause_{wire::FailoverCause::kTransportError};
-  std::atomic<uint64_t> tx_published_{0};  // the last `produced` given to TxPublish
-  std::atomic<bool> tx_finished_{false};   // CloseTx called: FIN after the last byte
-  std::mutex failover_mu_;
-  uint64_t rx_received_ = 0;  // our FAILOVER's count, under failover_mu_
-  mutable AnchorPath anchor_path_;
+  // The carriage, the anchor, this end's own cursors (published, consumed, finished) and
+  // the stream on TCP after failover.
+  AnchorFailover failover_;
 
   // Send queue, under post_busy_.
   std::atomic_flag post_busy_ = ATOMIC_FLAG_INIT;

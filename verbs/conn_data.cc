@@ -18,7 +18,7 @@ using namespace conn_internal;
 
 bool Conn::Poll() const noexcept {
   if (orphaned_.load(std::memory_order_relaxed)) return true;
-  if (mode_.load(std::memory_order_acquire) != Mode::kRdma) return true;
+  if (!on_rdma()) return true;
   {
     // Waits for a concurrent poller rather than skipping: a caller deciding EOF or reset
     // must see every completion that has arrived, and drains are short.
@@ -105,7 +105,7 @@ void Conn::Handle(const ibv_wc& wc) const noexcept {
     // queues: the end of the connection, not a failure.
     if (rx_eof_.load(std::memory_order_acquire) && peer_closed_.load(std::memory_order_acquire))
       return;
-    if (mode_.load(std::memory_order_relaxed) != Mode::kRdma) return;  // our own stop flushed it
+    if (!on_rdma()) return;  // our own stop flushed it
     if (error_.load(std::memory_order_relaxed) == 0 && wc.status != IBV_WC_WR_FLUSH_ERR)
       SLIP_LOG(kWarn, "verbs: %s completion failed: %s", (wc.wr_id & kRecvTag) ? "receive" : "send",
                ibv_wc_status_str(wc.status));
@@ -149,8 +149,7 @@ void Conn::Handle(const ibv_wc& wc) const noexcept {
     self->Fail(EPROTO);
     return;
   }
-  if (error_.load(std::memory_order_relaxed) == 0 &&
-      mode_.load(std::memory_order_relaxed) == Mode::kRdma && !self->PostRecv(index))
+  if (error_.load(std::memory_order_relaxed) == 0 && on_rdma() && !self->PostRecv(index))
     self->RequestFailover(wire::FailoverCause::kTransportError);
 }
 
@@ -159,11 +158,11 @@ void Conn::HandleNote(uint32_t note) const noexcept {
     case Note::kData: {
       uint64_t produced = NoteCursor(note, rx_produced_.load(std::memory_order_relaxed));
       // A peer that claims more than the ring can hold would make us read garbage.
-      if (produced - rx_consumed_.load(std::memory_order_acquire) > ring_size()) {
+      if (produced - failover_.consumed() > ring_size()) {
         SLIP_LOG(kWarn,
                  "verbs: the peer overran the ring (produced %llu, consumed %llu, last %llu, "
                  "note %08x); resetting",
-                 (unsigned long long)produced, (unsigned long long)rx_consumed_.load(),
+                 (unsigned long long)produced, (unsigned long long)failover_.consumed(),
                  (unsigned long long)rx_produced_.load(), note);
         const_cast<Conn*>(this)->Fail(EPROTO);
         return;
@@ -233,7 +232,7 @@ void Conn::WakeWriterNow() const noexcept {
 }
 
 void Conn::Fail(int error) noexcept {
-  if (held_.load(std::memory_order_seq_cst)) {
+  if (held()) {
     // (The request's queue pair, not the connection's client: settling decides.)
     held_broken_.store(true, std::memory_order_seq_cst);
     return;
@@ -256,8 +255,7 @@ void Conn::OnDisconnect() noexcept {
     std::atomic<bool>* flag;
     ~SayDisconnected() { flag->store(true, std::memory_order_release); }
   } say{&peer_disconnected_};
-  if (mode_.load(std::memory_order_acquire) != Mode::kRdma)
-    return;  // the peer's side of a failover
+  if (!on_rdma()) return;  // the peer's side of a failover
   // The peer's EOF and CLOSED notes, if any, came before its DREQ, but may still sit in
   // the completion queue: take them first. A disconnect without them means the transport
   // (or the peer process) went away under us.
@@ -286,36 +284,37 @@ void Conn::Orphan() noexcept {
 // ------------------------------------------------------------------------ Channel
 
 uint64_t Conn::RxProduced() const noexcept {
-  if (held_.load(std::memory_order_acquire)) return 0;
-  if (mode_.load(std::memory_order_acquire) == Mode::kTcp) {
-    if (!PassGate()) return 0;  // (nothing was delivered before the gate opens)
-    uint64_t received = anchor_path_.Pull(rx_consumed_.load(std::memory_order_acquire));
-    anchor_path_.ShowEnd(proxy_b_);
-    return received;
+  switch (failover_.carriage()) {
+    case Carriage::kHeld:
+      return 0;
+    case Carriage::kTcp:
+      return failover_.Pull();  // (nothing is delivered before the gate opens)
+    case Carriage::kTransport:
+    case Carriage::kFailing:
+      break;
   }
   Poll();
   return rx_produced_.load(std::memory_order_acquire);
 }
 
 bool Conn::RxEof() const noexcept {
-  if (held_.load(std::memory_order_acquire)) return false;
+  if (held()) return false;
   if (rx_eof_.load(std::memory_order_acquire)) return true;
-  if (mode_.load(std::memory_order_acquire) == Mode::kTcp) return anchor_path_.eof();
+  if (failover_.on_tcp()) return failover_.eof();
   Poll();
   return rx_eof_.load(std::memory_order_acquire);
 }
 
 int Conn::Error() const noexcept {
-  if (held_.load(std::memory_order_acquire)) return 0;
+  if (held()) return 0;
   int error = error_.load(std::memory_order_acquire);
-  if (error == 0 && mode_.load(std::memory_order_acquire) == Mode::kTcp)
-    error = anchor_path_.error();
+  if (error == 0 && failover_.on_tcp()) error = failover_.error();
   return error;
 }
 
 void Conn::RxConsumed(uint64_t consumed) noexcept {
-  rx_consumed_.store(consumed, std::memory_order_release);
-  if (mode_.load(std::memory_order_acquire) != Mode::kRdma) return;  // TCP has its own window
+  failover_.SetConsumed(consumed);
+  if (failover_.carriage() != Carriage::kTransport) return;  // TCP has its own window
   // A sender waits only on a full ring, and a reader that wants more bytes must first
   // empty it, so credit every quarter ring can never leave the two waiting on each other.
   if (consumed - credit_sent_ >= ring_size() / 4 && PostCredit(consumed)) credit_sent_ = consumed;
@@ -323,11 +322,15 @@ void Conn::RxConsumed(uint64_t consumed) noexcept {
 
 uint64_t Conn::TxConsumed() const noexcept {
   // Held: nothing published, nothing credited, so a full ring: nothing can be sent.
-  if (held_.load(std::memory_order_acquire))
-    return tx_published_.load(std::memory_order_relaxed) - ring_size();
-  // After failover the ring frees as the kernel takes its bytes.
-  if (mode_.load(std::memory_order_acquire) == Mode::kTcp)
-    return anchor_path_.Push(tx_published_.load(std::memory_order_acquire));
+  switch (failover_.carriage()) {
+    case Carriage::kHeld:
+      return failover_.published() - ring_size();
+    case Carriage::kTcp:
+      return failover_.Push();  // the ring frees as the kernel takes its bytes
+    case Carriage::kTransport:
+    case Carriage::kFailing:
+      break;
+  }
   Poll();
   return tx_credit_.load(std::memory_order_acquire);
 }
@@ -337,16 +340,13 @@ void Conn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
 }
 
 void Conn::TxPublish(uint64_t produced) noexcept {
-  // Published before the mode is read, as EnterTcpLocked sets the mode before it pushes
-  // what is published: a publish racing with failover is sent by one of the two.
-  tx_published_.store(produced, std::memory_order_seq_cst);
-  switch (mode_.load(std::memory_order_seq_cst)) {
-    case Mode::kTcp:
-      anchor_path_.Push(produced);
+  // (A publish racing with failover is sent by one of the two: AnchorFailover::Publish.)
+  switch (failover_.Publish(produced)) {
+    case Carriage::kTcp:      // pushed to the anchor
+    case Carriage::kFailing:  // resent from where the peer says, once it says
+    case Carriage::kHeld:     // (nothing can be published while held)
       return;
-    case Mode::kFailing:
-      return;  // resent from where the peer says, once it says
-    case Mode::kRdma:
+    case Carriage::kTransport:
       break;
   }
   if (produced == tx_posted_) return;
@@ -365,33 +365,23 @@ void Conn::TxPublish(uint64_t produced) noexcept {
 }
 
 bool Conn::TxPeerClosed() const noexcept {
-  if (held_.load(std::memory_order_acquire)) return false;
+  if (held()) return false;
   if (peer_closed_.load(std::memory_order_acquire)) return true;
-  if (mode_.load(std::memory_order_acquire) == Mode::kTcp) return anchor_path_.peer_closed();
+  if (failover_.on_tcp()) return failover_.peer_closed();
   Poll();
   return peer_closed_.load(std::memory_order_acquire);
 }
 
 void Conn::CloseTx() noexcept {
-  tx_finished_.store(true, std::memory_order_seq_cst);  // (the same race as TxPublish's)
-  switch (mode_.load(std::memory_order_seq_cst)) {
-    case Mode::kTcp:
-      anchor_path_.Finish(tx_published_.load());
-      break;
-    case Mode::kFailing:
-      break;
-    case Mode::kRdma:
-      // Held: settling sends it (the same race as TxPublish's, on held_).
-      if (held_.load(std::memory_order_seq_cst)) break;
-      if (!eof_posted_.exchange(true)) eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
-      break;
-  }
+  // (The same race as TxPublish's.) On TCP the FIN follows the last byte; failing, it
+  // does once on TCP; held, settling sends it, on the queue pair or on TCP.
+  if (failover_.FinishTx() == Carriage::kTransport && !eof_posted_.exchange(true))
+    eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
 }
 
 void Conn::CloseRx() noexcept {
   rx_close_wanted_.store(true, std::memory_order_seq_cst);
-  if (held_.load(std::memory_order_seq_cst)) return;  // settling sends it
-  if (mode_.load(std::memory_order_acquire) == Mode::kRdma && !closed_sent_.load())
+  if (failover_.carriage() == Carriage::kTransport && !closed_sent_.load())
     closed_sent_ = PostNote(nullptr, 0, Note::kClosed, 0);
 }
 
@@ -400,7 +390,7 @@ void Conn::CloseRx() noexcept {
 bool Conn::WaitSendSpace(uint32_t needed) noexcept {
   // Called with post_busy_ held. Each signalled completion frees a batch of slots.
   while (sq_posted_ + needed - sq_completed_.load(std::memory_order_acquire) > sq_depth_) {
-    if (error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma) return false;
+    if (error_.load(std::memory_order_acquire) != 0 || !on_rdma()) return false;
     Poll();
     sched_yield();
   }
@@ -409,8 +399,7 @@ bool Conn::WaitSendSpace(uint32_t needed) noexcept {
 
 bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor,
                     bool signal) noexcept {
-  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma)
-    return false;
+  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || !on_rdma()) return false;
   const uint32_t imm = htonl(EncodeNote(note, cursor));
   ibv_send_wr wrs[4]{};
   ibv_sge sges[4]{};
@@ -480,8 +469,7 @@ bool Conn::PostLocked(ibv_send_wr* wrs, int n, bool signal) noexcept {
 }
 
 bool Conn::PostCredit(uint64_t consumed) noexcept {
-  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma)
-    return false;
+  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || !on_rdma()) return false;
   // The cursor goes into the peer's credit word (right after its ring).
   uint64_t value = consumed;
   auto* out = reinterpret_cast<uint64_t*>(slot_.control() + kCreditOutOffset);

@@ -20,13 +20,12 @@ namespace slip::verbs {
 using namespace conn_internal;
 
 bool Conn::CanFailover() const noexcept {
-  return anchor_fd_.load(std::memory_order_acquire) >= 0 && have_peer_ &&
-         !orphaned_.load(std::memory_order_acquire) && !aborting_ &&
-         error_.load(std::memory_order_acquire) == 0;
+  return failover_.anchor() >= 0 && have_peer_ && !orphaned_.load(std::memory_order_acquire) &&
+         !aborting_ && error_.load(std::memory_order_acquire) == 0;
 }
 
 void Conn::RequestFailover(wire::FailoverCause cause) noexcept {
-  if (held_.load(std::memory_order_seq_cst)) {
+  if (held()) {
     held_broken_.store(true, std::memory_order_seq_cst);
     return;
   }
@@ -44,9 +43,12 @@ void Conn::TransportFailed(wire::FailoverCause cause) noexcept {
 }
 
 void Conn::MaybeFailover() noexcept {
-  if (!failover_wanted_.load(std::memory_order_acquire) || mode_.load() != Mode::kRdma) return;
-  std::lock_guard<std::mutex> lock(failover_mu_);
-  if (mode_.load() != Mode::kRdma || error_.load(std::memory_order_acquire) != 0) return;
+  if (!failover_wanted_.load(std::memory_order_acquire) ||
+      failover_.carriage() != Carriage::kTransport)
+    return;
+  std::lock_guard<std::mutex> lock(failover_.lock());
+  if (failover_.carriage() != Carriage::kTransport || error_.load(std::memory_order_acquire) != 0)
+    return;
   if (!CanFailover()) {  // (an abortive close took the anchor since the request)
     Fail(ECONNRESET);
     return;
@@ -64,7 +66,7 @@ void Conn::MaybeFailover() noexcept {
 }
 
 bool Conn::AnchorGone() const noexcept {
-  const int fd = anchor_fd_.load();
+  const int fd = failover_.anchor();
   tcp_info info{};
   socklen_t len = sizeof(info);
   // TCP_INFO, not a peek or SO_ERROR: those would take the pending ECONNRESET from the
@@ -93,7 +95,7 @@ const char* CauseText(wire::FailoverCause cause) noexcept {
 
 void Conn::HaltRdmaLocked() noexcept {
   SpinGuard guard(&poll_busy_);
-  mode_.store(Mode::kFailing, std::memory_order_seq_cst);
+  failover_.Begin();
   // Nothing may land in our ring after we count what arrived: the queue pair goes to the
   // error state first (late writes are dropped), then the completions that made it are
   // taken.
@@ -104,13 +106,18 @@ void Conn::HaltRdmaLocked() noexcept {
   DrainLocked();
 }
 
+void Conn::SayContinuing(wire::FailoverCause cause) const noexcept {
+  // While closing (the application has let go) the outcome is what matters, and
+  // FinishOnAnchor says it if bytes may be lost.
+  const LogLevel level = closing_.load() ? LogLevel::kInfo : LogLevel::kWarn;
+  if (LogEnabled(level))
+    LogWrite(level, "verbs: %s: the connection continues on TCP (%llu bytes received over RDMA)",
+             CauseText(cause), (unsigned long long)rx_produced_.load(std::memory_order_acquire));
+}
+
 bool Conn::StopRdmaLocked(wire::FailoverCause cause) noexcept {
   HaltRdmaLocked();
-  rx_received_ = rx_produced_.load(std::memory_order_acquire);
-  const wire::Failover mine{.received = rx_received_,
-                            .sent = tx_published_.load(std::memory_order_seq_cst),
-                            .cause = cause};
-  if (!SendFailover(anchor_fd_.load(), mine, 0)) {
+  if (!failover_.SendOurs(rx_produced_.load(std::memory_order_acquire), cause)) {
     // A peer that reset the connection meanwhile is gone, not a failure of ours to report.
     const LogLevel level =
         errno == ECONNRESET || errno == EPIPE ? LogLevel::kDebug : LogLevel::kWarn;
@@ -119,95 +126,71 @@ bool Conn::StopRdmaLocked(wire::FailoverCause cause) noexcept {
                CauseText(cause), strerror(errno));
     return false;
   }
-  // While closing (the application has let go) the outcome is what matters, and
-  // FinishOnAnchor says it if bytes may be lost.
-  const LogLevel level = closing_.load() ? LogLevel::kInfo : LogLevel::kWarn;
-  if (LogEnabled(level))
-    LogWrite(level, "verbs: %s: the connection continues on TCP (%llu bytes received over RDMA)",
-             CauseText(cause), (unsigned long long)rx_received_);
+  SayContinuing(cause);
   return true;
 }
 
 bool Conn::OnPeerFailover(const wire::Failover& peer) noexcept {
-  if (anchor_fd_.load() < 0 || !have_peer_ || orphaned_.load()) return false;
-  std::lock_guard<std::mutex> lock(failover_mu_);
-  if (error_.load(std::memory_order_acquire) != 0 || mode_.load() == Mode::kTcp) return false;
-  if (peer.cause == wire::FailoverCause::kHandBack)
-    SLIP_LOG(kInfo, "verbs: the peer handed the connection back to TCP (exec)");
-  if (mode_.load() == Mode::kRdma && !StopRdmaLocked(wire::FailoverCause::kPeerRequest)) {
-    Fail(ECONNRESET);
+  if (failover_.anchor() < 0 || !have_peer_ || orphaned_.load()) return false;
+  std::lock_guard<std::mutex> lock(failover_.lock());
+  const Carriage carriage = failover_.carriage();
+  if (error_.load(std::memory_order_acquire) != 0 ||
+      (carriage != Carriage::kTransport && carriage != Carriage::kFailing))
     return false;
+  if (carriage == Carriage::kTransport) {
+    // The peer's path failed first (or it hands back): ours stops too, and our answer
+    // says what it delivered.
+    HaltRdmaLocked();
+    if (peer.cause != wire::FailoverCause::kHandBack)
+      SayContinuing(wire::FailoverCause::kPeerRequest);
   }
-  return EnterTcpLocked(peer);
-}
-
-bool Conn::EnterTcpLocked(const wire::Failover& peer) noexcept {
-  const uint64_t published = tx_published_.load(std::memory_order_seq_cst);
-  // Only what the peer did not receive is still in our ring.
-  if (!FailoverFits(peer, tx_credit_.load(std::memory_order_acquire), published, rx_received_)) {
-    Fail(EPROTO);
-    return false;
+  switch (failover_.OnPeerFailover(peer, rx_produced_.load(std::memory_order_acquire),
+                                   tx_credit_.load(std::memory_order_acquire))) {
+    case AnchorFailover::Outcome::kContinued:
+      return true;
+    case AnchorFailover::Outcome::kMisfit:
+      Fail(EPROTO);
+      return false;
+    case AnchorFailover::Outcome::kUnanswered:
+      break;
   }
-  const uint64_t peer_received = peer.received;
-  anchor_path_.Start(anchor_fd_.load(), slot_.rx_ring(), slot_.tx_mirror(), ring_size(),
-                     rx_received_, peer_received);
-  mode_.store(Mode::kTcp, std::memory_order_seq_cst);
-  SLIP_LOG(kInfo, "verbs: on TCP from here: resending %llu bytes from byte %llu",
-           (unsigned long long)(published - peer_received), (unsigned long long)peer_received);
-  if (tx_finished_.load(std::memory_order_seq_cst)) anchor_path_.Finish(tx_published_.load());
-  OnAnchorReady(EPOLLIN | EPOLLOUT);
-  // Send credit jumped from the last credit note to what the peer received (often with
-  // nothing to resend): a writer asleep on a full ring must look again, and a reader
-  // asleep on the completion channel must move to the proxy.
-  WakeWriterNow();
-  WakeReaderNow();
-  return true;
+  Fail(ECONNRESET);
+  return false;
 }
 
 void Conn::OnAnchorReady(uint32_t events) noexcept {
-  if (mode_.load(std::memory_order_acquire) != Mode::kTcp) return;
-  const bool readable = events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR);
-  const AnchorPath::Moved moved =
-      anchor_path_.OnReady(events, rx_consumed_.load(std::memory_order_acquire),
-                           tx_published_.load(std::memory_order_acquire), !readable || PassGate());
   // (Never under the poll lock: the wake-ups go out at once.)
-  if (moved.received) WakeReaderNow();
-  if (moved.sent) WakeWriterNow();
-  // As the EOF note and Fail do: readers see EOF (or the error) on A, writers wake.
-  anchor_path_.ShowEnd(proxy_b_);
+  failover_.OnAnchorReady(events);
 }
 
 bool Conn::TakePeerFailover(int timeout_ms) noexcept {
-  const int fd = anchor_fd_.load();
+  const int fd = failover_.anchor();
   wire::Failover peer;
   return fd >= 0 && ReceiveFailover(fd, timeout_ms, &peer) && OnPeerFailover(peer);
 }
 
 bool Conn::HandBack(uint64_t consumed, int timeout_ms) noexcept {
-  const int fd = anchor_fd_.load();
   if (!CanFailover()) return false;
-  std::lock_guard<std::mutex> lock(failover_mu_);
+  std::lock_guard<std::mutex> lock(failover_.lock());
   // After a failover the bytes the application did not read came over TCP already: they
   // cannot be given back to the anchor.
-  if (mode_.load() != Mode::kRdma || error_.load(std::memory_order_acquire) != 0) return false;
+  if (failover_.carriage() != Carriage::kTransport || error_.load(std::memory_order_acquire) != 0)
+    return false;
   // Whatever happens now, this end never speaks on the anchor again (the new program owns
   // its bytes): no close notes, no failover of our own.
   aborting_ = true;
   HaltRdmaLocked();
   // What our last writes did not deliver is still in the send mirror.
-  return HandBackOnAnchor(fd, slot_.tx_mirror(), ring_size(), consumed,
-                          tx_credit_.load(std::memory_order_acquire),
-                          tx_published_.load(std::memory_order_seq_cst),
-                          tx_finished_.load(std::memory_order_seq_cst), timeout_ms);
+  return failover_.HandBack(consumed, tx_credit_.load(std::memory_order_acquire), timeout_ms);
 }
 
 void Conn::FinishOnAnchor() noexcept {
-  const uint64_t published = tx_published_.load();
-  if (mode_.load() == Mode::kFailing && !TakePeerFailover(5000)) {
+  const uint64_t published = failover_.published();
+  if (failover_.carriage() == Carriage::kFailing && !TakePeerFailover(5000)) {
     // A peer that closed its TCP connection too (EOF or reset) has ended, as a TCP peer
     // that closes with bytes unread would: nothing is lost that it still wanted.
     uint8_t byte;
-    const int fd = anchor_fd_.load();
+    const int fd = failover_.anchor();
     const bool peer_ended =
         AnchorGone() || (fd >= 0 && sys::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0);
     if (published != tx_credit_.load() && !peer_ended)
@@ -217,21 +200,18 @@ void Conn::FinishOnAnchor() noexcept {
                (unsigned long long)(published - tx_credit_.load()));
     return;
   }
-  if (mode_.load() != Mode::kTcp) return;
   // Closing ends the stream (the last holder: verbs connections do not cross fork).
-  anchor_path_.Finish(published);
-  if (!anchor_path_.PushAll(published, 5000))
-    SLIP_LOG(kWarn, "verbs: closing with %llu bytes not taken by the TCP connection",
-             (unsigned long long)(published - anchor_path_.sent()));
+  if (failover_.on_tcp()) failover_.FinishOnClose(5000);
 }
 
 bool Conn::Flush(int timeout_ms) noexcept {
-  switch (mode_.load()) {
-    case Mode::kTcp:
-      return anchor_path_.PushAll(tx_published_.load(), timeout_ms);
-    case Mode::kFailing:
+  switch (failover_.carriage()) {
+    case Carriage::kTcp:
+      return failover_.PushAll(timeout_ms);
+    case Carriage::kFailing:
       return false;  // where to resend from is not known yet
-    case Mode::kRdma:
+    case Carriage::kHeld:
+    case Carriage::kTransport:
       break;
   }
   return FlushRdma(timeout_ms, false);
@@ -240,7 +220,7 @@ bool Conn::Flush(int timeout_ms) noexcept {
 bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
   {
     SpinGuard guard(&post_busy_);
-    if (mode_.load() != Mode::kRdma || rdma_released_.load(std::memory_order_relaxed)) return false;
+    if (!on_rdma() || rdma_released_.load(std::memory_order_relaxed)) return false;
     if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
     // Unsignalled writes complete silently: a signalled empty write behind them tells
     // when they are all acknowledged.
@@ -260,7 +240,7 @@ bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
   const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
   for (;;) {
     Poll();
-    if (error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma) return false;
+    if (error_.load(std::memory_order_acquire) != 0 || !on_rdma()) return false;
     // A peer that failed over waits for our answer, not for acknowledgements.
     if (own_anchor && TakePeerFailover(0)) return false;
     // A peer that went away acknowledges nothing more (our queue pair, ours and not
@@ -284,7 +264,7 @@ void CheckAllConns(uint64_t now_ms) noexcept {
   std::lock_guard<std::mutex> lock(g_registry_mu);
   for (Conn* c = g_registry_head; c; c = c->next_) {
     c->CheckLiveness(now_ms);
-    if (c->mode_.load(std::memory_order_acquire) == Conn::Mode::kTcp && !c->rdma_released())
+    if (c->failover_.on_tcp() && !c->rdma_released())
       c->ReleaseRdma("the stream is on TCP for good");
   }
 }
@@ -292,7 +272,7 @@ void CheckAllConns(uint64_t now_ms) noexcept {
 void Conn::CheckLiveness(uint64_t now_ms) noexcept {
   // (stream_live_ first: it orders the peer's ring address and key before their use.)
   if (!stream_live_.load(std::memory_order_acquire) || orphaned_.load(std::memory_order_relaxed) ||
-      parked_.load(std::memory_order_relaxed) || mode_.load() != Mode::kRdma ||
+      parked_.load(std::memory_order_relaxed) || failover_.carriage() != Carriage::kTransport ||
       error_.load(std::memory_order_acquire) != 0 || rdma_released_.load()) {
     live_ = Liveness{};
     return;

@@ -83,7 +83,7 @@ void Conn::Park() noexcept {
 }
 
 bool Conn::ParkedDead() const noexcept {
-  return error_.load(std::memory_order_acquire) != 0 || mode_.load() != Mode::kRdma ||
+  return error_.load(std::memory_order_acquire) != 0 || !on_rdma() ||
          peer_disconnected_.load(std::memory_order_acquire) ||
          (peer_closed_.load(std::memory_order_acquire) &&
           !peer_lingers_.load(std::memory_order_acquire));
@@ -106,7 +106,6 @@ void Conn::ResetStream() noexcept {
   tx_wake_.writer_waiting.store(0);
   tx_wake_.tokens.store(0);
   rx_produced_.store(0);
-  rx_consumed_.store(0);
   tx_credit_.store(0);
   *reinterpret_cast<volatile uint64_t*>(slot_.control() + kCreditInOffset) = 0;
   rx_eof_.store(false);
@@ -126,11 +125,8 @@ void Conn::ResetStream() noexcept {
   closed_sent_.store(false);
   closing_.store(false);
   aborting_ = false;
-  anchor_fd_.store(-1);
   failover_wanted_.store(false);
-  tx_published_.store(0);
-  tx_finished_.store(false);
-  rx_received_ = 0;
+  failover_.Reset();  // anchor, cursors, carriage
   streamed_ = false;
   stream_closed_ = false;
   answer_.store(0);

@@ -13,7 +13,7 @@
 //   nothing by the deadline                  -> TCP from byte 0, gated
 //   a CONFIRM of another nonce               -> reset (neither path is safe)
 //
-// Settle runs under failover_mu_, and polls the queue pair for the HELLO: nothing may ask
+// Settle runs under failover_.lock(), and polls the queue pair for the HELLO: nothing may ask
 // for a failover while held (Fail and RequestFailover only mark the request broken), so the
 // poll never takes that lock again.
 //
@@ -45,15 +45,15 @@ void Conn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
   held_broken_.store(error_.exchange(0) != 0, std::memory_order_relaxed);
   gate_up_.store(false, std::memory_order_relaxed);
   gate_tripped_.store(false, std::memory_order_relaxed);
-  held_.store(true, std::memory_order_seq_cst);
+  failover_.Hold();
   settle_at_.store(deadline_ms, std::memory_order_release);
 }
 
 ChannelControl::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
   {
-    std::lock_guard<std::mutex> lock(failover_mu_);
+    std::lock_guard<std::mutex> lock(failover_.lock());
     if (!held()) return Settlement::kSettled;
-    const int anchor = anchor_fd_.load(std::memory_order_acquire);
+    const int anchor = failover_.anchor();
     if (anchor < 0) return Settlement::kPending;  // (not installed yet)
     const AnchorPeek peek = PeekAnchor(anchor);
     const wire::Confirm& confirm = peek.msg.confirm;
@@ -84,7 +84,7 @@ ChannelControl::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
       }
       ConsumeAnchor(anchor, peek);
       SetPeer(hello.ring_addr, hello.rkey, false);
-      held_.store(false, std::memory_order_seq_cst);
+      failover_.Release();
       settle_at_.store(0, std::memory_order_release);
       stream_live_.store(true, std::memory_order_release);
     } else if (peek.kind == AnchorPeek::Kind::kMessage || peek.kind == AnchorPeek::Kind::kBytes ||
@@ -114,16 +114,15 @@ ChannelControl::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
     }
   }
   // On the rings now. The rest posts and polls, which may ask for a failover (and so take
-  // failover_mu_): after the lock.
-  // What the application did while held (the same race as CloseTx's, on held_).
-  if (tx_finished_.load(std::memory_order_seq_cst)) CloseTx();
+  // failover_.lock()): after the lock.
+  // What the application did while held (the same race as CloseTx's, on the carriage).
+  if (failover_.finished()) CloseTx();
   if (rx_close_wanted_.load(std::memory_order_seq_cst)) CloseRx();
   if (proxy_b_ >= 0 && (rx_eof_.load() || error_.load())) sys::shutdown(proxy_b_, SHUT_WR);
   // Whoever waited for space or bytes while held is owed a wake-up now, if there is
   // anything for them (a token for nothing would make an idle connection readable).
   WakeWriterNow();
-  if (rx_produced_.load(std::memory_order_acquire) != rx_consumed_.load(std::memory_order_acquire))
-    WakeReaderNow();
+  if (rx_produced_.load(std::memory_order_acquire) != failover_.consumed()) WakeReaderNow();
   // Confirmed, but its queue pair failed meanwhile: the client is real, so the stream
   // fails over from where both ends stand (nothing was carried yet).
   if (held_broken_.load(std::memory_order_seq_cst))
@@ -140,20 +139,14 @@ void Conn::SettlePlainLocked(bool gated) noexcept {
   if (gated) gate_up_.store(true, std::memory_order_release);
   // A failure that raced with Hold was the request's, never this connection's.
   error_.store(0, std::memory_order_release);
-  anchor_path_.Start(anchor_fd_.load(), slot_.rx_ring(), slot_.tx_mirror(), ring_size(), 0, 0);
-  mode_.store(Mode::kTcp, std::memory_order_seq_cst);
-  held_.store(false, std::memory_order_seq_cst);
   settle_at_.store(0, std::memory_order_release);
-  if (tx_finished_.load(std::memory_order_seq_cst)) anchor_path_.Finish(tx_published_.load());
-  OnAnchorReady(EPOLLIN | EPOLLOUT);
-  WakeWriterNow();
-  WakeReaderNow();
+  failover_.EnterTcp(0, 0);
 }
 
 bool Conn::PassGate() const noexcept {
   if (!gate_up_.load(std::memory_order_acquire)) return true;
   if (gate_tripped_.load(std::memory_order_acquire)) return false;  // (being reset)
-  const int anchor = anchor_fd_.load(std::memory_order_acquire);
+  const int anchor = failover_.anchor();
   const AnchorPeek peek = PeekAnchor(anchor);
   // Nothing yet, or our magic so far: nothing to deliver until the rest says what it is.
   if (peek.kind == AnchorPeek::Kind::kNone || peek.kind == AnchorPeek::Kind::kPartial) return false;

@@ -19,44 +19,14 @@
 #include <thread>
 #include <vector>
 
+#include "tests/unit/tcp_pair.h"
+
 namespace slip {
 namespace {
 
-void NonBlocking(int fd) {
-  ASSERT_EQ(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK), 0);
-}
-
-// A connected TCP pair on loopback (a reset needs TCP), both non-blocking.
-void TcpPair(int fds[2]) {
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(listener, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(listener, 1), 0);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  fds[0] = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(connect(fds[0], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  fds[1] = accept(listener, nullptr, nullptr);
-  ASSERT_GE(fds[1], 0);
-  close(listener);
-  NonBlocking(fds[0]);
-  NonBlocking(fds[1]);
-}
-
-std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> out(n);
-  for (auto& b : out) b = uint8_t(rng());
-  return out;
-}
-
-void WaitFor(int fd, short events) {
-  pollfd pfd{fd, events, 0};
-  poll(&pfd, 1, 10);
-}
+using testing::RandomBytes;
+using testing::TcpPair;
+using testing::WaitFor;
 
 // One end: its rings, cursors and path, as a verbs Conn keeps them after failover.
 struct End {

@@ -39,6 +39,7 @@
 #include "core/wire.h"
 #include "shm/region.h"
 #include "shm/shm.h"
+#include "tests/unit/tcp_pair.h"
 
 namespace slip::shm {
 namespace {
@@ -333,22 +334,10 @@ struct Connection {
   }
 
   void ConnectTcp() {
-    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(listener, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    ASSERT_EQ(listen(listener, 1), 0);
-    ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-    tcp_client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(tcp_client, 0);
-    ASSERT_EQ(connect(tcp_client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    tcp_server = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    close(listener);
-    ASSERT_GE(tcp_server, 0);
-    ASSERT_EQ(fcntl(tcp_client, F_SETFL, O_NONBLOCK), 0);
+    int fds[2];
+    testing::TcpPair(fds);
+    tcp_client = fds[0];
+    tcp_server = fds[1];
     int one = 1;
     setsockopt(tcp_client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(tcp_server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
