@@ -29,7 +29,8 @@ Carriage AnchorFailover::Publish(uint64_t produced) noexcept {
   // protocol relies on it.)
   published_.store(produced, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  const Carriage carriage = carriage_.load(std::memory_order_relaxed);
+  // (Acquire: EnterTcp's store publishes the path's set-up.)
+  const Carriage carriage = carriage_.load(std::memory_order_acquire);
   if (carriage == Carriage::kTcp) path_.Push(produced);
   return carriage;
 }
@@ -37,7 +38,7 @@ Carriage AnchorFailover::Publish(uint64_t produced) noexcept {
 Carriage AnchorFailover::FinishTx() noexcept {
   finished_.store(true, std::memory_order_relaxed);  // (the same race as Publish's)
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  const Carriage carriage = carriage_.load(std::memory_order_relaxed);
+  const Carriage carriage = carriage_.load(std::memory_order_acquire);
   if (carriage == Carriage::kTcp) path_.Finish(published());
   return carriage;
 }
@@ -123,8 +124,11 @@ AnchorFailover::Outcome AnchorFailover::OnPeerFailover(const wire::Failover& pee
 
 void AnchorFailover::EnterTcp(uint64_t rx_from, uint64_t tx_from) noexcept {
   path_.Start(anchor(), rx_ring_, tx_ring_, ring_size_, rx_from, tx_from);
-  carriage_.store(Carriage::kTcp, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // against Publish's and FinishTx's
+  // Releases the path's set-up to whoever reads the carriage; the fence orders the store
+  // against Publish's and FinishTx's (each writes its own variable, fences, reads the
+  // other's).
+  carriage_.store(Carriage::kTcp, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   if (finished()) path_.Finish(published());
   OnAnchorReady(EPOLLIN | EPOLLOUT);
   // Readers and writers waited on a path that no longer carries the stream; send credit
