@@ -352,11 +352,19 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
     if (avail > 0 && (avail >= total || !waitall || RxFinished()))
       return ssize_t(CopyOut(iov, iovcnt, 0, std::min<uint64_t>(avail, total), consumed));
   } else if (avail > 0) {
-    size_t n = CopyOut(iov, iovcnt, got, std::min<uint64_t>(avail, total - got), consumed);
-    consumed += n;
-    consumed_.store(consumed, std::memory_order_release);
-    channel_->RxConsumed(consumed);
-    got += n;
+    // Credited a chunk at a time: the sender refills the ring while we copy the rest, where
+    // crediting once at the end had the two ends take turns over whole rings.
+    const uint64_t want = std::min<uint64_t>(avail, total - got);
+    const uint64_t chunk = CreditChunk(channel_->ring_size());
+    for (uint64_t done = 0; done < want;) {
+      const size_t n = CopyOut(iov, iovcnt, got, std::min(chunk, want - done), consumed);
+      consumed += n;
+      consumed_.store(consumed, std::memory_order_release);
+      channel_->RxConsumed(consumed);
+      got += n;
+      done += n;
+      if (n == 0) break;
+    }
     if (got == total || !waitall) {
       if (!HasRxData()) proxy::DrainTokens(wake, proxy_a_);
       return ssize_t(got);

@@ -126,6 +126,13 @@ class Stream {
   int proxy_b_;
   const StreamOptions options_;
   const uint32_t mask_;
+  // How many bytes a receive copies out before it credits them: a quarter ring (16 KiB at
+  // least), so that a large write and its read overlap (the sender refills what the
+  // receiver freed while the receiver copies the rest). Chunking the sender's publishes
+  // instead gains as much on shm but costs verbs a write per chunk.
+  static constexpr uint64_t CreditChunk(uint32_t ring_size) noexcept {
+    return ring_size / 4 > 16384 ? ring_size / 4 : 16384;
+  }
 
   std::mutex tx_mu_;
   std::mutex rx_mu_;

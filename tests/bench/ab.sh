@@ -7,7 +7,7 @@
 #   tests/bench/ab.sh BASE_BUILD NEW_BUILD [ROUNDS]        (default 3 rounds)
 #
 # Environment: SLIP_AB_DURATION=3 (seconds per measurement), SLIP_AB_TESTS (default
-# "lat bw crr"). Build the base with, e.g.:
+# "lat bw crr"; also bw1m: 1 MiB writes). Build the base with, e.g.:
 #   git worktree add /tmp/base REV && cmake -S /tmp/base -B /tmp/base/build -G Ninja && \
 #     ninja -C /tmp/base/build slipstream slip-run slip-perf
 set -uo pipefail
@@ -18,8 +18,9 @@ ROUNDS=${3:-3}
 DURATION=${SLIP_AB_DURATION:-3}
 read -r -a TESTS <<< "${SLIP_AB_TESTS:-lat bw crr}"
 
-declare -A ARGS=([lat]="tcp_lat --size 64" [bw]="tcp_bw --size 65536" [crr]="tcp_crr --size 64")
-declare -A UNIT=([lat]="p50 us" [bw]="Gbit/s" [crr]="conn/s")
+declare -A ARGS=([lat]="tcp_lat --size 64" [bw]="tcp_bw --size 65536" [bw1m]="tcp_bw --size 1048576"
+                 [crr]="tcp_crr --size 64")
+declare -A UNIT=([lat]="p50 us" [bw]="Gbit/s" [bw1m]="Gbit/s" [crr]="conn/s")
 
 port() { echo $((20000 + RANDOM % 20000)); }
 

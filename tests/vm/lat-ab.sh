@@ -5,7 +5,10 @@
 # Each run: slip-perf tcp_lat and tcp_bw (--duration 0.5 --repeat 3), both ends under that
 # build's slip-run --transports=verbs,tcp on 10.77.0.1; prints each side's p50 latencies
 # (us) and bandwidths (Gbit/s) of the three repeats, and the transports its stats record.
+# AB_TESTS (default "tcp_lat tcp_bw") and AB_ARGS (e.g. "--size 1048576") change what runs.
 set -u
+read -r -a TESTS <<< "${AB_TESTS:-tcp_lat tcp_bw}"
+read -r -a EXTRA <<< "${AB_ARGS:-}"
 BASE=$1 NEW=$2 PAIRS=${3:-4}
 T=$(mktemp -d)
 port=23000
@@ -18,7 +21,7 @@ for i in $(seq 1 "$PAIRS"); do
     sp=$!
     sleep 1.5
     "$B/bin/slip-run" --transports=verbs,tcp --stats="$T/st.$v.$i" -- "$B/bin/slip-perf" \
-      client 10.77.0.1 -p $port tcp_lat tcp_bw --duration 0.5 --repeat 3 --format csv \
+      client 10.77.0.1 -p $port "${TESTS[@]}" "${EXTRA[@]}" --duration 0.5 --repeat 3 --format csv \
       --label $v >"$T/c.$v.$i" 2>&1
     wait $sp
     echo "$v $i: $(grep -o 'p50_us,[0-9.,]*\|gbit_s,[0-9.,]*' "$T/c.$v.$i" | tr '\n' ' ')[$(
