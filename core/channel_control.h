@@ -42,6 +42,13 @@ class ChannelControl {
     (void)peer;
     return false;
   }
+  // Control thread, client: the server declined the connection after our CONFIRM (its
+  // accepting process had nothing registered for it: the registration went to another
+  // process sharing the listener, or expired). It consumed the CONFIRM and takes the
+  // connection as plain TCP, so the stream starts again on the anchor from byte 0 both
+  // ways: nothing of ours was read, nothing was written to us. False when that cannot be
+  // shown (bytes arrived over the transport, or credit came back): the caller resets.
+  virtual bool OnPeerDecline() noexcept { return false; }
   // True once the anchor carries the stream's bytes (no more messages): its readiness
   // (EPOLLIN/EPOLLOUT/...) then goes to OnAnchorReady, from the control thread.
   virtual bool AnchorCarriesStream() const noexcept { return false; }

@@ -46,20 +46,12 @@ constexpr int kRoleServer = 1;
 
 enum class Outcome { kAccelerated, kPlain, kDropped };
 
-void SendDecline(int fd, uint64_t nonce, wire::DeclineReason reason) noexcept {
+bool SendDecline(int fd, uint64_t nonce, wire::DeclineReason reason) noexcept {
   wire::Message msg;
   msg.type = wire::Type::kDecline;
   msg.decline = wire::Decline{nonce, reason};
-  SendOnAnchor(fd, msg, 1000);
-}
-
-// True when the bytes already queued on `fd` start with a whole, valid CONFIRM (nothing is
-// consumed).
-bool PeekConfirm(int fd, wire::Confirm* confirm) noexcept {
-  const AnchorPeek peek = PeekAnchor(fd);
-  if (!peek.Is(wire::Type::kConfirm)) return false;
-  *confirm = peek.msg.confirm;
-  return true;
+  // (The first bytes on a fresh connection: the socket's buffer has room, nothing waits.)
+  return SendOnAnchor(fd, msg, 0);
 }
 
 bool Endpoints(int fd, wire::Endpoint* client, wire::Endpoint* server) noexcept {
@@ -68,18 +60,23 @@ bool Endpoints(int fd, wire::Endpoint* client, wire::Endpoint* server) noexcept 
 
 // Nothing was offered for the connection. A client that confirmed although nothing was
 // registered for it believes it runs on a ring: its CONFIRM must not reach the application
-// as data. (A registration dropped unaccepted, after 30 s, is abandoned first, so only a
-// client that had already confirmed gets here, its CONFIRM queued long since.) It is
-// declined, and that client gets a reset.
+// as data. (Its registration went to another process sharing the listener, or was dropped
+// unaccepted after 30 s, abandoned first, so that only a client that had confirmed long
+// since gets here.) Its CONFIRM is taken off the connection and declined: the client then
+// sends its stream from byte 0 on TCP (ChannelControl::OnPeerDecline), and the
+// application has a plain connection whose first bytes are that stream's.
 Outcome NothingOffered(SlipSocket* listener, SlipSocket* s, int fd,
                        const wire::Endpoint& client) noexcept {
-  if (wire::Confirm orphan; PeekConfirm(fd, &orphan)) {
+  if (const AnchorPeek peek = PeekAnchor(fd); peek.Is(wire::Type::kConfirm)) {
     SLIP_LOG(kWarn,
-             "fd %d: a CONFIRM arrived with nothing registered for its connection; "
-             "declining it (reset) rather than passing it on as data",
+             "fd %d: a CONFIRM arrived with nothing registered for its connection; declining "
+             "it: the connection continues as plain TCP",
              fd);
-    SendDecline(fd, orphan.nonce, wire::DeclineReason::kNoRegistration);
-    return Outcome::kDropped;
+    ConsumeAnchor(fd, peek);
+    if (!SendDecline(fd, peek.msg.confirm.nonce, wire::DeclineReason::kNoRegistration))
+      return Outcome::kDropped;  // (the client gets EOF or a reset: never our bytes as data)
+    MarkPlain(s, fd, Reason::kDeclined, kRoleServer);
+    return Outcome::kPlain;
   }
   SLIP_LOG(kDebug, "fd %d: nothing offered for the connection from port %u: plain", fd,
            client.port);

@@ -71,6 +71,16 @@ void CarryOnAnchor(SlipSocket* s, int epfd) noexcept {
   s->stream->control()->OnAnchorReady(EPOLLIN | EPOLLOUT);
 }
 
+// Neither path can carry the stream: both ends see a reset (no FIN first, which the peer
+// would take for an orderly end).
+void ResetAnchor(SlipSocket* s, int epfd) noexcept {
+  linger lg{1, 0};
+  sys::setsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+  sys::shutdown(s->anchor_fd, SHUT_RDWR);
+  sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
+  s->stream->MarkPeerGone(true);
+}
+
 void TakeFailover(SlipSocket* s, int epfd, const wire::Failover& failover) noexcept {
   ChannelControl* channel = s->stream->control();
   if (!channel->OnPeerFailover(failover)) {
@@ -98,14 +108,9 @@ void SettleNow(SlipSocket* s, int epfd, uint64_t now_ms) noexcept {
       StatsSetTransport(s->stats, TransportKind::kTcp, why);
       CarryOnAnchor(s, epfd);
       return;
-    case ChannelControl::Settlement::kReset: {
-      linger lg{1, 0};
-      sys::setsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-      sys::shutdown(s->anchor_fd, SHUT_RDWR);
-      sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
-      s->stream->MarkPeerGone(true);
+    case ChannelControl::Settlement::kReset:
+      ResetAnchor(s, epfd);
       return;
-    }
   }
 }
 
@@ -153,10 +158,21 @@ void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
     ConsumeAnchor(s->anchor_fd, peek);
     const wire::Message& msg = peek.msg;
     if (msg.type == wire::Type::kDecline) {
-      SLIP_LOG(kWarn, "connection declined by the peer after registration (reason %u); reset",
-               unsigned(msg.decline.reason));
       StatsSetTransport(s->stats, TransportKind::kTcp, Reason::kDeclined);
-      s->stream->MarkPeerGone();
+      if (channel->OnPeerDecline()) {
+        SLIP_LOG(kWarn,
+                 "anchor fd %d: the server declined the connection after its CONFIRM (reason "
+                 "%u): it continues on TCP from byte 0",
+                 s->anchor_fd, unsigned(msg.decline.reason));
+        CarryOnAnchor(s, epfd);
+        return;  // what follows is the stream's
+      }
+      SLIP_LOG(kWarn,
+               "anchor fd %d: declined by the peer after its CONFIRM (reason %u), with bytes "
+               "already exchanged; reset",
+               s->anchor_fd, unsigned(msg.decline.reason));
+      ResetAnchor(s, epfd);
+      return;
     } else if (msg.type == wire::Type::kFailover) {
       TakeFailover(s, epfd, msg.failover);
       return;  // what follows is the stream's

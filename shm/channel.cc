@@ -189,6 +189,7 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
   void Abort() noexcept override { aborted_ = true; }
 
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
+  bool OnPeerDecline() noexcept override;
   bool AnchorCarriesStream() const noexcept override {
     return failover_.carriage() != Carriage::kTransport;
   }
@@ -466,6 +467,23 @@ bool ShmChannel::OnPeerFailover(const wire::Failover& peer) noexcept {
   }
   return failover_.OnPeerFailover(peer, received, tx_->consumed.load(std::memory_order_acquire)) ==
          AnchorFailover::Outcome::kContinued;
+}
+
+bool ShmChannel::OnPeerDecline() noexcept {
+  std::lock_guard<std::mutex> lock(failover_.lock());
+  if (anchor_ < 0 || failover_.carriage() != Carriage::kTransport ||
+      deadline_.load(std::memory_order_relaxed) != 0 || SharedWithOtherProcess())
+    return false;
+  // The process that registered the connection never had it (another one accepted it), so
+  // nobody wrote to our ring or read from the peer's: every byte we published is still
+  // there from 0, and nothing arrived. Anything else is no decline of ours to continue from.
+  if (rx_->produced.load(std::memory_order_acquire) != 0 ||
+      tx_->consumed.load(std::memory_order_acquire) != 0)
+    return false;
+  // The region is shared with the listener's own process only (verified at registration),
+  // so its rings may carry the TCP path, as for a client that settled as plain.
+  failover_.EnterTcp(0, 0);
+  return true;
 }
 
 bool ShmChannel::HandBack(uint64_t consumed, int timeout_ms) noexcept {

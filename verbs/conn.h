@@ -191,6 +191,7 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   }
   void SetAnchor(int fd) noexcept override { failover_.SetAnchor(fd); }
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
+  bool OnPeerDecline() noexcept override;
   // (Held, the anchor's bytes are the client's, for settling alone.)
   bool AnchorCarriesStream() const noexcept override {
     const Carriage carriage = failover_.carriage();

@@ -158,6 +158,22 @@ bool Conn::OnPeerFailover(const wire::Failover& peer) noexcept {
   return false;
 }
 
+bool Conn::OnPeerDecline() noexcept {
+  std::lock_guard<std::mutex> lock(failover_.lock());
+  if (failover_.anchor() < 0 || orphaned_.load() || failover_.carriage() != Carriage::kTransport ||
+      error_.load(std::memory_order_acquire) != 0)
+    return false;
+  // The process whose rdma_cm listener took our request never had the connection (another
+  // one accepted it): its queue pair wrote nothing into our ring and credited nothing.
+  // (Counted once nothing more can land.)
+  HaltRdmaLocked();
+  if (rx_produced_.load(std::memory_order_acquire) != 0 ||
+      tx_credit_.load(std::memory_order_acquire) != 0)
+    return false;
+  failover_.EnterTcp(0, 0);
+  return true;
+}
+
 void Conn::OnAnchorReady(uint32_t events) noexcept {
   // (Never under the poll lock: the wake-ups go out at once.)
   failover_.OnAnchorReady(events);

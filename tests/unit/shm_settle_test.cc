@@ -726,6 +726,62 @@ TEST(ShmSettleClientTest, DeclinedConnectionIsPlainAtBothEnds) {
   EXPECT_TRUE(Exchange(&client, &server, 123457, 98765, 31));
 }
 
+// Its listener accepted the registration and the client confirmed, but the process that
+// accepted the TCP connection had nothing registered for it (another process sharing the
+// listener holds the registration) and declined it there. Nobody read or wrote the rings,
+// so the client's stream goes on TCP from byte 0, everything it had published first.
+TEST(ShmSettleClientTest, ADeclineAfterItsConfirmContinuesOnTcpFromByteZero) {
+  Connection c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
+  const std::vector<uint8_t> early = RandomBytes(4000, 41);  // (nearly a ring)
+  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(early));
+  SendAll(c.rendezvous, AcceptBytes(c.offer.nonce));
+  Reason why = Reason::kNone;
+  ASSERT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
+  // The accepting process's shim takes the CONFIRM off the connection (and declines: the
+  // control thread consumes that message before it asks the channel).
+  const std::vector<uint8_t> confirm = ReadSome(c.tcp_server, ConfirmBytes(1, kRing).size());
+  wire::Message msg;
+  size_t used = 0;
+  ASSERT_EQ(wire::ParseMessage(confirm.data(), confirm.size(), &msg, &used),
+            wire::ParseStatus::kOk);
+  ASSERT_EQ(msg.type, wire::Type::kConfirm);
+  EXPECT_FALSE(c.client->control()->AnchorCarriesStream());
+  ASSERT_TRUE(c.client->control()->OnPeerDecline());
+  EXPECT_TRUE(c.client->control()->AnchorCarriesStream());
+  EXPECT_FALSE(c.client->control()->OnPeerDecline());  // (once)
+  EXPECT_EQ(ReadSome(c.tcp_server, early.size()), early);
+  ChannelEnd client(c.client.get(), early.size(), 0);
+  SocketEnd peer(c.tcp_server);
+  EXPECT_TRUE(Exchange(&client, &peer, 300000, 200000, 43));
+}
+
+// A decline once bytes moved over the rings cannot be continued from byte 0: refused (the
+// control thread then resets the connection).
+TEST(ShmSettleClientTest, ADeclineAfterBytesMovedOnTheRingsIsRefused) {
+  for (const bool server_wrote : {true, false}) {
+    SCOPED_TRACE(server_wrote ? "bytes came in" : "bytes were read");
+    Connection c;
+    ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
+    SendAll(c.rendezvous, AcceptBytes(c.offer.nonce));
+    Reason why = Reason::kNone;
+    ASSERT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
+    SendAll(c.tcp_client, ReadSome(c.tcp_server, ConfirmBytes(1, kRing).size()));
+    ASSERT_EQ(SettleNow(c.server.get(), &why), Settlement::kSettled);
+    ChannelEnd client(c.client.get()), server(c.server.get());
+    const std::vector<uint8_t> bytes = Bytes("x");
+    if (server_wrote) {
+      ASSERT_EQ(server.Send(bytes.data(), bytes.size()), bytes.size());
+    } else {
+      ASSERT_EQ(client.Send(bytes.data(), bytes.size()), bytes.size());
+      uint8_t got;
+      ASSERT_EQ(server.Recv(&got, 1), 1u);
+    }
+    EXPECT_FALSE(c.client->control()->OnPeerDecline());
+    EXPECT_FALSE(c.client->control()->AnchorCarriesStream());
+  }
+}
+
 TEST(ShmSettleClientTest, EofOnTheRendezvousMakesItPlain) {
   Connection c;
   ASSERT_NO_FATAL_FAILURE(c.Init(true, true));

@@ -22,6 +22,7 @@ import threading
 import time
 
 from common import MiB, argument_parser, open_connection, random_chunks, random_size, report
+from orphan_confirm import confirm_message, read_decline
 
 MAX_WRITE = MiB
 
@@ -118,9 +119,19 @@ def main():
     parser.add_argument("--dump", help="write the bytes sent and received to DUMP.sent/.received")
     parser.add_argument("--hold", help="after the transfer, keep the connection open until the "
                         "file HOLD exists (at most 60 s)")
+    parser.add_argument("--orphan-confirm", action="store_true",
+                        help="client: first act as a Slipstream client whose registration was "
+                        "lost (progs/orphan_confirm.py): send a CONFIRM, expect a DECLINE, then "
+                        "carry the stream from byte 0")
     args = parser.parse_args()
 
     sock = open_connection(args.role, args.port, args.source_port, args.bind, args.host)
+    declined = None
+    if args.orphan_confirm:
+        sock.sendall(confirm_message(0x5EED, 1 << 20))
+        sock.settimeout(20)
+        declined = read_decline(sock)
+        sock.settimeout(None)
     sent = Digest(args.dump and args.dump + ".sent")
     received = Digest(args.dump and args.dump + ".received")
     errors = []
@@ -142,7 +153,7 @@ def main():
         time.sleep(0.05)
     sock.close()
     report(sent=sent.count, sent_sha256=sent.sha.hexdigest(),
-           received=received.count, received_sha256=received.sha.hexdigest())
+           received=received.count, received_sha256=received.sha.hexdigest(), declined=declined)
 
 
 if __name__ == "__main__":

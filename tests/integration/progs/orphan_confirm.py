@@ -1,53 +1,47 @@
-"""A plain client whose first bytes are a valid CONFIRM, with nothing registered for it.
+"""The in-band messages a Slipstream client that lost its registration sends and reads,
+written out here independently of core/wire.cc, for progs/bulk.py --orphan-confirm.
 
-That is what a Slipstream client looks like to a server that lost its registration: the
-client believes it runs on a ring. The server must not hand those bytes to its application
-as data: it declines (a DECLINE message, then it closes), and its application never sees
-the connection. Connects to 127.0.0.1:PORT, sends the CONFIRM and a few bytes, reads until
-EOF or a reset (the server closes with our bytes unread, so a reset is what TCP says;
-bounded) and prints {"declined": bool, "ended": bool, "received": N}. The wire format is
-written out here independently of core/wire.cc.
+Such a client confirmed a registration that the process accepting its connection never
+had (another process sharing the listener holds it, or it expired): its first bytes on
+TCP are a valid CONFIRM. The server must not hand those bytes to its application: it
+takes the CONFIRM off the connection and answers DECLINE, after which the connection is
+plain TCP whose first bytes are the client's stream from byte 0.
 """
 
-import socket
 import struct
 
-from common import argument_parser, report
 from forge_register import MAGIC, VERSION, crc32c
 
 TYPE_CONFIRM = 3
 TYPE_DECLINE = 5
+HEADER = 16
 
 
 def confirm_message(nonce, ring_size):
     body = struct.pack("<QII", nonce, ring_size, 0)
-    message = bytearray(MAGIC + struct.pack("<BBHII", VERSION, TYPE_CONFIRM, 0, 16 + len(body), 0)
-                        + body)
+    message = bytearray(MAGIC + struct.pack("<BBHII", VERSION, TYPE_CONFIRM, 0, HEADER + len(body),
+                                            0) + body)
     message[12:16] = struct.pack("<I", crc32c(bytes(message)))
     return bytes(message)
 
 
-def main():
-    parser = argument_parser(__doc__)
-    args = parser.parse_args()
-    sock = socket.create_connection(("127.0.0.1", args.port), timeout=20)
-    sock.sendall(confirm_message(0x5EED, 1 << 20) + b"not for the application")
-    received = b""
-    ended = False
-    try:
-        while True:
-            data = sock.recv(4096)
-            if not data:
-                ended = True
-                break
-            received += data
-    except ConnectionResetError:
-        ended = True
-    except socket.timeout:
-        pass
-    declined = len(received) >= 16 and received[:4] == MAGIC and received[5] == TYPE_DECLINE
-    report(declined=declined, ended=ended, received=len(received))
+def read_exactly(sock, n):
+    data = b""
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
-if __name__ == "__main__":
-    main()
+def read_decline(sock):
+    """Reads one whole message off `sock`; True when it is a DECLINE (nothing more is read)."""
+    header = read_exactly(sock, HEADER)
+    if len(header) < HEADER or header[:4] != MAGIC:
+        return False
+    length = struct.unpack("<I", header[8:12])[0]
+    if not HEADER <= length <= 256:
+        return False
+    read_exactly(sock, length - HEADER)
+    return header[5] == TYPE_DECLINE
