@@ -29,8 +29,8 @@
 // accessors) take no lock and may race with a switch: a publish or finish racing with
 // EnterTcp is pushed by one of the two, because each side writes its own variable before it
 // reads the other's, all sequentially consistent. The switching calls (Begin, SendOurs,
-// OnPeerFailover, EnterTcp, HandBack, Hold, Release) run under lock(), which the channel
-// also holds while it settles.
+// OnPeerFailover, EnterTcp, HandBack, Release) run under lock(), which the channel also
+// holds while it settles; Hold comes before the connection is shared.
 #pragma once
 
 #include <atomic>
@@ -148,7 +148,6 @@ class AnchorFailover {
   // `received` (bytes it delivered into the receive ring) counted. False when the anchor
   // cannot take it (errno says why).
   bool SendOurs(uint64_t received, wire::FailoverCause cause) noexcept;
-  bool ours_sent() const noexcept { return ours_sent_; }
 
   enum class Outcome : uint8_t {
     kContinued,   // on TCP from where both ends stand

@@ -113,20 +113,17 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
         return Outcome::kAccelerated;
       }
       // Nothing changed at fd.
-      if (setup.Fail(rc == -EMFILE ? Reason::kFdLimit : Reason::kResources) ==
-          ServerSetup::Stage::kDrop) {
-        SLIP_LOG(kWarn, "fd %d: cannot hold a confirmed connection (%s); dropping it", fd,
-                 strerror(-rc));
-        return Outcome::kDropped;
-      }
+      setup.Fail(rc == -EMFILE ? Reason::kFdLimit : Reason::kResources);
       break;
     }
     case ServerSetup::Stage::kDrop:
-      SLIP_LOG(kWarn, "fd %d: cannot hold a confirmed connection (%s); dropping it", fd,
-               ReasonName(setup.reason()));
-      return Outcome::kDropped;
     case ServerSetup::Stage::kPlain:
       break;
+  }
+  if (setup.stage() == ServerSetup::Stage::kDrop) {
+    SLIP_LOG(kWarn, "fd %d: cannot hold a confirmed connection (%s); dropping it", fd,
+             ReasonName(setup.reason()));
+    return Outcome::kDropped;
   }
   MarkPlain(s, fd, setup.reason(), kRoleServer);
   return Outcome::kPlain;
