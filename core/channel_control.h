@@ -28,6 +28,13 @@ class ChannelControl {
   // must not tell the peer an orderly end; the peer sees the reset.
   virtual void Abort() noexcept {}
 
+  // The face could not install a stream it was handed (connect): may the connection go on
+  // as plain TCP, as it stands? True when the peer cannot be carrying it on the transport
+  // (the channel then leaves the connection alone when destroyed); false when it may be
+  // (an shm server claims the region when it accepts, before the client installed
+  // anything): the connection must then be reset.
+  virtual bool WithdrawUninstalled() noexcept { return true; }
+
   // --- failover (docs/DESIGN.md, "Failover") ---
   // A transport that can fail mid-stream continues on the connection's TCP anchor: both
   // ends send FAILOVER (bytes received) there, then carry the stream on TCP from those

@@ -110,8 +110,14 @@ ClientSetup::Stage ClientSetup::Step(int tcp) noexcept {
       }
     } else if (sys::MonotonicMs() >= tcp_deadline_ms_) {
       // Slower than the offer's budget: the listener stops holding it and treats the
-      // connection as plain; so does this end.
-      Plain(Reason::kConnectSlow);
+      // connection as plain; so does this end (unless the listener took it just now).
+      if (offer_->WithdrawSlow()) {
+        Plain(Reason::kConnectSlow);
+      } else {
+        stage_ = Stage::kReset;
+        reason_ = Reason::kConnectSlow;
+        offer_.reset();
+      }
     }
   }
   return stage_;

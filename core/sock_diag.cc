@@ -179,16 +179,17 @@ int ParseUnixPeer(const uint8_t* buf, size_t len, uint32_t seq, uint64_t* peer,
 
 }  // namespace
 
-int FindListener(const sockaddr* dest, SocketInfo* out) noexcept {
+int FindListener(const sockaddr* dest, SocketInfo* out, const sockaddr* source) noexcept {
   struct {
     nlmsghdr header;
     inet_diag_req_v2 body;
   } request{};
-  if (!RequestFor(dest, nullptr, &request.body)) return -EAFNOSUPPORT;
+  if (!RequestFor(dest, source, &request.body)) return -EAFNOSUPPORT;
   const int rc = Exchange(&request, [out](const uint8_t* buf, size_t len, uint32_t seq) {
     return ParseAnswer(buf, len, seq, out);
   });
-  // The lookup finds the socket a packet from nowhere would reach: only a listener counts.
+  // The lookup finds the socket the packet would reach: only a listener counts (from a
+  // bound, unconnected source nothing else can match).
   return rc == 0 && !out->listening ? -ENOENT : rc;
 }
 

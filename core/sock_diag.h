@@ -27,13 +27,18 @@ struct SocketInfo {
 };
 
 // The listener that a SYN to `dest` (AF_INET or AF_INET6, v4-mapped allowed) reaches.
+// `source` (same family), when given, is the SYN's own source address and port: among
+// SO_REUSEPORT listeners sharing the port, the kernel then picks the one that SYN will
+// reach (the same hash of the 4-tuple; a group that steers by BPF or by CPU may choose
+// otherwise). Without it, the lookup is for a SYN from nowhere, which picks some member.
 // Returns 0, -ENOENT when nothing listens there, or another -errno (no netlink, a reply
 // that does not parse: treat as unknown).
-int FindListener(const sockaddr* dest, SocketInfo* out) noexcept;
+int FindListener(const sockaddr* dest, SocketInfo* out, const sockaddr* source = nullptr) noexcept;
 
 // The connected socket whose local end is `local` and whose peer is `remote` (a client's
 // socket, seen from its server: local = the client's address). Returns 0, -ENOENT, or
-// another -errno; out->uid is its owner.
+// another -errno; out->uid is its owner, out->inode 0 while the connection waits in its
+// listener's queue (no process has accepted it yet).
 int FindConnection(const sockaddr* local, const sockaddr* remote, SocketInfo* out) noexcept;
 
 // The inode of the socket connected to the AF_UNIX socket `inode` (its peer), and its type

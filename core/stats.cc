@@ -357,7 +357,8 @@ const char* ReasonName(Reason r) noexcept {
                                            "memlock",
                                            "exec",
                                            "untrusted_rendezvous",
-                                           "fd_limit"};
+                                           "fd_limit",
+                                           "accepted_elsewhere"};
   static_assert(std::size(kNames) == static_cast<size_t>(Reason::kCount));
   auto i = static_cast<size_t>(r);
   return i < std::size(kNames) ? kNames[i] : "unknown";

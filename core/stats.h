@@ -33,13 +33,14 @@ enum class Reason : uint8_t {
   kNonceMismatch,        // confirm carried the wrong nonce (forged registration)
   kFailover,             // was accelerated, moved back to TCP mid-stream
   kUnsupported,          // socket state we do not accelerate (e.g. bound to a device)
-  kReusePort,            // accepted on an SO_REUSEPORT listener (publishes no rendezvous)
+  kReusePort,            // an SO_REUSEPORT listener the transport cannot serve (verbs)
   kNoRdmaDevice,         // verbs allowed, but no usable RDMA device (or rdma-core missing)
   kNoRdmaPath,           // the peer cannot be reached over RDMA (address/route/timeout)
   kMemlock,              // RLIMIT_MEMLOCK too low to register the rings
   kExec,                 // handed back to TCP because the process exec'd with it
   kUntrustedRendezvous,  // the rendezvous for the port is not held by the listener's owner
   kFdLimit,              // descriptors short: the setup would have used the application's
+  kAcceptedElsewhere,    // another process took the connection (shared listener, group member)
   kCount
 };
 const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
@@ -47,7 +48,8 @@ const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
 enum class SlotState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
 
 constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
-constexpr uint32_t kStatsVersion = 5;         // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit
+constexpr uint32_t kStatsVersion = 6;  // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit;
+                                       // 6: kAcceptedElsewhere
 constexpr uint32_t kStatsSlots = 8192;
 
 struct alignas(64) ConnSlot {

@@ -95,6 +95,11 @@ class ClientOffer {
   // How long the SYN may take before the connection goes plain (the listener holds the
   // offer that long).
   virtual int TcpHandshakeBudgetMs() const noexcept = 0;
+  // The TCP handshake outlived that budget: the offer is withdrawn and the connection goes
+  // on plain. False when the listener took it meanwhile (shm: its accept() claimed the
+  // region between our last look and now), so that its end may carry it on the transport:
+  // the setup then resets the connection instead.
+  virtual bool WithdrawSlow() noexcept { return true; }
 
   // The stream's proxy pair, made on the first call and the offer's until Establish (a
   // face may show end A to the application while the exchange runs). False: none could be
@@ -173,6 +178,10 @@ struct ListenRequest {
   int fd = -1;
   const sockaddr* local = nullptr;  // the TCP listener's bound address
   bool v6only = false;
+  // SO_REUSEPORT: other listening sockets (other processes') may share the port, and the
+  // kernel hands each SYN to one of them. A transport serves such a listener only if its
+  // clients can find the member their SYN reaches and nothing of ours reaches the others.
+  bool reuseport = false;
   const Config* config = nullptr;
 };
 

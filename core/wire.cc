@@ -218,6 +218,23 @@ bool EndpointFromSockaddr(const sockaddr* sa, Endpoint* out) noexcept {
   return false;
 }
 
+bool SockaddrFromEndpoint(const Endpoint& ep, sockaddr_storage* out) noexcept {
+  std::memset(out, 0, sizeof(*out));
+  if (ep.family == 4) {
+    auto* in = reinterpret_cast<sockaddr_in*>(out);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(ep.port);
+    std::memcpy(&in->sin_addr, ep.addr, 4);
+    return true;
+  }
+  if (ep.family != 6) return false;
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(out);
+  in6->sin6_family = AF_INET6;
+  in6->sin6_port = htons(ep.port);
+  std::memcpy(&in6->sin6_addr, ep.addr, 16);
+  return true;
+}
+
 uint32_t Crc32c(const uint8_t* data, size_t len, uint32_t crc) noexcept {
   // Bitwise CRC32C (Castagnoli): messages are tiny and on the control path only.
   crc = ~crc;

@@ -64,6 +64,8 @@ struct Endpoint {
 
 // Converts a socket address; returns false for anything but AF_INET/AF_INET6.
 bool EndpointFromSockaddr(const sockaddr* sa, Endpoint* out) noexcept;
+// The socket address of `ep` (AF_INET or AF_INET6); false for another family.
+bool SockaddrFromEndpoint(const Endpoint& ep, sockaddr_storage* out) noexcept;
 
 struct Register {
   Endpoint client;

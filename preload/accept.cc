@@ -155,12 +155,6 @@ bool SlipListen(SlipSocket* s, int fd) noexcept {
   int reuseport = 0, v6only = 0;
   socklen_t olen = sizeof(int);
   sys::getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &reuseport, &olen);
-  if (reuseport) {
-    // Several processes may share the port: an offer could reach the wrong one.
-    SLIP_LOG(kInfo, "fd %d: SO_REUSEPORT listener stays plain", fd);
-    s->no_offer = Reason::kReusePort;
-    return true;
-  }
   // Without the control thread nobody would notice a client's death or answer an offer:
   // stand no twin up then, so that every client is served plain.
   s->no_offer = Reason::kResources;
@@ -172,6 +166,7 @@ bool SlipListen(SlipSocket* s, int fd) noexcept {
   req.fd = fd;
   req.local = reinterpret_cast<sockaddr*>(&local);
   req.v6only = v6only != 0;
+  req.reuseport = reuseport != 0;
   req.config = &rt.config;
   // Each twin goes up before the kernel listens: a client that finds the TCP port open
   // finds the twins too. A connection nothing was offered for is plain for the reason of

@@ -36,9 +36,6 @@ namespace slip::preload {
 namespace {
 
 constexpr int kRoleClient = 0;
-// How long connect() waits for the listener's answer to an offer that settles later (shm)
-// before it leaves the settling to the control thread.
-constexpr int kAnswerWaitMs = 5;
 
 // Plain connect for a socket we will not accelerate, recording why.
 int ConnectPlain(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len,
@@ -78,15 +75,17 @@ int Finish(SlipSocket* s, int fd, ClientSetup* setup) noexcept {
       Carrier* carrier = setup->carrier();
       if (int irc = InstallStream(s, fd, &carrier->stream, &carrier->anchor_slot, kRoleClient);
           irc < 0) {
-        if (carrier->confirmed) return ResetAfterConfirm(s, fd);
+        // (A peer that may already carry it on the transport: reset, never plain.)
+        if (carrier->confirmed || !carrier->stream->control()->WithdrawUninstalled())
+          return ResetAfterConfirm(s, fd);
         // The stream goes with the carrier (an unsettled one withdraws its offer).
         MarkPlain(s, fd, irc == -EMFILE ? Reason::kFdLimit : Reason::kResources, kRoleClient,
                   req.dest());
         break;
       }
-      // The listener usually answered while the TCP handshake ran; when it is slower, a
-      // few milliseconds here save the control thread's round trip (several wake-ups).
-      if (s->stream->control()->SettleDeadline() != 0) ControlSettle(s, kAnswerWaitMs);
+      // Unsettled (shm: its listener takes the registration when it accepts, which may be
+      // later or never): the control thread settles it, the stream runs meanwhile.
+      if (s->stream->control()->SettleDeadline() != 0) ControlSettle(s);
       break;
     }
     case ClientSetup::Stage::kReset:

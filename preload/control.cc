@@ -41,6 +41,10 @@ struct ControlState {
   uint64_t next_wake = 0;  // the earliest deadline the thread will wake for (0: none)
   // Odd while the thread handles the events of one epoll_wait.
   std::atomic<uint64_t> batches{0};
+  // SettleNow calls under way, on any thread. A connection's deadline reads 0 from inside
+  // Settle on, before SettleNow has recorded how it ended: ControlWaitSettled counts these
+  // too, or the exit record could say shm for a connection that went on TCP.
+  std::atomic<uint32_t> settling_now{0};
 };
 
 ControlState& State() noexcept {
@@ -97,6 +101,16 @@ void TakeFailover(SlipSocket* s, int epfd, const wire::Failover& failover) noexc
 void SettleNow(SlipSocket* s, int epfd, uint64_t now_ms) noexcept {
   ChannelControl* channel = s->stream->control();
   if (channel->SettleDeadline() == 0) return;
+  // Counted before Settle clears the deadline, until the outcome is recorded: a connection
+  // settled as plain carries its stream on TCP from inside Settle, and its application
+  // may finish with it and exit before the stats below say so.
+  struct InFlight {
+    std::atomic<uint32_t>& count;
+    explicit InFlight(std::atomic<uint32_t>& c) noexcept : count(c) {
+      count.fetch_add(1, std::memory_order_seq_cst);
+    }
+    ~InFlight() { count.fetch_sub(1, std::memory_order_release); }
+  } in_flight(State().settling_now);
   Reason why = Reason::kNone;
   switch (channel->Settle(now_ms, &why)) {
     case ChannelControl::Settlement::kSettled:
@@ -117,11 +131,13 @@ void SettleNow(SlipSocket* s, int epfd, uint64_t now_ms) noexcept {
 // Reads the in-band messages that may follow the handshake; consumes only whole ones.
 void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
   ChannelControl* channel = s->stream->control();
-  // (A connection that settles on news of its own descriptor is settled from there.)
-  if (channel->SettleDeadline() != 0 && channel->SettleFd() < 0) {
+  // Unsettled, the anchor's news is for settling alone: a held server's client's CONFIRM,
+  // or what a process that did not take a client's registration sends it.
+  if (channel->SettleDeadline() != 0) {
     SettleNow(s, epfd, sys::MonotonicMs());
-    // A server still held: the bytes there are its client's, for settling alone.
-    if (channel->SettleDeadline() != 0 && channel->AnchorCarriesStream()) return;
+    if (channel->SettleDeadline() != 0 &&
+        (channel->AnchorCarriesStream() || channel->SettleFd() >= 0))
+      return;
   }
   if (channel->AnchorCarriesStream()) {
     channel->OnAnchorReady(events);
@@ -448,7 +464,8 @@ bool ControlWaitSettled(uint64_t bound_ms) noexcept {
           ++unsettled;
       }
     }
-    if (unsettled == 0) return true;
+    // (Read after the deadlines: one seen cleared was counted in flight before it was.)
+    if (unsettled == 0 && st.settling_now.load(std::memory_order_acquire) == 0) return true;
     if (sys::MonotonicMs() >= deadline) return false;
     sys::poll(nullptr, 0, 1);
   }
@@ -457,6 +474,7 @@ bool ControlWaitSettled(uint64_t bound_ms) noexcept {
 void ControlResetAfterFork() noexcept {
   ControlState& st = State();
   st.batches.store(0, std::memory_order_relaxed);
+  st.settling_now.store(0, std::memory_order_relaxed);  // (the parent's threads' calls)
   // Runs in the single-threaded child: the parent's lock state is meaningless here.
   new (&st.mu) std::mutex();
   if (st.epfd >= 0) sys::close(st.epfd);

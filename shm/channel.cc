@@ -7,10 +7,10 @@
 // from the region. The cursors the peer writes are range-checked by Stream.
 //
 // Carriage (core/failover.h; docs/DESIGN.md, "Settling a connection"):
-//   held       server, the client's CONFIRM not arrived yet: no bytes, no space, either way
-//   transport  the rings carry the stream (a client awaiting its listener's answer is here)
+//   transport  the rings carry the stream (from the start: a client whose registration is
+//              not taken yet writes into the ring, which holds its bytes until it is)
 //   tcp        the anchor carries it: the peer handed the connection back (exec), or the
-//              connection settled as plain after it was installed
+//              client's connection went to a process that did not take it
 // shm never fails on its own (memory does not go away under a live process), so it never
 // starts a failover: it answers a peer's hand-back and settles as plain.
 #include <sys/epoll.h>
@@ -23,6 +23,7 @@
 #include "core/anchor_path.h"
 #include "core/failover.h"
 #include "core/log.h"
+#include "core/sock_diag.h"
 #include "core/sys.h"
 #include "shm/region.h"
 #include "shm/shm.h"
@@ -31,10 +32,19 @@ namespace slip::shm {
 
 namespace {
 
-// How long, after its deadline, a server waits for the CONFIRM of a client that committed
-// to sending it (at least): only a client held up between the two takes longer, and that
-// connection is then reset, never handed over as plain TCP.
-constexpr uint64_t kCommittedWaitMs = 1000;
+// A client whose registration is not taken yet looks whether its connection was accepted
+// (then by a process that did not take it): first this soon after its handshake, then
+// at twice the interval each time, up to kLookMaxMs. The listener's ACCEPT, or bytes from a
+// plain acceptor, usually settle it before the first look.
+constexpr uint64_t kFirstLookMs = 10;
+constexpr uint64_t kLookMaxMs = 200;
+// The accepting process takes the registration in the same accept() call, right after
+// accept4() returns (reading what is queued before it, a step at a time, when its control
+// thread is behind a burst): seen accepted and still not taken this much later, it never
+// will be. (Withdrawing early is safe, only slower: the claim word decides for both ends.)
+constexpr uint64_t kTakeGraceMs = 100;
+// Nobody takes a registration later than this (the listener drops it at 30 s).
+constexpr uint64_t kGiveUpMs = 31000;
 
 Reason ReasonForDecline(wire::DeclineReason reason) noexcept {
   switch (reason) {
@@ -61,7 +71,8 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
         own_b_(setup.own_b),
         anchor_(setup.anchor),
         rendezvous_(setup.rendezvous),
-        timeout_ms_(setup.handshake_timeout_ms),
+        client_(setup.client),
+        server_(setup.server),
         claim_(&static_cast<RegionControl*>(setup.region)->header.claim),
         failover_("shm", this, setup.ring_size) {
     auto* control = static_cast<RegionControl*>(region_);
@@ -71,25 +82,25 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
     rx_ = setup.is_client ? &control->to_client : &control->to_server;
     tx_data_ = setup.is_client ? to_server : to_client;
     rx_data_ = setup.is_client ? to_client : to_server;
-    if (setup.held || setup.rendezvous >= 0)
-      deadline_.store(sys::MonotonicMs() + uint64_t(timeout_ms_), std::memory_order_relaxed);
+    if (setup.rendezvous >= 0) {
+      started_ms_ = sys::MonotonicMs();
+      deadline_.store(started_ms_ + kFirstLookMs, std::memory_order_relaxed);
+    }
     failover_.SetAnchor(anchor_);
     failover_.SetRings(rx_data_, tx_data_);
     failover_.SetOwnProxy(own_b_);
-    if (setup.held) failover_.Hold();
     TakeHolderLock();
   }
   ~ShmChannel() override {
-    // A client that never heard its listener's answer withdraws (its server then stays
-    // plain); one whose server held it never confirmed, so there is nothing to undo.
-    if (const int fd = rendezvous_.load(std::memory_order_relaxed); fd >= 0) {
-      Withdraw();
+    // A client whose registration was not taken withdraws it; its server, when it accepts,
+    // then has a plain connection, onto which what we wrote goes before our end (below).
+    if (const int fd = rendezvous_.exchange(-1); fd >= 0) {
+      if (WithdrawClaim()) failover_.EnterTcp(0, 0);
       sys::close(fd);
     }
     // On TCP, bytes still in the ring would go away with it: they go to the anchor first.
     if (failover_.on_tcp() && !aborted_) failover_.FinishOnClose(5000);
     munmap(region_, region_size_);
-    if (private_rings_) munmap(private_rings_, 2 * size_t(ring_size()));
     if (peer_b_ >= 0) sys::close(peer_b_);
   }
 
@@ -187,9 +198,17 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
   }
   ChannelControl* control() noexcept override { return this; }
   void Abort() noexcept override { aborted_ = true; }
+  bool WithdrawUninstalled() noexcept override {
+    std::lock_guard<std::mutex> lock(failover_.lock());
+    const int fd = rendezvous_.exchange(-1);
+    if (fd < 0) return false;  // settled on the rings, or a server's: claimed
+    sys::close(fd);
+    deadline_.store(0, std::memory_order_release);
+    aborted_ = true;  // nothing was installed: nothing of ours to flush when destroyed
+    return WithdrawClaim();
+  }
 
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
-  bool OnPeerDecline() noexcept override;
   bool AnchorCarriesStream() const noexcept override {
     return failover_.carriage() != Carriage::kTransport;
   }
@@ -212,17 +231,22 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
   }
 
  private:
-  Settlement SettleServer(uint64_t now_ms, Reason* why) noexcept;
-  Settlement SettleClient(uint64_t now_ms, Reason* why) noexcept;
-  // A connection settled as plain: the stream goes to the anchor from byte 0;
-  // `private_rings`: leave the shared region (whoever registered it is not this
-  // connection's peer). False when there is no memory for rings of our own.
-  bool SettlePlain(bool private_rings) noexcept;
-  bool SendConfirm() noexcept;
-  void Withdraw() noexcept {
+  // Whether the process that accepted our connection was one that did not take it:
+  // Reason::kNone while that is not known yet (deadline_ then says when to look again).
+  Reason TakenElsewhere(uint64_t now_ms) noexcept;
+  // The claim as this end reads it (any value the server had no business writing: not
+  // taken, so the connection cannot be on the rings).
+  Claim ReadClaim() const noexcept {
+    const uint32_t value = claim_->load(std::memory_order_acquire);
+    return value <= uint32_t(Claim::kAbandoned) ? Claim(value) : Claim::kAbandoned;
+  }
+  // True when the connection is now plain for both ends: withdrawn here, or dropped by
+  // the server; false when the server had taken it.
+  bool WithdrawClaim() noexcept {
     uint32_t expected = uint32_t(Claim::kOpen);
-    claim_->compare_exchange_strong(expected, uint32_t(Claim::kWithdrawn),
-                                    std::memory_order_acq_rel);
+    return claim_->compare_exchange_strong(expected, uint32_t(Claim::kWithdrawn),
+                                           std::memory_order_acq_rel) ||
+           expected != uint32_t(Claim::kTaken);
   }
   void Settled() noexcept {
     deadline_.store(0, std::memory_order_release);
@@ -264,187 +288,108 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
   int peer_b_;  // B of the peer's proxy: tokens for its readers, fill drained for its writers
   int own_b_;   // B of our own proxy (the Stream's): wake-ups once TCP carries the stream
   const int anchor_;
-  // Client, until its listener answered: the socket it answers on (read by the control
-  // thread to watch it, closed here once settled).
+  // Client, until its registration is decided: the socket the listener answers on (read by
+  // the control thread to watch it, closed here once settled).
   std::atomic<int> rendezvous_;
-  const int timeout_ms_;
-  std::atomic<uint32_t>* const claim_;  // in the region: shm.h, Claim
+  const wire::Endpoint client_, server_;  // the 4-tuple (client only)
+  std::atomic<uint32_t>* const claim_;    // in the region: shm.h, Claim
   DirectionControl* tx_;
   DirectionControl* rx_;
   uint8_t* tx_data_;
   uint8_t* rx_data_;
-  void* private_rings_ = nullptr;  // a server's rings once it left a region it cannot trust
 
   std::atomic<uint64_t> deadline_{0};
-  bool extended_ = false;  // the server's wait for a committed client (control thread only)
+  // Client, while unsettled (control thread only): when it started waiting, the interval
+  // to its next look, and when it first saw its connection accepted.
+  uint64_t started_ms_ = 0;
+  uint64_t look_ms_ = kFirstLookMs;
+  uint64_t accepted_ms_ = 0;
   bool aborted_ = false;
   // The carriage and this end's own cursors (never read back from the region); its lock
   // serialises the peer's hand-back, ours and settling.
   AnchorFailover failover_;
 };
 
-bool ShmChannel::SettlePlain(bool private_rings) noexcept {
-  if (private_rings) {
-    // Nothing was carried yet (the connection was held), so fresh rings lose nothing; the
-    // region, and whoever holds it, are left out of the connection from here on.
-    void* rings = mmap(nullptr, 2 * size_t(ring_size()), PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (rings == MAP_FAILED) return false;
-    private_rings_ = rings;
-    rx_data_ = static_cast<uint8_t*>(rings);
-    tx_data_ = rx_data_ + ring_size();
-    failover_.SetRings(rx_data_, tx_data_);
-    if (peer_b_ >= 0) sys::close(peer_b_);
-    peer_b_ = -1;
-  }
-  failover_.EnterTcp(0, 0);
-  return true;
-}
-
+// Only a client settles: its listener's answer, news on the anchor and its looks prompt it,
+// and the claim word decides.
 ChannelControl::Settlement ShmChannel::Settle(uint64_t now_ms, Reason* why) noexcept {
   std::lock_guard<std::mutex> lock(failover_.lock());
-  if (deadline_.load(std::memory_order_relaxed) == 0) return Settlement::kSettled;
-  return rendezvous_.load(std::memory_order_relaxed) >= 0 ? SettleClient(now_ms, why)
-                                                          : SettleServer(now_ms, why);
-}
-
-// The server's side: the application has the connection; its client's first bytes decide.
-ChannelControl::Settlement ShmChannel::SettleServer(uint64_t now_ms, Reason* why) noexcept {
-  const AnchorPeek peek = PeekAnchor(anchor_);
-  Reason plain = Reason::kNone;
-  if (peek.Is(wire::Type::kConfirm)) {
-    if (peek.msg.confirm.nonce == nonce_ && peek.msg.confirm.ring_size == ring_size()) {
-      ConsumeAnchor(anchor_, peek);
-      failover_.Release();
-      if (failover_.finished()) CloseTx();
-      Settled();
-      // Whoever waited for space or bytes while held is owed a wake-up now, if there is
-      // anything for them (a token for nothing would make an idle connection readable).
-      WakeWriterNow();
-      if (rx_->produced.load(std::memory_order_acquire) != failover_.consumed()) WakeReaderNow();
-      return Settlement::kSettled;
-    }
-    // A client that confirmed a registration other than the one held here (the real one
-    // lost to a same-uid forgery): it writes to a ring nobody reads, so the connection
-    // can be neither accelerated nor plain.
-    SLIP_LOG(kWarn,
-             "shm: the client confirmed another registration than this connection's; "
-             "resetting it");
-    Settled();
-    return Settlement::kReset;
-  }
-  if (peek.kind == AnchorPeek::Kind::kMessage || peek.kind == AnchorPeek::Kind::kBytes ||
-      peek.kind == AnchorPeek::Kind::kEnd) {
-    // Bytes that are not a CONFIRM come from a plain client (whoever registered this
-    // 4-tuple was not its client): they are the application's. EOF or an error: the
-    // application sees it on TCP.
-    plain = Reason::kPeerNotSlipstream;
-  }
-  if (plain == Reason::kNone) {
-    const Claim claim = Claim(claim_->load(std::memory_order_acquire));
-    if (claim == Claim::kWithdrawn || claim == Claim::kAbandoned) {
-      plain = Reason::kConnectSlow;
-    } else if (now_ms >= deadline_.load(std::memory_order_relaxed)) {
-      // Giving up is safe only while the client has not committed: the claim says so,
-      // decided once for both ends. One that committed sends its CONFIRM next.
-      uint32_t expected = uint32_t(Claim::kOpen);
-      if (claim_->compare_exchange_strong(expected, uint32_t(Claim::kAbandoned),
-                                          std::memory_order_acq_rel) ||
-          expected != uint32_t(Claim::kConfirmed)) {
-        plain = expected == uint32_t(Claim::kWithdrawn) ? Reason::kConnectSlow
-                                                        : Reason::kHandshakeTimeout;
-      } else if (!extended_) {
-        extended_ = true;
-        deadline_.store(now_ms + std::max<uint64_t>(uint64_t(timeout_ms_), kCommittedWaitMs),
-                        std::memory_order_release);
-        return Settlement::kPending;
-      } else {
-        SLIP_LOG(kWarn,
-                 "shm: the client committed to its CONFIRM but it did not come; resetting "
-                 "the connection rather than passing it on as plain TCP");
-        Settled();
-        return Settlement::kReset;
-      }
-    } else {
-      return Settlement::kPending;
-    }
-  }
-  Settled();
-  if (!SettlePlain(/*private_rings=*/true)) {
-    SLIP_LOG(kWarn, "shm: no memory to carry a plain connection; resetting it");
-    return Settlement::kReset;
-  }
-  *why = plain;
-  return Settlement::kPlain;
-}
-
-// The client's side: the listener answers its registration on the rendezvous socket.
-ChannelControl::Settlement ShmChannel::SettleClient(uint64_t now_ms, Reason* why) noexcept {
+  const int rendezvous = rendezvous_.load(std::memory_order_relaxed);
+  if (deadline_.load(std::memory_order_relaxed) == 0 || rendezvous < 0) return Settlement::kSettled;
+  // The answer, read to clear the descriptor's readiness: it only says which way the claim
+  // went, or why the listener will not take the connection.
   uint8_t buf[wire::kMaxMessageSize];
-  ssize_t n =
-      sys::recv(rendezvous_.load(std::memory_order_relaxed), buf, sizeof(buf), MSG_DONTWAIT);
+  const ssize_t n = sys::recv(rendezvous, buf, sizeof(buf), MSG_DONTWAIT);
   Reason plain = Reason::kNone;
   if (n > 0) {
     wire::Message msg;
     size_t used = 0;
-    wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
-    if (st == wire::ParseStatus::kOk && used == size_t(n) && msg.type == wire::Type::kAccept &&
-        msg.accept.nonce == nonce_) {
-      // The server took the registration. Claim the connection and confirm it in band;
-      // a server that gave up meanwhile (claim abandoned) has the connection as plain TCP.
-      uint32_t expected = uint32_t(Claim::kOpen);
-      if (!claim_->compare_exchange_strong(expected, uint32_t(Claim::kConfirmed),
-                                           std::memory_order_acq_rel)) {
-        plain = Reason::kHandshakeTimeout;
-      } else if (!SendConfirm()) {
-        // The CONFIRM may be half in the stream: neither path is safe.
-        SLIP_LOG(kWarn, "shm: cannot send CONFIRM (%s); resetting", strerror(errno));
-        Settled();
-        return Settlement::kReset;
-      } else {
-        Settled();
-        return Settlement::kSettled;
-      }
-    } else if (st == wire::ParseStatus::kOk && msg.type == wire::Type::kDecline) {
+    const wire::ParseStatus st = wire::ParseMessage(buf, size_t(n), &msg, &used);
+    if (st == wire::ParseStatus::kOk && used == size_t(n) && msg.type == wire::Type::kDecline &&
+        msg.decline.nonce == nonce_) {
       plain = ReasonForDecline(msg.decline.reason);
-      SLIP_LOG(kInfo, "shm: the listener declined the registration (%s)", ReasonName(plain));
-    } else {
+    } else if (st != wire::ParseStatus::kOk || used != size_t(n) ||
+               msg.type != wire::Type::kAccept || msg.accept.nonce != nonce_) {
       SLIP_LOG(kWarn, "shm: unexpected answer on the rendezvous (%s); plain",
                wire::ParseStatusName(st));
       plain = Reason::kDeclined;
     }
   } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-    plain = Reason::kDeclined;  // the listener went away without answering
-  } else if (now_ms >= deadline_.load(std::memory_order_relaxed)) {
-    plain = Reason::kHandshakeTimeout;
-  } else {
-    return Settlement::kPending;
+    plain = Reason::kDeclined;  // the listener went away without taking it
   }
-  Withdraw();
+  switch (ReadClaim()) {
+    case Claim::kTaken:
+      Settled();  // (the rings carried the stream from the start: nothing else changes)
+      return Settlement::kSettled;
+    case Claim::kOpen:
+      break;
+    case Claim::kWithdrawn:
+    case Claim::kAbandoned:
+      if (plain == Reason::kNone) plain = Reason::kDeclined;
+      break;
+  }
+  if (plain == Reason::kNone) plain = TakenElsewhere(now_ms);
+  if (plain == Reason::kNone) return Settlement::kPending;
+  if (!WithdrawClaim()) {  // taken just now
+    Settled();
+    return Settlement::kSettled;
+  }
+  if (plain == Reason::kDeclined || plain == Reason::kRendezvousBusy)
+    SLIP_LOG(kInfo, "shm: the listener declined the registration (%s)", ReasonName(plain));
   Settled();
-  // The server reads the rings only after our CONFIRM, which never comes: everything we
-  // published since is still in our ring, and it sent nothing. The region is shared with
-  // the listener's own process only (verified), so its rings may carry the TCP path.
-  if (!SettlePlain(/*private_rings=*/false)) return Settlement::kReset;
+  // The server never reads our ring now: everything we published since is still there,
+  // and it sent nothing over it: the stream goes to the anchor from byte 0. (The region
+  // is shared with the listener's own process only, verified, so its rings may carry the
+  // TCP path.)
+  failover_.EnterTcp(0, 0);
   *why = plain;
   return Settlement::kPlain;
 }
 
-bool ShmChannel::SendConfirm() noexcept {
-  wire::Message msg;
-  msg.type = wire::Type::kConfirm;
-  msg.confirm = wire::Confirm{nonce_, ring_size()};
-  uint8_t buf[wire::kMaxMessageSize];
-  const size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
-  // The first bytes on a fresh connection: the socket's buffer is empty, so a short write
-  // would mean a broken connection.
-  ssize_t n;
-  do {
-    n = sys::send(anchor_, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
-  if (n == ssize_t(len)) return true;
-  if (n >= 0) errno = EPIPE;
-  return false;
+Reason ShmChannel::TakenElsewhere(uint64_t now_ms) noexcept {
+  // Bytes or the end from the server before it took the registration: the process that
+  // accepted the connection has it as plain TCP (a plain member of the listener's group, or
+  // a sibling without the registration). Nothing of ours was sent on it.
+  const AnchorPeek peek = PeekAnchor(anchor_);
+  if (peek.kind != AnchorPeek::Kind::kNone) return Reason::kAcceptedElsewhere;
+  if (now_ms < deadline_.load(std::memory_order_relaxed)) return Reason::kNone;
+  if (now_ms - started_ms_ >= kGiveUpMs) return Reason::kHandshakeTimeout;
+  if (accepted_ms_ != 0 && now_ms - accepted_ms_ >= kTakeGraceMs) return Reason::kAcceptedElsewhere;
+  if (accepted_ms_ == 0) {
+    // The kernel knows whether a process accepted the server's end: it has an inode then.
+    sockaddr_storage local, remote;
+    SocketInfo end;
+    if (wire::SockaddrFromEndpoint(server_, &local) &&
+        wire::SockaddrFromEndpoint(client_, &remote) &&
+        FindConnection(reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote),
+                       &end) == 0 &&
+        end.inode != 0)
+      accepted_ms_ = now_ms;
+  }
+  const uint64_t next = accepted_ms_ != 0 ? accepted_ms_ + kTakeGraceMs : now_ms + look_ms_;
+  look_ms_ = std::min(2 * look_ms_, kLookMaxMs);
+  deadline_.store(next, std::memory_order_release);
+  return Reason::kNone;
 }
 
 bool ShmChannel::OnPeerFailover(const wire::Failover& peer) noexcept {
@@ -469,23 +414,6 @@ bool ShmChannel::OnPeerFailover(const wire::Failover& peer) noexcept {
          AnchorFailover::Outcome::kContinued;
 }
 
-bool ShmChannel::OnPeerDecline() noexcept {
-  std::lock_guard<std::mutex> lock(failover_.lock());
-  if (anchor_ < 0 || failover_.carriage() != Carriage::kTransport ||
-      deadline_.load(std::memory_order_relaxed) != 0 || SharedWithOtherProcess())
-    return false;
-  // The process that registered the connection never had it (another one accepted it), so
-  // nobody wrote to our ring or read from the peer's: every byte we published is still
-  // there from 0, and nothing arrived. Anything else is no decline of ours to continue from.
-  if (rx_->produced.load(std::memory_order_acquire) != 0 ||
-      tx_->consumed.load(std::memory_order_acquire) != 0)
-    return false;
-  // The region is shared with the listener's own process only (verified at registration),
-  // so its rings may carry the TCP path, as for a client that settled as plain.
-  failover_.EnterTcp(0, 0);
-  return true;
-}
-
 bool ShmChannel::HandBack(uint64_t consumed, int timeout_ms) noexcept {
   std::lock_guard<std::mutex> lock(failover_.lock());
   // On TCP already (the peer handed back first), the bytes the application did not read
@@ -500,7 +428,7 @@ bool ShmChannel::HandBack(uint64_t consumed, int timeout_ms) noexcept {
 }
 
 bool ShmChannel::SharedWithOtherProcess() const noexcept {
-  if (own_b_ < 0 || private_rings_) return true;
+  if (own_b_ < 0) return true;
   flock lock{};
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;

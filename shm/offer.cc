@@ -43,10 +43,6 @@ int SendWithFds(int sock, const uint8_t* msg, size_t len, const int* fds, int nf
   return n == ssize_t(len) ? 0 : -EMSGSIZE;
 }
 
-bool SameName(const sockaddr_un& a, socklen_t alen, const sockaddr_un& b, socklen_t blen) noexcept {
-  return alen == blen && std::memcmp(&a, &b, alen) == 0;
-}
-
 // A rendezvous socket, above the floor; -errno on failure.
 int RendezvousSocket() noexcept {
   int sock = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -83,58 +79,31 @@ Offer::~Offer() {
   CloseIf(&anchor_slot);
 }
 
-int FindRendezvous(const sockaddr* dest) noexcept {
-  sockaddr_un names[3];
-  socklen_t lens[3];
-  const int count = RendezvousNamesFor(dest, names, lens);
-  if (count == 0) return -EAFNOSUPPORT;
-  int sock = RendezvousSocket();
-  if (sock < 0) return sock;
-  int err = -ECONNREFUSED;
-  int found = -1;
-  // A plain listener costs one refused connect(2) per name, nothing more.
-  for (int i = 0; i < count && found < 0; ++i) {
-    if (sys::connect(sock, reinterpret_cast<sockaddr*>(&names[i]), lens[i]) == 0) {
-      found = i;
-    } else {
-      err = -errno;
-      if (err == -EAGAIN) break;  // the listener's queue is full: do not try a wider name
-    }
-  }
-  if (found < 0) {
-    sys::close(sock);
-    return err;
-  }
-  // Some process on this host runs Slipstream on that port. Which rendezvous serves the
-  // connection is the kernel's choice of listener, and only its owner may answer.
+int FindRendezvous(const sockaddr* dest, const sockaddr* source, uint64_t* member) noexcept {
+  wire::Endpoint ep;
+  if (!wire::EndpointFromSockaddr(dest, &ep)) return -EAFNOSUPPORT;
+  // Which rendezvous serves the connection is the kernel's choice of listener (with the
+  // source, the very member of an SO_REUSEPORT group the SYN will reach), and only that
+  // listener's owner may answer. A plain listener costs this lookup and one refused
+  // connect(2), nothing more.
   SocketInfo listener;
-  if (int rc = FindListener(dest, &listener); rc < 0) {
-    sys::close(sock);
+  if (int rc = FindListener(dest, &listener, source); rc < 0)
     return rc == -ENOENT ? -ECONNREFUSED : rc;  // nothing listens: connect() will say so
-  }
-  sockaddr_un expected;
-  socklen_t expected_len;
-  if (!RendezvousNameFor(reinterpret_cast<sockaddr*>(&listener.local), listener.v6only, &expected,
-                         &expected_len)) {
+  sockaddr_un name;
+  socklen_t len;
+  RendezvousName(ep.port, listener.inode, &name, &len);
+  const int sock = RendezvousSocket();
+  if (sock < 0) return sock;
+  if (sys::connect(sock, reinterpret_cast<sockaddr*>(&name), len) != 0) {
+    const int err = -errno;
     sys::close(sock);
-    return -EAFNOSUPPORT;
+    return err == -EAGAIN ? err : -ECONNREFUSED;
   }
-  if (!SameName(names[found], lens[found], expected, expected_len)) {
-    // The name found is not the listener's (a more specific one, held by someone else):
-    // the listener's own, if it publishes one, is the only one that counts.
-    sys::close(sock);
-    sock = RendezvousSocket();
-    if (sock < 0) return sock;
-    if (sys::connect(sock, reinterpret_cast<sockaddr*>(&expected), expected_len) != 0) {
-      err = -errno;
-      sys::close(sock);
-      return err == -EAGAIN ? err : -ECONNREFUSED;
-    }
-  }
-  if (!OwnedByListener(sock, listener, expected, expected_len)) {
+  if (!OwnedByListener(sock, listener, name, len)) {
     sys::close(sock);
     return -EPERM;
   }
+  if (member) *member = listener.inode;
   return sock;
 }
 
@@ -163,7 +132,7 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
   control->header.nonce = offer->nonce;
 
   // Every descriptor the connection will hold is taken now, above the floor, so that
-  // nothing after the CONFIRM can fail for want of one.
+  // nothing after the SYN (when the listener may claim it) can fail for want of one.
   int client[2], server[2];
   if (int rc = proxy::CreatePair(client); rc < 0) return rc;
   offer->client_a = sys::MoveAbove(client[0], floor);
@@ -192,16 +161,19 @@ int SendRegister(int rendezvous, const Offer& offer, const wire::Endpoint& clien
   return SendWithFds(rendezvous, buf, len, fds, 4);
 }
 
-void ClaimWithdraw(Offer* offer) noexcept {
-  if (!offer->region) return;
+bool ClaimWithdraw(Offer* offer) noexcept {
+  if (!offer->region) return true;
   uint32_t expected = uint32_t(Claim::kOpen);
-  static_cast<RegionControl*>(offer->region)
-      ->header.claim.compare_exchange_strong(expected, uint32_t(Claim::kWithdrawn),
-                                             std::memory_order_acq_rel);
+  return static_cast<RegionControl*>(offer->region)
+             ->header.claim.compare_exchange_strong(expected, uint32_t(Claim::kWithdrawn),
+                                                    std::memory_order_acq_rel) ||
+         expected != uint32_t(Claim::kTaken);
 }
 
-std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous, int handshake_timeout_ms,
-                                           int* proxy_a, int* proxy_b) noexcept {
+std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,
+                                           const wire::Endpoint& client,
+                                           const wire::Endpoint& server, int* proxy_a,
+                                           int* proxy_b) noexcept {
   ChannelSetup setup;
   setup.region = offer->region;
   setup.region_size = offer->region_size;
@@ -212,7 +184,8 @@ std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous, int han
   setup.own_b = offer->client_b;
   setup.anchor = offer->anchor_slot;
   setup.rendezvous = rendezvous;
-  setup.handshake_timeout_ms = handshake_timeout_ms;
+  setup.client = client;
+  setup.server = server;
   auto channel = MakeChannel(setup);
   if (!channel) return nullptr;
   offer->region = nullptr;  // owned by the channel now

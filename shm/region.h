@@ -24,7 +24,7 @@ struct RegionHeader {
   uint32_t magic;
   uint32_t ring_size;
   uint64_t nonce;
-  // Who decided whether the CONFIRM comes (shm::Claim, shm.h): set once, by compare and
+  // Whether the rings carry the connection (shm::Claim, shm.h): set once, by compare and
   // exchange from kOpen, by whichever end decides first. Zero (kOpen) in a fresh region.
   std::atomic<uint32_t> claim;
 };

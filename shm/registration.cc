@@ -67,8 +67,8 @@ bool IsSealedRegion(int memfd, uint64_t size) noexcept {
 }  // namespace
 
 std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4], int anchor,
-                                            bool held, int handshake_timeout_ms, int* proxy_a,
-                                            int* proxy_b, std::atomic<uint32_t>** claim,
+                                            int* proxy_a, int* proxy_b,
+                                            std::atomic<uint32_t>** claim,
                                             wire::DeclineReason* reason) noexcept {
   *reason = wire::DeclineReason::kBadRegion;
   uint64_t client_b_inode = 0;
@@ -103,8 +103,6 @@ std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4
   setup.peer_b = fds[3];
   setup.own_b = fds[2];
   setup.anchor = anchor;
-  setup.held = held;
-  setup.handshake_timeout_ms = handshake_timeout_ms;
   auto channel = MakeChannel(setup);
   if (!channel) {
     *reason = wire::DeclineReason::kResources;
@@ -120,6 +118,21 @@ std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4
   return channel;
 }
 
+void AnswerRegistration(int conn, uint64_t nonce, wire::DeclineReason reason) noexcept {
+  wire::Message msg;
+  if (reason == wire::DeclineReason::kUnspecified) {
+    msg.type = wire::Type::kAccept;
+    msg.accept = wire::Accept{nonce};
+  } else {
+    msg.type = wire::Type::kDecline;
+    msg.decline = wire::Decline{nonce, reason};
+  }
+  uint8_t buf[wire::kMaxMessageSize];
+  const size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
+  // A client that went away meanwhile finds nothing; one that stays gets one message.
+  sys::send(conn, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 // ---------------------------------------------------------------------------- Registration
 
 Registration::~Registration() {
@@ -127,11 +140,15 @@ Registration::~Registration() {
 }
 
 void Registration::Release() noexcept {
+  // (Closing an unanswered rendezvous connection tells its client: it withdraws.)
+  if (answer >= 0) sys::close(answer);
+  answer = -1;
   stream.reset();
   if (anchor_slot >= 0) sys::close(anchor_slot);
   anchor_slot = -1;
   proxy_a = -1;
   claim = nullptr;
+  taken_ = false;
 }
 
 Registration::Registration(Registration&& o) noexcept
@@ -141,9 +158,12 @@ Registration::Registration(Registration&& o) noexcept
       stream(std::move(o.stream)),
       proxy_a(o.proxy_a),
       anchor_slot(o.anchor_slot),
-      claim(o.claim) {
-  o.proxy_a = o.anchor_slot = -1;
+      answer(o.answer),
+      claim(o.claim),
+      taken_(o.taken_) {
+  o.proxy_a = o.anchor_slot = o.answer = -1;
   o.claim = nullptr;
+  o.taken_ = false;
 }
 
 Registration& Registration::operator=(Registration&& o) noexcept {
@@ -155,9 +175,12 @@ Registration& Registration::operator=(Registration&& o) noexcept {
     stream = std::move(o.stream);
     proxy_a = o.proxy_a;
     anchor_slot = o.anchor_slot;
+    answer = o.answer;
     claim = o.claim;
-    o.proxy_a = o.anchor_slot = -1;
+    taken_ = o.taken_;
+    o.proxy_a = o.anchor_slot = o.answer = -1;
     o.claim = nullptr;
+    o.taken_ = false;
   }
   return *this;
 }
@@ -168,15 +191,45 @@ Claim Registration::ReadClaim() const noexcept {
   return value <= uint32_t(Claim::kAbandoned) ? Claim(value) : Claim::kOpen;
 }
 
+bool Registration::Commit() noexcept {
+  if (!claim) return false;
+  uint32_t expected = uint32_t(Claim::kOpen);
+  // A value the client had no business writing counts as open: the rings are ours to
+  // claim, and the client learns it from the claim word, not from what it wrote there.
+  // (A client that wrote "taken" itself gets a plain connection: the word is not ours.)
+  taken_ = claim->compare_exchange_strong(expected, uint32_t(Claim::kTaken),
+                                          std::memory_order_acq_rel) ||
+           (expected > uint32_t(Claim::kAbandoned) &&
+            claim->compare_exchange_strong(expected, uint32_t(Claim::kTaken),
+                                           std::memory_order_acq_rel));
+  if (answer >= 0) {
+    // The answer only wakes the client: the claim word is what it goes by.
+    AnswerRegistration(
+        answer, msg.nonce,
+        taken_ ? wire::DeclineReason::kUnspecified : wire::DeclineReason::kNoRegistration);
+    sys::close(answer);
+    answer = -1;
+  }
+  return taken_;
+}
+
 Claim Registration::Abandon() noexcept {
+  if (taken_) return Claim::kTaken;  // the rings carry it: never plain
   if (!claim) return Claim::kAbandoned;
   uint32_t expected = uint32_t(Claim::kOpen);
-  if (claim->compare_exchange_strong(expected, uint32_t(Claim::kAbandoned),
-                                     std::memory_order_acq_rel))
-    return Claim::kAbandoned;
-  // A value the client had no business writing: nobody committed to a CONFIRM.
-  if (expected > uint32_t(Claim::kAbandoned)) return Claim::kAbandoned;
-  return Claim(expected);
+  Claim result = Claim::kAbandoned;
+  // Only this end's own claim makes a connection the rings': "taken" written by the client
+  // (or any value it had no business writing) leaves it plain for us.
+  if (!claim->compare_exchange_strong(expected, uint32_t(Claim::kAbandoned),
+                                      std::memory_order_acq_rel) &&
+      expected == uint32_t(Claim::kWithdrawn))
+    result = Claim::kWithdrawn;
+  if (answer >= 0) {
+    AnswerRegistration(answer, msg.nonce, wire::DeclineReason::kNoRegistration);
+    sys::close(answer);
+    answer = -1;
+  }
+  return result;
 }
 
 }  // namespace slip::shm

@@ -1,11 +1,13 @@
 // The listening side of shm: the published rendezvous and the registrations it takes.
 //
-// A registration is answered as soon as it is read: ACCEPT once everything its connection
+// A registration is read as soon as it arrives and kept once everything its connection
 // will need is held (its descriptors above the floor, the region mapped and checked, the
-// server's stream built, a descriptor number kept for the anchor), DECLINE otherwise. The
-// client confirms only after ACCEPT, so nothing that can fail is left for accept() after a
-// CONFIRM, and a listener short of anything costs its clients acceleration, never their
-// connection. What one local user can hold here is bounded (docs/SECURITY.md).
+// server's stream built, a descriptor number kept for the anchor); otherwise it is
+// declined at once. It is answered ACCEPT only when this process accepts its connection
+// and claims it (Registration::Commit), so nothing that can fail is left for accept(), a
+// listener short of anything costs its clients acceleration, never their connection, and
+// a connection that another process accepted never meets a byte of ours. What one local
+// user can hold here is bounded (docs/SECURITY.md).
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -34,10 +36,24 @@ constexpr uint64_t kRegistrationTtlMs = 30000;
 constexpr uint64_t kWaitingTtlMs = 1000;
 // Rendezvous connections read per drain: a flood must not keep the control thread here.
 constexpr int kDrainBudget = 256;
+// ... in steps of this many, the lock let go between them (the control thread) or the
+// table searched again (accept()): each read maps a region, and a client that sees its
+// connection accepted waits for the claim only so long (shm/channel.cc, kTakeGraceMs).
+constexpr int kTakeDrainBudget = 16;
+// How long accept() reads the queue for its registration at most (well within the client's
+// wait, kTakeGraceMs): a flood must not keep accept() here either.
+constexpr uint64_t kTakeSearchMs = 20;
+// How often the table is looked through for registrations to drop.
+constexpr uint64_t kExpireEveryMs = 20;
 
-// How many registrations a listener holds: each keeps four descriptors (the proxy pair,
-// the client's B, the anchor's slot), all above the floor. They are the same four its
-// connection keeps once accepted, so the space above the floor bounds both together.
+// Remembering a connection accepted as plain while registrations were left unread: its
+// registration, queued before its SYN, is read within a few drains.
+constexpr uint64_t kLateMemoryMs = 10000;
+
+// How many registrations a listener holds: each keeps five descriptors (the proxy pair,
+// the client's B, the anchor's slot, the rendezvous connection its answer goes to), all
+// above the floor. Four of them are the ones its connection keeps once accepted, so the
+// space above the floor bounds both together.
 size_t CapacityFor() noexcept {
   rlimit rl{};
   uint64_t limit = 1024;
@@ -49,24 +65,7 @@ size_t CapacityFor() noexcept {
   // so that a full table, not a shortage, decides who gives way.)
   constexpr uint64_t kReserve = 32;
   const uint64_t hidden = limit > floor + kReserve ? limit - floor - kReserve : 0;
-  return size_t(std::clamp<uint64_t>(hidden / 4, 4, 4096));
-}
-
-bool SockaddrFor(const wire::Endpoint& ep, sockaddr_storage* out) noexcept {
-  std::memset(out, 0, sizeof(*out));
-  if (ep.family == 4) {
-    auto* in = reinterpret_cast<sockaddr_in*>(out);
-    in->sin_family = AF_INET;
-    in->sin_port = htons(ep.port);
-    std::memcpy(&in->sin_addr, ep.addr, 4);
-    return true;
-  }
-  if (ep.family != 6) return false;
-  auto* in6 = reinterpret_cast<sockaddr_in6*>(out);
-  in6->sin6_family = AF_INET6;
-  in6->sin6_port = htons(ep.port);
-  std::memcpy(&in6->sin6_addr, ep.addr, 16);
-  return true;
+  return size_t(std::clamp<uint64_t>(hidden / 5, 4, 4096));
 }
 
 uint32_t PeerUid(int conn) noexcept {
@@ -98,15 +97,11 @@ void LogHolder(const sockaddr_un& name, socklen_t len) noexcept {
 
 }  // namespace
 
-std::unique_ptr<Rendezvous> Rendezvous::Publish(const sockaddr* local, bool v6only,
-                                                StreamOptions options, int handshake_timeout_ms,
-                                                int* error) noexcept {
+std::unique_ptr<Rendezvous> Rendezvous::Publish(uint16_t port, uint64_t listener_inode,
+                                                StreamOptions options, int* error) noexcept {
   sockaddr_un name;
   socklen_t len;
-  if (!RendezvousNameFor(local, v6only, &name, &len)) {
-    *error = -EAFNOSUPPORT;
-    return nullptr;
-  }
+  RendezvousName(port, listener_inode, &name, &len);
   auto rv = std::unique_ptr<Rendezvous>(new (std::nothrow) Rendezvous());
   const size_t capacity = CapacityFor();
   if (rv) rv->table_.reset(new (std::nothrow) Registration[capacity]);
@@ -115,11 +110,9 @@ std::unique_ptr<Rendezvous> Rendezvous::Publish(const sockaddr* local, bool v6on
     return nullptr;
   }
   rv->capacity_ = capacity;
-  // Whatever the others do, a quarter of the table stays theirs (entries whose claim says
-  // confirmed cannot be made to give way).
+  // Whatever the others do, a quarter of the table stays theirs.
   rv->per_uid_ = std::max<size_t>(2, capacity - capacity / 4);
   rv->options_ = options;
-  rv->timeout_ms_ = handshake_timeout_ms;
   const int floor = sys::HiddenFdFloor();
   rv->listen_fd_ =
       sys::MoveAbove(sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), floor);
@@ -144,8 +137,8 @@ Rendezvous::~Rendezvous() {
   if (listen_fd_ >= 0) sys::close(listen_fd_);
   if (epoll_fd_ >= 0) sys::close(epoll_fd_);
   for (size_t i = 0; i < waiting_count_; ++i) sys::close(waiting_[i].fd);
-  // Registrations still held were never accepted: abandon them (their clients stay
-  // plain, or already confirmed, in which case their server is gone anyway).
+  // Registrations still held were never accepted here: abandon them (their clients stay
+  // plain).
   for (size_t i = 0; i < used_; ++i) table_[i].Abandon();
 }
 
@@ -166,7 +159,7 @@ void Rendezvous::RemoveAt(size_t i) noexcept {
 }
 
 // A full table gives way to a uid that holds fewer entries than the uid holding the
-// most: that one's oldest registration whose client has not confirmed yet is abandoned
+// most: that one's oldest registration whose client has not withdrawn is abandoned
 // (its client, finding the claim so, stays plain: nothing of its connection is lost).
 // One local user can thus fill an empty table, but not keep it from anybody else.
 bool Rendezvous::MakeRoomFor(uint32_t uid) noexcept {
@@ -213,21 +206,6 @@ size_t Rendezvous::CountForUid(uint32_t uid) const noexcept {
   size_t count = 0;
   for (size_t i = 0; i < used_; ++i) count += table_[i].uid == uid;
   return count;
-}
-
-void Rendezvous::Answer(int conn, uint64_t nonce, wire::DeclineReason reason) noexcept {
-  wire::Message msg;
-  if (reason == wire::DeclineReason::kUnspecified) {
-    msg.type = wire::Type::kAccept;
-    msg.accept = wire::Accept{nonce};
-  } else {
-    msg.type = wire::Type::kDecline;
-    msg.decline = wire::Decline{nonce, reason};
-  }
-  uint8_t buf[wire::kMaxMessageSize];
-  const size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
-  // A client that went away meanwhile finds nothing; one that stays gets one message.
-  sys::send(conn, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
@@ -292,7 +270,7 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
   }
   const uint64_t nonce = msg.reg.nonce;
   // A truncated control message means the kernel could not give us the descriptors (the
-  // limit): the client must know before it confirms.
+  // limit): the client must know.
   wire::DeclineReason why = wire::DeclineReason::kUnspecified;
   if ((mh.msg_flags & MSG_CTRUNC) || !moved) {
     why = wire::DeclineReason::kDescriptors;
@@ -303,7 +281,7 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
     why = wire::DeclineReason::kBusy;
   }
   // A few registrations per 4-tuple (a forger's next to its real client's: accept() tells
-  // them apart); those that can no longer be confirmed make room.
+  // them apart); those withdrawn or abandoned make room.
   size_t same_tuple = 0;
   for (size_t i = 0; why == wire::DeclineReason::kUnspecified && i < used_;) {
     Registration& r = table_[i];
@@ -321,12 +299,12 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
   }
   if (why == wire::DeclineReason::kUnspecified && IsLate(msg.reg.client, msg.reg.server)) {
     // Its connection was accepted as plain before this registration was read (the drain
-    // then was cut short): confirming now would put a CONFIRM in a plain stream.
+    // then was cut short): its client learns it at once rather than at its deadline.
     why = wire::DeclineReason::kNoRegistration;
   }
   if (why != wire::DeclineReason::kUnspecified) {
     close_fds();
-    Answer(conn, nonce, why);
+    AnswerRegistration(conn, nonce, why);
     sys::close(conn);
     // Short of descriptors while someone holds more than its share: the next one finds room.
     if (why == wire::DeclineReason::kDescriptors) MakeRoomFor(uid);
@@ -347,8 +325,8 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
     close_fds();
   } else {
     // Takes fds (closed on failure).
-    channel = AcceptRegistration(msg.reg, fds, reg.anchor_slot, /*held=*/true, timeout_ms_,
-                                 &proxy_a, &proxy_b, &reg.claim, &why);
+    channel =
+        AcceptRegistration(msg.reg, fds, reg.anchor_slot, &proxy_a, &proxy_b, &reg.claim, &why);
   }
   if (channel) {
     reg.stream.reset(new (std::nothrow) Stream(std::move(channel), proxy_a, proxy_b, options_));
@@ -365,27 +343,27 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
                "rendezvous: declined a registration from uid %u (unusable region or "
                "proxies)",
                unsigned(uid));
-    Answer(conn, nonce,
-           why == wire::DeclineReason::kUnspecified ? wire::DeclineReason::kResources : why);
+    AnswerRegistration(
+        conn, nonce,
+        why == wire::DeclineReason::kUnspecified ? wire::DeclineReason::kResources : why);
     sys::close(conn);
     return;
   }
   reg.proxy_a = proxy_a;
+  reg.answer = conn;  // answered when its connection is accepted, or the entry dropped
   table_[used_++] = std::move(reg);
-  Answer(conn, nonce, wire::DeclineReason::kUnspecified);
-  sys::close(conn);
 }
 
-Rendezvous::DrainResult Rendezvous::DrainLocked() noexcept {
+Rendezvous::DrainResult Rendezvous::DrainLocked(int budget) noexcept {
   const uint64_t now = sys::MonotonicMs();
   DrainResult result = DrainResult::kDone;
   epoll_event events[64];
-  int budget = kDrainBudget;
   const int n = sys::epoll_wait(epoll_fd_, events, 64, 0);
   // Connections wait in the listener's backlog only when it says so (or the events did not
   // all fit): most drains find nothing, and skip the accept4 that would say EAGAIN.
   bool backlog = n == 64;
-  for (int i = 0; i < n && budget > 0; ++i) {
+  int i = 0;
+  for (; i < n && budget > 0; ++i) {
     const int fd = events[i].data.fd;
     if (fd == listen_fd_) {
       backlog = true;
@@ -401,6 +379,8 @@ Rendezvous::DrainResult Rendezvous::DrainLocked() noexcept {
       break;
     }
   }
+  // Events left unread (the budget ran out): they are still ready, for the next call.
+  if (i < n) return DrainResult::kMore;
   while (backlog) {
     if (budget-- <= 0) {
       result = DrainResult::kMore;  // a burst (or a flood): the caller comes back later
@@ -427,12 +407,18 @@ Rendezvous::DrainResult Rendezvous::DrainLocked() noexcept {
 }
 
 void Rendezvous::ExpireLocked(uint64_t now_ms) noexcept {
+  // (A look at every entry's claim: not at every step of a drain, which would make
+  // reading a burst quadratic.)
+  if (now_ms < next_expire_ms_) return;
+  next_expire_ms_ = now_ms + kExpireEveryMs;
   for (size_t i = 0; i < used_;) {
-    if (now_ms - table_[i].received_ms <= kRegistrationTtlMs) {
+    // A client that withdrew (its connection went to another process) will never be
+    // accepted here; one waiting longer than anybody accepts is told so.
+    if (now_ms - table_[i].received_ms <= kRegistrationTtlMs &&
+        table_[i].ReadClaim() != Claim::kWithdrawn) {
       ++i;
       continue;
     }
-    // Its client must not confirm after this (it did long ago, or never will).
     table_[i].Abandon();
     RemoveAt(i);
   }
@@ -447,8 +433,15 @@ void Rendezvous::ExpireLocked(uint64_t now_ms) noexcept {
 }
 
 bool Rendezvous::Drain() noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
-  return DrainLocked() == DrainResult::kMore;
+  // In steps, the lock let go between them, and none while an accept() waits for it: an
+  // accept() reads what its connection needs itself, and must not wait for a burst (a
+  // mutex is not fair: the control thread would take it back step after step).
+  for (int read = 0; read < kDrainBudget; read += kTakeDrainBudget) {
+    if (takers_.load(std::memory_order_acquire) > 0) return true;  // (back after it)
+    std::lock_guard<std::mutex> lock(mu_);
+    if (DrainLocked(kTakeDrainBudget) != DrainResult::kMore) return false;
+  }
+  return true;
 }
 
 bool Rendezvous::IsLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept {
@@ -464,22 +457,36 @@ bool Rendezvous::IsLate(const wire::Endpoint& client, const wire::Endpoint& serv
 }
 
 void Rendezvous::NoteLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept {
-  // Long enough for any client still waiting for its answer: it gives up at its deadline.
-  late_[late_next_] = Late{client, server, sys::MonotonicMs() + 4 * uint64_t(timeout_ms_) + 1000};
+  late_[late_next_] = Late{client, server, sys::MonotonicMs() + kLateMemoryMs};
   late_next_ = (late_next_ + 1) % std::size(late_);
 }
 
 bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server,
                       Registration* out) noexcept {
+  takers_.fetch_add(1, std::memory_order_acq_rel);
   std::lock_guard<std::mutex> lock(mu_);
-  // Whatever arrived is read first: the registration, if the control thread has not
-  // read it yet, and any other for the same 4-tuple (a forger's) that the choice below
-  // must see.
-  const bool complete = DrainLocked() == DrainResult::kDone;
+  takers_.fetch_sub(1, std::memory_order_acq_rel);
+  // The registration was queued before the SYN: read until it is in the table (the
+  // control thread usually read it already), a little at a time, so that accept() claims
+  // it soon after it returned from the kernel even behind a burst of registrations.
   size_t found[kMaxPerTuple];
   size_t count = 0;
-  for (size_t i = 0; i < used_ && count < kMaxPerTuple; ++i) {
-    if (table_[i].msg.client == client && table_[i].msg.server == server) found[count++] = i;
+  auto find = [&] {
+    count = 0;
+    for (size_t i = 0; i < used_ && count < kMaxPerTuple; ++i) {
+      if (table_[i].msg.client == client && table_[i].msg.server == server) found[count++] = i;
+    }
+  };
+  bool complete = true;
+  find();
+  // (For a bounded time, not a count: a queue a flood left behind is mostly connections
+  // already closed, cheap to read, with the registration behind them.)
+  const uint64_t give_up_ms = sys::MonotonicMs() + kTakeSearchMs;
+  while (count == 0) {
+    const DrainResult drained = DrainLocked(kTakeDrainBudget);
+    find();
+    complete = drained == DrainResult::kDone;
+    if (drained != DrainResult::kMore || sys::MonotonicMs() >= give_up_ms) break;
   }
   if (count == 0) {
     // A registration sent before this connection's SYN is read by now, unless the drain
@@ -495,7 +502,7 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
   SocketInfo owner;
   constexpr size_t kNone = SIZE_MAX;
   size_t pick = kNone;  // an index into table_
-  if (SockaddrFor(client, &local) && SockaddrFor(server, &remote) &&
+  if (wire::SockaddrFromEndpoint(client, &local) && wire::SockaddrFromEndpoint(server, &remote) &&
       FindConnection(reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote),
                      &owner) == 0) {
     for (size_t k = 0; k < count; ++k) {
@@ -518,7 +525,7 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
     return false;
   }
   *out = std::move(table_[pick]);
-  // The others can never be confirmed on this connection: they go (highest index first,
+  // The others can never carry this connection: they go (highest index first,
   // so that the indexes left stay valid).
   for (size_t k = count; k-- > 0;) {
     if (found[k] != pick) table_[found[k]].Abandon();

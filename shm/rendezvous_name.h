@@ -4,16 +4,16 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <cstdint>
+
 namespace slip::shm {
 
-// The name a listener bound to `local` publishes. Returns false for unsupported families.
-// Wildcards are told apart the way the kernel does: "*4" (0.0.0.0), "*6" (:: v6-only),
-// "*" (:: dual-stack).
-bool RendezvousNameFor(const sockaddr* local, bool v6only, sockaddr_un* out,
-                       socklen_t* len) noexcept;
-
-// The names a client connecting to `dest` tries, most specific first, in the order the
-// kernel prefers listeners. Returns how many (0 for unsupported families).
-int RendezvousNamesFor(const sockaddr* dest, sockaddr_un out[3], socklen_t lens[3]) noexcept;
+// The name the rendezvous of the TCP listening socket `listener_inode` (its socket inode,
+// as fstat and the kernel's socket lookups report it) bound to `port` publishes:
+// "slipstream-v3:<port>:<inode>". One per listening socket, so that every member of an
+// SO_REUSEPORT group has its own, and a client finds the one its SYN will reach by asking
+// the kernel which listener that is (core/sock_diag.h).
+void RendezvousName(uint16_t port, uint64_t listener_inode, sockaddr_un* out,
+                    socklen_t* len) noexcept;
 
 }  // namespace slip::shm

@@ -1,18 +1,27 @@
 // shm: the same-host transport. Rings live in a memfd region shared by the two processes;
-// detection goes through a rendezvous that each listening Slipstream process publishes.
+// detection goes through a rendezvous that each listening socket of a Slipstream process
+// publishes.
 //
 // Rendezvous: an abstract AF_UNIX SOCK_SEQPACKET listener named from the listening port
-// and address ("slipstream-v2:<port>:<scope>"); abstract names are per network namespace.
-// A client that finds it first checks that it belongs to the owner of the TCP listener
-// its SYN will reach (the kernel's view, core/sock_diag.h: abstract names have no owner,
-// so any local user could bind one first). Then it registers its connection (4-tuple,
-// nonce, and the region plus both proxy pairs as SCM_RIGHTS) BEFORE it sends its SYN, so
-// the server's classification at accept is race-free. The listener answers ACCEPT once it
-// holds everything the connection will need (descriptors, the mapped region, the stream),
-// or DECLINE; only after ACCEPT does the client claim the region and send CONFIRM in band.
-// A client to a plain server finds no rendezvous: one failed connect(2) on an AF_UNIX
-// socket, no round trip, nothing added to the TCP stream. docs/DESIGN.md, "Detection on
-// one host"; docs/SECURITY.md for what each step defends against.
+// and the TCP listening socket's inode ("slipstream-v3:<port>:<inode>"); abstract names are
+// per network namespace. A client asks the kernel which listener its SYN will reach (for
+// an SO_REUSEPORT group, which member: core/sock_diag.h), connects to that listener's
+// rendezvous and checks that it belongs to the listener's owner (abstract names have no
+// owner, so any local user could bind one first). Then it registers its connection
+// (4-tuple, nonce, and the region plus both proxy pairs as SCM_RIGHTS) BEFORE it sends its
+// SYN, so the server's classification at accept is race-free, and carries its stream on
+// the rings from the start.
+//
+// The region's claim word decides, once, whether the rings carry the connection: the
+// process that accepts the connection claims it when it takes the registration (and then
+// answers ACCEPT, which only wakes the client); the client withdraws when the connection
+// turned out to be another process's (a plain member of the group, a sibling sharing the
+// listener): its stream then continues on TCP from byte 0. Nothing of ours ever goes in
+// band, so a connection that reaches a process without its registration is a plain one
+// for that process, whatever it runs. A client to a plain server finds no rendezvous: one
+// kernel lookup and one failed connect(2) on an AF_UNIX socket, nothing added to the TCP
+// stream. docs/DESIGN.md, "Detection on one host"; docs/SECURITY.md for what each step
+// defends against.
 //
 // Everything the peer writes into the region is hostile input: the ring size and nonce are
 // validated once and kept, this end's own cursors are never read back, and Stream checks
@@ -42,16 +51,17 @@ namespace slip::shm {
 // shm as core's Transport (core/transport.h), for the face's registry.
 Transport* TheTransport() noexcept;
 
-// Whether a registered connection's CONFIRM comes, decided once, in the region's header,
+// Whether the rings carry a registered connection, decided once, in the region's header,
 // by whichever end moves it from kOpen first (compare and exchange):
-//   kConfirmed  the client, after the listener's ACCEPT, just before it sends CONFIRM: the
-//               server must wait for it;
-//   kWithdrawn  the client, when its TCP handshake or the listener's answer was too slow:
-//               it stays plain;
-//   kAbandoned  the server, when it stops waiting (SLIP_HANDSHAKE_TIMEOUT_MS): the client,
-//               finding it so, stays plain and sends nothing of ours.
+//   kTaken      the server, when the process that accepted the connection takes its
+//               registration: the rings carry it, and the client can no longer withdraw;
+//   kWithdrawn  the client, when its connection went to a process that did not take it
+//               (plain TCP arrived, the connection was accepted and not taken in time, the
+//               listener said DECLINE or went away): its stream continues on TCP;
+//   kAbandoned  the server, when it drops a registration it will not take (expired,
+//               evicted, a forger's beside the real one): the client stays plain.
 // Any other value (the peer wrote it) counts as kOpen for the server.
-enum class Claim : uint32_t { kOpen = 0, kConfirmed = 1, kWithdrawn = 2, kAbandoned = 3 };
+enum class Claim : uint32_t { kOpen = 0, kTaken = 1, kWithdrawn = 2, kAbandoned = 3 };
 
 // What MakeChannel needs: a mapped, validated region and the descriptors around it.
 struct ChannelSetup {
@@ -64,11 +74,12 @@ struct ChannelSetup {
   int own_b = -1;   // B of this end's proxy, owned by the Stream
   int anchor = -1;  // the number the connection's TCP socket will have (not owned)
   // Client: the rendezvous socket (taken) on which the listener's answer will come; the
-  // channel then settles when it does (ChannelControl::Settle). -1: settled.
+  // channel settles by the claim word (ChannelControl::Settle), which the answer or other
+  // news prompts it to read. -1: settled (a server is, from the start).
   int rendezvous = -1;
-  // Server: hold the stream until the client's CONFIRM arrives on the anchor.
-  bool held = false;
-  int handshake_timeout_ms = 2000;  // how long either waits to settle
+  // Client: the connection's 4-tuple, to ask the kernel whether its server end has been
+  // accepted (by a process that then did not take it).
+  wire::Endpoint client, server;
 };
 // Builds the channel; on failure (no memory) the caller keeps everything.
 std::unique_ptr<Channel> MakeChannel(const ChannelSetup& setup) noexcept;
@@ -94,12 +105,14 @@ struct Offer {
 // (Once connected a client end keeps four descriptors, all above the floor: A, B, the
 // server's B, and the TCP socket; the server's end the same four.)
 
-// Connects to the rendezvous of the listener that a connection to `dest` reaches, and
-// verifies it: the rendezvous is the one the kernel's listener would publish, and it is
-// held by that listener's owner. Returns the socket, or -errno: -ECONNREFUSED/-ENOENT (no
-// Slipstream listener), -EAGAIN (its queue is full), -EPERM (a rendezvous whose owner is
-// not the listener's: not used), -EMFILE (descriptors short), other errors.
-int FindRendezvous(const sockaddr* dest) noexcept;
+// Connects to the rendezvous of the listener that a SYN to `dest` from `source` reaches
+// (no source: from nowhere, which for an SO_REUSEPORT group is some member), and verifies
+// it: it is the one that listening socket publishes, and it is held by that socket's
+// owner. *member (when not null) is that socket's inode. Returns the socket, or -errno:
+// -ECONNREFUSED (no Slipstream listener), -EAGAIN (its queue is full), -EPERM (a rendezvous
+// whose owner is not the listener's: not used), -EMFILE (descriptors short), other errors.
+int FindRendezvous(const sockaddr* dest, const sockaddr* source = nullptr,
+                   uint64_t* member = nullptr) noexcept;
 
 // Builds the region, the proxies and the anchor's slot, all above the hidden-descriptor
 // floor. Returns 0 or -errno (-EMFILE: descriptors short; -EFBIG: the file size limit).
@@ -110,17 +123,22 @@ int SendRegister(int rendezvous, const Offer& offer, const wire::Endpoint& clien
                  const wire::Endpoint& server) noexcept;
 
 // Client: withdraws (the TCP handshake took too long, or nothing is installed): the
-// connection stays plain, as the server will see.
-void ClaimWithdraw(Offer* offer) noexcept;
+// connection stays plain, as the server will see when it takes the registration. False
+// when the server took it first (its accept() was quicker): the rings carry it there, so
+// the connection cannot go on as plain TCP.
+bool ClaimWithdraw(Offer* offer) noexcept;
 
 // The client's channel once its TCP connection is up; takes the region, client_b and
 // server_b out of `offer` (and closes its memfd: the mapping is all that is needed), and
-// `rendezvous`: the channel settles the connection when the listener answers (the control thread
-// calls Settle; a client whose answer is already there settles on the first call).
-// `*proxy_a`/`*proxy_b` receive the client's proxy pair. On failure the offer keeps everything and
+// `rendezvous`: the rings carry the stream at once, and the channel settles when the
+// claim is decided (the control thread calls Settle on the listener's answer, on news
+// from the anchor, and at its deadlines). `client`/`server`: the 4-tuple. `*proxy_a`/
+// `*proxy_b` receive the client's proxy pair. On failure the offer keeps everything and
 // `rendezvous` is the caller's.
-std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous, int handshake_timeout_ms,
-                                           int* proxy_a, int* proxy_b) noexcept;
+std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,
+                                           const wire::Endpoint& client,
+                                           const wire::Endpoint& server, int* proxy_a,
+                                           int* proxy_b) noexcept;
 
 // ----------------------------------------------------------------------------- server
 
@@ -130,16 +148,20 @@ std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous, int han
 // AF_UNIX stream socket), the region mapped once and its header checked against `msg`. Takes `fds`
 // (memfd, server A, server B, client B): on failure each is closed and *reason says why.
 // On success *proxy_a/*proxy_b are the server's proxy pair, owned by the caller, and
-// *claim (when not null) the region's claim word, valid as long as the channel. `anchor`,
-// `held` and the timeout: ChannelSetup.
+// *claim (when not null) the region's claim word, valid as long as the channel. `anchor`:
+// ChannelSetup.
 std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4], int anchor,
-                                            bool held, int handshake_timeout_ms, int* proxy_a,
-                                            int* proxy_b, std::atomic<uint32_t>** claim,
+                                            int* proxy_a, int* proxy_b,
+                                            std::atomic<uint32_t>** claim,
                                             wire::DeclineReason* reason) noexcept;
 
-// One registration a listener took and answered ACCEPT: everything its connection needs is
-// built (the server's held stream over the mapped region, a descriptor number kept for the
-// anchor), so installing it at accept() allocates nothing.
+// The listener's one answer on a rendezvous connection (kUnspecified: ACCEPT).
+void AnswerRegistration(int conn, uint64_t nonce, wire::DeclineReason reason) noexcept;
+
+// One registration a listener read and can serve: everything its connection needs is
+// built (the server's stream over the mapped region, a descriptor number kept for the
+// anchor), so installing it at accept() allocates nothing. Its client is answered when
+// the registration is taken (Commit: ACCEPT) or dropped (Abandon: DECLINE).
 struct Registration {
   Registration() = default;
   ~Registration();
@@ -149,30 +171,36 @@ struct Registration {
   wire::Register msg;
   uint32_t uid = 0;  // who registered (SO_PEERCRED of the rendezvous connection)
   uint64_t received_ms = 0;
-  std::unique_ptr<Stream> stream;          // the server's end, held until CONFIRM
+  std::unique_ptr<Stream> stream;          // the server's end
   int proxy_a = -1;                        // the stream's A: dup3'd onto the application's number
   int anchor_slot = -1;                    // where the TCP socket will go (owned)
+  int answer = -1;                         // the rendezvous connection, until answered (owned)
   std::atomic<uint32_t>* claim = nullptr;  // in the region (mapped by the stream's channel)
 
   Claim ReadClaim() const noexcept;
-  // Stops waiting for the CONFIRM unless the client already committed to it. Returns
-  // kAbandoned (now, or before), kWithdrawn, or kConfirmed: the CONFIRM is on its way, so
-  // the connection must not be handed over as plain TCP.
+  // The accepting process takes the connection onto the rings: claims it and says ACCEPT.
+  // False when the client withdrew first (the connection is plain for both).
+  bool Commit() noexcept;
+  // Drops the registration unless this end took it, and tells its client (DECLINE).
+  // Returns kAbandoned (now, or before, or a claim word the client set itself), kWithdrawn,
+  // or kTaken: Commit took it, the rings carry the connection, so it must not be handed
+  // over as plain TCP.
   Claim Abandon() noexcept;
 
  private:
   void Release() noexcept;
+  bool taken_ = false;  // Commit claimed it (never read from the region)
 };
 
 // The listening side.
 class Rendezvous {
  public:
-  // Publishes the rendezvous for a listening socket bound to `local`; its streams get
-  // `options`. Returns nullptr (and *error = -errno) when it cannot (-EADDRINUSE: another
-  // process holds the name; it is logged with that process's pid and uid).
-  static std::unique_ptr<Rendezvous> Publish(const sockaddr* local, bool v6only,
-                                             StreamOptions options, int handshake_timeout_ms,
-                                             int* error) noexcept;
+  // Publishes the rendezvous for the TCP listening socket `listener_inode` bound to `port`;
+  // its streams get `options`. Returns nullptr (and *error = -errno) when it cannot
+  // (-EADDRINUSE: another process holds the name; it is logged with that process's pid and
+  // uid).
+  static std::unique_ptr<Rendezvous> Publish(uint16_t port, uint64_t listener_inode,
+                                             StreamOptions options, int* error) noexcept;
   ~Rendezvous();
 
   // Readable when registrations wait to be read (an epoll set over the listening socket and
@@ -182,8 +210,9 @@ class Rendezvous {
   // Takes the registration for this connection out of the table (reading and answering
   // what arrived first). False when there is none.
   bool Take(const wire::Endpoint& client, const wire::Endpoint& server, Registration* out) noexcept;
-  // Reads and answers what arrived, up to a budget per call (a burst or a flood must not
-  // keep the caller here). True when more is waiting: call again after other work.
+  // Reads what arrived (declining what it cannot serve), up to a budget per call (a burst
+  // or a flood must not keep the caller here), and drops registrations whose clients
+  // withdrew. True when more is waiting: call again after other work.
   bool Drain() noexcept;
 
   // Limits (docs/SECURITY.md, "Resource exhaustion").
@@ -199,14 +228,13 @@ class Rendezvous {
 
   Rendezvous() noexcept = default;
   enum class DrainResult { kDone, kMore, kBlocked };  // kBlocked: no descriptor to read with
-  DrainResult DrainLocked() noexcept;
+  DrainResult DrainLocked(int budget) noexcept;       // budget: connections read at most
   // Connections accepted as plain while registrations were left unread: a registration
   // for one of them that turns up later is refused.
   bool IsLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept;
   void NoteLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept;
   void ExpireLocked(uint64_t now_ms) noexcept;
   void ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept;
-  void Answer(int conn, uint64_t nonce, wire::DeclineReason reason) noexcept;
   size_t CountForUid(uint32_t uid) const noexcept;
   bool MakeRoomFor(uint32_t uid) noexcept;
   void RemoveAt(size_t i) noexcept;  // the last live entry takes slot i
@@ -215,10 +243,11 @@ class Rendezvous {
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
   StreamOptions options_;
-  int timeout_ms_ = 2000;
   size_t capacity_ = 0;  // registrations held at most
   size_t per_uid_ = 0;   // of them, from one uid
   std::mutex mu_;
+  std::atomic<int> takers_{0};  // accept()s waiting for mu_: the control thread gives way
+  uint64_t next_expire_ms_ = 0;
   std::unique_ptr<Registration[]> table_;  // [0, used_) live, fixed capacity: no allocation
   size_t used_ = 0;
   static constexpr size_t kMaxPerTuple = 4;

@@ -3,6 +3,8 @@
 // does and why is in shm.h; this file only maps it onto the engine's steps.
 #include "core/transport.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -10,6 +12,7 @@
 #include "core/local_address.h"
 #include "core/log.h"
 #include "core/no_destructor.h"
+#include "core/sock_diag.h"
 #include "core/sys.h"
 #include "shm/shm.h"
 
@@ -40,12 +43,22 @@ Reason FdReason(int rc) noexcept {
   return rc == -EMFILE || rc == -ENFILE ? Reason::kFdLimit : Reason::kResources;
 }
 
+// Why a client cannot use the rendezvous FindRendezvous did not return.
+Reason OfferReason(int rc) noexcept {
+  return rc == -EAGAIN                    ? Reason::kRendezvousBusy
+         : rc == -EPERM                   ? Reason::kUntrustedRendezvous
+         : rc == -EMFILE || rc == -ENFILE ? Reason::kFdLimit
+                                          : Reason::kPeerNotSlipstream;
+}
+
 class ShmClientOffer final : public ClientOffer {
  public:
-  ShmClientOffer(const ConnectRequest& req, int rendezvous) noexcept
-      : req_(req), rendezvous_(rendezvous) {}
+  ShmClientOffer(const ConnectRequest& req, int rendezvous, uint64_t member) noexcept
+      : req_(req), rendezvous_(rendezvous), member_(member) {}
   ~ShmClientOffer() override {
-    if (registered_) ClaimWithdraw(&offer_);  // the listener's accept() then goes plain
+    // Never established: the listener's accept(), if it comes, then goes plain.
+    if (stream_) stream_->control()->WithdrawUninstalled();
+    if (registered_) ClaimWithdraw(&offer_);
     if (rendezvous_ >= 0) sys::close(rendezvous_);
   }
 
@@ -58,60 +71,97 @@ class ShmClientOffer final : public ClientOffer {
   int WaitFd() const noexcept override { return -1; }
   uint64_t DeadlineMs() const noexcept override { return 0; }
   int TcpHandshakeBudgetMs() const noexcept override { return kTcpHandshakeBudgetMs; }
+  bool WithdrawSlow() noexcept override {
+    if (stream_) return stream_->control()->WithdrawUninstalled();
+    registered_ = false;
+    return ClaimWithdraw(&offer_);
+  }
 
   bool Proxies(int* proxy_a, int* proxy_b) noexcept override {
+    if (stream_) {
+      *proxy_a = stream_->proxy_a();
+      *proxy_b = proxy_b_;
+      return true;
+    }
     if (!offer_.region && PrepareOffer(req_.config->ring_size, &offer_) < 0) return false;
     *proxy_a = offer_.client_a;
     *proxy_b = offer_.client_b;
     return true;
   }
 
-  // The stream goes in now, on the rings. It is settled when the listener answers the
-  // registration: ACCEPT, and the CONFIRM goes out as the first bytes of the connection;
-  // DECLINE or no answer in time, and the stream continues on this TCP connection from
-  // byte 0 (the server never read our ring). Usually the answer is already here.
+  // The stream goes in now, on the rings, built before the SYN (nothing here can fail). It
+  // is settled when the process that accepts the connection takes the registration (the
+  // claim; its ACCEPT wakes us), or, when that process turns out to be one without it,
+  // continues on this TCP connection from byte 0 (nobody read our ring).
   Outcome Establish(int tcp, Carrier* out, Reason* why) noexcept override {
     (void)tcp;
     *why = Reason::kResources;
-    int proxy_a = -1, proxy_b = -1;
-    auto channel = MakeClientChannel(&offer_, rendezvous_, int(req_.config->handshake_timeout_ms),
-                                     &proxy_a, &proxy_b);
-    if (!channel) return Outcome::kPlain;  // (the destructor withdraws)
-    rendezvous_ = -1;                      // the channel's
-    registered_ = false;                   // the channel withdraws it if it goes unused
-    StreamOptions options;
-    options.spin_us = req_.config->spin_us;
-    out->stream.reset(new (std::nothrow) Stream(std::move(channel), proxy_a, proxy_b, options));
-    if (!out->stream) {
-      // (`channel` was not moved from: it goes with its argument, withdrawing.)
-      sys::close(proxy_a);
-      sys::close(proxy_b);
-      return Outcome::kPlain;
-    }
+    if (!stream_) return Outcome::kPlain;
+    out->stream = std::move(stream_);
     out->anchor_slot = offer_.anchor_slot;
     offer_.anchor_slot = -1;
-    out->confirmed = false;  // the CONFIRM follows the listener's ACCEPT (ChannelControl::Settle)
+    out->confirmed = false;  // nothing of ours goes in band
     return Outcome::kCarried;
   }
 
  private:
   Reason Register(int tcp) noexcept {
-    wire::Endpoint client;
-    if (BindForRegistration(tcp, req_.dest(), req_.dest_len) < 0 || !LocalEndpoint(tcp, &client))
+    sockaddr_storage source;
+    if (BindForRegistration(tcp, req_.dest(), req_.dest_len) < 0 || !LocalEndpoint(tcp, &client_) ||
+        !wire::SockaddrFromEndpoint(client_, &source))
       return Reason::kUnsupported;
+    // Now that the 4-tuple is known, the kernel says which listener the SYN will reach: in
+    // an SO_REUSEPORT group, maybe another member than the probe's.
+    // (No answer, e.g. a TIME_WAIT socket of an earlier connection on this 4-tuple found
+    // first: the probe's member stands. A wrong one costs acceleration, never bytes.)
+    SocketInfo listener;
+    if (FindListener(req_.dest(), &listener, reinterpret_cast<sockaddr*>(&source)) == 0 &&
+        listener.inode != member_) {
+      uint64_t member = 0;
+      const int rv = FindRendezvous(req_.dest(), reinterpret_cast<sockaddr*>(&source), &member);
+      if (rv < 0) return OfferReason(rv);
+      sys::close(rendezvous_);
+      rendezvous_ = rv;
+      member_ = member;
+    }
     if (!offer_.region) {
       if (int rc = PrepareOffer(req_.config->ring_size, &offer_); rc < 0) return FdReason(rc);
     }
-    if (int rc = SendRegister(rendezvous_, offer_, client, req_.server); rc < 0)
+    if (int rc = SendRegister(rendezvous_, offer_, client_, req_.server); rc < 0)
       return rc == -EAGAIN ? Reason::kRendezvousBusy : Reason::kResources;
     registered_ = true;
+    // Everything the connection will need is built now, before the SYN: once the SYN is
+    // out the listener may take the registration at any moment, and from then on the
+    // connection can no longer go plain. (Failing here, no SYN has left: the registration
+    // is withdrawn, and nobody can have taken it.)
+    int proxy_a = -1, proxy_b = -1;
+    auto channel =
+        MakeClientChannel(&offer_, rendezvous_, client_, req_.server, &proxy_a, &proxy_b);
+    if (!channel) return Reason::kResources;  // (withdrawn by the destructor)
+    rendezvous_ = -1;                         // the channel's
+    registered_ = false;                      // the channel's to withdraw
+    StreamOptions options;
+    options.spin_us = req_.config->spin_us;
+    stream_.reset(new (std::nothrow) Stream(std::move(channel), proxy_a, proxy_b, options));
+    if (!stream_) {
+      // (`channel` was not moved from: a failed allocation constructs nothing.)
+      sys::close(proxy_a);
+      sys::close(proxy_b);
+      channel->control()->WithdrawUninstalled();
+      return Reason::kResources;
+    }
+    proxy_b_ = proxy_b;  // (the stream's)
     return Reason::kNone;
   }
 
   const ConnectRequest req_;
   int rendezvous_;
+  uint64_t member_;  // the listening socket whose rendezvous that is
+  wire::Endpoint client_;
   Offer offer_;
-  bool registered_ = false;
+  bool registered_ = false;         // REGISTER sent, and the offer (not a channel) withdraws it
+  std::unique_ptr<Stream> stream_;  // built before the SYN, until Establish hands it over
+  int proxy_b_ = -1;                // the stream's B
 };
 
 class ShmServerOffer final : public ServerOffer {
@@ -119,12 +169,12 @@ class ShmServerOffer final : public ServerOffer {
   explicit ShmServerOffer(Registration reg) noexcept : reg_(std::move(reg)) {}
 
   bool Open(Carrier* out, Reason* why) noexcept override {
-    const Claim claim = reg_.ReadClaim();
-    if (claim == Claim::kWithdrawn || claim == Claim::kAbandoned) {
-      *why = Reason::kConnectSlow;  // its client stays plain too
+    // The claim: from here the rings carry the connection, unless its client withdrew.
+    if (!reg_.Commit()) {
+      *why = Reason::kConnectSlow;  // its client continues on TCP too
       return false;
     }
-    // Built when the registration was answered: installing it allocates nothing.
+    // Built when the registration was read: installing it allocates nothing.
     out->stream = std::move(reg_.stream);
     out->anchor_slot = reg_.anchor_slot;
     reg_.anchor_slot = -1;
@@ -132,7 +182,7 @@ class ShmServerOffer final : public ServerOffer {
   }
   // (The claim word lives in the region, which the stream maps: the face calls this
   // before the stream it opened is gone.)
-  bool Abandon() noexcept override { return reg_.Abandon() != Claim::kConfirmed; }
+  bool Abandon() noexcept override { return reg_.Abandon() != Claim::kTaken; }
 
  private:
   Registration reg_;
@@ -172,15 +222,15 @@ class ShmTransport final : public Transport {
       *why = Reason::kNotSameHost;
       return nullptr;
     }
-    const int rv = FindRendezvous(req.dest());
+    // (From nowhere: the socket is not bound yet, and a plain listener must not have it
+    // bound. Register looks again from the bound port.)
+    uint64_t member = 0;
+    const int rv = FindRendezvous(req.dest(), nullptr, &member);
     if (rv < 0) {
-      *why = rv == -EAGAIN                    ? Reason::kRendezvousBusy
-             : rv == -EPERM                   ? Reason::kUntrustedRendezvous
-             : rv == -EMFILE || rv == -ENFILE ? Reason::kFdLimit
-                                              : Reason::kPeerNotSlipstream;
+      *why = OfferReason(rv);
       return nullptr;
     }
-    std::unique_ptr<ClientOffer> offer(new (std::nothrow) ShmClientOffer(req, rv));
+    std::unique_ptr<ClientOffer> offer(new (std::nothrow) ShmClientOffer(req, rv, member));
     if (!offer) {
       sys::close(rv);
       *why = Reason::kResources;
@@ -192,8 +242,15 @@ class ShmTransport final : public Transport {
     StreamOptions options;
     options.spin_us = req.config->spin_us;
     int err = 0;
-    auto rendezvous = Rendezvous::Publish(req.local, req.v6only, options,
-                                          int(req.config->handshake_timeout_ms), &err);
+    wire::Endpoint local;
+    struct stat st;
+    if (!wire::EndpointFromSockaddr(req.local, &local) || fstat(req.fd, &st) != 0) {
+      *why = Reason::kUnsupported;
+      return nullptr;
+    }
+    // One rendezvous per listening socket, named by its inode: each member of an
+    // SO_REUSEPORT group publishes its own.
+    auto rendezvous = Rendezvous::Publish(local.port, uint64_t(st.st_ino), options, &err);
     if (!rendezvous) {
       *why = err == -EADDRINUSE ? Reason::kUntrustedRendezvous : FdReason(err);
       SLIP_LOG(kInfo, "fd %d: no rendezvous (%s); same-host connections stay plain", req.fd,

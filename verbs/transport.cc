@@ -261,6 +261,12 @@ class VerbsTransport final : public Transport {
   }
 
   std::unique_ptr<ListenerTwin> Listen(const ListenRequest& req, Reason* why) noexcept override {
+    if (req.reuseport) {
+      // One rdma_cm listener per port, and a remote client cannot tell which member of the
+      // group its SYN reaches: the group stays plain over RDMA (docs/DESIGN.md).
+      *why = Reason::kReusePort;
+      return nullptr;
+    }
     Module* m = Get(req.config);
     *why = Reason::kNoRdmaDevice;
     if (!m) return nullptr;

@@ -95,8 +95,7 @@ void FuzzRegistration(Script* in) {
   if (bend & 128) std::swap(fds[in->U8() % 4], fds[in->U8() % 4]);
   int a = -1, b = -1;
   wire::DeclineReason reason;
-  std::unique_ptr<Channel> channel =
-      AcceptRegistration(msg, fds, -1, false, 0, &a, &b, nullptr, &reason);
+  std::unique_ptr<Channel> channel = AcceptRegistration(msg, fds, -1, &a, &b, nullptr, &reason);
   if (channel) {
     Require(channel->ring_size() == kRing);  // only what was validated
     close(a);
@@ -127,10 +126,10 @@ void FuzzTraffic(Script* in) {
   std::unique_ptr<Channel> channel;
   if (victim_is_client) {
     for (int fd : fds) close(fd);
-    channel = MakeClientChannel(&offer, -1, 0, &a, &b);
+    channel = MakeClientChannel(&offer, -1, {}, {}, &a, &b);
   } else {
     wire::DeclineReason reason;
-    channel = AcceptRegistration(msg, fds, -1, false, 0, &a, &b, nullptr, &reason);
+    channel = AcceptRegistration(msg, fds, -1, &a, &b, nullptr, &reason);
   }
   if (!channel) {
     munmap(region, msg.region_size);

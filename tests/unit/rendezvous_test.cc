@@ -176,19 +176,35 @@ int TcpSocket(const sockaddr_storage& addr, bool v6only, bool listen_too, bool r
   return fd;
 }
 
-std::unique_ptr<Rendezvous> Publish(const sockaddr_storage& local, bool v6only, int* error) {
+// The inode of socket `fd` (what names its rendezvous).
+uint64_t InodeOf(int fd) {
+  struct stat st;
+  EXPECT_EQ(fstat(fd, &st), 0);
+  return uint64_t(st.st_ino);
+}
+
+uint16_t PortOf(int fd) {
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len), 0);
+  wire::Endpoint ep;
+  EXPECT_TRUE(wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &ep));
+  return ep.port;
+}
+
+// Publishes the rendezvous of TCP socket `tcp` (bound).
+std::unique_ptr<Rendezvous> Publish(int tcp, int* error) {
   *error = 0;
-  return Rendezvous::Publish(Sa(local), v6only, StreamOptions{}, kTimeoutMs, error);
+  return Rendezvous::Publish(PortOf(tcp), InodeOf(tcp), StreamOptions{}, error);
 }
 
 // Publishes with a table of `capacity` entries: the capacity comes from the descriptor space
-// above the floor when the rendezvous is published (a quarter of it, after 32 kept for the
+// above the floor when the rendezvous is published (a fifth of it, after 32 kept for the
 // process's other hidden descriptors).
-std::unique_ptr<Rendezvous> PublishWithCapacity(const sockaddr_storage& local, size_t capacity,
-                                                int* error) {
+std::unique_ptr<Rendezvous> PublishWithCapacity(int tcp, size_t capacity, int* error) {
   constexpr int kReserve = 32;  // shm/rendezvous.cc, CapacityFor
-  FloorGuard floor(SoftFdLimit() - int(4 * capacity) - kReserve);
-  return Publish(local, false, error);
+  FloorGuard floor(SoftFdLimit() - int(5 * capacity) - kReserve);
+  return Publish(tcp, error);
 }
 
 // A TCP listener (or only its port, kept by a socket that does not listen) and the
@@ -206,8 +222,8 @@ struct Server {
 };
 
 // `tcp_addr`: where the TCP listener binds (nullptr: nothing listens; the port is kept by a
-// bound socket on `rv_addr`). `rv_addr`: the rendezvous' address (nullptr: none).
-// `capacity`: 0 for the default.
+// bound socket on `rv_addr`). `rv_addr`: null for no rendezvous; else the socket's own is
+// published. `capacity`: 0 for the default.
 std::unique_ptr<Server> StartServer(const char* tcp_addr, const char* rv_addr, bool v6only = false,
                                     size_t capacity = 0) {
   auto server = std::make_unique<Server>();
@@ -218,9 +234,8 @@ std::unique_ptr<Server> StartServer(const char* tcp_addr, const char* rv_addr, b
     if (server->tcp < 0) continue;
     if (!rv_addr) return server;
     int error = 0;
-    const sockaddr_storage local = Addr(rv_addr, server->port);
-    server->rv =
-        capacity ? PublishWithCapacity(local, capacity, &error) : Publish(local, v6only, &error);
+    server->rv = capacity ? PublishWithCapacity(server->tcp, capacity, &error)
+                          : Publish(server->tcp, &error);
     if (server->rv) return server;
     EXPECT_EQ(error, -EADDRINUSE);
     CloseIf(&server->tcp);
@@ -391,6 +406,17 @@ Answer ReadAnswer(int sock, int timeout_ms = 2000) {
   return a;
 }
 
+// How long a registration the listener keeps is watched for an answer that must not come
+// (it comes when the connection is taken, or the registration dropped).
+constexpr int kQuietMs = 100;
+
+// The listener kept the registration: no answer yet, the rendezvous connection open.
+::testing::AssertionResult IsKept(const Answer& a) {
+  if (a.find_rc < 0 || a.message || a.eof_after)
+    return ::testing::AssertionFailure() << "expected no answer yet, got " << Describe(a);
+  return ::testing::AssertionSuccess();
+}
+
 // (`nonce` by reference: read after the argument that fills it in was evaluated.)
 ::testing::AssertionResult IsAccept(const Answer& a, const uint64_t& nonce) {
   if (!a.parsed || a.type != wire::Type::kAccept)
@@ -411,7 +437,7 @@ Answer ReadAnswer(int sock, int timeout_ms = 2000) {
 }
 
 // Registers `offer` (prepared here) for (client, server) at the rendezvous a connection to
-// `dest` finds, lets `rv` read it, and returns the answer.
+// `dest` finds, lets `rv` read it, and returns the answer (none, when it keeps it).
 Answer RegisterVia(Rendezvous* rv, const sockaddr_storage& dest, const wire::Endpoint& client,
                    const wire::Endpoint& server, Offer* offer) {
   Answer a;
@@ -424,7 +450,7 @@ Answer RegisterVia(Rendezvous* rv, const sockaddr_storage& dest, const wire::End
   if (rc == 0) rc = SendRegister(sock, *offer, client, server);
   EXPECT_EQ(rc, 0) << std::strerror(-rc);
   rv->Drain();
-  a = ReadAnswer(sock);
+  a = ReadAnswer(sock, kQuietMs);
   close(sock);
   return a;
 }
@@ -571,7 +597,7 @@ class UidChild {
             break;
           }
           Reply answered;
-          answered.answer = ReadAnswer(sock, 5000);
+          answered.answer = ReadAnswer(sock, 300);
           close(sock);
           Write(out_, answered);
           break;
@@ -709,9 +735,8 @@ TEST(RendezvousFindTest, ExactNameOfTheListenerIsFoundAndServes) {
   TcpClient tcp(server->To("127.0.0.1"));
   ASSERT_TRUE(tcp.ok());
   const wire::Endpoint client = tcp.ep();
-  EXPECT_TRUE(IsAccept(RegisterVia(server->rv.get(), server->To("127.0.0.1"), client,
-                                   server->Endpoint("127.0.0.1"), &offer),
-                       offer.nonce));
+  EXPECT_TRUE(IsKept(RegisterVia(server->rv.get(), server->To("127.0.0.1"), client,
+                                 server->Endpoint("127.0.0.1"), &offer)));
   Registration reg;
   EXPECT_TRUE(server->rv->Take(client, server->Endpoint("127.0.0.1"), &reg));
   pfd = pollfd{server->rv->fd(), POLLIN, 0};
@@ -728,51 +753,34 @@ std::string NameText(const sockaddr_un& name, socklen_t len) {
   return std::string(name.sun_path + 1, len - offsetof(sockaddr_un, sun_path) - 1);
 }
 
-TEST(RendezvousFindTest, NamesAreVersionTwoAndScopedLikeTheKernel) {
-  SKIP_UNLESS_IPV6();
+TEST(RendezvousFindTest, NamesAreVersionThreeAndOnePerListeningSocket) {
   sockaddr_un name;
   socklen_t len;
-  struct Case {
-    const char* addr;
-    bool v6only;
-    const char* want;
-  } cases[] = {
-      {"127.0.0.1", false, "slipstream-v2:5201:127.0.0.1"},
-      {"0.0.0.0", false, "slipstream-v2:5201:*4"},
-      {"::", false, "slipstream-v2:5201:*"},
-      {"::", true, "slipstream-v2:5201:*6"},
-      {"::1", false, "slipstream-v2:5201:::1"},
-      {"::ffff:127.0.0.1", false, "slipstream-v2:5201:127.0.0.1"},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.addr);
-    ASSERT_TRUE(RendezvousNameFor(Sa(Addr(c.addr, 5201)), c.v6only, &name, &len));
-    EXPECT_EQ(NameText(name, len), c.want);
-  }
-  // What a client tries, most specific first.
-  sockaddr_un names[3];
-  socklen_t lens[3];
-  ASSERT_EQ(RendezvousNamesFor(Sa(Addr("127.0.0.2", 80)), names, lens), 3);
-  EXPECT_EQ(NameText(names[0], lens[0]), "slipstream-v2:80:127.0.0.2");
-  EXPECT_EQ(NameText(names[1], lens[1]), "slipstream-v2:80:*4");
-  EXPECT_EQ(NameText(names[2], lens[2]), "slipstream-v2:80:*");
-  ASSERT_EQ(RendezvousNamesFor(Sa(Addr("::1", 80)), names, lens), 3);
-  EXPECT_EQ(NameText(names[0], lens[0]), "slipstream-v2:80:::1");
-  EXPECT_EQ(NameText(names[1], lens[1]), "slipstream-v2:80:*6");
-  EXPECT_EQ(NameText(names[2], lens[2]), "slipstream-v2:80:*");
+  RendezvousName(5201, 123456789, &name, &len);
+  EXPECT_EQ(NameText(name, len), "slipstream-v3:5201:123456789");
+  RendezvousName(80, 18446744073709551615ull, &name, &len);
+  EXPECT_EQ(NameText(name, len), "slipstream-v3:80:18446744073709551615");
 
-  // Publish binds exactly that name; an IPv6 listener's exact name serves it.
-  auto server = StartServer("::1", "::1", /*v6only=*/true);
-  ASSERT_TRUE(server);
-  ASSERT_TRUE(RendezvousNameFor(Sa(server->To("::1")), true, &name, &len));
-  int raw = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  ASSERT_GE(raw, 0);
-  EXPECT_EQ(connect(raw, reinterpret_cast<sockaddr*>(&name), len), 0) << std::strerror(errno);
-  close(raw);
-  server->rv->Drain();
-  int sock = FindRendezvous(Sa(server->To("::1")));
-  EXPECT_GE(sock, 0) << std::strerror(-sock);
-  if (sock >= 0) close(sock);
+  // Publish binds exactly that name for its socket, and a client finds it, naming the
+  // socket; IPv6 and dual-stack listeners alike.
+  for (const char* addr : {"127.0.0.1", "::1", "::"}) {
+    SCOPED_TRACE(addr);
+    if (addr[0] == ':' && !HasIpv6Loopback()) continue;
+    auto server = StartServer(addr, addr, /*v6only=*/std::string(addr) == "::1");
+    ASSERT_TRUE(server);
+    RendezvousName(server->port, InodeOf(server->tcp), &name, &len);
+    int raw = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    ASSERT_GE(raw, 0);
+    EXPECT_EQ(connect(raw, reinterpret_cast<sockaddr*>(&name), len), 0) << std::strerror(errno);
+    close(raw);
+    server->rv->Drain();
+    uint64_t member = 0;
+    const char* to = std::string(addr) == "::" ? "127.0.0.1" : addr;
+    int sock = FindRendezvous(Sa(server->To(to)), nullptr, &member);
+    EXPECT_GE(sock, 0) << std::strerror(-sock);
+    EXPECT_EQ(member, InodeOf(server->tcp));
+    if (sock >= 0) close(sock);
+  }
 }
 
 TEST(RendezvousFindTest, NothingPublishedMeansRefusedAndNoLeak) {
@@ -797,33 +805,33 @@ TEST(RendezvousFindTest, RendezvousWithoutATcpListenerIsRefused) {
     const int before = CountOpenFds();
     EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -ECONNREFUSED);
     EXPECT_EQ(CountOpenFds(), before);
-    // Once something listens, the same rendezvous is found.
-    CloseIf(&server->tcp);
-    server->tcp = TcpSocket(server->To(addr), false, true);
-    ASSERT_GE(server->tcp, 0) << std::strerror(-server->tcp);
+    // Once the socket listens, its rendezvous is found.
+    ASSERT_EQ(listen(server->tcp, 16), 0);
     int sock = FindRendezvous(Sa(server->To("127.0.0.1")));
     EXPECT_GE(sock, 0) << std::strerror(-sock);
     if (sock >= 0) close(sock);
   }
 }
 
-TEST(RendezvousFindTest, SecondPublishOfTheSameNameFails) {
+TEST(RendezvousFindTest, SecondPublishForTheSameSocketFails) {
   auto server = StartServer("127.0.0.1", "127.0.0.1");
   ASSERT_TRUE(server);
   int error = 0;
-  EXPECT_EQ(Publish(server->To("127.0.0.1"), false, &error), nullptr);
+  EXPECT_EQ(Publish(server->tcp, &error), nullptr);
   EXPECT_EQ(error, -EADDRINUSE);
-  // Another scope of the same port is another name.
-  auto wildcard = Publish(server->To("0.0.0.0"), false, &error);
-  EXPECT_TRUE(wildcard) << std::strerror(-error);
+  // Another socket on another port is another name.
+  auto other = StartServer("127.0.0.1", nullptr);
+  ASSERT_TRUE(other);
+  auto second = Publish(other->tcp, &error);
+  EXPECT_TRUE(second) << std::strerror(-error);
   // Once the first is gone, its name can be published again.
   server->rv.reset();
-  auto again = Publish(server->To("127.0.0.1"), false, &error);
+  auto again = Publish(server->tcp, &error);
   EXPECT_TRUE(again) << std::strerror(-error);
 }
 
-// A registration through what FindRendezvous finds for `dest`, for a real connection to
-// `dest`, ends up in `rv`'s table (and in no other).
+// A registration through what FindRendezvous finds for `dest` (from the connection's own
+// source), for a real connection to `dest`, ends up in `rv`'s table (and in no other).
 ::testing::AssertionResult Reaches(const sockaddr_storage& dest, Rendezvous* rv,
                                    Rendezvous* not_rv = nullptr) {
   TcpClient tcp(dest);
@@ -833,8 +841,7 @@ TEST(RendezvousFindTest, SecondPublishOfTheSameNameFails) {
   Offer offer;
   Answer a = RegisterVia(rv, dest, client, server, &offer);
   if (not_rv) not_rv->Drain();
-  if (!IsAccept(a, offer.nonce))
-    return ::testing::AssertionFailure() << "registration: " << Describe(a);
+  if (!IsKept(a)) return ::testing::AssertionFailure() << "registration: " << Describe(a);
   Registration reg;
   if (not_rv && not_rv->Take(client, server, &reg))
     return ::testing::AssertionFailure() << "reached the other rendezvous";
@@ -866,8 +873,8 @@ TEST(RendezvousFindTest, ExactListenerIsPreferredOverTheWildcard) {
     int error = 0;
     if (wildcard->tcp >= 0 && exact_tcp >= 0 && listen(wildcard->tcp, 16) == 0 &&
         listen(exact_tcp, 16) == 0) {
-      wildcard->rv = Publish(wildcard->To("0.0.0.0"), false, &error);
-      if (wildcard->rv) exact_rv = Publish(wildcard->To("127.0.0.1"), false, &error);
+      wildcard->rv = Publish(wildcard->tcp, &error);
+      if (wildcard->rv) exact_rv = Publish(exact_tcp, &error);
     }
     if (!exact_rv) CloseIf(&exact_tcp);
   }
@@ -878,27 +885,31 @@ TEST(RendezvousFindTest, ExactListenerIsPreferredOverTheWildcard) {
   close(exact_tcp);
 }
 
-TEST(RendezvousFindTest, OnlyTheListenersOwnNameCounts) {
-  {
-    // The TCP listener is 127.0.0.1's; a wildcard rendezvous is not its.
-    auto server = StartServer("127.0.0.1", "0.0.0.0");
-    ASSERT_TRUE(server);
-    EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -ECONNREFUSED);
-    int error = 0;
-    auto exact = Publish(server->To("127.0.0.1"), false, &error);
-    ASSERT_TRUE(exact) << std::strerror(-error);
-    EXPECT_TRUE(Reaches(server->To("127.0.0.1"), exact.get(), server->rv.get()));
+TEST(RendezvousFindTest, OnlyTheListenersOwnRendezvousCounts) {
+  // Two sockets share the port (SO_REUSEPORT); only one listens. The other's rendezvous is
+  // not the listener's, so a client finds none until the listener publishes its own.
+  std::unique_ptr<Server> server;
+  int idle = -1;
+  for (int attempt = 0; attempt < 50 && idle < 0; ++attempt) {
+    server = std::make_unique<Server>();
+    server->port = RandomPort();
+    server->tcp = TcpSocket(server->To("127.0.0.1"), false, false, /*reuseport=*/true);
+    idle = TcpSocket(server->To("127.0.0.1"), false, false, /*reuseport=*/true);
+    if (server->tcp < 0 || idle < 0 || listen(server->tcp, 16) != 0) {
+      CloseIf(&server->tcp);
+      CloseIf(&idle);
+    }
   }
-  {
-    // The TCP listener is the wildcard; an exact rendezvous (found first) is not its.
-    auto server = StartServer("0.0.0.0", "127.0.0.1");
-    ASSERT_TRUE(server);
-    EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -ECONNREFUSED);
-    int error = 0;
-    auto any = Publish(server->To("0.0.0.0"), false, &error);
-    ASSERT_TRUE(any) << std::strerror(-error);
-    EXPECT_TRUE(Reaches(server->To("127.0.0.1"), any.get(), server->rv.get()));
-  }
+  ASSERT_GE(idle, 0);
+  int error = 0;
+  auto idle_rv = Publish(idle, &error);
+  ASSERT_TRUE(idle_rv) << std::strerror(-error);
+  EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -ECONNREFUSED);
+  server->rv = Publish(server->tcp, &error);
+  ASSERT_TRUE(server->rv) << std::strerror(-error);
+  EXPECT_TRUE(Reaches(server->To("127.0.0.1"), server->rv.get(), idle_rv.get()));
+  idle_rv.reset();
+  close(idle);
 }
 
 TEST(RendezvousFindTest, DualStackWildcardServesIpv4ButV6OnlyDoesNot) {
@@ -915,67 +926,87 @@ TEST(RendezvousFindTest, DualStackWildcardServesIpv4ButV6OnlyDoesNot) {
     EXPECT_EQ(FindRendezvous(Sa(v6only->To("127.0.0.1"))), -ECONNREFUSED);
     EXPECT_TRUE(Reaches(v6only->To("::1"), v6only->rv.get()));
   }
-  {
-    // A rendezvous that says v6-only, for a listener that is dual-stack: not its name.
-    auto server = StartServer("::", nullptr, /*v6only=*/false);
-    ASSERT_TRUE(server);
-    int error = 0;
-    auto rv = Publish(server->To("::"), /*v6only=*/true, &error);
-    ASSERT_TRUE(rv) << std::strerror(-error);
-    EXPECT_EQ(FindRendezvous(Sa(server->To("::1"))), -ECONNREFUSED);
-    EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -ECONNREFUSED);
+}
+
+// SO_REUSEPORT: every member publishes its own rendezvous, and asked from the client's
+// bound source, the kernel names the member that the SYN from there reaches (the same hash
+// of the 4-tuple), so the registration goes to the process that will accept.
+TEST(RendezvousFindTest, EachSynReachesTheReuseportMemberFoundFromItsSource) {
+  constexpr int kMembers = 3;
+  constexpr int kClients = 40;
+  std::vector<int> members;
+  uint16_t port = 0;
+  for (int attempt = 0; attempt < 50 && int(members.size()) < kMembers; ++attempt) {
+    for (int fd : members) close(fd);
+    members.clear();
+    port = RandomPort();
+    for (int i = 0; i < kMembers; ++i) {
+      const int fd = TcpSocket(Addr("127.0.0.1", port), false, true, /*reuseport=*/true);
+      if (fd < 0) break;
+      members.push_back(fd);
+    }
   }
+  ASSERT_EQ(int(members.size()), kMembers);
+  std::vector<std::unique_ptr<Rendezvous>> rvs;
+  for (int fd : members) {
+    ASSERT_EQ(fcntl(fd, F_SETFL, O_NONBLOCK), 0);  // (accept4's flag is for the new socket)
+    int error = 0;
+    rvs.push_back(Publish(fd, &error));
+    ASSERT_TRUE(rvs.back()) << std::strerror(-error);
+  }
+  const sockaddr_storage dest = Addr("127.0.0.1", port);
+  std::vector<int> hits(kMembers, 0);
+  for (int c = 0; c < kClients; ++c) {
+    sockaddr_storage local{};
+    const int tcp = BindLoopback(&local);
+    ASSERT_GE(tcp, 0);
+    uint64_t member = 0;
+    const int sock = FindRendezvous(Sa(dest), Sa(local), &member);
+    ASSERT_GE(sock, 0) << std::strerror(-sock);
+    close(sock);
+    ASSERT_EQ(connect(tcp, Sa(dest), Len(dest)), 0);
+    int taker = -1;
+    for (int i = 0; i < kMembers && taker < 0; ++i) {
+      const int conn = accept4(members[i], nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (conn < 0) continue;
+      close(conn);
+      taker = i;
+    }
+    ASSERT_GE(taker, 0);
+    EXPECT_EQ(member, InodeOf(members[taker])) << "client " << c;
+    ++hits[taker];
+    close(tcp);
+  }
+  // (The hash spreads them: a member that got none would make the test moot.)
+  for (int i = 0; i < kMembers; ++i) EXPECT_GT(hits[i], 0) << "member " << i;
+  rvs.clear();
+  for (int fd : members) close(fd);
 }
 
 TEST(RendezvousFindTest, ARendezvousHeldByAnotherUidIsNeverUsed) {
   SKIP_UNLESS_ROOT();
   WarmUpNetlink();
   // The TCP listener is ours (root); the listener's rendezvous name is held by nobody.
-  {
-    std::unique_ptr<Server> server;
-    Squatter squatter;
-    bool started = false;
-    for (int attempt = 0; attempt < 20 && !started; ++attempt) {
-      server = StartServer("127.0.0.1", nullptr);
-      ASSERT_TRUE(server);
-      sockaddr_un name;
-      socklen_t len;
-      const sockaddr_storage local = server->To("127.0.0.1");
-      ASSERT_TRUE(RendezvousNameFor(Sa(local), false, &name, &len));
-      started = squatter.Start(name, len, kNobody);
-    }
-    ASSERT_TRUE(started);
-    const int before = CountOpenFds();
-    EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -EPERM);
-    EXPECT_EQ(FindRendezvous(Sa(server->To("::ffff:127.0.0.1"))), -EPERM);
-    EXPECT_EQ(CountOpenFds(), before);
-    Squatter::Report report = squatter.Finish();
-    EXPECT_GE(report.accepted, 1) << "the client never reached the squatter: the test is moot";
-    EXPECT_EQ(report.bytes, 0);
-    EXPECT_EQ(report.fds, 0);
+  std::unique_ptr<Server> server;
+  Squatter squatter;
+  bool started = false;
+  for (int attempt = 0; attempt < 20 && !started; ++attempt) {
+    server = StartServer("127.0.0.1", nullptr);
+    ASSERT_TRUE(server);
+    sockaddr_un name;
+    socklen_t len;
+    RendezvousName(server->port, InodeOf(server->tcp), &name, &len);
+    started = squatter.Start(name, len, kNobody);
   }
-  // The TCP listener is the wildcard, with its own rendezvous; a squatter on the more
-  // specific name (which clients try first) is passed over.
-  {
-    std::unique_ptr<Server> server;
-    Squatter squatter;
-    bool started = false;
-    for (int attempt = 0; attempt < 20 && !started; ++attempt) {
-      server = StartServer("0.0.0.0", "0.0.0.0");
-      ASSERT_TRUE(server);
-      sockaddr_un name;
-      socklen_t len;
-      const sockaddr_storage exact = server->To("127.0.0.1");
-      ASSERT_TRUE(RendezvousNameFor(Sa(exact), false, &name, &len));
-      started = squatter.Start(name, len, kNobody);
-    }
-    ASSERT_TRUE(started);
-    EXPECT_TRUE(Reaches(server->To("127.0.0.1"), server->rv.get()));
-    Squatter::Report report = squatter.Finish();
-    EXPECT_GE(report.accepted, 1) << "the client never tried the squatter: the test is moot";
-    EXPECT_EQ(report.bytes, 0);
-    EXPECT_EQ(report.fds, 0);
-  }
+  ASSERT_TRUE(started);
+  const int before = CountOpenFds();
+  EXPECT_EQ(FindRendezvous(Sa(server->To("127.0.0.1"))), -EPERM);
+  EXPECT_EQ(FindRendezvous(Sa(server->To("::ffff:127.0.0.1"))), -EPERM);
+  EXPECT_EQ(CountOpenFds(), before);
+  Squatter::Report report = squatter.Finish();
+  EXPECT_GE(report.accepted, 1) << "the client never reached the squatter: the test is moot";
+  EXPECT_EQ(report.bytes, 0);
+  EXPECT_EQ(report.fds, 0);
 }
 
 // ---------------------------------------------------------------------------- registering
@@ -1019,9 +1050,14 @@ class RendezvousRegistrationTest : public ::testing::Test {
   std::vector<TcpClient> clients_;
 };
 
-TEST_F(RendezvousRegistrationTest, AcceptIsTheOneAnswerAndTakeReturnsAHeldStream) {
+TEST_F(RendezvousRegistrationTest, KeptUnansweredThenTakenOnTheRingsAndCommitAnswersAccept) {
   Offer offer;
-  ASSERT_TRUE(IsAccept(Register(&offer), offer.nonce));
+  ASSERT_EQ(PrepareOffer(kRing, &offer), 0);
+  const int sock = Connect();
+  ASSERT_GE(sock, 0);
+  ASSERT_EQ(SendRegister(sock, offer, client_ep_, server_ep_), 0);
+  rv_->Drain();
+  ASSERT_TRUE(IsKept(ReadAnswer(sock, kQuietMs)));  // nobody accepted it yet
 
   Registration reg;
   EXPECT_FALSE(rv_->Take(NewClient(), server_ep_, &reg));  // a connection nobody registered
@@ -1041,6 +1077,7 @@ TEST_F(RendezvousRegistrationTest, AcceptIsTheOneAnswerAndTakeReturnsAHeldStream
   EXPECT_GE(reg.anchor_slot, 0);
   EXPECT_TRUE(IsOpen(reg.anchor_slot));
   EXPECT_TRUE(fcntl(reg.anchor_slot, F_GETFD) & FD_CLOEXEC);
+  EXPECT_GE(reg.answer, 0);
   EXPECT_EQ(reg.proxy_a, reg.stream->proxy_a());
   EXPECT_TRUE(IsSocket(reg.proxy_a));
   EXPECT_EQ(reg.ReadClaim(), Claim::kOpen);
@@ -1049,17 +1086,25 @@ TEST_F(RendezvousRegistrationTest, AcceptIsTheOneAnswerAndTakeReturnsAHeldStream
   ClaimOf(offer).store(uint32_t(Claim::kWithdrawn));
   EXPECT_EQ(reg.ReadClaim(), Claim::kWithdrawn);
   ClaimOf(offer).store(uint32_t(Claim::kOpen));
-  // Its stream is held: no bytes, no space, a deadline to settle by.
+  // Its stream is on the rings from the start: no deadline, the whole ring free.
   Channel* channel = reg.stream->channel();
   EXPECT_EQ(channel->ring_size(), kRing);
-  EXPECT_NE(channel->control()->SettleDeadline(), 0u);
+  EXPECT_EQ(channel->control()->SettleDeadline(), 0u);
   EXPECT_EQ(channel->RxProduced(), 0u);
-  EXPECT_EQ(channel->TxConsumed(), uint64_t(0) - kRing);
+  EXPECT_EQ(channel->TxConsumed(), 0u);
   EXPECT_EQ(reg.stream->ReadableBytes(), 0u);
 
   // Taken out: not found twice.
   Registration again;
   EXPECT_FALSE(rv_->Take(client_ep_, server_ep_, &again));
+
+  // The accepting process claims it, and only then says ACCEPT (once, then EOF).
+  ASSERT_TRUE(reg.Commit());
+  EXPECT_EQ(ClaimValue(offer), Claim::kTaken);
+  EXPECT_EQ(reg.answer, -1);
+  EXPECT_TRUE(IsAccept(ReadAnswer(sock), offer.nonce));
+  EXPECT_EQ(reg.Abandon(), Claim::kTaken);  // taken: it may not be handed over as plain
+  close(sock);
 }
 
 TEST_F(RendezvousRegistrationTest, RegistrationWrittenAfterAnEarlierDrainIsFound) {
@@ -1073,7 +1118,7 @@ TEST_F(RendezvousRegistrationTest, RegistrationWrittenAfterAnEarlierDrainIsFound
   EXPECT_EQ(poll(&pfd, 1, 2000), 1) << "the waiting connection is not watched";
   Registration reg;
   EXPECT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
-  EXPECT_TRUE(IsAccept(ReadAnswer(sock), offer.nonce));
+  EXPECT_TRUE(IsKept(ReadAnswer(sock, kQuietMs)));
   close(sock);
 }
 
@@ -1119,7 +1164,7 @@ TEST_F(RendezvousRegistrationTest, UnusableRegionOrProxiesAreDeclinedWithBadRegi
   ASSERT_GE(sock, 0);
   ASSERT_EQ(SendRegister(sock, offer, client_ep_, server_ep_), 0);
   rv_->Drain();
-  EXPECT_TRUE(IsAccept(ReadAnswer(sock), offer.nonce));
+  EXPECT_TRUE(IsKept(ReadAnswer(sock, kQuietMs)));
   close(sock);
 }
 
@@ -1151,7 +1196,7 @@ TEST_F(RendezvousRegistrationTest, ShortOfDescriptorsIsDeclinedWithDescriptors) 
     ASSERT_GE(sock, 0);
     ASSERT_EQ(SendRegister(sock, offer, client_ep_, server_ep_), 0);
     rv_->Drain();
-    EXPECT_TRUE(IsAccept(ReadAnswer(sock), offer.nonce));
+    EXPECT_TRUE(IsKept(ReadAnswer(sock, kQuietMs)));
     close(sock);
     EXPECT_TRUE(rv_->Take(client_ep_, server_ep_, &taken));
   }
@@ -1208,7 +1253,7 @@ TEST_F(RendezvousRegistrationTest, DescriptorsTheKernelCannotInstallAreDeclinedW
   Registration taken;
   EXPECT_FALSE(rv_->Take(client_ep_, server_ep_, &taken));
   Answer again = RegisterVia(rv_, dest_, client_ep_, server_ep_, &offer);
-  EXPECT_TRUE(IsAccept(again, offer.nonce));
+  EXPECT_TRUE(IsKept(again));
 }
 
 TEST_F(RendezvousRegistrationTest, MalformedMessagesAreDroppedWithoutLeaks) {
@@ -1311,7 +1356,7 @@ TEST_F(RendezvousRegistrationTest, MalformedMessagesAreDroppedWithoutLeaks) {
   ASSERT_GE(sock, 0);
   ASSERT_EQ(SendRegister(sock, offer, client_ep_, server_ep_), 0);
   rv_->Drain();
-  EXPECT_TRUE(IsAccept(ReadAnswer(sock), offer.nonce));
+  EXPECT_TRUE(IsKept(ReadAnswer(sock, kQuietMs)));
   close(sock);
   Registration reg;
   EXPECT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
@@ -1357,7 +1402,7 @@ TEST_F(RendezvousRegistrationTest, FourRegistrationsPerTupleAndThoseGoneMakeRoom
     SCOPED_TRACE(i);
     {
       const Answer a = register_one();
-      EXPECT_TRUE(IsAccept(a, offers.back()->nonce));
+      EXPECT_TRUE(IsKept(a));
     }
   }
   {
@@ -1367,13 +1412,13 @@ TEST_F(RendezvousRegistrationTest, FourRegistrationsPerTupleAndThoseGoneMakeRoom
   // Another 4-tuple is not affected.
   Offer other;
   const wire::Endpoint other_ep = NewClient();
-  EXPECT_TRUE(IsAccept(Register(&other, other_ep), other.nonce));
+  EXPECT_TRUE(IsKept(Register(&other, other_ep)));
 
   // A withdrawn registration can no longer be confirmed: it makes room.
   ClaimWithdraw(offers[1].get());
   {
     const Answer a = register_one();
-    EXPECT_TRUE(IsAccept(a, offers.back()->nonce));
+    EXPECT_TRUE(IsKept(a));
   }  // [5]
   {
     const Answer a = register_one();
@@ -1383,10 +1428,10 @@ TEST_F(RendezvousRegistrationTest, FourRegistrationsPerTupleAndThoseGoneMakeRoom
   ClaimOf(*offers[2]).store(uint32_t(Claim::kAbandoned));
   {
     const Answer a = register_one();
-    EXPECT_TRUE(IsAccept(a, offers.back()->nonce));
+    EXPECT_TRUE(IsKept(a));
   }  // [7]
   // A confirmed one does not.
-  ClaimOf(*offers[3]).store(uint32_t(Claim::kConfirmed));
+  ClaimOf(*offers[3]).store(uint32_t(Claim::kTaken));
   {
     const Answer a = register_one();
     EXPECT_TRUE(IsDecline(a, offers.back()->nonce, wire::DeclineReason::kBusy));
@@ -1401,9 +1446,9 @@ TEST_F(RendezvousRegistrationTest, FourRegistrationsPerTupleAndThoseGoneMakeRoom
             live.end());
   for (size_t i : live) {
     if (offers[i]->nonce == reg.msg.nonce) {
-      EXPECT_EQ(ClaimValue(*offers[i]), i == 3 ? Claim::kConfirmed : Claim::kOpen);
+      EXPECT_EQ(ClaimValue(*offers[i]), i == 3 ? Claim::kTaken : Claim::kOpen);
     } else {
-      EXPECT_EQ(ClaimValue(*offers[i]), i == 3 ? Claim::kConfirmed : Claim::kAbandoned) << i;
+      EXPECT_EQ(ClaimValue(*offers[i]), i == 3 ? Claim::kTaken : Claim::kAbandoned) << i;
     }
   }
   Registration again;
@@ -1424,11 +1469,10 @@ TEST_F(RendezvousRegistrationTest, TakePicksTheRegistrationOfTheClientSocketsOwn
     // Root's socket; root registered first, the forger (another uid) after it.
     const wire::Endpoint client = NewClient();
     Offer mine;
-    ASSERT_TRUE(IsAccept(RegisterVia(rv_, dest_, client, server_ep_, &mine), mine.nonce));
+    ASSERT_TRUE(IsKept(RegisterVia(rv_, dest_, client, server_ep_, &mine)));
     SleepMs(3);
     uint64_t forged_nonce = 0;
-    ASSERT_TRUE(
-        IsAccept(nobody.Register(rv_, dest_, client, server_ep_, &forged_nonce), forged_nonce));
+    ASSERT_TRUE(IsKept(nobody.Register(rv_, dest_, client, server_ep_, &forged_nonce)));
     Registration reg;
     ASSERT_TRUE(rv_->Take(client, server_ep_, &reg));
     EXPECT_EQ(reg.uid, 0u);
@@ -1443,10 +1487,10 @@ TEST_F(RendezvousRegistrationTest, TakePicksTheRegistrationOfTheClientSocketsOwn
     wire::Endpoint client = nobody.Connect(dest_);
     ASSERT_NE(client.port, 0);
     uint64_t its_nonce = 0;
-    ASSERT_TRUE(IsAccept(nobody.Register(rv_, dest_, client, server_ep_, &its_nonce), its_nonce));
+    ASSERT_TRUE(IsKept(nobody.Register(rv_, dest_, client, server_ep_, &its_nonce)));
     SleepMs(3);
     Offer forged;
-    ASSERT_TRUE(IsAccept(RegisterVia(rv_, dest_, client, server_ep_, &forged), forged.nonce));
+    ASSERT_TRUE(IsKept(RegisterVia(rv_, dest_, client, server_ep_, &forged)));
     Registration reg;
     ASSERT_TRUE(rv_->Take(client, server_ep_, &reg));
     EXPECT_EQ(reg.uid, kNobody);
@@ -1458,9 +1502,9 @@ TEST_F(RendezvousRegistrationTest, TakePicksTheRegistrationOfTheClientSocketsOwn
     // Two of root's own for root's socket (not told apart): the newest.
     const wire::Endpoint client = NewClient();
     Offer older, newer;
-    ASSERT_TRUE(IsAccept(RegisterVia(rv_, dest_, client, server_ep_, &older), older.nonce));
+    ASSERT_TRUE(IsKept(RegisterVia(rv_, dest_, client, server_ep_, &older)));
     SleepMs(3);
-    ASSERT_TRUE(IsAccept(RegisterVia(rv_, dest_, client, server_ep_, &newer), newer.nonce));
+    ASSERT_TRUE(IsKept(RegisterVia(rv_, dest_, client, server_ep_, &newer)));
     Registration reg;
     ASSERT_TRUE(rv_->Take(client, server_ep_, &reg));
     EXPECT_EQ(reg.msg.nonce, newer.nonce);
@@ -1477,8 +1521,7 @@ TEST_F(RendezvousRegistrationTest, ARegistrationOfAnotherUidThanTheClientSockets
   ASSERT_TRUE(nobody.ok());
   const wire::Endpoint client = NewClient();  // root's socket, registered by nobody alone
   uint64_t forged_nonce = 0;
-  ASSERT_TRUE(
-      IsAccept(nobody.Register(rv_, dest_, client, server_ep_, &forged_nonce), forged_nonce));
+  ASSERT_TRUE(IsKept(nobody.Register(rv_, dest_, client, server_ep_, &forged_nonce)));
   Registration reg;
   EXPECT_FALSE(rv_->Take(client, server_ep_, &reg));
   EXPECT_FALSE(reg.stream);
@@ -1496,7 +1539,7 @@ TEST_F(RendezvousRegistrationTest, ARegistrationWithoutAConnectionIsNeverTaken) 
   ASSERT_GE(bound, 0) << std::strerror(-bound);
   const wire::Endpoint client = Ep(local);
   Offer offer;
-  ASSERT_TRUE(IsAccept(Register(&offer, client), offer.nonce));
+  ASSERT_TRUE(IsKept(Register(&offer, client)));
   Registration reg;
   EXPECT_FALSE(rv_->Take(client, server_ep_, &reg));
   EXPECT_EQ(ClaimValue(offer), Claim::kAbandoned);
@@ -1545,9 +1588,7 @@ TEST(RendezvousQuotaTest, PerUidLimitCapacityAndEviction) {
   std::vector<std::unique_ptr<Offer>> root;
   for (size_t i = 0; i < per_uid; ++i) {
     root.push_back(std::make_unique<Offer>());
-    ASSERT_TRUE(IsAccept(RegisterVia(rv, dest, root_client(i), server_ep, root.back().get()),
-                         root.back()->nonce))
-        << i;
+    ASSERT_TRUE(IsKept(RegisterVia(rv, dest, root_client(i), server_ep, root.back().get()))) << i;
     SleepMs(2);
   }
   {
@@ -1566,23 +1607,21 @@ TEST(RendezvousQuotaTest, PerUidLimitCapacityAndEviction) {
   int nobody_count = 0;
   for (size_t i = per_uid; i < kCapacity; ++i) {
     uint64_t nonce = 0;
-    ASSERT_TRUE(
-        IsAccept(nobody.Register(rv, dest, nobody_client(nobody_count), server_ep, &nonce), nonce))
+    ASSERT_TRUE(IsKept(nobody.Register(rv, dest, nobody_client(nobody_count), server_ep, &nonce)))
         << i;
     ++nobody_count;
   }
   // The table is full. Root's two oldest are confirmed by their client.
-  ClaimOf(*root[0]).store(uint32_t(Claim::kConfirmed));
-  ClaimOf(*root[1]).store(uint32_t(Claim::kConfirmed));
+  ClaimOf(*root[0]).store(uint32_t(Claim::kTaken));
+  ClaimOf(*root[1]).store(uint32_t(Claim::kTaken));
   // The lighter uid makes root's oldest unconfirmed registration give way, one at a time.
   for (size_t victim : {size_t(2), size_t(3)}) {
     SCOPED_TRACE(victim);
     uint64_t nonce = 0;
-    EXPECT_TRUE(
-        IsAccept(nobody.Register(rv, dest, nobody_client(nobody_count), server_ep, &nonce), nonce));
+    EXPECT_TRUE(IsKept(nobody.Register(rv, dest, nobody_client(nobody_count), server_ep, &nonce)));
     ++nobody_count;
     for (size_t i = 0; i < root.size(); ++i) {
-      const Claim want = i < 2 ? Claim::kConfirmed : i <= victim ? Claim::kAbandoned : Claim::kOpen;
+      const Claim want = i < 2 ? Claim::kTaken : i <= victim ? Claim::kAbandoned : Claim::kOpen;
       EXPECT_EQ(ClaimValue(*root[i]), want) << i;
     }
   }
@@ -1594,14 +1633,14 @@ TEST(RendezvousQuotaTest, PerUidLimitCapacityAndEviction) {
   }
   for (int i = 0; i < nobody_count; ++i) EXPECT_EQ(nobody.ReadClaim(i), Claim::kOpen) << i;
   // Confirmed registrations never give way: with all of root's confirmed, nothing can.
-  for (size_t i = 4; i < root.size(); ++i) ClaimOf(*root[i]).store(uint32_t(Claim::kConfirmed));
+  for (size_t i = 4; i < root.size(); ++i) ClaimOf(*root[i]).store(uint32_t(Claim::kTaken));
   {
     uint64_t nonce = 0;
     EXPECT_TRUE(IsDecline(nobody.Register(rv, dest, nobody_client(nobody_count), server_ep, &nonce),
                           nonce, wire::DeclineReason::kBusy));
   }
   for (size_t i = 0; i < root.size(); ++i) {
-    EXPECT_EQ(ClaimValue(*root[i]), i == 2 || i == 3 ? Claim::kAbandoned : Claim::kConfirmed) << i;
+    EXPECT_EQ(ClaimValue(*root[i]), i == 2 || i == 3 ? Claim::kAbandoned : Claim::kTaken) << i;
   }
   // What the table holds: the evicted are gone, the confirmed are there.
   Registration reg;
@@ -1613,7 +1652,7 @@ TEST(RendezvousQuotaTest, PerUidLimitCapacityAndEviction) {
   EXPECT_EQ(reg.uid, kNobody);
   // One entry free again: root may register.
   Offer last;
-  EXPECT_TRUE(IsAccept(RegisterVia(rv, dest, root_client(102), server_ep, &last), last.nonce));
+  EXPECT_TRUE(IsKept(RegisterVia(rv, dest, root_client(102), server_ep, &last)));
 }
 
 // ---------------------------------------------------------------------------- Registration
@@ -1632,7 +1671,8 @@ TEST_F(RendezvousRegistrationTest, ClaimReadAndAbandonSemantics) {
     uint32_t after;
   } cases[] = {
       {"open", 0, Claim::kOpen, Claim::kAbandoned, 3},
-      {"confirmed", 1, Claim::kConfirmed, Claim::kConfirmed, 1},
+      // (taken as the client wrote it, not by this end's Commit: not the rings')
+      {"taken by the client", 1, Claim::kTaken, Claim::kAbandoned, 1},
       {"withdrawn", 2, Claim::kWithdrawn, Claim::kWithdrawn, 2},
       {"abandoned", 3, Claim::kAbandoned, Claim::kAbandoned, 3},
       {"garbage", 77, Claim::kOpen, Claim::kAbandoned, 77},
@@ -1641,7 +1681,7 @@ TEST_F(RendezvousRegistrationTest, ClaimReadAndAbandonSemantics) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     Offer offer;
-    ASSERT_TRUE(IsAccept(Register(&offer), offer.nonce));
+    ASSERT_TRUE(IsKept(Register(&offer)));
     Registration reg;
     ASSERT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
     ClaimOf(offer).store(c.before);
@@ -1652,7 +1692,7 @@ TEST_F(RendezvousRegistrationTest, ClaimReadAndAbandonSemantics) {
   }
   // Abandoned first, the client can no longer withdraw or confirm.
   Offer offer;
-  ASSERT_TRUE(IsAccept(Register(&offer), offer.nonce));
+  ASSERT_TRUE(IsKept(Register(&offer)));
   Registration reg;
   ASSERT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
   EXPECT_EQ(reg.Abandon(), Claim::kAbandoned);
@@ -1663,7 +1703,7 @@ TEST_F(RendezvousRegistrationTest, ClaimReadAndAbandonSemantics) {
 TEST_F(RendezvousRegistrationTest, MovingKeepsTheClaimAndTheStream) {
   WarmUpNetlink();
   Offer offer;
-  ASSERT_TRUE(IsAccept(Register(&offer), offer.nonce));
+  ASSERT_TRUE(IsKept(Register(&offer)));
   Registration reg;
   ASSERT_TRUE(rv_->Take(client_ep_, server_ep_, &reg));
   std::atomic<uint32_t>* const claim = reg.claim;
@@ -1672,7 +1712,11 @@ TEST_F(RendezvousRegistrationTest, MovingKeepsTheClaimAndTheStream) {
   ASSERT_NE(claim, nullptr);
   ASSERT_NE(stream, nullptr);
 
+  const int answer = reg.answer;
+  EXPECT_GE(answer, 0);
   Registration moved(std::move(reg));
+  EXPECT_EQ(moved.answer, answer);
+  EXPECT_EQ(reg.answer, -1);
   EXPECT_EQ(moved.claim, claim);
   EXPECT_EQ(moved.stream.get(), stream);
   EXPECT_EQ(moved.anchor_slot, anchor);
@@ -1683,8 +1727,8 @@ TEST_F(RendezvousRegistrationTest, MovingKeepsTheClaimAndTheStream) {
   EXPECT_EQ(reg.anchor_slot, -1);
   EXPECT_EQ(reg.proxy_a, -1);
   EXPECT_EQ(reg.ReadClaim(), Claim::kAbandoned);  // nothing to read: as if abandoned
-  ClaimOf(offer).store(uint32_t(Claim::kConfirmed));
-  EXPECT_EQ(moved.ReadClaim(), Claim::kConfirmed);
+  ASSERT_TRUE(moved.Commit());                    // (its own claim moves with it)
+  EXPECT_EQ(moved.ReadClaim(), Claim::kTaken);
 
   Registration assigned;
   assigned = std::move(moved);
@@ -1693,19 +1737,21 @@ TEST_F(RendezvousRegistrationTest, MovingKeepsTheClaimAndTheStream) {
   EXPECT_EQ(assigned.anchor_slot, anchor);
   EXPECT_EQ(moved.claim, nullptr);
   EXPECT_FALSE(moved.stream);
-  EXPECT_EQ(assigned.Abandon(), Claim::kConfirmed);
+  EXPECT_EQ(assigned.Abandon(), Claim::kTaken);
   EXPECT_TRUE(IsOpen(anchor));
 
   // Assigning over a live registration lets go of what it held: the stream's proxy pair,
-  // the client's B, the anchor's slot.
+  // the client's B, the anchor's slot (its rendezvous connection went with its Commit).
   Offer other;
   const wire::Endpoint other_ep = NewClient();
-  ASSERT_TRUE(IsAccept(Register(&other, other_ep), other.nonce));
+  ASSERT_TRUE(IsKept(Register(&other, other_ep)));
   Registration second;
   ASSERT_TRUE(rv_->Take(other_ep, server_ep_, &second));
   const int before = CountOpenFds();
+  EXPECT_GE(second.answer, 0);
   assigned = std::move(second);
   EXPECT_EQ(CountOpenFds(), before - 4);
+  EXPECT_EQ(second.answer, -1);
   EXPECT_FALSE(IsOpen(anchor));
   EXPECT_EQ(assigned.msg.nonce, other.nonce);
   ClaimOf(other).store(uint32_t(Claim::kWithdrawn));
@@ -1767,7 +1813,7 @@ TEST_F(RendezvousRegistrationTest, RegisteredConnectionSettlesEndToEnd) {
   close(tcp);
   int client_a = -1, client_b = -1;
   std::unique_ptr<Channel> client_channel =
-      MakeClientChannel(&offer, sock, kTimeoutMs, &client_a, &client_b);
+      MakeClientChannel(&offer, sock, client_ep, server_ep_, &client_a, &client_b);
   ASSERT_TRUE(client_channel);
   EXPECT_EQ(client_channel->control()->SettleFd(), sock);
   Reason why = Reason::kNone;
@@ -1776,8 +1822,8 @@ TEST_F(RendezvousRegistrationTest, RegisteredConnectionSettlesEndToEnd) {
   Channel* client_ch = client_channel.get();
   Stream client(std::move(client_channel), client_a, client_b, StreamOptions{});
 
-  // The server: accept() takes the registration (answering it), and the TCP socket goes
-  // to the slot kept for it.
+  // The server: accept() takes the registration and claims it (answering ACCEPT), and the
+  // TCP socket goes to the slot kept for it.
   // (The listener's backlog holds the fixture's own connection too: accept this one's.)
   int accepted = -1;
   for (;;) {
@@ -1791,19 +1837,19 @@ TEST_F(RendezvousRegistrationTest, RegisteredConnectionSettlesEndToEnd) {
   }
   Registration reg;
   ASSERT_TRUE(rv_->Take(client_ep, server_ep_, &reg));
+  ASSERT_TRUE(reg.Commit());
   ASSERT_EQ(dup3(accepted, reg.anchor_slot, O_CLOEXEC), reg.anchor_slot);
   close(accepted);
   Channel* server_ch = reg.stream->channel();
-  EXPECT_EQ(server_ch->control()->Settle(sys::MonotonicMs(), &why),
-            ChannelControl::Settlement::kPending);
+  EXPECT_EQ(server_ch->control()->SettleDeadline(), 0u);  // on the rings from the start
 
-  // The client has its ACCEPT: it confirms; the server gets the CONFIRM: both settled.
+  // The client has its ACCEPT, and the claim says taken: settled, with nothing in band.
+  pollfd answered{sock, POLLIN, 0};
+  EXPECT_EQ(poll(&answered, 1, 2000), 1);
   EXPECT_EQ(client_ch->control()->Settle(sys::MonotonicMs(), &why),
             ChannelControl::Settlement::kSettled);
   EXPECT_EQ(client_ch->control()->SettleDeadline(), 0u);
-  EXPECT_EQ(reg.ReadClaim(), Claim::kConfirmed);
-  EXPECT_EQ(server_ch->control()->Settle(sys::MonotonicMs(), &why),
-            ChannelControl::Settlement::kSettled);
+  EXPECT_EQ(reg.ReadClaim(), Claim::kTaken);
   EXPECT_EQ(server_ch->control()->SettleDeadline(), 0u);
   EXPECT_FALSE(server_ch->control()->AnchorCarriesStream());
   EXPECT_TRUE(ExchangeThrough(&client, reg.stream.get(), 100000));
@@ -1860,8 +1906,7 @@ class RendezvousAcceptTest : public ::testing::Test {
     int a = -1, b = -1;
     std::atomic<uint32_t>* claim = nullptr;
     wire::DeclineReason reason = wire::DeclineReason::kUnspecified;
-    std::unique_ptr<Channel> channel =
-        AcceptRegistration(msg_, fds_, -1, false, kTimeoutMs, &a, &b, &claim, &reason);
+    std::unique_ptr<Channel> channel = AcceptRegistration(msg_, fds_, -1, &a, &b, &claim, &reason);
     EXPECT_FALSE(channel) << "accepted";
     EXPECT_EQ(reason, want);
     EXPECT_EQ(a, -1);
@@ -1900,8 +1945,7 @@ TEST_F(RendezvousAcceptTest, AcceptsWhatAClientBuilds) {
   int a = -1, b = -1;
   std::atomic<uint32_t>* claim = nullptr;
   wire::DeclineReason reason = wire::DeclineReason::kUnspecified;
-  std::unique_ptr<Channel> channel =
-      AcceptRegistration(msg_, fds_, -1, false, kTimeoutMs, &a, &b, &claim, &reason);
+  std::unique_ptr<Channel> channel = AcceptRegistration(msg_, fds_, -1, &a, &b, &claim, &reason);
   ASSERT_TRUE(channel) << "reason " << int(reason);
   for (int fd : fds_) EXPECT_EQ(fd, -1);
   EXPECT_EQ(a, given[1]);
@@ -1912,7 +1956,7 @@ TEST_F(RendezvousAcceptTest, AcceptsWhatAClientBuilds) {
   EXPECT_EQ(channel->control()->SettleDeadline(), 0u);  // not held
   ASSERT_NE(claim, nullptr);
   EXPECT_EQ(claim->load(), 0u);
-  ClaimOf(*offer_).store(uint32_t(Claim::kConfirmed));
+  ClaimOf(*offer_).store(uint32_t(Claim::kTaken));
   EXPECT_EQ(claim->load(), 1u);  // the same word, through the server's own mapping
   channel.reset();
   EXPECT_FALSE(IsOpen(given[3]));
@@ -2089,8 +2133,7 @@ TEST_F(RendezvousAcceptTest, RejectsAnotherDescriptorCount) {
 TEST_F(RendezvousAcceptTest, ShrinkingTheRegionAfterAcceptCannotKillTheServer) {
   int a = -1, b = -1;
   wire::DeclineReason reason;
-  std::unique_ptr<Channel> server =
-      AcceptRegistration(msg_, fds_, -1, false, kTimeoutMs, &a, &b, nullptr, &reason);
+  std::unique_ptr<Channel> server = AcceptRegistration(msg_, fds_, -1, &a, &b, nullptr, &reason);
   ASSERT_TRUE(server) << "reason " << int(reason);
   EXPECT_NE(ftruncate(offer_->memfd, 0), 0);
   EXPECT_EQ(errno, EPERM);
@@ -2119,7 +2162,7 @@ TEST_F(RendezvousAcceptTest, TheHeaderIsSnapshottedOnce) {
   int server_a = -1, server_b = -1;
   wire::DeclineReason reason;
   std::unique_ptr<Channel> server_ch =
-      AcceptRegistration(msg_, fds_, -1, false, kTimeoutMs, &server_a, &server_b, nullptr, &reason);
+      AcceptRegistration(msg_, fds_, -1, &server_a, &server_b, nullptr, &reason);
   ASSERT_TRUE(server_ch) << "reason " << int(reason);
   Header().ring_size = 1u << 30;
   Header().magic = 0;
@@ -2128,7 +2171,8 @@ TEST_F(RendezvousAcceptTest, TheHeaderIsSnapshottedOnce) {
 
   RegionHeader* header = &Header();
   int client_a = -1, client_b = -1;
-  std::unique_ptr<Channel> client_ch = MakeClientChannel(offer_.get(), -1, 0, &client_a, &client_b);
+  std::unique_ptr<Channel> client_ch =
+      MakeClientChannel(offer_.get(), -1, {}, {}, &client_a, &client_b);
   ASSERT_TRUE(client_ch);
   Stream server(std::move(server_ch), server_a, server_b, StreamOptions{});
   Stream client(std::move(client_ch), client_a, client_b, StreamOptions{});

@@ -1,14 +1,17 @@
-// Tests for how an shm connection settles (ChannelControl::Settle, shm/channel.cc): the server's
-// channel, installed held until its client's CONFIRM comes in band on the TCP anchor, and
-// the client's, installed before the listener's answer to its registration came on the
-// rendezvous socket. Either ends on the rings (kSettled), on TCP from byte 0 (kPlain), or
-// in a reset; the claim word in the region decides, once, whether a CONFIRM comes.
+// Tests for how an shm connection settles (ChannelControl::Settle, shm/channel.cc). The
+// server's channel carries the stream from the start: its process claimed the region when
+// it accepted. The client's is installed before anybody took its registration; it writes
+// into its ring at once, and settles when the claim word is decided: on the rings when the
+// accepting process took it (its ACCEPT only wakes the client), on TCP from byte 0 when the
+// connection turned out to be another process's (plain bytes or the end from it, accepted
+// and not taken in time, a DECLINE, the listener gone). Nothing of ours ever goes in band.
 //
 // Both ends are built as the shim builds them (PrepareOffer, AcceptRegistration,
-// MakeClientChannel) around a real TCP connection over loopback, whose two sockets are the
-// anchors; a socketpair stands in for the client's rendezvous socket. The control thread's
-// part (calling Settle, and OnAnchorReady once TCP carries the stream) is played by the
-// tests, with the clock passed in: deadlines are reached without waiting for them.
+// MakeClientChannel, Registration::Commit/Abandon) around a real TCP connection over
+// loopback, whose two sockets are the anchors; a socketpair stands in for the client's
+// rendezvous socket. The control thread's part (calling Settle, and OnAnchorReady once TCP
+// carries the stream) is played by the tests, with the clock passed in: deadlines are
+// reached without waiting for them (the kernel's view of the connection is real).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -47,7 +50,6 @@ namespace {
 using Settlement = ChannelControl::Settlement;
 
 constexpr uint32_t kRing = 4096;
-constexpr int kTimeoutMs = 60000;  // never reached by waiting: the tests pass the clock
 
 void CloseIf(int* fd) {
   if (*fd >= 0) close(*fd);
@@ -70,12 +72,6 @@ std::vector<uint8_t> Encode(const wire::Message& msg) {
   buf.resize(wire::EncodeMessage(msg, buf.data(), buf.size()));
   EXPECT_FALSE(buf.empty());
   return buf;
-}
-std::vector<uint8_t> ConfirmBytes(uint64_t nonce, uint32_t ring_size) {
-  wire::Message msg;
-  msg.type = wire::Type::kConfirm;
-  msg.confirm = wire::Confirm{nonce, ring_size};
-  return Encode(msg);
 }
 std::vector<uint8_t> AcceptBytes(uint64_t nonce) {
   wire::Message msg;
@@ -279,6 +275,7 @@ size_t FirstDifference(const std::vector<uint8_t>& a, const std::vector<uint8_t>
 // as AcceptRegistration builds it (anchored on the accepted socket), the client's as
 // MakeClientChannel does (anchored on the connecting socket, put in the offer's slot).
 struct Connection {
+  int listener = -1;
   int tcp_client = -1, tcp_server = -1;
   Offer offer;
   RegionControl* control = nullptr;  // the client's mapping (while the client channel lives)
@@ -294,15 +291,16 @@ struct Connection {
   ~Connection() {
     client.reset();
     server.reset();
-    for (int* fd :
-         {&server_a, &server_b, &client_a, &client_b, &rendezvous, &tcp_client, &tcp_server})
+    for (int* fd : {&server_a, &server_b, &client_a, &client_b, &rendezvous, &tcp_client,
+                    &tcp_server, &listener})
       CloseIf(fd);
   }
 
-  // `held`: the server's channel waits for the CONFIRM; `awaiting`: the client's waits for
-  // the listener's answer (else it is settled from the start).
-  void Init(bool held, bool awaiting) {
-    ASSERT_NO_FATAL_FAILURE(ConnectTcp());
+  // `awaiting`: the client's channel waits for its registration to be decided (else it is
+  // settled from the start). `accepted`: the server's end of the TCP connection was
+  // accepted (else it waits in the listener's queue, and tcp_server is -1 until Accept()).
+  void Init(bool awaiting, bool accepted = true) {
+    ASSERT_NO_FATAL_FAILURE(ConnectTcp(accepted));
     ASSERT_EQ(PrepareOffer(kRing, &offer), 0);
     control = static_cast<RegionControl*>(offer.region);
     msg.nonce = offer.nonce;
@@ -316,8 +314,7 @@ struct Connection {
       ASSERT_GE(fds[i], 0);
     }
     wire::DeclineReason reason = wire::DeclineReason::kUnspecified;
-    server = AcceptRegistration(msg, fds, tcp_server, held, kTimeoutMs, &server_a, &server_b,
-                                &claim, &reason);
+    server = AcceptRegistration(msg, fds, tcp_server, &server_a, &server_b, &claim, &reason);
     ASSERT_TRUE(server) << "reason " << int(reason);
     ASSERT_NE(claim, nullptr);
 
@@ -328,24 +325,48 @@ struct Connection {
       rendezvous_client = pair[0];
       rendezvous = pair[1];
     }
-    client = MakeClientChannel(&offer, rendezvous_client, kTimeoutMs, &client_a, &client_b);
+    sockaddr_storage local{}, peer{};
+    socklen_t llen = sizeof(local), plen = sizeof(peer);
+    ASSERT_EQ(getsockname(tcp_client, reinterpret_cast<sockaddr*>(&local), &llen), 0);
+    ASSERT_EQ(getpeername(tcp_client, reinterpret_cast<sockaddr*>(&peer), &plen), 0);
+    wire::Endpoint client_ep, server_ep;
+    ASSERT_TRUE(wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &client_ep));
+    ASSERT_TRUE(wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&peer), &server_ep));
+    client =
+        MakeClientChannel(&offer, rendezvous_client, client_ep, server_ep, &client_a, &client_b);
     ASSERT_TRUE(client);
     EXPECT_EQ(offer.region, nullptr);  // the channel's now
   }
 
-  void ConnectTcp() {
-    int fds[2];
-    testing::TcpPair(fds);
-    tcp_client = fds[0];
-    tcp_server = fds[1];
+  void ConnectTcp(bool accepted) {
+    sockaddr_in addr;
+    ASSERT_NO_FATAL_FAILURE(testing::LoopbackListener(&listener, &addr, 4));
+    tcp_client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_EQ(connect(tcp_client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    testing::NonBlocking(tcp_client);
     int one = 1;
     setsockopt(tcp_client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (accepted) ASSERT_NO_FATAL_FAILURE(Accept());
+  }
+  void Accept() {
+    tcp_server = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    ASSERT_GE(tcp_server, 0);
+    int one = 1;
     setsockopt(tcp_server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
 
+  // What the listener does with the registration, as its Registration (owning the answer's
+  // end of the rendezvous stand-in): takes it at accept (Commit), or drops it (Abandon).
+  Registration AsRegistration() {
+    Registration reg;
+    reg.msg = msg;
+    reg.claim = claim;
+    reg.answer = rendezvous;
+    rendezvous = -1;
+    return reg;
+  }
+
   Claim ClaimNow() const { return Claim(claim->load()); }
-  // The client's own view of the claim, through its mapping.
-  uint32_t ClientClaim() const { return control->header.claim.load(); }
 
   // The client publishes `bytes` into its ring (as its application's first send would).
   void ClientPublishes(const std::vector<uint8_t>& bytes) {
@@ -355,543 +376,284 @@ struct Connection {
   }
 };
 
+Settlement SettleAt(Channel* ch, uint64_t now_ms, Reason* why) {
+  return ch->control()->Settle(now_ms, why);
+}
 Settlement SettleNow(Channel* ch, Reason* why) {
-  return ch->control()->Settle(sys::MonotonicMs(), why);
+  return SettleAt(ch, sys::MonotonicMs(), why);
 }
 
-// ---------------------------------------------------------------------------- server, held
-
-TEST(ShmSettleServerTest, HeldShowsNoBytesAndNoSpaceUntilTheConfirm) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(/*held=*/true, /*awaiting=*/false));
-  const uint64_t now = sys::MonotonicMs();
-  const uint64_t deadline = c.server->control()->SettleDeadline();
-  EXPECT_GE(deadline, now + kTimeoutMs - 5000);
-  EXPECT_LE(deadline, now + kTimeoutMs);
-  EXPECT_EQ(c.server->control()->SettleFd(), -1);
-  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("hello")));
-  EXPECT_EQ(c.server->RxProduced(), 0u);
-  EXPECT_FALSE(c.server->RxEof());
-  EXPECT_EQ(c.server->TxConsumed(), uint64_t(0) - kRing);  // a full ring: nothing to send
-  EXPECT_FALSE(c.server->TxPeerClosed());
-  EXPECT_TRUE(c.server->control()->AnchorCarriesStream());  // (its bytes are for settling alone)
-  EXPECT_EQ(c.server->Error(), 0);
-  Reason why = Reason::kNone;
-  EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPending);
-  EXPECT_EQ(c.server->control()->SettleDeadline(), deadline);
-  EXPECT_EQ(c.ClaimNow(), Claim::kOpen);
-
-  // Through a Stream, as the application sees it: nothing to read, no room to write.
-  Channel* ch = c.server.get();
-  Stream stream(std::move(c.server), c.server_a, c.server_b, StreamOptions{});
-  c.server_a = c.server_b = -1;
-  uint8_t buf[16];
-  iovec iov{buf, sizeof(buf)};
-  EXPECT_EQ(stream.Recv(&iov, 1, 0, true), -EAGAIN);
-  EXPECT_EQ(stream.Send(&iov, 1, MSG_NOSIGNAL, true), -EAGAIN);
-  EXPECT_EQ(stream.ReadableBytes(), 0u);
-  // Once settled, what the client had published is there, and there is room.
-  SendAll(c.tcp_client, ConfirmBytes(c.offer.nonce, kRing));
-  EXPECT_EQ(ch->control()->Settle(sys::MonotonicMs(), &why), Settlement::kSettled);
-  EXPECT_EQ(stream.Recv(&iov, 1, 0, true), 5);
-  EXPECT_EQ(std::memcmp(buf, "hello", 5), 0);
-  EXPECT_EQ(stream.Send(&iov, 1, MSG_NOSIGNAL, true), ssize_t(sizeof(buf)));
-  EXPECT_EQ(c.client->RxProduced(), sizeof(buf));
+// One message on the client's rendezvous socket (what the listener answered), if any.
+std::vector<uint8_t> AnswerOn(int fd) {
+  std::vector<uint8_t> buf(wire::kMaxMessageSize);
+  const ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT | MSG_PEEK);
+  buf.resize(n > 0 ? size_t(n) : 0);
+  return buf;
 }
 
-TEST(ShmSettleServerTest, ConfirmSettlesAndLeavesWhatFollowsIt) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("hello")));
-  std::vector<uint8_t> wire_bytes = ConfirmBytes(c.offer.nonce, kRing);
-  const std::vector<uint8_t> after = Bytes("after the confirm");
-  wire_bytes.insert(wire_bytes.end(), after.begin(), after.end());
-  SendAll(c.tcp_client, wire_bytes);
+// A connection that went plain: the client's stream continues on TCP, everything it had
+// published first, and both ways carry exactly what was sent.
+void ExpectPlainFromByteZero(Connection* c, const std::vector<uint8_t>& published, uint32_t seed) {
+  EXPECT_TRUE(c->client->control()->AnchorCarriesStream());
+  EXPECT_EQ(c->client->control()->SettleDeadline(), 0u);
+  ChannelEnd client(c->client.get(), published.size());
+  SocketEnd server(c->tcp_server);
+  EXPECT_TRUE(Exchange(&client, &server, 20000, 20000, seed, published));
+}
 
-  Reason why = Reason::kNone;
-  EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kSettled);
-  EXPECT_EQ(why, Reason::kNone);
+// ---------------------------------------------------------------------------- the server
+
+TEST(ShmSettleServerTest, TheServersEndCarriesTheStreamFromTheStartWithNothingInBand) {
+  Connection c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/false));
   EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
   EXPECT_FALSE(c.server->control()->AnchorCarriesStream());
-  EXPECT_EQ(ReadSome(c.tcp_server, after.size()), after);  // exactly the CONFIRM was taken
-  EXPECT_EQ(c.server->RxProduced(), 5u);
-  EXPECT_EQ(std::memcmp(c.server->RxData(), "hello", 5), 0);
-  EXPECT_EQ(c.server->TxConsumed(), 0u);
-  EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kSettled);  // once settled, settled
-  EXPECT_EQ(c.ClaimNow(), Claim::kOpen);
-
-  // The rings carry the stream both ways, many times round.
-  ChannelEnd server(c.server.get(), 0, 0), client(c.client.get(), 5, 0);
-  std::vector<uint8_t> hello = Bytes("hello");
-  EXPECT_TRUE(Exchange(&client, &server, 10 * kRing + 17, 7 * kRing + 3, 1, hello));
+  ChannelEnd client(c.client.get()), server(c.server.get());
+  EXPECT_TRUE(Exchange(&client, &server, 30000, 30000, 11));
   EXPECT_TRUE(NothingToRead(c.tcp_server));
   EXPECT_TRUE(NothingToRead(c.tcp_client));
 }
 
-TEST(ShmSettleServerTest, APartialConfirmIsPending) {
-  const std::vector<uint8_t> probe = ConfirmBytes(1, kRing);
-  for (size_t split : {size_t(1), size_t(wire::kHeaderSize), probe.size() - 1}) {
-    SCOPED_TRACE(split);
-    Connection c;
-    ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-    const std::vector<uint8_t> confirm = ConfirmBytes(c.offer.nonce, kRing);
-    SendAll(c.tcp_client, std::vector<uint8_t>(confirm.begin(), confirm.begin() + split));
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    Reason why = Reason::kNone;
-    EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPending);
-    EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPending);
-    EXPECT_NE(c.server->control()->SettleDeadline(), 0u);
-    SendAll(c.tcp_client, std::vector<uint8_t>(confirm.begin() + split, confirm.end()));
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kSettled);
-    EXPECT_TRUE(NothingToRead(c.tcp_server));
-  }
-}
+// ---------------------------------------------------------------------------- the client
 
-TEST(ShmSettleServerTest, AConfirmForAnotherRegistrationResets) {
-  struct Case {
-    const char* what;
-    uint64_t nonce_xor;
-    uint32_t ring;
-  } cases[] = {{"another nonce", 0x10, kRing}, {"another ring size", 0, 2 * kRing}};
-  for (const Case& k : cases) {
-    SCOPED_TRACE(k.what);
-    Connection c;
-    ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-    ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("hello")));
-    SendAll(c.tcp_client, ConfirmBytes(c.offer.nonce ^ k.nonce_xor, k.ring));
-    Reason why = Reason::kNone;
-    EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kReset);
-    EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
-    EXPECT_EQ(c.server->RxProduced(), 0u);  // nothing of the region's
-  }
-}
-
-TEST(ShmSettleServerTest, PlainBytesFirstMakeItPlainWithEveryByteDelivered) {
+TEST(ShmSettleClientTest, UntakenItIsPendingOnTheRingsAndTheTakerReadsWhatItWrote) {
   Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-  // Whoever registered this 4-tuple also put bytes in the region: they are not this
-  // connection's, and must not appear.
-  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("region bytes")));
-  const std::vector<uint8_t> first = Bytes("GET / HTTP/1.1\r\n");
-  SendAll(c.tcp_client, first);
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  Reason why = Reason::kNone;
-  EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPlain);
-  EXPECT_EQ(why, Reason::kPeerNotSlipstream);
-  EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
-  EXPECT_TRUE(c.server->control()->AnchorCarriesStream());
-  // The control thread hands the anchor's readiness to the channel from now on.
-  c.server->control()->OnAnchorReady(EPOLLIN | EPOLLOUT);
-  ASSERT_EQ(c.server->RxProduced(), first.size());
-  EXPECT_EQ(std::memcmp(c.server->RxData(), first.data(), first.size()), 0);
-
-  // Byte-exact both ways over TCP, in random pieces, far more than a ring.
-  ChannelEnd server(c.server.get());
-  SocketEnd peer(c.tcp_client);
-  EXPECT_TRUE(Exchange(&peer, &server, 300000, 250000, 7, first));
-  // The server's end of the stream goes to TCP as a FIN.
-  c.server->CloseTx();
-  EXPECT_TRUE(ReadSome(c.tcp_client, 1).empty());
-  char ch;
-  EXPECT_EQ(recv(c.tcp_client, &ch, 1, MSG_DONTWAIT), 0);
-  // And the client's.
-  shutdown(c.tcp_client, SHUT_WR);
-  for (int i = 0; i < 100 && !c.server->RxEof(); ++i) {
-    c.server->control()->OnAnchorReady(EPOLLIN);
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  EXPECT_TRUE(c.server->RxEof());
-}
-
-TEST(ShmSettleServerTest, EofFirstMakesItPlain) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-  shutdown(c.tcp_client, SHUT_WR);
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  Reason why = Reason::kNone;
-  EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPlain);
-  EXPECT_EQ(why, Reason::kPeerNotSlipstream);
-  c.server->control()->OnAnchorReady(EPOLLIN | EPOLLOUT);
-  EXPECT_EQ(c.server->RxProduced(), 0u);
-  EXPECT_TRUE(c.server->RxEof());
-  // The other way still works.
-  ChannelEnd server(c.server.get());
-  SocketEnd peer(c.tcp_client);
-  EXPECT_TRUE(Exchange(&server, &peer, 20000, 0, 3));
-}
-
-TEST(ShmSettleServerTest, AClaimTheClientGaveUpMakesItPlain) {
-  for (Claim given_up : {Claim::kWithdrawn, Claim::kAbandoned}) {
-    SCOPED_TRACE(int(given_up));
-    Connection c;
-    ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-    c.control->header.claim.store(uint32_t(given_up));
-    Reason why = Reason::kNone;
-    EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPlain);
-    EXPECT_EQ(why, Reason::kConnectSlow);
-    EXPECT_EQ(c.ClientClaim(), uint32_t(given_up));
-    ChannelEnd server(c.server.get());
-    SocketEnd peer(c.tcp_client);
-    EXPECT_TRUE(Exchange(&peer, &server, 50000, 50000, 11));
-  }
-}
-
-TEST(ShmSettleServerTest, DeadlineWithTheClaimOpenAbandons) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-  const uint64_t deadline = c.server->control()->SettleDeadline();
-  Reason why = Reason::kNone;
-  EXPECT_EQ(c.server->control()->Settle(deadline - 1, &why), Settlement::kPending);
-  EXPECT_EQ(c.ClaimNow(), Claim::kOpen);
-  EXPECT_EQ(c.server->control()->Settle(deadline, &why), Settlement::kPlain);
-  EXPECT_EQ(why, Reason::kHandshakeTimeout);
-  EXPECT_EQ(c.ClientClaim(), uint32_t(Claim::kAbandoned));  // the client sees it so
-  EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
-  // A CONFIRM after that is the application's problem no more: it never comes (the client
-  // finds the claim abandoned); plain bytes flow.
-  ChannelEnd server(c.server.get());
-  SocketEnd peer(c.tcp_client);
-  EXPECT_TRUE(Exchange(&peer, &server, 10000, 10000, 5));
-}
-
-TEST(ShmSettleServerTest, GarbageInTheClaimCountsAsOpen) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-  c.control->header.claim.store(77);
-  Reason why = Reason::kNone;
-  EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPending);
-  EXPECT_EQ(c.server->control()->Settle(c.server->control()->SettleDeadline(), &why),
-            Settlement::kPlain);
-  EXPECT_EQ(why, Reason::kHandshakeTimeout);
-}
-
-TEST(ShmSettleServerTest, DeadlineWithTheClaimConfirmedWaitsOnceThenResets) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-  c.control->header.claim.store(uint32_t(Claim::kConfirmed));
-  const uint64_t deadline = c.server->control()->SettleDeadline();
-  Reason why = Reason::kNone;
-  EXPECT_EQ(c.server->control()->Settle(deadline, &why), Settlement::kPending);  // extended
-  const uint64_t extended = c.server->control()->SettleDeadline();
-  EXPECT_GE(extended, deadline + 1000);
-  EXPECT_EQ(c.ClaimNow(), Claim::kConfirmed);
-  EXPECT_EQ(c.server->control()->Settle(extended - 1, &why), Settlement::kPending);
-  EXPECT_EQ(c.server->control()->Settle(extended, &why), Settlement::kReset);
-  EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
-  EXPECT_EQ(c.ClaimNow(), Claim::kConfirmed);
-}
-
-TEST(ShmSettleServerTest, AConfirmWithinTheExtensionSettles) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-  c.control->header.claim.store(uint32_t(Claim::kConfirmed));
-  Reason why = Reason::kNone;
-  EXPECT_EQ(c.server->control()->Settle(c.server->control()->SettleDeadline(), &why),
-            Settlement::kPending);
-  const uint64_t extended = c.server->control()->SettleDeadline();
-  SendAll(c.tcp_client, ConfirmBytes(c.offer.nonce, kRing));
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(c.server->control()->Settle(extended - 1, &why), Settlement::kSettled);
-  EXPECT_EQ(c.server->control()->SettleDeadline(), 0u);
-}
-
-TEST(ShmSettleServerTest, ASendingSideClosedWhileHeldEndsAfterSettling) {
-  {
-    // Settled on the rings: the client sees EOF there.
-    Connection c;
-    ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-    c.server->CloseTx();
-    EXPECT_FALSE(c.client->RxEof());
-    SendAll(c.tcp_client, ConfirmBytes(c.offer.nonce, kRing));
-    Reason why = Reason::kNone;
-    EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kSettled);
-    EXPECT_TRUE(c.client->RxEof());
-    EXPECT_EQ(c.client->RxProduced(), 0u);
-  }
-  {
-    // Plain: a FIN on TCP.
-    Connection c;
-    ASSERT_NO_FATAL_FAILURE(c.Init(true, false));
-    c.server->CloseTx();
-    Reason why = Reason::kNone;
-    EXPECT_EQ(c.server->control()->Settle(c.server->control()->SettleDeadline(), &why),
-              Settlement::kPlain);
-    EXPECT_TRUE(ReadSome(c.tcp_client, 1).empty());
-    char ch;
-    EXPECT_EQ(recv(c.tcp_client, &ch, 1, MSG_DONTWAIT), 0);
-  }
-}
-
-// ---------------------------------------------------------------------------- client, awaiting
-
-TEST(ShmSettleClientTest, WithoutAnAnswerItIsPendingOnTheRings) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, /*awaiting=*/true));
-  EXPECT_EQ(c.client->control()->SettleFd(), c.rendezvous_client);
-  const uint64_t now = sys::MonotonicMs();
-  EXPECT_GE(c.client->control()->SettleDeadline(), now + kTimeoutMs - 5000);
-  EXPECT_LE(c.client->control()->SettleDeadline(), now + kTimeoutMs);
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
+  const std::vector<uint8_t> first = Bytes("written before anybody took the registration");
+  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(first));
   Reason why = Reason::kNone;
   EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPending);
-  EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPending);
+  EXPECT_NE(c.client->control()->SettleDeadline(), 0u);
   EXPECT_EQ(c.ClaimNow(), Claim::kOpen);
-  // The client may send at once, into its ring; nothing goes on TCP yet.
-  EXPECT_FALSE(c.client->control()->AnchorCarriesStream());
-  EXPECT_EQ(c.client->TxConsumed(), 0u);
-  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("early")));
-  EXPECT_TRUE(NothingToRead(c.tcp_server));
-}
 
-TEST(ShmSettleClientTest, AcceptConfirmsExactlyOnce) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("early")));
-  SendAll(c.rendezvous, AcceptBytes(c.offer.nonce));
-  Reason why = Reason::kNone;
+  Registration reg = c.AsRegistration();
+  ASSERT_TRUE(reg.Commit());
+  EXPECT_EQ(reg.answer, -1);  // answered and closed
+  EXPECT_EQ(c.ClaimNow(), Claim::kTaken);
+  EXPECT_EQ(AnswerOn(c.rendezvous_client), AcceptBytes(c.msg.nonce));
   EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
-  EXPECT_EQ(why, Reason::kNone);
-  EXPECT_EQ(c.ClaimNow(), Claim::kConfirmed);
   EXPECT_EQ(c.client->control()->SettleDeadline(), 0u);
-  EXPECT_EQ(c.client->control()->SettleFd(), -1);
-  EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
-  // The rendezvous socket is closed.
-  char ch;
-  EXPECT_EQ(recv(c.rendezvous, &ch, 1, MSG_DONTWAIT), 0);
-  // Exactly one CONFIRM on TCP, for this registration.
-  const std::vector<uint8_t> got = ReadSome(c.tcp_server, ConfirmBytes(1, kRing).size());
-  wire::Message msg;
-  size_t used = 0;
-  ASSERT_EQ(wire::ParseMessage(got.data(), got.size(), &msg, &used), wire::ParseStatus::kOk);
-  EXPECT_EQ(msg.type, wire::Type::kConfirm);
-  EXPECT_EQ(msg.confirm.nonce, c.offer.nonce);
-  EXPECT_EQ(msg.confirm.ring_size, kRing);
-  EXPECT_EQ(used, got.size());
-  EXPECT_TRUE(NothingToRead(c.tcp_server));
+  EXPECT_FALSE(c.client->control()->AnchorCarriesStream());
 
-  // The server settles on it (the CONFIRM is consumed above: give it one again).
-  SendAll(c.tcp_client, got);
-  EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kSettled);
-  ChannelEnd client(c.client.get(), 5, 0), server(c.server.get());
-  EXPECT_TRUE(Exchange(&client, &server, 9 * kRing, 9 * kRing, 21, Bytes("early")));
-  EXPECT_TRUE(NothingToRead(c.tcp_server));
+  ChannelEnd client(c.client.get(), first.size()), server(c.server.get());
+  EXPECT_TRUE(Exchange(&client, &server, 20000, 20000, 21, first));
+  EXPECT_TRUE(NothingToRead(c.tcp_server));  // nothing in band, ever
   EXPECT_TRUE(NothingToRead(c.tcp_client));
 }
 
-TEST(ShmSettleClientTest, DeclineMakesItPlainFromByteZero) {
-  struct Case {
-    wire::DeclineReason decline;
-    Reason why;
-  } cases[] = {
-      {wire::DeclineReason::kDescriptors, Reason::kFdLimit},
-      {wire::DeclineReason::kBusy, Reason::kRendezvousBusy},
-      {wire::DeclineReason::kResources, Reason::kResources},
-      {wire::DeclineReason::kBadRegion, Reason::kDeclined},
-  };
-  uint32_t seed = 100;
-  for (const Case& k : cases) {
-    SCOPED_TRACE(int(k.decline));
-    Connection c;
-    ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-    const std::vector<uint8_t> early = RandomBytes(3000, ++seed);
-    ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(early));
-    SendAll(c.rendezvous, DeclineBytes(c.offer.nonce, k.decline));
-    Reason why = Reason::kNone;
-    EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
-    EXPECT_EQ(why, k.why);
-    EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
-    EXPECT_EQ(c.client->control()->SettleDeadline(), 0u);
-    EXPECT_EQ(c.client->control()->SettleFd(), -1);
-    EXPECT_TRUE(c.client->control()->AnchorCarriesStream());
-    // What the client had published arrives on TCP from byte 0, and nothing before it.
-    EXPECT_EQ(ReadSome(c.tcp_server, early.size()), early);
-    // Then the stream goes on over TCP, both ways.
-    ChannelEnd client(c.client.get(), early.size(), 0);
-    SocketEnd peer(c.tcp_server);
-    EXPECT_TRUE(Exchange(&client, &peer, 200000, 150000, ++seed));
-  }
+TEST(ShmSettleClientTest, TheClaimDecidesWithoutTheAnswer) {
+  Connection c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
+  c.claim->store(uint32_t(Claim::kTaken));
+  Reason why = Reason::kNone;
+  EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
+  // Taken, an answer that is not an ACCEPT changes nothing either.
+  Connection d;
+  ASSERT_NO_FATAL_FAILURE(d.Init(/*awaiting=*/true));
+  d.claim->store(uint32_t(Claim::kTaken));
+  SendAll(d.rendezvous, Bytes("not a message of ours"));
+  EXPECT_EQ(SettleNow(d.client.get(), &why), Settlement::kSettled);
+  EXPECT_EQ(d.ClaimNow(), Claim::kTaken);
 }
 
-TEST(ShmSettleClientTest, DeclinedConnectionIsPlainAtBothEnds) {
-  // The client was declined before it sent anything; its server, held, sees the claim
-  // withdrawn: both carry the stream on TCP, byte-exact, each from its own rings.
+TEST(ShmSettleClientTest, ADeclineMakesItPlainFromByteZero) {
   Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-  SendAll(c.rendezvous, DeclineBytes(c.offer.nonce, wire::DeclineReason::kDescriptors));
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
+  const std::vector<uint8_t> first = RandomBytes(3000, 5);
+  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(first));
+  SendAll(c.rendezvous, DeclineBytes(c.msg.nonce, wire::DeclineReason::kBusy));
   Reason why = Reason::kNone;
   EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
-  EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPlain);
-  EXPECT_EQ(why, Reason::kConnectSlow);
-  ChannelEnd client(c.client.get()), server(c.server.get());
-  EXPECT_TRUE(Exchange(&client, &server, 123457, 98765, 31));
+  EXPECT_EQ(why, Reason::kRendezvousBusy);
+  EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
+  ExpectPlainFromByteZero(&c, first, 31);
 }
 
-// Its listener accepted the registration and the client confirmed, but the process that
-// accepted the TCP connection had nothing registered for it (another process sharing the
-// listener holds the registration) and declined it there. Nobody read or wrote the rings,
-// so the client's stream goes on TCP from byte 0, everything it had published first.
-TEST(ShmSettleClientTest, ADeclineAfterItsConfirmContinuesOnTcpFromByteZero) {
+TEST(ShmSettleClientTest, AnAbandonedRegistrationIsDeclinedAndPlain) {
   Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-  const std::vector<uint8_t> early = RandomBytes(4000, 41);  // (nearly a ring)
-  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(early));
-  SendAll(c.rendezvous, AcceptBytes(c.offer.nonce));
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
+  Registration reg = c.AsRegistration();
+  EXPECT_EQ(reg.Abandon(), Claim::kAbandoned);
+  EXPECT_EQ(AnswerOn(c.rendezvous_client),
+            DeclineBytes(c.msg.nonce, wire::DeclineReason::kNoRegistration));
+  EXPECT_FALSE(reg.Commit());  // (nothing to take any more)
   Reason why = Reason::kNone;
-  ASSERT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
-  // The accepting process's shim takes the CONFIRM off the connection (and declines: the
-  // control thread consumes that message before it asks the channel).
-  const std::vector<uint8_t> confirm = ReadSome(c.tcp_server, ConfirmBytes(1, kRing).size());
-  wire::Message msg;
-  size_t used = 0;
-  ASSERT_EQ(wire::ParseMessage(confirm.data(), confirm.size(), &msg, &used),
-            wire::ParseStatus::kOk);
-  ASSERT_EQ(msg.type, wire::Type::kConfirm);
-  EXPECT_FALSE(c.client->control()->AnchorCarriesStream());
-  ASSERT_TRUE(c.client->control()->OnPeerDecline());
-  EXPECT_TRUE(c.client->control()->AnchorCarriesStream());
-  EXPECT_FALSE(c.client->control()->OnPeerDecline());  // (once)
-  EXPECT_EQ(ReadSome(c.tcp_server, early.size()), early);
-  ChannelEnd client(c.client.get(), early.size(), 0);
-  SocketEnd peer(c.tcp_server);
-  EXPECT_TRUE(Exchange(&client, &peer, 300000, 200000, 43));
+  EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
+  EXPECT_EQ(why, Reason::kDeclined);
+  EXPECT_EQ(c.ClaimNow(), Claim::kAbandoned);
+  ExpectPlainFromByteZero(&c, {}, 41);
 }
 
-// A decline once bytes moved over the rings cannot be continued from byte 0: refused (the
-// control thread then resets the connection).
-TEST(ShmSettleClientTest, ADeclineAfterBytesMovedOnTheRingsIsRefused) {
-  for (const bool server_wrote : {true, false}) {
-    SCOPED_TRACE(server_wrote ? "bytes came in" : "bytes were read");
-    Connection c;
-    ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-    SendAll(c.rendezvous, AcceptBytes(c.offer.nonce));
-    Reason why = Reason::kNone;
-    ASSERT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
-    SendAll(c.tcp_client, ReadSome(c.tcp_server, ConfirmBytes(1, kRing).size()));
-    ASSERT_EQ(SettleNow(c.server.get(), &why), Settlement::kSettled);
-    ChannelEnd client(c.client.get()), server(c.server.get());
-    const std::vector<uint8_t> bytes = Bytes("x");
-    if (server_wrote) {
-      ASSERT_EQ(server.Send(bytes.data(), bytes.size()), bytes.size());
-    } else {
-      ASSERT_EQ(client.Send(bytes.data(), bytes.size()), bytes.size());
-      uint8_t got;
-      ASSERT_EQ(server.Recv(&got, 1), 1u);
-    }
-    EXPECT_FALSE(c.client->control()->OnPeerDecline());
-    EXPECT_FALSE(c.client->control()->AnchorCarriesStream());
+TEST(ShmSettleClientTest, ACommitAfterTheClientWithdrewFailsAndDeclines) {
+  Connection c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
+  SendAll(c.rendezvous, DeclineBytes(c.msg.nonce, wire::DeclineReason::kResources));
+  Reason why = Reason::kNone;
+  EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
+  Registration reg = c.AsRegistration();
+  EXPECT_FALSE(reg.Commit());
+  EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
+  EXPECT_EQ(reg.Abandon(), Claim::kWithdrawn);
+}
+
+TEST(ShmSettleClientTest, PlainBytesFromTheAcceptorMakeItPlainWithEveryByteDelivered) {
+  Connection c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
+  const std::vector<uint8_t> first = RandomBytes(1000, 6);
+  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(first));
+  const std::vector<uint8_t> greeting = Bytes("220 a plain server speaks first\r\n");
+  SendAll(c.tcp_server, greeting);
+  testing::WaitFor(c.tcp_client, POLLIN);
+  Reason why = Reason::kNone;
+  EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
+  EXPECT_EQ(why, Reason::kAcceptedElsewhere);
+  EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
+  ChannelEnd client(c.client.get(), first.size());
+  SocketEnd server(c.tcp_server);
+  EXPECT_TRUE(Exchange(&client, &server, 20000, 20000, 51, first, greeting));
+}
+
+TEST(ShmSettleClientTest, TheEndFromTheAcceptorMakesItPlain) {
+  Connection c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
+  const std::vector<uint8_t> first = Bytes("request");
+  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(first));
+  ASSERT_EQ(shutdown(c.tcp_server, SHUT_WR), 0);
+  testing::WaitFor(c.tcp_client, POLLIN);
+  Reason why = Reason::kNone;
+  EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
+  EXPECT_EQ(why, Reason::kAcceptedElsewhere);
+  // What it had written reaches the acceptor, and the end reaches the client.
+  ChannelEnd client(c.client.get(), first.size());
+  c.client->control()->OnAnchorReady(EPOLLIN | EPOLLOUT);
+  EXPECT_EQ(ReadSome(c.tcp_server, first.size()), first);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!c.client->RxEof() && std::chrono::steady_clock::now() < deadline) {
+    testing::WaitFor(c.tcp_client, POLLIN);
+    c.client->control()->OnAnchorReady(EPOLLIN | EPOLLOUT);
   }
+  EXPECT_TRUE(c.client->RxEof());
+}
+
+// Accepted by a process that does not take it (a sibling sharing the listener without the
+// registration, a plain member of the group), and nothing said: the kernel shows the
+// server's end accepted; after the grace the client withdraws.
+TEST(ShmSettleClientTest, AcceptedAndNotTakenItWithdrawsAfterTheGrace) {
+  Connection c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true, /*accepted=*/true));
+  const std::vector<uint8_t> first = RandomBytes(2000, 7);
+  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(first));
+  Reason why = Reason::kNone;
+  const uint64_t look = c.client->control()->SettleDeadline();
+  ASSERT_NE(look, 0u);
+  EXPECT_EQ(SettleAt(c.client.get(), look - 1, &why), Settlement::kPending);  // not due yet
+  EXPECT_EQ(c.client->control()->SettleDeadline(), look);
+  EXPECT_EQ(SettleAt(c.client.get(), look, &why), Settlement::kPending);  // seen accepted
+  const uint64_t grace_end = c.client->control()->SettleDeadline();
+  EXPECT_GT(grace_end, look);
+  EXPECT_LE(grace_end, look + 1000);
+  EXPECT_EQ(SettleAt(c.client.get(), grace_end - 1, &why), Settlement::kPending);
+  EXPECT_EQ(SettleAt(c.client.get(), grace_end, &why), Settlement::kPlain);
+  EXPECT_EQ(why, Reason::kAcceptedElsewhere);
+  EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
+  ExpectPlainFromByteZero(&c, first, 61);
+}
+
+// In the listener's queue nobody could have taken it plain: the client keeps looking, less
+// often each time, for as long as a listener keeps a registration; its taker then finds
+// it withdrawn, and the connection is plain at both ends.
+TEST(ShmSettleClientTest, QueuedItKeepsLookingAndGivesUpOnlyAfterTheRegistrationsLife) {
+  Connection c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true, /*accepted=*/false));
+  const std::vector<uint8_t> first = RandomBytes(1500, 8);
+  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(first));
+  Reason why = Reason::kNone;
+  const uint64_t start = c.client->control()->SettleDeadline();
+  uint64_t at = start, gap = 0;
+  for (int look = 0; look < 12; ++look) {
+    EXPECT_EQ(SettleAt(c.client.get(), at, &why), Settlement::kPending) << "look " << look;
+    const uint64_t next = c.client->control()->SettleDeadline();
+    ASSERT_GT(next, at);
+    EXPECT_GE(next - at, gap) << "the looks grow apart";
+    EXPECT_LE(next - at, 1000u);
+    gap = next - at;
+    at = next;
+  }
+  EXPECT_EQ(SettleAt(c.client.get(), start + 30000, &why), Settlement::kPending);
+  EXPECT_EQ(SettleAt(c.client.get(), start + 40000, &why), Settlement::kPlain);
+  EXPECT_EQ(why, Reason::kHandshakeTimeout);
+  ASSERT_NO_FATAL_FAILURE(c.Accept());
+  Registration reg = c.AsRegistration();
+  EXPECT_FALSE(reg.Commit());
+  ExpectPlainFromByteZero(&c, first, 71);
 }
 
 TEST(ShmSettleClientTest, EofOnTheRendezvousMakesItPlain) {
   Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("early")));
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
   CloseIf(&c.rendezvous);
   Reason why = Reason::kNone;
   EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
   EXPECT_EQ(why, Reason::kDeclined);
   EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
-  EXPECT_EQ(ReadSome(c.tcp_server, 5), Bytes("early"));
-}
-
-TEST(ShmSettleClientTest, DeadlineMakesItPlain) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("early")));
-  const uint64_t deadline = c.client->control()->SettleDeadline();
-  Reason why = Reason::kNone;
-  EXPECT_EQ(c.client->control()->Settle(deadline - 1, &why), Settlement::kPending);
-  EXPECT_EQ(c.client->control()->Settle(deadline, &why), Settlement::kPlain);
-  EXPECT_EQ(why, Reason::kHandshakeTimeout);
-  EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
-  EXPECT_EQ(ReadSome(c.tcp_server, 5), Bytes("early"));
-  EXPECT_EQ(c.client->control()->SettleDeadline(), 0u);
-  EXPECT_EQ(c.client->control()->SettleFd(), -1);
-  char ch;
-  EXPECT_EQ(recv(c.rendezvous, &ch, 1, MSG_DONTWAIT), 0);  // its rendezvous socket closed
-}
-
-TEST(ShmSettleClientTest, AcceptAfterTheServerAbandonedStaysPlain) {
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-  // The server gave up waiting first (its deadline).
-  Reason why = Reason::kNone;
-  EXPECT_EQ(c.server->control()->Settle(c.server->control()->SettleDeadline(), &why),
-            Settlement::kPlain);
-  EXPECT_EQ(c.ClaimNow(), Claim::kAbandoned);
-  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(Bytes("early")));
-  SendAll(c.rendezvous, AcceptBytes(c.offer.nonce));
-  EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
-  EXPECT_EQ(why, Reason::kHandshakeTimeout);
-  EXPECT_EQ(c.ClaimNow(), Claim::kAbandoned);
-  // No CONFIRM: the first bytes on TCP are the application's.
-  ChannelEnd client(c.client.get(), 5, 0), server(c.server.get());
-  EXPECT_TRUE(Exchange(&client, &server, 40000, 40000, 41, Bytes("early")));
 }
 
 TEST(ShmSettleClientTest, AnAnswerThatIsNotForItMakesItPlain) {
-  struct Case {
-    const char* what;
-    int kind;
-  } cases[] = {{"ACCEPT for another nonce", 0},
-               {"garbage", 1},
-               {"ACCEPT and a trailing byte", 2},
-               {"a CONFIRM", 3}};
-  for (const Case& k : cases) {
-    SCOPED_TRACE(k.what);
+  for (const auto& answer :
+       {AcceptBytes(12345), Bytes("garbage"), DeclineBytes(999, wire::DeclineReason::kBusy)}) {
     Connection c;
-    ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-    std::vector<uint8_t> answer;
-    if (k.kind == 0) answer = AcceptBytes(c.offer.nonce ^ 1);
-    if (k.kind == 1) answer = Bytes("HTTP/1.1 200 OK\r\n");
-    if (k.kind == 2) {
-      answer = AcceptBytes(c.offer.nonce);
-      answer.push_back(0);
-    }
-    if (k.kind == 3) answer = ConfirmBytes(c.offer.nonce, kRing);
+    ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
     SendAll(c.rendezvous, answer);
     Reason why = Reason::kNone;
     EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
     EXPECT_EQ(why, Reason::kDeclined);
     EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
-    EXPECT_TRUE(NothingToRead(c.tcp_server)) << "something was sent";
   }
 }
 
-TEST(ShmSettleClientTest, DestroyingAnUnsettledClientWithdraws) {
+TEST(ShmSettleClientTest, GarbageInTheClaimIsNotTaken) {
   Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
+  c.claim->store(77);
+  Reason why = Reason::kNone;
+  EXPECT_EQ(SettleNow(c.client.get(), &why), Settlement::kPlain);
+  ExpectPlainFromByteZero(&c, {}, 81);
+}
+
+TEST(ShmSettleClientTest, DestroyingAnUntakenClientWithdrawsAndSendsItsBytesOnTcp) {
+  Connection c;
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
+  const std::vector<uint8_t> first = RandomBytes(2500, 9);
+  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(first));
+  c.client->CloseTx();  // as the Stream does when the application closes
+  c.client->CloseRx();
   c.client.reset();
   EXPECT_EQ(c.ClaimNow(), Claim::kWithdrawn);
-  char ch;
-  EXPECT_EQ(recv(c.rendezvous, &ch, 1, MSG_DONTWAIT), 0);  // its rendezvous socket closed
-  // Its server then stays plain.
-  Reason why = Reason::kNone;
-  EXPECT_EQ(SettleNow(c.server.get(), &why), Settlement::kPlain);
-  EXPECT_EQ(why, Reason::kConnectSlow);
+  Registration reg = c.AsRegistration();
+  EXPECT_FALSE(reg.Commit());
+  std::vector<uint8_t> got = ReadSome(c.tcp_server, first.size() + 1);
+  EXPECT_EQ(got, first);  // everything, then the end (ReadSome stops at EOF)
+  char byte;
+  EXPECT_EQ(recv(c.tcp_server, &byte, 1, MSG_DONTWAIT), 0);
 }
 
-TEST(ShmSettleClientTest, DestroyingASettledClientLeavesTheClaim) {
+TEST(ShmSettleClientTest, DestroyingATakenClientLeavesTheStreamOnTheRings) {
   Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-  SendAll(c.rendezvous, AcceptBytes(c.offer.nonce));
-  Reason why = Reason::kNone;
-  ASSERT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
+  ASSERT_NO_FATAL_FAILURE(c.Init(/*awaiting=*/true));
+  Registration reg = c.AsRegistration();
+  ASSERT_TRUE(reg.Commit());
+  const std::vector<uint8_t> first = Bytes("taken, then closed before it settled");
+  ASSERT_NO_FATAL_FAILURE(c.ClientPublishes(first));
+  c.client->CloseTx();
+  c.client->CloseRx();
   c.client.reset();
-  EXPECT_EQ(c.ClaimNow(), Claim::kConfirmed);
-}
-
-TEST(ShmSettleClientTest, AConfirmAlreadyThereAtTheServersDeadlineSettles) {
-  // The client confirmed just before the server's deadline: the CONFIRM is what counts.
-  Connection c;
-  ASSERT_NO_FATAL_FAILURE(c.Init(true, true));
-  SendAll(c.rendezvous, AcceptBytes(c.offer.nonce));
-  Reason why = Reason::kNone;
-  ASSERT_EQ(SettleNow(c.client.get(), &why), Settlement::kSettled);
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(c.server->control()->Settle(c.server->control()->SettleDeadline(), &why),
-            Settlement::kSettled);
-  EXPECT_EQ(c.ClaimNow(), Claim::kConfirmed);
+  EXPECT_EQ(c.ClaimNow(), Claim::kTaken);
+  ChannelEnd server(c.server.get());
+  std::vector<uint8_t> got(first.size());
+  EXPECT_EQ(server.Recv(got.data(), got.size()), first.size());
+  EXPECT_EQ(got, first);
+  EXPECT_TRUE(c.server->RxEof());
+  EXPECT_TRUE(NothingToRead(c.tcp_server));
 }
 
 }  // namespace

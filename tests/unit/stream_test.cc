@@ -86,15 +86,15 @@ using ChannelWrap = std::function<std::unique_ptr<Channel>(std::unique_ptr<Chann
 
   int client_a = -1, client_b = -1;
   std::unique_ptr<Channel> client =
-      shm::MakeClientChannel(&offer, /*rendezvous=*/-1, 0, &client_a, &client_b);
+      shm::MakeClientChannel(&offer, /*rendezvous=*/-1, {}, {}, &client_a, &client_b);
   if (!client) return ::testing::AssertionFailure() << "MakeClientChannel failed";
   out->client = std::make_unique<Stream>(std::move(client), client_a, client_b, options);
   out->client_fd = client_a;
 
   int server_a = -1, server_b = -1;
   wire::DeclineReason reason = wire::DeclineReason::kUnspecified;
-  std::unique_ptr<Channel> server = shm::AcceptRegistration(
-      reg, fds, /*anchor=*/-1, /*held=*/false, 0, &server_a, &server_b, nullptr, &reason);
+  std::unique_ptr<Channel> server =
+      shm::AcceptRegistration(reg, fds, /*anchor=*/-1, &server_a, &server_b, nullptr, &reason);
   if (!server) return ::testing::AssertionFailure() << "AcceptRegistration: reason " << int(reason);
   if (wrap_server) server = wrap_server(std::move(server));
   out->server = std::make_unique<Stream>(std::move(server), server_a, server_b, options);

@@ -130,7 +130,7 @@ std::unique_ptr<Link> ShmConnector::Open() {
   int proxy_a = -1;
   int proxy_b = -1;
   std::unique_ptr<slip::Channel> channel =
-      slip::shm::MakeClientChannel(&offer, /*rendezvous=*/-1, 0, &proxy_a, &proxy_b);
+      slip::shm::MakeClientChannel(&offer, /*rendezvous=*/-1, {}, {}, &proxy_a, &proxy_b);
   if (!channel) throw std::runtime_error("shm: cannot build the client's channel");
   return std::make_unique<StreamLink>(std::move(channel), proxy_a, proxy_b, spin_us_, watch_);
 }
@@ -155,10 +155,10 @@ std::unique_ptr<Link> ShmAcceptor::Accept(const std::function<bool()>&) {
   int proxy_a = -1;
   int proxy_b = -1;
   slip::wire::DeclineReason reason = slip::wire::DeclineReason::kUnspecified;
-  // The region and proxies are checked as a listener checks a registration (not held:
-  // there is no CONFIRM here; the client's control socket stands for the proof).
-  std::unique_ptr<slip::Channel> channel = slip::shm::AcceptRegistration(
-      reg, fds, /*anchor=*/-1, /*held=*/false, 0, &proxy_a, &proxy_b, nullptr, &reason);
+  // The region and proxies are checked as a listener checks a registration (no claim:
+  // the client's control socket stands for the proof).
+  std::unique_ptr<slip::Channel> channel =
+      slip::shm::AcceptRegistration(reg, fds, /*anchor=*/-1, &proxy_a, &proxy_b, nullptr, &reason);
   if (!channel) {
     throw std::runtime_error("shm: the region is unusable (reason " +
                              std::to_string(static_cast<int>(reason)) + ")");
