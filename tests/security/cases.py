@@ -22,6 +22,9 @@ sys.path.insert(0, str(HERE.parent / "integration"))
 
 from harness import PYTHON, TestFailure, is_listening, pick_port  # noqa: E402
 
+sys.path.insert(0, str(HERE / "progs"))
+from raw_shm import tcp_listeners  # noqa: E402
+
 PROGS = HERE / "progs"
 IT_PROGS = HERE.parent / "integration" / "progs"
 MiB = 1 << 20
@@ -185,24 +188,42 @@ def random_total(rng, low, high):
 
 # ------------------------------------------------------------------------------ 1
 
+def printed_inode(proc):
+    """The listening socket's inode that progs/late_listen.py printed ("INODE <n>")."""
+    for line in proc.stdout().splitlines():
+        if line.startswith("INODE "):
+            return int(line.split()[1])
+    return None
+
+
 @case("rendezvous_squat", ("exact", "wildcard"))
 def rendezvous_squat(t, variant):
-    """A user (nobody) binds the rendezvous names of the test port (v1 and v2, the scope the
-    server will use) before the root server starts. A root client under slip-run must not
-    hand that squatter its registration (message or descriptors), and both streams must be
-    exact: the server's application reads exactly the client's bytes."""
-    bind, scope = ("127.0.0.1", "127.0.0.1") if variant == "exact" else ("0.0.0.0", "*4")
+    """A user (nobody) binds the v3 rendezvous name of the root server's listening socket
+    ("slipstream-v3:<port>:<inode>"; the server, bound to 127.0.0.1 (exact) or 0.0.0.0
+    (wildcard), prints its socket's inode and listens only once the squatter holds the
+    name, so the shim cannot publish). A root client under slip-run must not hand that
+    squatter its registration (message or descriptors), and both streams must be exact:
+    the server's application reads exactly the client's bytes."""
+    bind = "127.0.0.1" if variant == "exact" else "0.0.0.0"
     rng = random.Random()
     seeds = (rng.randrange(1 << 30), rng.randrange(1 << 30))
     total = random_total(rng, MiB, 3 * MiB)
     print(f"seeds {seeds}, {total} B each way")
-    squatter = launch(t, "squatter", sec("squatter.py", "--port", t.port, "--scope", scope),
+    go = t.dir / "listen.go"
+    server = launch(t, "server", sec("late_listen.py", go, "server", "--port", t.port,
+                                     "--bind", bind, "--seed", seeds[0], "--total", total),
+                    slip=True, role="server")
+    server.wait_until(lambda: printed_inode(server) is not None, "its socket's inode")
+    inode = printed_inode(server)
+    squatter = launch(t, "squatter", sec("squatter.py", "--port", t.port, "--inode", inode),
                       prefix=NOBODY)
     squatter.wait_output("READY")
-    server = launch(t, "server", integ("bulk.py", "server", "--port", t.port, "--bind", bind,
-                                       "--seed", seeds[0], "--total", total),
-                    slip=True, role="server")
+    go.touch()
     wait_listening(server, t.port)
+    listeners = tcp_listeners(t.port)
+    t.check([(uid, ino) for _, uid, ino in listeners] == [(0, inode)],
+            f"setup: the listeners of port {t.port} are {listeners}, expected one of root "
+            f"with the inode the server printed ({inode})")
     client = launch(t, "client", integ("bulk.py", "client", "--port", t.port,
                                        "--seed", seeds[1], "--total", total), slip=True)
     statuses = {p: finish(p, 20) for p in (client, server)}
@@ -222,9 +243,14 @@ def rendezvous_squat(t, variant):
     conns = connections(t, client, t.port, "remote")
     print(f"client: {describe_connections(conns)}; server: "
           f"{describe_connections(connections(t, server, t.port, 'local'))}; squatter saw "
-          f"{said['connections']} connection(s)")
+          f"{said['connections']} connection(s): {said['peers']}")
     t.check([(c["transport"], c["reason"]) for c in conns] == [("tcp", "untrusted_rendezvous")],
             f"client stats: {describe_connections(conns)}, expected one tcp/untrusted_rendezvous")
+    # The client must have reached the squatted name and turned away (the uid check), not
+    # merely found no rendezvous: otherwise the attack was not played.
+    t.check(client.popen.pid in [p["pid"] for p in said["peers"]],
+            f"the client (pid {client.popen.pid}) never connected to the squatted name (the "
+            f"squatter's peers: {said['peers']}): the rendezvous check was not exercised")
 
 
 # ------------------------------------------------------------------------------ 2
@@ -289,10 +315,11 @@ FD_CLIENTS = 6
 def fd_limit(t, variant):
     """near_limit: a server with only 5 free descriptors (RLIMIT_NOFILE 256, the rest taken
     by /dev/null) serves 6 clients one after another. registration_flood: a user (nobody)
-    first sends 300 registrations with 4 real descriptors each that never connect, to a
-    server with the default limit of 1024; then 5 clients. Every client's echo must be
-    exact (no reset), the server's accept() must never fail, and a client connection left
-    plain must say why: fd_limit."""
+    first sends up to 300 registrations with 4 real descriptors each that never connect
+    (the listener keeps each, with its rendezvous connection, until it expires; the flood
+    stops at the first DECLINE, the per-uid share), to a server with the default limit of
+    1024; then 5 clients. Every client's echo must be exact (no reset), the server's
+    accept() must never fail, and a client connection left plain must say why: fd_limit."""
     flood_run = variant == "registration_flood"
     count = 5 if flood_run else FD_CLIENTS
     server_args = ["--impl", "sequential", "--port", t.port, "--count", count]
@@ -336,11 +363,14 @@ QUOTA_LEGIT = 4
 @case("registration_quota", serial=True)
 def registration_quota(t, _):
     """4 root clients connect to a server that does not accept yet (their registrations
-    wait); then a user (nobody) floods registrations until the server refuses (a DECLINE)
-    or 5000 are sent; the server accepts everything once the flood is over or has filled
-    the rendezvous backlog (the flood then continues as the server reads it). Every
-    legitimate echo must be exact (none reset), and a fresh root client afterwards must
-    still be accelerated (shm): one uid must not fill the registration table for everyone."""
+    wait in the rendezvous' backlog: a listener reads it only once its process accepts);
+    then a user (nobody) floods registrations (each kept by the listener, unanswered, as
+    v3 answers only at accept) until the server refuses one (a DECLINE) or 5000 are sent;
+    the server accepts everything once the flood is over or has filled the rendezvous
+    backlog (the flood then continues as the server reads it). Every legitimate echo must
+    be exact (none reset), and a fresh root client afterwards must still be accelerated
+    (shm): one uid must not fill the registration table for everyone. (Whether the 4 that
+    waited through the flood are accelerated is printed, not asserted.)"""
     # (RLIMIT_NOFILE as high as it goes for the server: this case is about the table.)
     server = launch(t, "server", sec("servers.py", "--impl", "threaded", "--port", t.port,
                                      "--wait-signal"),
@@ -378,14 +408,21 @@ def registration_quota(t, _):
 # ------------------------------------------------------------------------------ 5
 
 MAX_LAG_MS = 250
+PROBE_BYTES = 4096  # claim_set: bytes the attacker sends over TCP once declined
 
 
 @case("accept_stall", ("connect", "claim_set"), serial=True)
 def accept_stall(t, variant):
     """An asyncio echo server (non-blocking listener) measures its event loop's lag while a
-    legitimate client does echo round trips; an attacker registers, connects TCP from the
-    registered 4-tuple and never sends CONFIRM (claim_set: after setting the claim word to
-    1). The loop must never stall 250 ms or more, and every echo must be exact."""
+    legitimate client does echo round trips; an attacker registers and connects TCP from
+    the registered 4-tuple, then does nothing at all: it never touches its rings, never
+    withdraws (connect; the server takes the connection at accept and must not wait for
+    anything from it), or it first writes 1 (taken) into the claim word itself, before the
+    server could claim (claim_set; the server's claim then fails: it must not carry the
+    connection on the rings, it says DECLINE, and the connection is plain TCP - a probe of
+    4 KiB over TCP must come back exactly, or the connection be dropped before the
+    application saw it). The loop must never stall 250 ms or more, and every echo must be
+    exact."""
     server = launch(t, "server", sec("servers.py", "--impl", "asyncio", "--port", t.port),
                     slip=True, role="server")
     wait_listening(server, t.port)
@@ -396,7 +433,9 @@ def accept_stall(t, variant):
     time.sleep(0.5)
     attacker = launch(t, "attacker", sec("raw_shm.py", "--mode",
                                          "claim" if variant == "claim_set" else "connect",
-                                         "--port", t.port, "--hold", 3))
+                                         "--port", t.port, "--hold", 3,
+                                         "--probe", PROBE_BYTES, "--timeout", 2,
+                                         "--seed", random.randrange(1 << 30)))
     legit_status = finish(legit, 30)
     attacker_status = finish(attacker, 30)
     stop(server)
@@ -411,6 +450,39 @@ def accept_stall(t, variant):
             f"the server's event loop stalled {said['max_lag_ms']} ms (limit {MAX_LAG_MS} ms) "
             f"while accepting the attacker's connection; legitimate round trip max "
             f"{rtt['max_rtt_ms']} ms")
+    t.check(attack, f"attacker: no report ({status_text(attacker_status)})")
+    attack = attack[-1]
+    if variant == "connect":
+        # The attack was played: the server took the connection onto the rings at accept.
+        t.check(attack["accelerated"] and attack["claim"] == "taken" and
+                (attack["answer"] or [None])[0] == "accept",
+                f"precondition: the server did not take the attacker's registration at "
+                f"accept (ACCEPT, claim word 1): {attack}")
+        return
+    # claim_set: the client's own 1 must make the server's claim fail: DECLINE
+    # (no_registration), never ACCEPT, and the connection is not carried on the rings.
+    t.check(attack["set_claim"] and (attack["answer"] or [None])[:1] == ["decline"] and
+            attack["answer"][2] == 2,
+            f"the server answered {attack['answer']} for a registration whose claim word its "
+            f"client had set to 1 itself: expected DECLINE no_registration (its claim fails)")
+    probe = attack["probe"]
+    plain = probe["exact"] and probe["end"] is None
+    dropped = probe["received"] == 0 and probe["end"] in ("eof", "ECONNRESET", "EPIPE")
+    print("claim_set: the connection was " + (
+        "served as plain TCP (the probe came back exactly)" if plain else
+        f"dropped before the application saw it (probe: {probe['end']})"
+        if dropped else f"neither plain nor dropped: {probe}"))
+    # Only the server's own claim makes a connection the rings' (Registration::Abandon):
+    # the word its client wrote leaves it plain, never dropped.
+    t.check(plain,
+            f"the attacker's connection is not plain TCP (its {probe['sent']} B over TCP "
+            f"must come back exactly): {probe}")
+    # The asyncio server's application saw the legitimate connection, and the attacker's
+    # only when it was served plain.
+    t.check(said["connections"] == (2 if plain else 1),
+            f"the server's application accepted {said['connections']} connection(s); "
+            f"expected {2 if plain else 1} (the legitimate one"
+            f"{' and the plain attacker' if plain else ''})")
 
 
 # ------------------------------------------------------------------------------ 6
@@ -545,10 +617,13 @@ PEER_DEATH_DEADLINE_S = 5
 @case("bad_proxies")
 def bad_proxies(t, _):
     """A raw client registers server A and server B from two different socketpairs (the
-    other end of A's pair passed as its own B), confirms, sends a little data and dies
-    (SIGKILL). The server, blocked in recv, must see EOF or an error within 5 s, having
-    read exactly the bytes sent before. (A server that refuses the connection before its
-    application sees it passes too: nothing can hang on it.)"""
+    other end of A's pair passed as its own B), publishes a little data into its ring,
+    connects, and once the server took the connection (or, declined, after sending the
+    same data over plain TCP) dies (SIGKILL). The server, blocked in recv, must see EOF or
+    an error within 5 s, having read exactly the bytes sent before. (A server that refuses
+    the connection before its application sees it passes too: nothing can hang on it.)
+    The v3 listener checks the proxies when it reads the registration and declines it at
+    once (bad_region): the exchange is then plain, which is printed."""
     server = launch(t, "server", sec("servers.py", "--impl", "recv_one", "--port", t.port),
                     slip=True, role="server")
     wait_listening(server, t.port)
@@ -588,9 +663,11 @@ MAX_IDLE_CPU_S = 0.3
 
 @case("stray_token", serial=True)
 def stray_token(t, _):
-    """After a normal raw handshake and data the server read, the raw client writes stray
-    bytes into the server's proxy B without publishing anything. A level-triggered epoll
-    server that reads until EAGAIN must then stay idle: under 0.3 s of CPU in 2 s."""
+    """After a normal raw handshake (the server took the connection: claim word 1) and data
+    the server read (published into the ring before it took the connection, so no token
+    was ever counted for it), the raw client writes stray bytes into the server's proxy B
+    without publishing anything. A level-triggered epoll server that reads until EAGAIN
+    must then stay idle: under 0.3 s of CPU in 2 s."""
     server = launch(t, "server", sec("servers.py", "--impl", "lt_reader", "--port", t.port),
                     slip=True, role="server")
     wait_listening(server, t.port)

@@ -302,6 +302,13 @@ def hold_run(t, tag, slip, n):
     p.open_gate(0)
     (opened,) = p.wait_gate(1)
     held = p.snapshots()
+    # The server maps a region when it reads the registration (its control thread, as they
+    # come); its client does not wait for that, so it may still be a few behind.
+    settle_by = time.monotonic() + 3
+    while p.slip and any(s["memfd_maps"] < n for s in held.values()) and \
+            time.monotonic() < settle_by:
+        time.sleep(0.2)
+        held = p.snapshots()
     check_shm_live(t, p)
     print(f"{tag}: {n} connections open: " + "; ".join(
         f"{k} {fmt_snap(s)}, {(s['fds'] - base[k]['fds']) / n:.2f} fds and "

@@ -156,7 +156,9 @@ def run_ps(args):
         "Finish": grpc.unary_unary_rpc_method_handler(ps.finish, ident, ident),
     }
     from concurrent import futures
-    opts = options() + [("grpc.so_reuseport", 1 if args.reuseport else 0)]
+    # gRPC's defaults (SO_REUSEPORT on the listener), unless --no-reuseport asks for the
+    # option a user once had to add for Slipstream.
+    opts = options() + ([("grpc.so_reuseport", 0)] if args.no_reuseport else [])
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=opts)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     bound = server.add_insecure_port(f"127.0.0.1:{args.port}")
@@ -240,7 +242,8 @@ def main():
     p.add_argument("--id", type=int, default=0)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--out")
-    p.add_argument("--reuseport", action="store_true", help="gRPC's default SO_REUSEPORT")
+    p.add_argument("--no-reuseport", action="store_true",
+                   help="grpc.so_reuseport=0 (gRPC's default is SO_REUSEPORT on)")
     p.add_argument("--timeout", type=float, default=100)
     args = p.parse_args()
     return {"ps": run_ps, "worker": run_worker, "expected": run_expected}[args.role](args)

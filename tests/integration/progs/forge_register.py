@@ -2,7 +2,9 @@
 
 Registers the 4-tuple 127.0.0.1:SOURCE -> 127.0.0.1:PORT with a nonce of the forger's
 choosing, a region of the right size and three socketpair ends, at the rendezvous of the
-listener on PORT (the same names a real client tries). Prints {"registered": true|false}.
+listener on PORT (its name, "slipstream-v3:<port>:<inode of the listening socket>", found
+as a client would: the LISTEN socket on PORT in /proc/net/tcp). Prints {"registered":
+true|false}.
 The wire format is written out here independently of core/wire.cc, byte for byte.
 """
 
@@ -41,16 +43,33 @@ def register_message(source_port, server_port, nonce):
     return bytes(message)
 
 
+def listener_inodes(port):
+    """The inodes of the TCP sockets listening on `port` (IPv4 and IPv6 tables)."""
+    inodes = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.append(int(fields[9]))
+    return inodes
+
+
 def send_register(port, source_port, nonce, fds, keep=False):
     """Sends REGISTER with `fds` (memfd, server A, server B, client B) to the listener's
     rendezvous on `port`, trying the names a client would; False if there is none. With
     `keep`, returns the rendezvous socket instead of True (the listener answers on it:
-    ACCEPT or DECLINE)."""
+    ACCEPT when its process accepts the connection and takes the registration, DECLINE
+    when it drops it)."""
     message = register_message(source_port, port, nonce)
-    for scope in ("127.0.0.1", "*4", "*"):
+    for inode in listener_inodes(port):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            sock.connect(f"\0slipstream-v2:{port}:{scope}")
+            sock.connect(f"\0slipstream-v3:{port}:{inode}")
         except OSError:
             sock.close()
             continue

@@ -3,16 +3,21 @@
 --mode registrations  up to --count REGISTER messages, each a valid registration with four
                       real descriptors (a fresh sealed memfd region with magic, ring size and
                       nonce, server A and B of one socketpair, client B of another), each for
-                      a 4-tuple that never connects over TCP. Stops early at the first
-                      refusal: no rendezvous, a send error (e.g. ETOOMANYREFS), a DECLINE
-                      (v2), or the rendezvous backlog is full (EAGAIN) - unless --retry-busy S:
+                      a 4-tuple that never connects over TCP, at the v3 rendezvous of the
+                      listener of --port (raw_shm.find_rendezvous). Stops early at the first
+                      refusal: no rendezvous, a send error (e.g. ETOOMANYREFS), a DECLINE,
+                      or the rendezvous backlog is full (EAGAIN) - unless --retry-busy S:
                       then a full backlog prints BUSY (once) and is retried for up to S s, as
-                      back-pressure (the server reads its rendezvous as it accepts). Over v2
-                      the answers are
-                      read as they come (the sockets stay open) and, at the end, for up to
-                      --answer-wait s more.
-                      Reports {"sent", "accepted", "declined", "unanswered", "stopped",
-                      "busy_at", "version", "seconds"}.
+                      back-pressure. The rendezvous connections stay open (a registration
+                      the listener keeps is answered only when it is taken or dropped, on
+                      its own connection); answers are read as they come and, at the end,
+                      for up to --answer-wait s more. A DECLINE stops the flood whatever its
+                      reason (a refusal of the new registration, or the eviction of an
+                      older one: no_registration); "decline_reasons" counts them by name.
+                      Reports {"sent", "accepted", "declined", "other_answers",
+                      "unanswered", "decline_reasons", "stopped", "busy_at", "held",
+                      "seconds"}; "held": registrations still unanswered when the flood
+                      stopped (kept by the listener, as far as we know).
 --mode malformed      --count messages the server must drop, cycling through: random bytes,
                       a REGISTER with a bad checksum, a REGISTER without descriptors, a
                       REGISTER with two descriptors, a truncated header. After every
@@ -30,8 +35,9 @@ import selectors
 import socket
 import time
 
-from raw_shm import (REGISTER, find_rendezvous, make_memfd, message, read_answer,
-                     region_size, register_message, send_with_fds)
+from raw_shm import (DECLINE_REASONS, REGISTER, find_rendezvous, make_memfd, message,
+                     read_answer, region_size, register_message, rendezvous_names,
+                     send_with_fds)
 
 
 def report(**fields):
@@ -54,7 +60,8 @@ def flood_registrations(args):
     start = time.monotonic()
     sel = selectors.DefaultSelector()
     counts = {"sent": 0, "accepted": 0, "declined": 0, "other_answers": 0}
-    stopped, version, reasons = "count", None, {}
+    stopped, reasons = "count", {}
+    names = rendezvous_names(args.port, args.host)  # the listener does not change
 
     def take_answer(sock):
         answer = read_answer(sock, 0)
@@ -66,7 +73,8 @@ def flood_registrations(args):
             counts["accepted"] += 1
         elif answer[0] == "decline":
             counts["declined"] += 1
-            reasons[answer[2]] = reasons.get(answer[2], 0) + 1
+            reason = DECLINE_REASONS.get(answer[2], str(answer[2]))
+            reasons[reason] = reasons.get(reason, 0) + 1
         else:
             counts["other_answers"] += 1
         return answer
@@ -74,7 +82,7 @@ def flood_registrations(args):
     busy_since = None
     index = 0
     while index < args.count:
-        sock, version_, why = find_rendezvous(args.port, args.host, nonblocking=True)
+        sock, _, why = find_rendezvous(args.port, args.host, nonblocking=True, names=names)
         if sock is None and why == "busy" and args.retry_busy > 0:
             # Back-pressure, not a refusal: the server reads its rendezvous when it accepts.
             if busy_since is None:
@@ -88,7 +96,6 @@ def flood_registrations(args):
             stopped = f"rendezvous {why}"
             break
         index += 1
-        version = version_
         msg, fds, pairs, memfd = registration(args, index)
         try:
             send_with_fds(sock, msg, fds)
@@ -101,16 +108,14 @@ def flood_registrations(args):
             for pair_end in pairs:
                 pair_end.close()
             os.close(memfd)
-        if version == 2:
-            sel.register(sock, selectors.EVENT_READ)
-            for key, _ in sel.select(0):
-                answer = take_answer(key.fileobj)
-                if answer and answer[0] == "decline":
-                    stopped = "declined"
-            if stopped == "declined":
-                break
-        else:
-            sock.close()
+        sel.register(sock, selectors.EVENT_READ)
+        for key, _ in sel.select(0):
+            answer = take_answer(key.fileobj)
+            if answer and answer[0] == "decline":
+                stopped = "declined"
+        if stopped == "declined":
+            break
+    held = len(sel.get_map())
     deadline = time.monotonic() + args.answer_wait
     while sel.get_map() and time.monotonic() < deadline:
         for key, _ in sel.select(0.05):
@@ -118,8 +123,8 @@ def flood_registrations(args):
     unanswered = len(sel.get_map())
     for key in list(sel.get_map().values()):
         key.fileobj.close()
-    report(**counts, unanswered=unanswered if version == 2 else None, decline_reasons=reasons,
-           stopped=stopped, version=version, seconds=round(time.monotonic() - start, 2))
+    report(**counts, unanswered=unanswered, decline_reasons=reasons, stopped=stopped,
+           held=held, seconds=round(time.monotonic() - start, 2))
 
 
 def malformed(kind, rng, args):
@@ -156,10 +161,11 @@ def flood_malformed(args):
     counts = {kind: 0 for kind in KINDS}
     sent, drains, busy = 0, 0, 0
     pair = socket.socketpair()
+    names = rendezvous_names(args.port, args.host)
     while sent < args.count:
         kind = KINDS[sent % len(KINDS)]
         data, nfds = malformed(kind, rng, args)
-        sock, _, why = find_rendezvous(args.port, args.host, nonblocking=True)
+        sock, _, why = find_rendezvous(args.port, args.host, nonblocking=True, names=names)
         if sock is None:
             if why != "busy" or busy > 1000:
                 break

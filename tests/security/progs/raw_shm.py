@@ -3,45 +3,67 @@ a Slipstream server on this host, one misbehaviour per --mode.
 
 The wire format and the region layout are written out here from the protocol description,
 independently of core/wire.cc and shm/region.h, so that a change there cannot quietly change
-what this attacker sends. Both protocol versions are spoken:
+what this attacker sends. It speaks protocol v3:
 
-  v2  names "\\0slipstream-v2:<port>:<scope>"; after REGISTER the server answers on the same
-      SEQPACKET connection with ACCEPT (type 4: nonce) or DECLINE (type 5: nonce, reason).
-      We send CONFIRM only after an ACCEPT; after a DECLINE or no answer we stay plain TCP.
-  v1  names "\\0slipstream-v1:<port>:<scope>"; no answer; CONFIRM right after the TCP
-      handshake and the claim.
-
-The v2 names are tried first (exact, family wildcard, "*"), then the v1 names. Over v2 the
-answer is awaited before the SYN (up to --answer-timeout) and, if none came, once more
-briefly after it (a server that only answers once it saw the TCP connection).
+  - One rendezvous per TCP listening socket: "\\0slipstream-v3:<port>:<inode>", the inode
+    being the listening socket's (the inode column of its LISTEN line in /proc/net/tcp or
+    /proc/net/tcp6). We try the listeners of --port whose address the SYN can reach (exact
+    address first, then the wildcards) and use the first rendezvous whose SO_PEERCRED uid
+    is the listener's uid, as the library's client does.
+  - REGISTER (memfd region, server A, server B, client B as SCM_RIGHTS), then the TCP
+    connection from the registered 4-tuple. The listener answers nothing yet (it declines
+    at once only when it refuses: DECLINE type 5 with a reason); when the server process
+    accept()s the connection it claims the region (claim word 0 -> 1, taken) and says
+    ACCEPT (type 4) on the rendezvous connection; when it drops the registration it sets
+    the claim word 0 -> 3 (abandoned) and says DECLINE (reason 2, no_registration).
+  - Nothing of ours goes in band: no CONFIRM, ever. We are accelerated iff the claim word
+    says 1 (taken, by the server). When it is not taken within --answer-timeout after the
+    SYN, or the listener declined, we withdraw (claim 0 -> 2: read, then write if still 0;
+    a Python client cannot compare-and-exchange) and the connection is plain TCP from
+    byte 0 (what we had written into our ring goes over TCP).
 
 Modes (the server is at --host:--port; every mode prints one JSON report as its last line,
 except where it dies on purpose):
-  register        REGISTER (valid region and proxies) and nothing else; hold --hold s
-  connect         REGISTER, TCP connect from the registered 4-tuple, never CONFIRM; hold
-  claim           as connect, and also set the claim word to 1 (confirmed); never CONFIRM
+  register        REGISTER (valid region and proxies) and nothing else: no TCP connection.
+                  Waits up to --answer-timeout for an answer (there should be none: a
+                  registration is answered when its connection is accepted or dropped);
+                  hold --hold s
+  connect         REGISTER, TCP connect from the registered 4-tuple, wait up to
+                  --answer-timeout for the server to take it (ACCEPT, claim 1), and then do
+                  nothing at all: never read or write the rings or TCP, never withdraw
+                  (--probe N: when not taken after all, the probe of claim); hold --hold s
+  claim           as connect, but we set the claim word to 1 ourselves right after REGISTER,
+                  before the TCP connection exists (before the server could take it): its
+                  claim then fails, and it must treat the connection as plain TCP (and say
+                  DECLINE). With --probe N, after the answer, N random bytes go over TCP and
+                  the echo is read back (the server as plain: its application echoes them).
+                  Never withdraws; hold --hold s
   peer            full handshake, then act as the peer through the rings: send --bytes random
                   bytes (publish `produced`, tokens to the server's B when its reader waits),
-                  read the echo, compare, EOF. Plain TCP (same exchange) when declined.
+                  read the echo, compare, EOF. Plain TCP (same exchange) when not taken.
   scribble        full handshake and a running exchange while a child process writes random
                   bytes over the control page (header, cursors, eof/reader_closed, wake words)
                   and the rings, for --duration s; then closes
   ring_size_race  a child process flips header.ring_size between the registered value and
                   --huge in a tight loop from before REGISTER until the end (--realtime:
                   at SCHED_FIFO priority, so that it runs when the server looks; the race
-                  is the same without, only won less often); after CONFIRM we
-                  publish a huge `produced` (the server reads far) and a token. Repeated
-                  --attempts times (each a new connection) or until the server is gone.
+                  is the same without, only won less often); once the server took the
+                  connection we publish a huge `produced` (the server reads far) and a
+                  token. Repeated --attempts times (each a new connection) or until the
+                  server is gone.
   bad_proxies     server A and server B taken from two different socketpairs (and the other
                   end of A's pair passed as client B, so the server holds both ends of it);
-                  CONFIRM, a little data (published before CONFIRM), wait until the server
-                  read it (or dropped the connection), print {"sent", "sent_sha256",
-                  "consumed", ...}, then SIGKILL ourselves. Declined: the data goes over TCP
-  stray_token     handshake, a little data (published before CONFIRM: no token ever counted),
-                  wait until the server read it, then write --stray bytes into the server's B
-                  without publishing anything; print STRAY and hold --hold s
+                  a little data published into the ring right after REGISTER (before the
+                  server could take it: no token), TCP connect; taken: wait until the server
+                  read it (or dropped the connection); not taken (a listener that checks the
+                  proxies declines at once): the data goes over TCP. Print {"sent",
+                  "sent_sha256", "consumed", ...}, then SIGKILL ourselves
+  stray_token     handshake with a little data published before the server took it (no
+                  token ever counted), wait until the server read it, then write --stray
+                  bytes into the server's B without publishing anything; print STRAY and
+                  hold --hold s
 
-Other programs here import this file for the encoding (flood.py).
+Other programs here import this file for the encoding and the rendezvous (flood.py).
 """
 
 import argparse
@@ -112,10 +134,6 @@ def register_message(client, server, nonce, ring_size, region_size, fd_count=4):
     return message(REGISTER, body)
 
 
-def confirm_message(nonce, ring_size):
-    return message(CONFIRM, struct.pack("<QII", nonce, ring_size, 0))
-
-
 def parse(data):
     """(type, body) of one whole valid message, or None."""
     if len(data) < HEADER_SIZE or data[:4] != MAGIC:
@@ -130,19 +148,72 @@ def parse(data):
     return mtype, data[HEADER_SIZE:]
 
 
+DECLINE_REASONS = {0: "unspecified", 1: "nonce_mismatch", 2: "no_registration",
+                   3: "bad_region", 4: "resources", 5: "policy", 6: "version", 7: "busy",
+                   8: "descriptors"}
+
+
+def _proc_address(hex_address):
+    """The address of a /proc/net/tcp{,6} "ADDR:PORT" field (each 32-bit word in host
+    order, little-endian here): text, as inet_ntop writes it."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)
+
+
+def tcp_listeners(port):
+    """The TCP listening sockets on `port`: [(address, uid, inode)], from /proc/net/tcp and
+    /proc/net/tcp6 (state 0A)."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":
+                continue
+            address, port_hex = fields[1].rsplit(":", 1)
+            if int(port_hex, 16) == port:
+                out.append((_proc_address(address), int(fields[7]), int(fields[9])))
+    return out
+
+
 def rendezvous_names(port, host):
-    """(version, abstract name) in the order a client tries them: v2 then v1, each exact,
-    family wildcard, dual-stack wildcard."""
-    wildcard = "*6" if ":" in host else "*4"
-    return [(v, f"\0slipstream-v{v}:{port}:{scope}")
-            for v in (2, 1) for scope in (host, wildcard, "*")]
+    """[(abstract name, listener uid, listener inode)] in the order a client tries them: the
+    listeners of `port` a SYN to `host` can reach, exact address first (for IPv4 also its
+    v4-mapped form), then the family's wildcard, then the dual-stack wildcard "::"."""
+    v6 = ":" in host
+    exact = {host} if v6 else {host, f"::ffff:{host}"}
+    wildcards = ["::"] if v6 else ["0.0.0.0", "::"]
+    ranked = []
+    for address, uid, inode in tcp_listeners(port):
+        if address in exact:
+            rank = 0
+        elif address in wildcards:
+            rank = 1 + wildcards.index(address)
+        else:
+            continue  # bound to another address: no SYN to `host` reaches it
+        ranked.append((rank, f"\0slipstream-v3:{port}:{inode}", uid, inode))
+    return [entry[1:] for entry in sorted(ranked)]
 
 
-def find_rendezvous(port, host, nonblocking=False):
-    """Connects to the first rendezvous that accepts: (socket, version, name), or
-    (None, None, why) where why is "none" (no name) or "busy" (a full backlog: EAGAIN)."""
+def peer_uid(sock):
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                        struct.calcsize("3i")))
+    return uid
+
+
+def find_rendezvous(port, host, nonblocking=False, names=None, check_owner=True):
+    """Connects to the rendezvous of the first listener of `port` (rendezvous_names, or
+    `names` as it returned them) that accepts and, with `check_owner`, is held by the
+    listener's uid: (socket, inode, name), or (None, None, why) where why is "none" (no
+    rendezvous), "busy" (a full backlog: EAGAIN) or "untrusted" (only names held by another
+    uid than their listener's)."""
     why = "none"
-    for version, name in rendezvous_names(port, host):
+    for name, uid, inode in (rendezvous_names(port, host) if names is None else names):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         if nonblocking:
             sock.setblocking(False)
@@ -156,8 +227,12 @@ def find_rendezvous(port, host, nonblocking=False):
             if e.errno == errno.EAGAIN:
                 return None, None, "busy"
             continue
+        if check_owner and peer_uid(sock) != uid:
+            sock.close()
+            why = "untrusted"
+            continue
         sock.setblocking(True)
-        return sock, version, name
+        return sock, inode, name
     return None, None, why
 
 
@@ -168,8 +243,9 @@ def send_with_fds(sock, data, fds):
 
 
 def read_answer(sock, timeout):
-    """The server's answer on a v2 rendezvous connection: ("accept", nonce),
-    ("decline", nonce, reason), ("eof",), ("junk", hex) or None (nothing within timeout)."""
+    """The listener's answer on a rendezvous connection: ("accept", nonce),
+    ("decline", nonce, reason), ("eof",), ("error", errno), ("junk", hex) or None (nothing
+    within timeout)."""
     # poll, not select: a flood holds descriptors far above select's 1024.
     poller = select.poll()
     poller.register(sock, select.POLLIN)
@@ -194,7 +270,8 @@ def read_answer(sock, timeout):
 REGION_MAGIC = 0x4D485350
 CONTROL_PAGE = 4096
 OFF_MAGIC, OFF_RING_SIZE, OFF_NONCE, OFF_CLAIM = 0, 4, 8, 16
-CLAIM_OPEN, CLAIM_CONFIRMED, CLAIM_WITHDRAWN, CLAIM_ABANDONED = 0, 1, 2, 3
+CLAIM_OPEN, CLAIM_TAKEN, CLAIM_WITHDRAWN, CLAIM_ABANDONED = 0, 1, 2, 3
+CLAIM_NAMES = {0: "open", 1: "taken", 2: "withdrawn", 3: "abandoned"}
 TO_SERVER, TO_CLIENT = 64, 256  # each direction's control block
 # within a direction's block
 D_PRODUCED, D_EOF, D_CONSUMED, D_READER_CLOSED = 0, 8, 64, 72
@@ -281,7 +358,7 @@ def random_chunks(rng, total, max_size):
 # ------------------------------------------------------------------------------ the client
 
 class RawClient:
-    """One connection: region, proxies, REGISTER, TCP, claim, CONFIRM, then the rings."""
+    """One connection: region, proxies, REGISTER, TCP, the claim, then the rings."""
 
     def __init__(self, args, bad_proxies=False):
         self.args = args
@@ -305,51 +382,99 @@ class RawClient:
         self.tcp = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
         self.tcp.bind((args.host, 0))
         self.source_port = self.tcp.getsockname()[1]
-        self.version = None
+        self.rendezvous = None
+        self.listener_inode = None
         self.name = None
         self.answer = None
         self.accelerated = False
-        self.sent_confirm = False
-        self.claim_before = None
+        self.set_claim = False     # we wrote 1 into the claim word ourselves
+        self.claim_seen = None     # the claim word when we decided
+        self.withdrew = False
+        self.waited_s = None
         self.produced = 0
         self.consumed = 0
         self.tokens_written = 0
 
     def register(self):
-        rv, self.version, self.name = find_rendezvous(self.args.port, self.args.host)
+        """Finds the rendezvous and sends REGISTER with the four descriptors; the rendezvous
+        socket (kept open: the answer comes there), or None."""
+        rv, self.listener_inode, self.name = find_rendezvous(self.args.port, self.args.host)
         if rv is None:
             self.answer = ("no_rendezvous", self.name)
+            self.name = None
             return None
         msg = register_message((self.args.host, self.source_port),
                                (self.args.host, self.args.port), self.nonce, self.ring,
                                region_size(self.ring))
         send_with_fds(rv, msg, self.fds)
+        self.rendezvous = rv
         return rv
 
-    def handshake(self, claim=True, confirm=True, before_confirm=None):
-        """REGISTER, (v2: the answer), connect, claim, CONFIRM. Sets self.accelerated."""
+    def claim(self):
+        return self.region.u32(OFF_CLAIM)
+
+    def await_answer(self, timeout):
+        """Until the listener answers (ACCEPT, DECLINE, or closes the connection) or the
+        claim word leaves 0, at most `timeout` s. Sets self.answer; returns the claim word."""
+        start = time.monotonic()
+        deadline = start + timeout
+        rv = self.rendezvous
+        while True:
+            claim = self.claim()
+            if rv is not None and self.answer is None:
+                answer = read_answer(rv, min(0.005, max(0.0, deadline - time.monotonic())))
+                if answer is not None:
+                    self.answer = answer
+                    claim = self.claim()  # (the server claims before it answers)
+            if self.answer is not None or (claim != CLAIM_OPEN and not self.set_claim):
+                break
+            if time.monotonic() >= deadline:
+                break
+            if rv is None:
+                time.sleep(0.005)
+        self.waited_s = round(time.monotonic() - start, 3)
+        return claim
+
+    def withdraw(self):
+        """Claim 0 -> 2 (read, then write if still open). True when the connection is ours to
+        carry on TCP (withdrawn now, or abandoned/withdrawn before); False when the server
+        took it meanwhile."""
+        claim = self.claim()
+        if claim == CLAIM_OPEN:
+            self.region.put32(OFF_CLAIM, CLAIM_WITHDRAWN)
+            self.withdrew = True
+            claim = self.claim()
+        self.claim_seen = claim
+        return claim != CLAIM_TAKEN
+
+    def handshake(self, before_connect=None, set_claim=False, withdraw=True):
+        """REGISTER, `before_connect()` (e.g. publish into the ring: the client writes its
+        ring from the start), [claim word := 1 by us], TCP connect from the registered
+        4-tuple, then wait up to --answer-timeout for the server to take the connection.
+        Sets and returns self.accelerated: the claim word says taken, by the server (never
+        when we set it ourselves). Not taken: with `withdraw`, claim 0 -> 2 and the
+        connection is plain TCP from byte 0."""
         rv = self.register()
-        if rv is not None and self.version == 2:
-            self.answer = read_answer(rv, self.args.answer_timeout)
+        if rv is not None and before_connect:
+            before_connect()
+        if rv is not None and set_claim:
+            self.region.put32(OFF_CLAIM, CLAIM_TAKEN)
+            self.set_claim = True
         self.tcp.connect((self.args.host, self.args.port))
-        if rv is not None and self.version == 2 and self.answer is None:
-            self.answer = read_answer(rv, self.args.late_answer_timeout)
-        if rv is not None:
-            rv.close()
-        if rv is None or (self.version == 2 and (not self.answer or self.answer[0] != "accept")):
-            return False  # plain TCP: nothing of ours goes into the stream
-        if before_confirm:
-            before_confirm()
-        if claim:
-            self.claim_before = self.region.u32(OFF_CLAIM)
-            if self.claim_before != CLAIM_OPEN:
-                return False  # the server gave up on us first: stay plain
-            self.region.put32(OFF_CLAIM, CLAIM_CONFIRMED)
-        if confirm:
-            self.tcp.sendall(confirm_message(self.nonce, self.ring))
-            self.sent_confirm = True
+        if rv is None:
+            return False  # plain TCP: nothing of ours anywhere
+        claim = self.await_answer(self.args.answer_timeout)
+        self.claim_seen = claim
+        if self.set_claim:
+            return False  # whatever the word says, we wrote it
+        if claim == CLAIM_TAKEN:
             self.accelerated = True
-        return True
+        elif withdraw:
+            self.accelerated = not self.withdraw()
+        if self.answer is not None or withdraw:
+            rv.close()
+            self.rendezvous = None
+        return self.accelerated
 
     # The peer's side of the rings (the client's view: we write TO_SERVER, read TO_CLIENT).
 
@@ -411,8 +536,8 @@ class RawClient:
 
     def wait_consumed(self, timeout):
         """True once the server read everything we published; a text when it dropped the
-        connection instead (its TCP end closed, reset or sent bytes: a DECLINE); False
-        after `timeout` s."""
+        connection instead (its TCP end closed or reset; or sent bytes, which nothing of
+        ours ever does on TCP); False after `timeout` s."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.region.u64(TO_SERVER + D_CONSUMED) == self.produced:
@@ -454,12 +579,14 @@ class RawClient:
         return bytes(echo)
 
     def close(self):
-        for sock in (self.tcp, self.server_a, self.server_b, self.client_a, self.client_b):
-            sock.close()
+        for sock in (self.tcp, self.server_a, self.server_b, self.client_a, self.client_b,
+                     self.rendezvous):
+            if sock is not None:
+                sock.close()
 
 
 def plain_exchange(sock, payload, timeout):
-    """The same echo exchange on the TCP socket itself (declined: plain)."""
+    """The same echo exchange on the TCP socket itself (not taken: plain)."""
     sock.settimeout(timeout)
     sock.sendall(payload)
     sock.shutdown(socket.SHUT_WR)
@@ -473,10 +600,37 @@ def plain_exchange(sock, payload, timeout):
 
 
 def describe(client):
-    return dict(version=client.version, name=(client.name or "").lstrip("\0"),
-                answer=list(client.answer) if client.answer else None,
-                accelerated=client.accelerated, source_port=client.source_port,
-                claim_before=client.claim_before, sent_confirm=client.sent_confirm)
+    answer = client.answer
+    if answer and answer[0] == "decline":
+        answer = [*answer, DECLINE_REASONS.get(answer[2], "?")]
+    return dict(name=(client.name or "").lstrip("\0") or None,
+                listener_inode=client.listener_inode,
+                answer=list(answer) if answer else None, accelerated=client.accelerated,
+                source_port=client.source_port, set_claim=client.set_claim,
+                claim=CLAIM_NAMES.get(client.claim_seen, client.claim_seen),
+                withdrew=client.withdrew, waited_s=client.waited_s)
+
+
+def tcp_probe(sock, size, timeout, seed):
+    """`size` random bytes over the TCP connection itself, and the echo read back (an echo
+    server that has the connection as plain TCP sends exactly them)."""
+    payload = random.Random(seed).randbytes(size)
+    echo = bytearray()
+    end = None
+    sock.settimeout(timeout)
+    try:
+        sock.sendall(payload)
+        while len(echo) < len(payload):
+            data = sock.recv(65536)
+            if not data:
+                end = "eof"
+                break
+            echo += data
+    except socket.timeout:
+        end = "timeout"
+    except OSError as e:
+        end = errno.errorcode.get(e.errno, str(e.errno))
+    return dict(sent=len(payload), received=len(echo), exact=bytes(echo) == payload, end=end)
 
 
 # ------------------------------------------------------------------------------ modes
@@ -484,14 +638,17 @@ def describe(client):
 def mode_hold(args, stage):
     """register / connect / claim: stop after `stage` and hold."""
     client = RawClient(args)
+    probe = None
     if stage == "register":
-        rv = client.register()
-        if rv is not None and client.version == 2:
-            client.answer = read_answer(rv, args.answer_timeout)
+        if client.register() is not None:
+            client.claim_seen = client.await_answer(args.answer_timeout)
     else:
-        client.handshake(claim=stage == "claim", confirm=False)
+        client.handshake(set_claim=stage == "claim", withdraw=False)
+        if args.probe and not client.accelerated:
+            probe = tcp_probe(client.tcp, args.probe, args.timeout, args.seed)
+    client.claim_seen = client.claim()
     mark("HOLDING")
-    report(mode=stage, **describe(client))
+    report(mode=stage, probe=probe, **describe(client))
     time.sleep(args.hold)
     client.close()
 
@@ -608,9 +765,9 @@ def toggler(region, good, huge, realtime):
 
 
 def wait_taken(client, timeout):
-    """Until the server has visibly taken the connection: it reads our ring (`consumed`
-    moves), or its end of the TCP connection closes or resets (declined, or the process is
-    gone). Returns what was seen, or "timeout"."""
+    """Until the server has visibly acted on the connection it took: it reads our ring
+    (`consumed` moves), or its end of the TCP connection closes or resets (it dropped the
+    connection, or the process is gone). Returns what was seen, or "timeout"."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if client.region.u64(TO_SERVER + D_CONSUMED) != 0:
@@ -644,8 +801,14 @@ def mode_ring_size_race(args):
                 # Make the server read far (a huge `produced`) and echo what it read.
                 client.region.put64(TO_SERVER + D_PRODUCED, 0x40000000)
                 client.wake_reader(force=True)
-            outcome["taken"] = wait_taken(client, args.hold)
-            time.sleep(0.2)  # the server reads and echoes (or crashes) meanwhile
+                outcome["taken"] = wait_taken(client, args.hold)
+                time.sleep(0.2)  # the server reads and echoes (or crashes) meanwhile
+            else:
+                # Not taken (the listener declined the region it read, e.g. with the huge
+                # ring size): a plain connection, nothing for the server to read.
+                answer = client.answer or ("none",)
+                outcome["taken"] = "not taken: " + (
+                    DECLINE_REASONS.get(answer[2], "?") if answer[0] == "decline" else answer[0])
         except OSError as e:
             outcome["error"] = f"{errno.errorcode.get(e.errno, e.errno)}"
         finally:
@@ -657,7 +820,6 @@ def mode_ring_size_race(args):
     taken = {}
     for a in attempts:
         what = a.get("taken") or a.get("error") or "?"
-        what = "declined" if what.startswith("tcp bytes 534c495001050000") else what
         taken[what] = taken.get(what, 0) + 1
     report(mode="ring_size_race", attempts=len(attempts), taken=taken, details=attempts[-2:])
 
@@ -667,14 +829,14 @@ def mode_bad_proxies(args):
     rng = random.Random(args.seed)
     payload = rng.randbytes(args.bytes)
 
-    def preload():  # published before CONFIRM: no token needed for the server's first read
+    def preload():  # published before the server took it: no token for its first read
         client.publish(payload, token=False)
 
-    accelerated = client.handshake(before_confirm=preload)
+    accelerated = client.handshake(before_connect=preload)
     if accelerated:
         consumed = client.wait_consumed(args.timeout)
     else:
-        client.tcp.sendall(payload)
+        client.tcp.sendall(payload)  # plain from byte 0: what the ring held goes over TCP
         consumed = None
     report(mode="bad_proxies", sent=len(payload), sent_sha256=hashlib.sha256(payload).hexdigest(),
            consumed=consumed, **describe(client))
@@ -691,7 +853,7 @@ def mode_stray_token(args):
     def preload():
         client.publish(payload, token=False)
 
-    accelerated = client.handshake(before_confirm=preload)
+    accelerated = client.handshake(before_connect=preload)
     consumed = client.wait_consumed(args.timeout) if accelerated else None
     if accelerated:
         client.server_b.send(b"s" * args.stray)
@@ -733,9 +895,11 @@ def main():
                         help="ring_size_race: the flipper runs SCHED_FIFO (root)")
     parser.add_argument("--stray", type=int, default=16, help="stray_token: bytes written")
     parser.add_argument("--answer-timeout", type=float, default=2.0,
-                        help="v2: wait this long for ACCEPT/DECLINE before the SYN")
-    parser.add_argument("--late-answer-timeout", type=float, default=0.5,
-                        help="v2: and this long after it, when none came before")
+                        help="after the SYN, wait this long for the server to take the "
+                        "connection (ACCEPT, claim word 1) or decline; then withdraw")
+    parser.add_argument("--probe", type=int, default=0,
+                        help="claim/connect: when not taken, this many bytes over TCP, "
+                        "echo read back")
     args = parser.parse_args()
     MODES[args.mode](args)
 

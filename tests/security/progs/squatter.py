@@ -1,17 +1,21 @@
-"""The rendezvous squatter: a local user (run it as uid nobody) who binds the abstract names
-a Slipstream server is about to publish for --port, before that server starts, and waits
-for Slipstream clients to hand it their registrations.
+"""The rendezvous squatter: a local user (run it as uid nobody) who binds the abstract name
+a Slipstream server is about to publish for its listening socket, before the server
+publishes it, and waits for Slipstream clients to hand it their registrations.
 
 Abstract AF_UNIX names have no owner and no permissions: whoever binds a name first holds
 it. A client that trusts any process behind the name sends it REGISTER with four
 descriptors: its shared-memory region (the connection's bytes, both ways) and the proxies.
 
-Binds "\\0slipstream-v1:<port>:<scope>" and "\\0slipstream-v2:<port>:<scope>" for each
---scope (e.g. 127.0.0.1, or *4 for a 0.0.0.0 listener) as SOCK_SEQPACKET listeners, prints
-READY, then accepts every connection and records every message and every descriptor it is
-sent. On SIGTERM it prints one JSON line:
-  {"uid", "bound": [names], "connections": n, "messages": [{"name", "bytes", "fds",
-   "type", "head"}], "fds": total descriptors received}
+Protocol v3 names one rendezvous per TCP listening socket:
+"\\0slipstream-v3:<port>:<inode>", with the listening socket's inode. A real squatter would
+predict the inode (socket inodes come from a counter) or race the server between its
+socket() and listen(); the test makes it deterministic: its server prints the inode after
+bind() and listens only once we hold the name (progs/late_listen.py). Binds the name for
+each --inode as a SOCK_SEQPACKET listener, prints READY, then accepts every connection and
+records every message and every descriptor it is sent. On SIGTERM it prints one JSON line:
+  {"uid", "bound": [names], "connections": n, "peers": [{"pid", "uid"} of each connection,
+   SO_PEERCRED], "messages": [{"name", "bytes", "fds", "type", "head"}], "fds": total
+   descriptors received}
 """
 
 import argparse
@@ -28,20 +32,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--scope", action="append", required=True)
+    parser.add_argument("--inode", type=int, action="append", required=True,
+                        help="the listening socket's inode (repeatable)")
     args = parser.parse_args()
 
     sel = selectors.DefaultSelector()
     bound = []
-    for version in (1, 2):
-        for scope in args.scope:
-            name = f"\0slipstream-v{version}:{args.port}:{scope}"
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            sock.bind(name)
-            sock.listen(64)
-            sel.register(sock, selectors.EVENT_READ, ("listener", name))
-            bound.append(name[1:])
-    state = {"connections": 0, "messages": [], "fds": 0}
+    for inode in args.inode:
+        name = f"\0slipstream-v3:{args.port}:{inode}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.bind(name)
+        sock.listen(64)
+        sel.register(sock, selectors.EVENT_READ, ("listener", name))
+        bound.append(name[1:])
+    state = {"connections": 0, "peers": [], "messages": [], "fds": 0}
 
     def finish(*_):
         print(json.dumps({"uid": os.getuid(), "bound": bound, **state}), flush=True)
@@ -56,6 +60,9 @@ def main():
             if kind == "listener":
                 conn, _ = key.fileobj.accept()
                 state["connections"] += 1
+                pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+                state["peers"].append({"pid": pid, "uid": uid})
                 sel.register(conn, selectors.EVENT_READ, ("conn", name))
                 continue
             conn = key.fileobj
