@@ -374,7 +374,7 @@ void ControlUnwatch(SlipSocket* s) noexcept {
     sys::epoll_ctl(st.epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
 }
 
-void ControlSettle(SlipSocket* s, int wait_ms) noexcept {
+void ControlSettle(SlipSocket* s) noexcept {
   ControlState& st = State();
   int epfd;
   {
@@ -383,12 +383,6 @@ void ControlSettle(SlipSocket* s, int wait_ms) noexcept {
     if (epfd < 0) return;  // (ControlWatch ran: it has started)
   }
   ChannelControl* channel = s->stream->control();
-  // The news is usually here already, or on its way: waiting for it a moment costs one
-  // sleep, where handing the connection to the thread costs several wake-ups.
-  if (const int fd = channel->SettleFd(); fd >= 0 && wait_ms > 0) {
-    pollfd p{fd, POLLIN, 0};
-    sys::poll(&p, 1, wait_ms);
-  }
   SettleNow(s, epfd, sys::MonotonicMs());
   const uint64_t deadline = channel->SettleDeadline();
   if (deadline == 0) return;

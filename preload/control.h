@@ -25,10 +25,9 @@ bool ControlReady() noexcept;
 void ControlWatch(SlipSocket* s) noexcept;
 // Stops watching (called before the socket is torn down).
 void ControlUnwatch(SlipSocket* s) noexcept;
-// An accelerated socket (watched) whose channel is not settled yet: settles it now if it
-// can (the usual case; waiting up to `wait_ms` for its channel's news), and otherwise the
-// thread settles it from then on.
-void ControlSettle(SlipSocket* s, int wait_ms = 0) noexcept;
+// An accelerated socket (watched) whose channel is not settled yet: settles it now if its
+// news is already there, and otherwise the thread settles it from then on.
+void ControlSettle(SlipSocket* s) noexcept;
 // A listener this process accepts on: its twins' work is done as it arrives (shm: the
 // rendezvous' registrations read and answered), once per process; a fork child that
 // accepts registers its own.

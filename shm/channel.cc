@@ -240,14 +240,7 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
     const uint32_t value = claim_->load(std::memory_order_acquire);
     return value <= uint32_t(Claim::kAbandoned) ? Claim(value) : Claim::kAbandoned;
   }
-  // True when the connection is now plain for both ends: withdrawn here, or dropped by
-  // the server; false when the server had taken it.
-  bool WithdrawClaim() noexcept {
-    uint32_t expected = uint32_t(Claim::kOpen);
-    return claim_->compare_exchange_strong(expected, uint32_t(Claim::kWithdrawn),
-                                           std::memory_order_acq_rel) ||
-           expected != uint32_t(Claim::kTaken);
-  }
+  bool WithdrawClaim() noexcept { return shm::WithdrawClaim(claim_); }
   void Settled() noexcept {
     deadline_.store(0, std::memory_order_release);
     if (const int fd = rendezvous_.exchange(-1); fd >= 0) sys::close(fd);

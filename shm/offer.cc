@@ -162,12 +162,7 @@ int SendRegister(int rendezvous, const Offer& offer, const wire::Endpoint& clien
 }
 
 bool ClaimWithdraw(Offer* offer) noexcept {
-  if (!offer->region) return true;
-  uint32_t expected = uint32_t(Claim::kOpen);
-  return static_cast<RegionControl*>(offer->region)
-             ->header.claim.compare_exchange_strong(expected, uint32_t(Claim::kWithdrawn),
-                                                    std::memory_order_acq_rel) ||
-         expected != uint32_t(Claim::kTaken);
+  return !offer->region || WithdrawClaim(&static_cast<RegionControl*>(offer->region)->header.claim);
 }
 
 std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,

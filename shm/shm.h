@@ -63,6 +63,16 @@ Transport* TheTransport() noexcept;
 // Any other value (the peer wrote it) counts as kOpen for the server.
 enum class Claim : uint32_t { kOpen = 0, kTaken = 1, kWithdrawn = 2, kAbandoned = 3 };
 
+// The client's withdrawal of the claim word `claim`: open -> withdrawn. True when the
+// connection is plain for both ends now (withdrawn here, or dropped by the server before);
+// false when the server took it first.
+inline bool WithdrawClaim(std::atomic<uint32_t>* claim) noexcept {
+  uint32_t expected = uint32_t(Claim::kOpen);
+  return claim->compare_exchange_strong(expected, uint32_t(Claim::kWithdrawn),
+                                        std::memory_order_acq_rel) ||
+         expected != uint32_t(Claim::kTaken);
+}
+
 // What MakeChannel needs: a mapped, validated region and the descriptors around it.
 struct ChannelSetup {
   void* region = nullptr;  // mapped, region_size bytes (the channel takes the mapping)

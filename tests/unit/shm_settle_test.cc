@@ -346,7 +346,9 @@ struct Connection {
     testing::NonBlocking(tcp_client);
     int one = 1;
     setsockopt(tcp_client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (accepted) ASSERT_NO_FATAL_FAILURE(Accept());
+    if (accepted) {
+      ASSERT_NO_FATAL_FAILURE(Accept());
+    }
   }
   void Accept() {
     tcp_server = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);

@@ -29,14 +29,21 @@ def random_chunks(rng, total, max_size):
         yield rng.randbytes(size)
 
 
-def listen(port, address=LOOPBACK):
-    """A listener on `address` (IPv4, or IPv6 dual-stack when the address has a colon)."""
+def bound(port, address=LOOPBACK):
+    """A TCP socket bound to `address` (IPv4, or IPv6 dual-stack when the address has a
+    colon), not listening yet."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if family == socket.AF_INET6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     sock.bind((address, port))
+    return sock
+
+
+def listen(port, address=LOOPBACK):
+    """A listener on `address` (as bound())."""
+    sock = bound(port, address)
     sock.listen(16)
     return sock
 

@@ -3,7 +3,7 @@ listening socket listens only when the test says so: `late_listen.py GO_FILE bul
 
 A v3 rendezvous is named after the TCP listening socket's inode, and the shim publishes it
 at listen(). So that a squatter can bind that very name first (rendezvous_squat), the
-listener is created and bound as bulk.py's would be (common.listen: SO_REUSEADDR, dual
+listener is created and bound as bulk.py's would be (common.bound: SO_REUSEADDR, dual
 stack for IPv6), then "INODE <n>" is printed (fstat of the socket: the inode the kernel
 shows for it in /proc/net/tcp, and the one the shim names its rendezvous after), and
 listen() is called only once GO_FILE exists (at most 30 s; then it exits with status 2).
@@ -11,7 +11,6 @@ Everything else is bulk.py's: its arguments, its transfer and its JSON report.
 """
 
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -26,12 +25,7 @@ GO_WAIT_S = 30
 
 def listen_after(go_file):
     def listen(port, address=common.LOOPBACK):
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind((address, port))
+        sock = common.bound(port, address)
         print(f"INODE {os.fstat(sock.fileno()).st_ino}", flush=True)
         deadline = time.monotonic() + GO_WAIT_S
         while not os.path.exists(go_file):
