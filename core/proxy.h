@@ -24,13 +24,31 @@ namespace slip {
 // Wake-up bookkeeping of one direction, shared by its sender and its receiver.
 // Lives in memory both can reach (the shared region for shm).
 struct WakeState {
-  std::atomic<uint32_t> reader_waiting;  // receiver wants a token on the next publish
+  std::atomic<uint32_t> reader_waiting;  // the receiver's ask (kAsk*): a token on publish
   std::atomic<uint32_t> writer_waiting;  // sender filled its proxy; drain it on consume
   std::atomic<uint32_t> tokens;          // tokens written to the receiver's proxy, not drained
   uint32_t pad;
 };
 
+// What a receiver asks of the publishes (WakeState::reader_waiting). kAskOnce: a token on
+// the next one, which takes the ask (a sleeper needs one wake-up). kAskEvery: a token on
+// each (an edge-triggered epoll watcher sees an edge at every arrival, as on TCP). A peer
+// that knows only kAskOnce treats kAskEvery as it: one token.
+constexpr uint32_t kAskNone = 0;
+constexpr uint32_t kAskOnce = 1;
+constexpr uint32_t kAskEvery = 2;
+
 namespace proxy {
+
+// The publisher's side, after its publish is visible (sequentially consistent): whether the
+// receiver wants a token for it. Takes a one-shot ask.
+inline bool TakeReaderAsk(WakeState* wake) noexcept {
+  uint32_t ask = wake->reader_waiting.load(std::memory_order_relaxed);
+  while (ask == kAskOnce) {
+    if (wake->reader_waiting.compare_exchange_weak(ask, kAskNone)) return true;
+  }
+  return ask == kAskEvery;
+}
 
 // Creates a proxy pair: sv[0] is A (given to the application), sv[1] is B.
 // Both close-on-exec; A gets the smallest send buffer so that it fills in a few writes.

@@ -12,6 +12,7 @@
 #include <ctime>
 
 #include "core/log.h"
+#include "core/rearm_list.h"
 #include "core/sys.h"
 
 namespace slip {
@@ -90,6 +91,7 @@ Stream::Stream(std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
 // fork another process may still hold the connection, and only the kernel knows when the
 // last holder is gone (it then closes the TCP anchor, whose FIN the peer watches).
 Stream::~Stream() {
+  SetRearmList(nullptr);
   if (proxy_a_ >= 0) sys::close(proxy_a_);
   if (proxy_b_ >= 0) sys::close(proxy_b_);
   if (Channel* channel = channel_.release()) channel->Destroy();
@@ -318,6 +320,35 @@ int Stream::RecvEndState() noexcept {
 }
 
 ssize_t Stream::Recv(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept {
+  const ssize_t rc = RecvUntilDone(iov, iovcnt, flags, nonblocking);
+  // The receive may have taken the last token with no ask pending: then the proxy would not
+  // show the next publish, and whoever sleeps next must arm it first.
+  if (!Armed()) {
+    if (RearmList* list = rearm_.load(std::memory_order_acquire)) list->MarkChanged(this);
+  }
+  return rc;
+}
+
+bool Stream::Armed() const noexcept {
+  const WakeState* wake = channel_->RxWake();
+  return wake->reader_waiting.load(std::memory_order_relaxed) != 0 ||
+         wake->tokens.load(std::memory_order_relaxed) != 0;
+}
+
+void Stream::SetEdgeTriggered(bool on) noexcept {
+  if (edge_triggered_.exchange(on, std::memory_order_relaxed) == on) return;
+  // The ask changes at the next arming, however armed the stream is now.
+  if (RearmList* list = rearm_.load(std::memory_order_acquire)) list->MarkChanged(this);
+}
+
+void Stream::SetRearmList(RearmList* list) noexcept {
+  RearmList* old = rearm_.load(std::memory_order_relaxed);
+  if (old == list) return;
+  if (old) old->Leave(this);
+  if (list) list->Join(this);
+}
+
+ssize_t Stream::RecvUntilDone(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept {
   if (flags & MSG_OOB) return -EINVAL;
   size_t total = IovTotal(iov, iovcnt);
   if (total == SIZE_MAX) return -EINVAL;
@@ -388,7 +419,7 @@ int Stream::WaitReadable(uint64_t seen) noexcept {
   if (int fd = channel_->BeginRxSleep(); fd >= 0) return WaitReadableDirect(seen, fd);
   WakeState* wake = channel_->RxWake();
   rx_sleepers_.fetch_add(1, std::memory_order_relaxed);
-  wake->reader_waiting.store(1, std::memory_order_relaxed);
+  wake->reader_waiting.store(Ask(), std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   int rc = 0;
   if (channel_->RxProduced() == seen && !RxFinished()) {
@@ -410,7 +441,7 @@ int Stream::WaitReadable(uint64_t seen) noexcept {
   // One token wakes one sleeper. If others still sleep, arm again on their behalf (and
   // wake one now if bytes are already there), so that each of them is woken in turn.
   if (rx_sleepers_.fetch_sub(1, std::memory_order_relaxed) > 1) {
-    wake->reader_waiting.store(1, std::memory_order_relaxed);
+    wake->reader_waiting.store(Ask(), std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (HasRxData() && wake->tokens.load(std::memory_order_relaxed) == 0)
       proxy::WriteToken(wake, proxy_b_);
@@ -569,7 +600,7 @@ uint32_t Stream::Ready(uint32_t interest) const noexcept {
 void Stream::PrepareToSleep(uint32_t interest) noexcept {
   if (interest & (EPOLLIN | EPOLLRDHUP)) {
     WakeState* wake = channel_->RxWake();
-    wake->reader_waiting.store(1, std::memory_order_relaxed);
+    wake->reader_waiting.store(Ask(), std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (HasRxData() && wake->tokens.load(std::memory_order_relaxed) == 0)
       proxy::WriteToken(wake, proxy_b_);

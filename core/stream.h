@@ -24,8 +24,11 @@
 
 #include "core/channel.h"
 #include "core/channel_control.h"
+#include "core/proxy.h"
 
 namespace slip {
+
+class RearmList;
 
 struct StreamOptions {
   uint32_t spin_us = 50;
@@ -65,6 +68,15 @@ class Stream {
   // proxy's readiness true now, and arm wake-ups for later changes.
   void PrepareToSleep(uint32_t interest) noexcept;
 
+  // Whether an edge-triggered epoll set watches this stream's proxy: then every publish
+  // writes a token (a new edge at each arrival, as TCP gives), not just one per sleep.
+  void SetEdgeTriggered(bool on) noexcept;
+
+  // From now on a receive that leaves this stream unarmed (core/rearm_list.h) lists it in
+  // `list`, which prepares it before the next sleep; null leaves the list. The stream
+  // leaves by itself when destroyed.
+  void SetRearmList(RearmList* list) noexcept;
+
   // The peer process is gone (its TCP anchor closed or reset). Wakes every sleeper.
   // `reset`: it went with a reset (RST on the anchor, e.g. SO_LINGER {1,0}): after the bytes
   // already here, the reader gets ECONNRESET once, as on TCP.
@@ -88,6 +100,14 @@ class Stream {
   uint64_t bytes_produced() const noexcept { return produced_.load(std::memory_order_relaxed); }
 
  private:
+  friend class RearmList;
+
+  ssize_t RecvUntilDone(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept;
+  // Armed: the peer's next publish writes a token, or one is queued (rearm_list.h).
+  bool Armed() const noexcept;
+  uint32_t Ask() const noexcept {
+    return edge_triggered_.load(std::memory_order_relaxed) ? kAskEvery : kAskOnce;
+  }
   // One attempt under the side's lock. Returns a result (bytes or -errno) or kMustWait,
   // with progress kept in *done; the caller then sleeps without the lock.
   static constexpr ssize_t kMustWait = -(1l << 40);
@@ -147,6 +167,15 @@ class Stream {
   mutable std::atomic<bool> violated_{false};
   std::atomic<bool> discarded_after_close_{false};
   std::atomic<int> rx_sleepers_{0};  // threads asleep in WaitReadable
+  std::atomic<bool> edge_triggered_{false};
+
+  // RearmList membership; the links and flags are the list's, under its lock.
+  std::atomic<RearmList*> rearm_{nullptr};
+  Stream* rearm_prev_ = nullptr;
+  Stream* rearm_next_ = nullptr;
+  bool rearm_member_ = false;
+  bool rearm_listed_ = false;
+  bool rearm_shared_ = false;
 };
 
 }  // namespace slip

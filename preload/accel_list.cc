@@ -1,15 +1,12 @@
 #include "preload/accel_list.h"
 
-#include <sched.h>
-#include <sys/epoll.h>
-
 #include <algorithm>
 #include <atomic>
-#include <ctime>
 #include <mutex>
 #include <vector>
 
 #include "core/no_destructor.h"
+#include "core/rearm_list.h"
 #include "preload/fd_table.h"
 
 namespace slip::preload {
@@ -17,9 +14,10 @@ namespace slip::preload {
 namespace {
 
 struct AccelList {
-  std::mutex mu;
+  std::mutex mu;  // before rearm's
   std::vector<SlipSocket*> sockets;
   std::atomic<size_t> count{0};
+  RearmList rearm;
 };
 
 AccelList& List() noexcept {
@@ -27,10 +25,10 @@ AccelList& List() noexcept {
   return *list;
 }
 
-uint64_t NowNs() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+void ShareAllLocked(AccelList& l) noexcept {
+  for (SlipSocket* s : l.sockets) {
+    if (s->stream) l.rearm.Share(s->stream.get());
+  }
 }
 
 }  // namespace
@@ -44,6 +42,7 @@ bool AccelListAdd(SlipSocket* s) noexcept {
     return false;
   }
   l.count.store(l.sockets.size(), std::memory_order_relaxed);
+  s->stream->SetRearmList(&l.rearm);
   try {
     if (l.sockets.capacity() - l.sockets.size() < 16) l.sockets.reserve(l.sockets.size() * 2 + 16);
   } catch (...) {
@@ -69,46 +68,39 @@ void AccelListRemove(SlipSocket* s) noexcept {
   if (it == l.sockets.end()) return;
   *it = l.sockets.back();
   l.sockets.pop_back();
+  // (A stream handed back to TCP at exec stays alive and must not be armed any more.)
+  if (s->stream) s->stream->SetRearmList(nullptr);
   l.count.store(l.sockets.size(), std::memory_order_relaxed);
 }
 
 void AccelListForkPrepare() noexcept {
-  List().mu.lock();
+  AccelList& l = List();
+  l.mu.lock();
+  l.rearm.ForkPrepare();
 }
 void AccelListForkParent() noexcept {
-  List().mu.unlock();
+  AccelList& l = List();
+  l.rearm.ForkParent();
+  ShareAllLocked(l);
+  l.mu.unlock();
 }
 void AccelListForkChild() noexcept {
-  List().mu.unlock();
+  AccelList& l = List();
+  l.rearm.ForkChild();
+  ShareAllLocked(l);
+  l.mu.unlock();
 }
 
 bool AccelListNonEmpty() noexcept {
   return List().count.load(std::memory_order_relaxed) != 0;
 }
 
-void PrepareAllForSleep() noexcept {
-  AccelList& l = List();
-  // Membership changes take the same lock before a socket is torn down, so every
-  // stream seen here stays valid while the lock is held.
-  std::lock_guard<std::mutex> lock(l.mu);
-  for (SlipSocket* s : l.sockets) {
-    if (s->stream) s->stream->PrepareToSleep(EPOLLIN);
-  }
+void PrepareChangedForSleep() noexcept {
+  List().rearm.PrepareChanged();
 }
 
-bool SpinForAnyReadable(uint32_t spin_us) noexcept {
-  AccelList& l = List();
-  const uint64_t deadline = NowNs() + uint64_t(spin_us) * 1000;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(l.mu);
-      for (SlipSocket* s : l.sockets) {
-        if (s->stream && (s->stream->Ready(EPOLLIN) & EPOLLIN)) return true;
-      }
-    }
-    if (NowNs() >= deadline) return false;
-    sched_yield();  // let a peer on this CPU run (see Stream::SpinUntil)
-  }
+bool RecentReadable() noexcept {
+  return List().rearm.AnyRecentReadable();
 }
 
 }  // namespace slip::preload

@@ -1,7 +1,9 @@
-// The process's accelerated sockets, for the one job that needs them all: before any
-// thread sleeps in epoll_wait/poll/select, every proxy's readiness must be true in the
-// kernel (a proxy is readable iff its ring holds bytes), because a sleeper may be waiting
-// on any of them, possibly through nested epoll sets.
+// The process's accelerated sockets, and the readiness of their proxies: before any thread
+// sleeps in epoll_wait/poll/select, every proxy whose ring holds bytes must be readable in
+// the kernel, because a sleeper may be waiting on any of them, possibly through nested
+// epoll sets. The streams stay armed between waits; only those a receive left unarmed
+// are armed again (core/rearm_list.h), so a wait costs the connections that were read,
+// not all of them.
 #pragma once
 
 #include <cstdint>
@@ -18,15 +20,17 @@ bool AccelListAdd(SlipSocket* s) noexcept;
 bool AccelListReserve() noexcept;
 void AccelListRemove(SlipSocket* s) noexcept;
 
-// Makes every accelerated proxy's kernel readiness true and arms wake-ups.
-void PrepareAllForSleep() noexcept;
-// Spins up to `spin_us` until some accelerated ring has something to read (or the
-// budget is spent); returns true if one has.
-bool SpinForAnyReadable(uint32_t spin_us) noexcept;
+// Arms the streams that may not be armed (read since the last wait, new, or shared with
+// another process): afterwards every proxy whose ring holds bytes is readable.
+void PrepareChangedForSleep() noexcept;
+// True if a connection that was busy lately has bytes to read now (its proxy then shows
+// them): the cheap look of a spin before a sleep.
+bool RecentReadable() noexcept;
 // True if there is at least one accelerated socket (cheap pre-check).
 bool AccelListNonEmpty() noexcept;
 
-// fork(): the list lock is taken around fork so that the child never inherits it held.
+// fork(): the list locks are taken around fork so that the child never inherits them held.
+// In both processes every connection is shared from then on, and armed before every wait.
 void AccelListForkPrepare() noexcept;
 void AccelListForkParent() noexcept;
 void AccelListForkChild() noexcept;

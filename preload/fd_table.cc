@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "core/no_destructor.h"
@@ -232,6 +233,11 @@ void Remove(int fd) noexcept {
     old->table_fds.fetch_sub(1, std::memory_order_relaxed);
     Release(old);
   }
+}
+
+bool WatchedEdgeTriggered(const SlipSocket* s) noexcept {
+  return std::any_of(s->epoll_regs.begin(), s->epoll_regs.end(),
+                     [](const SlipSocket::EpollReg& r) { return (r.event.events & EPOLLET) != 0; });
 }
 
 void ForgetEpollLocked(SlipSocket* s, int fd) noexcept {

@@ -88,6 +88,10 @@ struct SlipSocket {
   void Reset() noexcept;
 };
 
+// Whether one of the application's epoll registrations of `s` is edge-triggered (under
+// `s->mu`): its stream then wants a token at every arrival (Stream::SetEdgeTriggered).
+bool WatchedEdgeTriggered(const SlipSocket* s) noexcept;
+
 // close(fd) is about to run: if `fd` is the application's last descriptor of an
 // accelerated socket, its epoll registrations go now, as the kernel's would.
 void ForgetEpollOnClose(int fd) noexcept;

@@ -133,6 +133,7 @@ bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int an
                   const sockaddr_storage& local, const sockaddr_storage& remote,
                   int role) noexcept {
   s->stream = std::move(*stream);
+  s->stream->SetEdgeTriggered(WatchedEdgeTriggered(s));
   if (!AccelListAdd(s)) {
     *stream = std::move(s->stream);
     return false;

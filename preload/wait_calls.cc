@@ -1,13 +1,17 @@
 // Interposed waits: epoll_wait, epoll_pwait, epoll_pwait2, poll, ppoll, select, pselect.
 //
 // Readiness of accelerated sockets lives in the kernel (their proxies), so these calls
-// are never emulated: before a wait that may sleep, they (1) ask the kernel whether
-// anything is ready already, (2) spin briefly on the rings (a message that arrives within
-// SLIP_SPIN_US costs no sleep), and (3) make every proxy's readiness true and arm
-// wake-ups, then call the real function with the caller's own arguments.
+// are never emulated: before a wait that may sleep, they (1) arm the proxies of the
+// connections read since the last wait (preload/accel_list.h; the others stay armed), (2)
+// ask the kernel whether anything is ready already, (3) spin briefly, asking the kernel
+// again and looking at the rings of the connections that were just busy (a message that
+// arrives within SLIP_SPIN_US costs no sleep), then call the real function with the
+// caller's own arguments.
+#include <sched.h>
 #include <sys/select.h>
 
 #include <cstring>
+#include <ctime>
 
 #include "preload/accel_list.h"
 #include "preload/export.h"
@@ -20,21 +24,32 @@ using namespace slip::preload;
 
 namespace {
 
+uint64_t NowNs() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
 // `call(true)` waits with a zero timeout, `call(false)` with the caller's timeout.
 template <typename Call>
 int SleepAware(bool may_sleep, Call&& call) noexcept {
   if (!AccelListNonEmpty()) return call(false);
-  // Readiness first, even for a probe or a zero timeout: a proxy shows bytes that already
-  // wait in its ring only once prepared, and a probe that returns early because some
-  // other descriptor is ready (a writable socket, say) must still see them; otherwise a
-  // loop of such calls never sees them at all.
-  PrepareAllForSleep();
-  if (may_sleep) {
-    int n = call(true);
-    if (n != 0) return n;
-    SpinForAnyReadable(GetRuntime().config.spin_us);
-    PrepareAllForSleep();
+  // Arming first, even for a probe or a zero timeout: a proxy shows bytes that already
+  // wait in its ring only once armed, and a probe that returns early because some other
+  // descriptor is ready (a writable socket, say) must still see them; otherwise a loop of
+  // such calls never sees them at all.
+  PrepareChangedForSleep();
+  if (!may_sleep) return call(false);
+  int n = call(true);
+  if (n != 0) return n;
+  // The spin asks the kernel, not just the rings: the caller may wait on descriptors of
+  // its own (a listener, plain sockets), and an armed proxy shows its bytes there too.
+  const uint64_t deadline = NowNs() + uint64_t(GetRuntime().config.spin_us) * 1000;
+  while (NowNs() < deadline && !RecentReadable()) {
+    sched_yield();  // let a peer on this CPU run (see Stream::SpinUntil)
+    if ((n = call(true)) != 0) return n;
   }
+  PrepareChangedForSleep();
   return call(false);
 }
 
@@ -72,6 +87,8 @@ void RecordEpollReg(SlipSocket* s, int epfd, int op, int fd, const epoll_event* 
     } catch (...) {
     }
   }
+  if (s->kind == SockKind::kAccel && s->stream)
+    s->stream->SetEdgeTriggered(WatchedEdgeTriggered(s));
 }
 
 }  // namespace

@@ -166,8 +166,7 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
     tx_->produced.store(produced, std::memory_order_release);
     if (failover_.Publish(produced) == Carriage::kTcp) return;
     WakeState& wake = tx_->wake;
-    if (wake.reader_waiting.load(std::memory_order_relaxed) && wake.reader_waiting.exchange(0))
-      proxy::WriteToken(&wake, peer_b_);
+    if (proxy::TakeReaderAsk(&wake)) proxy::WriteToken(&wake, peer_b_);
   }
   bool TxPeerClosed() const noexcept override {
     switch (failover_.carriage()) {
@@ -264,8 +263,7 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
   void WakeReaderNow() const noexcept override {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     WakeState& wake = rx_->wake;
-    if (wake.reader_waiting.load(std::memory_order_relaxed) && wake.reader_waiting.exchange(0))
-      proxy::WriteToken(&wake, own_b_);
+    if (proxy::TakeReaderAsk(&wake)) proxy::WriteToken(&wake, own_b_);
   }
   void WakeWriterNow() const noexcept override {
     std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -205,8 +205,7 @@ void Conn::WakeReader() const noexcept {
 
 void Conn::WakeReaderNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (proxy_b_ >= 0 && rx_wake_.reader_waiting.load(std::memory_order_relaxed) &&
-      rx_wake_.reader_waiting.exchange(0)) {
+  if (proxy_b_ >= 0 && proxy::TakeReaderAsk(&rx_wake_)) {
     proxy::WriteToken(&rx_wake_, proxy_b_);
   } else if (proxy_b_ >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
              rx_wake_.tokens.load(std::memory_order_relaxed) == 0) {
