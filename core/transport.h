@@ -168,6 +168,10 @@ class ListenerTwin {
   virtual int ServiceFd() const noexcept { return -1; }
   // Does that work, within a budget. True when more is waiting.
   virtual bool Service() noexcept { return false; }
+  // The listening socket is held by several processes (fork), any of which may accept a
+  // connection: what a client offered must go to the process that accepts its connection,
+  // so it is read in accept() only, not ahead of it by a service thread. Any thread.
+  virtual void SharedByProcesses() noexcept {}
 
  protected:
   ListenerTwin() = default;

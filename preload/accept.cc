@@ -190,6 +190,11 @@ int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int
   // (answers registrations). (A process that only listens, the master of pre-forked
   // workers, leaves it to the processes that accept.)
   const bool has_twins = HasTwins(listener);
+  if (has_twins && listener->forked.load(std::memory_order_relaxed)) {
+    for (auto& twin : listener->twins) {
+      if (twin) twin->SharedByProcesses();
+    }
+  }
   if (has_twins && listener->acceptor_pid != NotedProcessId()) ControlWatchTwins(listener);
   for (;;) {
     int cfd = Libc().accept4(fd, addr, len, flags);

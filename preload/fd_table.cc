@@ -127,6 +127,7 @@ void SlipSocket::Reset() noexcept {
   table_fds.store(0, std::memory_order_relaxed);
   no_offer = Reason::kPeerNotSlipstream;
   acceptor_pid = 0;
+  forked.store(false, std::memory_order_relaxed);
   stats_pending.store(false, std::memory_order_relaxed);
   pending_reason = Reason::kNone;
   connecting.store(false, std::memory_order_relaxed);

@@ -62,7 +62,10 @@ struct SlipSocket {
   // proves established (a refused connect is no connection).
   std::atomic<bool> stats_pending{false};
   Reason pending_reason = Reason::kNone;
-  pid_t acceptor_pid = 0;          // kListener: the process whose control thread serves its twins
+  pid_t acceptor_pid = 0;  // kListener: the process whose control thread serves its twins
+  // kListener: a process forked while it listened; its twins are told at the next accept()
+  // (ListenerTwin::SharedByProcesses), where they are used.
+  std::atomic<bool> forked{false};
   std::unique_ptr<Stream> stream;  // kAccel
   int anchor_fd = -1;              // kAccel, kConnecting: the hidden TCP socket
 

@@ -34,7 +34,14 @@ uint64_t SettleBoundMs() noexcept {
   return 2 * uint64_t(GetRuntime().config.handshake_timeout_ms) + 1000;
 }
 
+void MarkForked(SlipSocket* s, void*) {
+  if (s->kind == SockKind::kListener) s->forked.store(true, std::memory_order_relaxed);
+}
+
 void Prepare() {
+  // Listeners are held by both processes from now on (in the parent too, from here: a
+  // failed fork only costs it reading registrations in accept()).
+  ForEachLiveSocket(MarkForked, nullptr);
   // First, holding nothing: connects in progress settle (the connector's thread, which
   // the child will not have, needs the locks below to finish them), and so do
   // connections installed before they settled (the control thread settles them).

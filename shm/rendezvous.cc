@@ -433,6 +433,7 @@ void Rendezvous::ExpireLocked(uint64_t now_ms) noexcept {
 }
 
 bool Rendezvous::Drain() noexcept {
+  if (shared()) return false;  // accept() reads, in whichever process accepts
   // In steps, the lock let go between them, and none while an accept() waits for it: an
   // accept() reads what its connection needs itself, and must not wait for a burst (a
   // mutex is not fair: the control thread would take it back step after step).
@@ -482,8 +483,9 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
   // (For a bounded time, not a count: a queue a flood left behind is mostly connections
   // already closed, cheap to read, with the registration behind them.)
   const uint64_t give_up_ms = sys::MonotonicMs() + kTakeSearchMs;
+  const int step = shared() ? 1 : kTakeDrainBudget;  // (a sibling's stays queued for it)
   while (count == 0) {
-    const DrainResult drained = DrainLocked(kTakeDrainBudget);
+    const DrainResult drained = DrainLocked(step);
     find();
     complete = drained == DrainResult::kDone;
     if (drained != DrainResult::kMore || sys::MonotonicMs() >= give_up_ms) break;

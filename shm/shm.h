@@ -225,6 +225,13 @@ class Rendezvous {
   // withdrew. True when more is waiting: call again after other work.
   bool Drain() noexcept;
 
+  // The listening socket is held by several processes (fork): registrations are read only
+  // by Take, one at a time, so that each goes to the process that accepts its connection
+  // as long as they accept in turn (a process that read another's keeps it, and that
+  // connection goes plain). Drain() then does nothing.
+  void Share() noexcept { shared_.store(true, std::memory_order_relaxed); }
+  bool shared() const noexcept { return shared_.load(std::memory_order_relaxed); }
+
   // Limits (docs/SECURITY.md, "Resource exhaustion").
   size_t capacity() const noexcept { return capacity_; }
   size_t per_uid_limit() const noexcept { return per_uid_; }
@@ -257,6 +264,7 @@ class Rendezvous {
   size_t per_uid_ = 0;   // of them, from one uid
   std::mutex mu_;
   std::atomic<int> takers_{0};  // accept()s waiting for mu_: the control thread gives way
+  std::atomic<bool> shared_{false};
   uint64_t next_expire_ms_ = 0;
   std::unique_ptr<Registration[]> table_;  // [0, used_) live, fixed capacity: no allocation
   size_t used_ = 0;

@@ -205,8 +205,9 @@ class ShmTwin final : public ListenerTwin {
     Registration reg;
     if (rendezvous_->Take(client, server, &reg)) reg.Abandon();
   }
-  int ServiceFd() const noexcept override { return rendezvous_->fd(); }
+  int ServiceFd() const noexcept override { return rendezvous_->shared() ? -1 : rendezvous_->fd(); }
   bool Service() noexcept override { return rendezvous_->Drain(); }
+  void SharedByProcesses() noexcept override { rendezvous_->Share(); }
 
  private:
   std::unique_ptr<Rendezvous> rendezvous_;
