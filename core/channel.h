@@ -46,6 +46,11 @@ class Channel {
   virtual bool RxEof() const noexcept = 0;
   // The local reader is about to sleep: ask for a token on the next publish.
   virtual WakeState* RxWake() noexcept = 0;
+  // Whether what arrives after a token shows without a new ask: the peer publishes and ends
+  // the stream itself (shm: into our ring, onto our proxy). A transport whose arrivals are
+  // taken in only while someone asks (verbs: an ask is what makes its completions
+  // polled) is armed again before every sleep (core/rearm_list.h).
+  virtual bool ShowsArrivalsWithoutAsk() const noexcept { return true; }
   // Non-zero (an errno, e.g. ECONNRESET) once the transport itself failed: bytes in
   // flight may be lost, so the stream reports a reset after what was already received.
   // The transport wakes every sleeper when it fails.

@@ -10,9 +10,9 @@ void RearmList::Join(Stream* s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (s->rearm_member_) return;
   s->rearm_member_ = true;
-  s->rearm_shared_ = false;
   ++members_;
   s->rearm_.store(this, std::memory_order_release);
+  s->rearm_always_ = !s->channel()->ShowsArrivalsWithoutAsk();
   LinkLocked(s);  // at once: whatever armed it before (if anything) is not known here
 }
 
@@ -21,7 +21,7 @@ void RearmList::Leave(Stream* s) noexcept {
   if (!s->rearm_member_) return;
   if (s->rearm_listed_) UnlinkLocked(s);
   s->rearm_member_ = false;
-  s->rearm_shared_ = false;
+  s->rearm_always_ = false;
   --members_;
   s->rearm_.store(nullptr, std::memory_order_release);
   for (size_t i = 0; i < recent_count_; ++i) {
@@ -35,10 +35,10 @@ void RearmList::MarkChanged(Stream* s) noexcept {
   LinkLocked(s);
 }
 
-void RearmList::Share(Stream* s) noexcept {
+void RearmList::ArmAlways(Stream* s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (!s->rearm_member_) return;
-  s->rearm_shared_ = true;
+  s->rearm_always_ = true;
   if (s->rearm_listed_) return;
   LinkLocked(s);
 }
@@ -70,7 +70,7 @@ size_t RearmList::PrepareChanged() noexcept {
     Stream* next = s->rearm_next_;
     // Off the list before it is armed: a receive that takes its tokens after this point
     // (and finds no ask pending) lists it again for the next sleep.
-    if (!s->rearm_shared_) UnlinkLocked(s);
+    if (!s->rearm_always_) UnlinkLocked(s);
     s->PrepareToSleep(EPOLLIN);
     if (recent_count_ < kRecent) recent_[recent_count_++] = s;
     ++prepared;

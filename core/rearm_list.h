@@ -9,8 +9,10 @@
 // wait that may sleep, the face arms the listed streams and nothing else: the cost of a
 // wait is the number of streams read since the last one, not the number of connections.
 //
-// Streams that several processes hold (after fork) are armed before every wait: another
-// process's receive may take their tokens without listing them here.
+// Some streams are armed before every wait: those that several processes hold (after
+// fork), since another process's receive may take their tokens without listing them here,
+// and those whose transport takes in arrivals only for a pending ask (verbs: a token the
+// application has not read yet would hide the end of the stream behind it).
 //
 // Thread safety: every call from any thread. The list is guarded by one mutex, which the
 // data path takes only when a receive leaves its stream unarmed (once per wake-up). The
@@ -42,9 +44,9 @@ class RearmList {
   // stream that is not a member (it left meanwhile).
   void MarkChanged(Stream* s) noexcept;
 
-  // `s` is held by several processes from now on (fork): armed before every wait, for as
-  // long as it is a member.
-  void Share(Stream* s) noexcept;
+  // `s` is armed before every wait from now on (held by several processes after fork), for
+  // as long as it is a member.
+  void ArmAlways(Stream* s) noexcept;
 
   // Arms every listed stream (and the shared ones) for a sleep; returns how many.
   size_t PrepareChanged() noexcept;
@@ -69,7 +71,7 @@ class RearmList {
   static constexpr size_t kRecent = 16;
 
   mutable std::mutex mu_;
-  Stream* head_ = nullptr;  // listed streams, shared ones for good (Stream::rearm_*)
+  Stream* head_ = nullptr;  // listed streams, those armed always for good (Stream::rearm_*)
   size_t members_ = 0;
   Stream* recent_[kRecent] = {};
   size_t recent_count_ = 0;

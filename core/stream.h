@@ -175,7 +175,7 @@ class Stream {
   Stream* rearm_next_ = nullptr;
   bool rearm_member_ = false;
   bool rearm_listed_ = false;
-  bool rearm_shared_ = false;
+  bool rearm_always_ = false;
 };
 
 }  // namespace slip

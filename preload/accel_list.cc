@@ -27,7 +27,7 @@ AccelList& List() noexcept {
 
 void ShareAllLocked(AccelList& l) noexcept {
   for (SlipSocket* s : l.sockets) {
-    if (s->stream) l.rearm.Share(s->stream.get());
+    if (s->stream) l.rearm.ArmAlways(s->stream.get());
   }
 }
 

@@ -172,6 +172,9 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   const uint8_t* RxData() const noexcept override { return slot_.rx_ring(); }
   void RxConsumed(uint64_t consumed) noexcept override;
   bool RxEof() const noexcept override;
+  // Completions are polled while a reader asks (SomebodyWaitsOnProxy): the end of the
+  // stream, say, behind a token the application has not read yet needs a new ask.
+  bool ShowsArrivalsWithoutAsk() const noexcept override { return false; }
   WakeState* RxWake() noexcept override { return &rx_wake_; }
   int Error() const noexcept override;
   uint64_t TxConsumed() const noexcept override;

@@ -143,12 +143,12 @@ TEST(RearmListTest, EdgeTriggeredWatchersGetAnEdgeAtEveryArrival) {
   close(ep);
 }
 
-TEST(RearmListTest, SharedStreamsAreArmedBeforeEveryWait) {
+TEST(RearmListTest, StreamsArmedAlwaysAreArmedBeforeEveryWait) {
   RearmList list;
   StreamPair pair;
   ASSERT_TRUE(MakeStreamPair(kRing, {}, &pair));
   pair.server->SetRearmList(&list);
-  list.Share(pair.server.get());
+  list.ArmAlways(pair.server.get());
   EXPECT_EQ(list.PrepareChanged(), 1u);
   EXPECT_EQ(list.PrepareChanged(), 1u);
   pair.server->SetRearmList(nullptr);
