@@ -8,7 +8,7 @@ python3 iperf3 sockperf socat iproute2 procps libibverbs-dev librdmacm-dev rdma-
 ibverbs-providers"
 # `install-deps.sh workloads`: the training stacks of tests/workloads as well.
 if [ "${1:-}" = "workloads" ]; then
-  PACKAGES="$PACKAGES python3-grpcio python3-torch openmpi-bin python3-mpi4py"
+  PACKAGES="$PACKAGES python3-grpcio python3-torch openmpi-bin python3-mpi4py nginx"
 fi
 
 missing=""

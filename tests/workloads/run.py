@@ -54,14 +54,17 @@ def load_records(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def check_transports(t, groups, min_shm=0, plain_ports=()):
+def check_transports(t, groups, min_shm=0, plain_ports=(), elsewhere_ok=False):
     """`groups` maps a name to the stats records of processes that ran under slip-run
     (several records when several processes share a file). A connection whose reverse
     (remote, local) appears in any record ran between two Slipstream processes: it must be
     "shm" on both sides. One whose peer is in no record had a plain peer: it must be "tcp"
     with reason "peer_not_slipstream", and its remote port must be one of `plain_ports`
     (when given, as local or remote port) so that a connection that failed to be
-    accelerated between two Slipstream processes cannot pass as plain. Returns counts."""
+    accelerated between two Slipstream processes cannot pass as plain. `elsewhere_ok`: a
+    connection between two Slipstream processes may also be plain at both ends when its
+    client says accepted_elsewhere (a sibling worker accepted it, DESIGN.md "Servers that
+    share a port"). Returns counts."""
     tuples = {}
     for name, records in groups.items():
         for rec in records:
@@ -74,7 +77,12 @@ def check_transports(t, groups, min_shm=0, plain_ports=()):
         for name, pid, c in owners:
             where = f"{name} (pid {pid}) {local} -> {remote}"
             if (remote, local) in tuples:
-                if (c["transport"], c["reason"]) != ("shm", ""):
+                ends = {(o["transport"], o["reason"]) for _, _, o in tuples[(remote, local)]}
+                ends.add((c["transport"], c["reason"]))
+                if elsewhere_ok and ends == {("tcp", "accepted_elsewhere"),
+                                             ("tcp", "peer_not_slipstream")}:
+                    pass
+                elif (c["transport"], c["reason"]) != ("shm", ""):
                     problems.append(f"{where}: both ends run Slipstream, but transport="
                                     f"{c['transport']!r} reason={c['reason']!r}")
             else:
@@ -275,6 +283,105 @@ def mpi(t, variant):
         for size, s in plain[kind].items():
             rows.append((f"{kind} {int(size):>9} B", s, slip[kind][size]))
     timing_table(f"mpi.{variant} (rank 0)", rows)
+
+
+# ---------------------------------------------------------------------------------------
+# nginx, two workers
+
+
+NGINX_FILES = 24
+NGINX_THREADS = 4
+NGINX_ROUNDS = 3
+
+
+def nginx_files(t):
+    """Files of random sizes (0 B to 3 MiB, seeded) for nginx to serve."""
+    import random
+    root = t.dir / "html"
+    root.mkdir(exist_ok=True)
+    rng = random.Random(16)
+    for i in range(NGINX_FILES):
+        size = rng.choice([0, 1, rng.randrange(2, 4096), rng.randrange(4096, 1 << 20),
+                           rng.randrange(1 << 20, 3 << 20)])
+        (root / f"f{i:02}.bin").write_bytes(rng.randbytes(size))
+    return root
+
+
+def nginx_conf(t, tag, root, port, reuseport):
+    import os
+    run_dir = t.dir / f"{tag}.nginx"
+    run_dir.mkdir(exist_ok=True)
+    temp = "\n".join(f"  {kind}_temp_path {run_dir}/{kind};"
+                     for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    conf = t.dir / f"{tag}.nginx.conf"
+    conf.write_text(("user root;\n" if os.geteuid() == 0 else "") + f"""daemon off;
+master_process on;
+worker_processes 2;
+pid {run_dir}/nginx.pid;
+error_log {run_dir}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  keepalive_requests 100000;
+{temp}
+  server {{
+    listen 127.0.0.1:{port}{" reuseport" if reuseport else ""};
+    root {root};
+  }}
+}}
+""")
+    return conf, run_dir
+
+
+def nginx_run(t, tag, root, slip, reuseport):
+    port = pick_port()
+    conf, run_dir = nginx_conf(t, tag, root, port, reuseport)
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    server = t.start(f"{tag}-nginx", [nginx, "-p", str(run_dir), "-c", str(conf), "-e",
+                                      str(run_dir / "error.log")], "server", slip)
+    from harness import is_listening
+    server.wait_until(lambda: is_listening(port), f"nginx on port {port}", timeout=60)
+    client = t.start(f"{tag}-client", prog("nginx_client.py", "--port", port, "--root", root,
+                                           "--threads", NGINX_THREADS, "--rounds",
+                                           NGINX_ROUNDS), "client", slip)
+    client.expect_exit(0, EXIT_TIMEOUT_S)
+    server.signal(15)  # SIGTERM: nginx's fast shutdown, workers first
+    server.expect_exit(0, 30)
+    report = client.json_output()
+    t.check(not report["errors"], f"{tag}: {report['errors']}")
+    return server, client, report
+
+
+@case("nginx", ["reuseport", "shared"])
+def nginx(t, variant):
+    """nginx (Debian's) with two workers serving files of random sizes to 4 threads, over
+    keep-alive connections and a connection per request, every body checked. reuseport:
+    `listen ... reuseport`, one listening socket per worker (an SO_REUSEPORT group): every
+    connection shm at both ends. shared: one listening socket both workers accept on:
+    most connections shm, the rest plain at both ends (accepted_elsewhere)."""
+    if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
+        raise TestFailure("nginx not found (apt-get install nginx)")
+    root = nginx_files(t)
+    reuseport = variant == "reuseport"
+    _, _, plain = nginx_run(t, "plain", root, False, reuseport)
+    server, client, slip = nginx_run(t, "slip", root, not t.settings.plain, reuseport)
+    t.check(plain["requests"] == slip["requests"] and plain["bytes"] == slip["bytes"],
+            f"the runs differ: plain {plain}, slip {slip}")
+    if t.settings.plain:
+        for p in (server, client):
+            t.expect_no_stats(p)
+    else:
+        groups = {p.name: p.stats_records() for p in (server, client)}
+        # Keep-alive connections, one per thread, then one per fresh request.
+        conns = NGINX_THREADS + slip["requests"] - NGINX_THREADS * NGINX_ROUNDS * NGINX_FILES
+        # Both ends of each on shm with SO_REUSEPORT; with a shared listener, most of them.
+        c = check_transports(t, groups, plain_ports=(), elsewhere_ok=not reuseport,
+                             min_shm=2 * conns if reuseport else conns)
+        print_connections(groups)
+        print(f"connections by transport: {c}")
+    timing_table(f"nginx.{variant} (client)",
+                 [("keep-alive, 4 threads x 3 rounds", plain["keepalive_s"], slip["keepalive_s"]),
+                  ("a connection per request, 200", plain["fresh_s"], slip["fresh_s"])])
 
 
 # ---------------------------------------------------------------------------------------
