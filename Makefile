@@ -5,14 +5,15 @@
 #                 workloads, verbs over Soft-RoCE in a guest), all but the sanitizer runs
 #                 in one final ctest
 #   make bench    TCP vs Slipstream on this host (docs/PERFORMANCE.md)
+#   make bench-servers  the same for real servers: redis and nginx under load
 #   make demo     install, build, and show the side-by-side comparison
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build test test-asan test-tsan test-sanitize-suite test-workloads bench bench-rdma \
-        demo clean format
+.PHONY: all deps build test test-asan test-tsan test-sanitize-suite test-workloads bench \
+        bench-servers bench-rdma demo clean format
 
 all: build
 
@@ -85,6 +86,13 @@ test-workloads:
 
 bench: deps build
 	@tests/bench/bench.sh $(BUILD)
+
+# Real servers, kernel TCP against both ends under slip-run: redis-server under
+# redis-benchmark (GET at 1 to 1000 clients, pipelined too, and with 1000 idle connections
+# held open), nginx under wrk and ab (tests/bench/servers.sh; it installs redis, nginx, wrk
+# and ab when missing). Results in build/bench-servers/; a few minutes on 2 CPUs.
+bench-servers: deps build
+	@tests/bench/servers.sh $(BUILD)
 
 demo: deps build
 	@scripts/demo.sh $(BUILD)

@@ -55,18 +55,7 @@ ensure_tools() {
   local missing=() t
   for t in iperf3 sockperf jq; do command -v "$t" >/dev/null || missing+=("$t"); done
   [[ ${#missing[@]} -eq 0 ]] && return 0
-  local sudo=()
-  [[ $(id -u) != 0 ]] && command -v sudo >/dev/null && sudo=(sudo -n)
-  if command -v apt-get >/dev/null; then
-    echo "installing ${missing[*]} with apt-get (log: $RAW/apt.log)"
-    {
-      timeout 300 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-        "${missing[@]}" ||
-        { timeout 300 "${sudo[@]}" apt-get update -q &&
-          timeout 300 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-            "${missing[@]}"; }
-    } >"$RAW/apt.log" 2>&1
-  fi
+  slip_apt_install "$RAW/apt.log" "${missing[@]}"
   for t in "${missing[@]}"; do
     command -v "$t" >/dev/null || echo "warning: $t is not available: its rows are skipped" >&2
   done
@@ -141,30 +130,21 @@ solo() {
   return 1
 }
 
-# value NAME MODE TEXT: stores TEXT as VAL[NAME.MODE] when it is a number.
-value() {
-  if [[ $3 =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
-    VAL[$1.$2]=$3
-  else
-    FAILURES+=("$1 over $2: no value in the output (see $PREFIX.*)")
-  fi
-}
-
 measure_slip_perf() {
   local mode=$1
   if pair slip-perf-lat "$mode" exits \
     "$SLIP_PERF" server --bind 127.0.0.1 -p '{port}' --once :: \
     "$SLIP_PERF" client 127.0.0.1 -p '{port}' tcp_lat --size 64 --duration "$DURATION" \
     --format csv --label "$mode"; then
-    value lat_mean "$mode" "$(slip_csv_value "$PREFIX.out" tcp_lat mean_us)"
-    value lat_p50 "$mode" "$(slip_csv_value "$PREFIX.out" tcp_lat p50_us)"
-    value lat_p99 "$mode" "$(slip_csv_value "$PREFIX.out" tcp_lat p99_us)"
+    slip_value lat_mean "$mode" "$(slip_csv_value "$PREFIX.out" tcp_lat mean_us)"
+    slip_value lat_p50 "$mode" "$(slip_csv_value "$PREFIX.out" tcp_lat p50_us)"
+    slip_value lat_p99 "$mode" "$(slip_csv_value "$PREFIX.out" tcp_lat p99_us)"
   fi
   if pair slip-perf-bw "$mode" exits \
     "$SLIP_PERF" server --bind 127.0.0.1 -p '{port}' --once :: \
     "$SLIP_PERF" client 127.0.0.1 -p '{port}' tcp_bw --size 64K --duration "$DURATION" \
     --format csv --label "$mode"; then
-    value bw "$mode" "$(slip_csv_value "$PREFIX.out" tcp_bw gbit_s)"
+    slip_value bw "$mode" "$(slip_csv_value "$PREFIX.out" tcp_bw gbit_s)"
   fi
 }
 
@@ -177,13 +157,13 @@ measure_slip_perf_rates() {
     "$SLIP_PERF" server --bind 127.0.0.1 -p '{port}' --once :: \
     "$SLIP_PERF" client 127.0.0.1 -p '{port}' tcp_rr --size 64 --conns "$RR_CONNS" \
     --duration "$DURATION" --format csv --label "$mode"; then
-    value rr "$mode" "$(slip_csv_value "$PREFIX.out" tcp_rr trans_s)"
+    slip_value rr "$mode" "$(slip_csv_value "$PREFIX.out" tcp_rr trans_s)"
   fi
   if pair slip-perf-crr "$mode" exits \
     "$SLIP_PERF" server --bind 127.0.0.1 -p '{port}' --once :: \
     "$SLIP_PERF" client 127.0.0.1 -p '{port}' tcp_crr --size 64 --duration "$DURATION" \
     --format csv --label "$mode"; then
-    value crr "$mode" "$(slip_csv_value "$PREFIX.out" tcp_crr trans_s)"
+    slip_value crr "$mode" "$(slip_csv_value "$PREFIX.out" tcp_crr trans_s)"
   fi
 }
 
@@ -194,8 +174,8 @@ measure_native() {
   [[ -n ${PIN_SERVER:-} && -n ${PIN_CLIENT:-} ]] && pin=(--cpus "$PIN_SERVER,$PIN_CLIENT")
   if solo native "native shm" "$SLIP_PERF" native shm_lat shm_bw --duration "$DURATION" \
     "${pin[@]}" --format csv; then
-    value native_lat - "$(slip_csv_value "$PREFIX.out" shm_lat p50_us)"
-    value native_bw - "$(slip_csv_value "$PREFIX.out" shm_bw gbit_s)"
+    slip_value native_lat - "$(slip_csv_value "$PREFIX.out" shm_lat p50_us)"
+    slip_value native_bw - "$(slip_csv_value "$PREFIX.out" shm_bw gbit_s)"
   fi
 }
 
@@ -212,7 +192,7 @@ measure_slip_perf_one_cpu() {
     "$SLIP_PERF" server --bind 127.0.0.1 -p '{port}' --once :: \
     "$SLIP_PERF" client 127.0.0.1 -p '{port}' tcp_lat --size 64 --duration "$DURATION" \
     --format csv --label tcp-1cpu; then
-    value lat_mean_1cpu tcp "$(slip_csv_value "$PREFIX.out" tcp_lat mean_us)"
+    slip_value lat_mean_1cpu tcp "$(slip_csv_value "$PREFIX.out" tcp_lat mean_us)"
   fi
 }
 
@@ -226,7 +206,7 @@ measure_sockperf() {
   if pair sockperf "$mode" int \
     sockperf server --tcp -i 127.0.0.1 -p '{port}' :: \
     sockperf ping-pong --tcp -i 127.0.0.1 -p '{port}' -m 64 -t "$DURATION" --mps 2000000; then
-    value sockperf "$mode" "$(sed -n 's/.*Summary: Latency is \([0-9.]*\) usec.*/\1/p' \
+    slip_value sockperf "$mode" "$(sed -n 's/.*Summary: Latency is \([0-9.]*\) usec.*/\1/p' \
       "$PREFIX.out" "$PREFIX.err" | head -n 1)"
   fi
 }
@@ -237,7 +217,7 @@ measure_iperf3() {
   if pair iperf3 "$mode" exits \
     iperf3 -s -B 127.0.0.1 -p '{port}' -1 :: \
     iperf3 -c 127.0.0.1 -p '{port}' -l 64K -t "$DURATION" -f g; then
-    value iperf3 "$mode" "$(awk '/receiver/ {
+    slip_value iperf3 "$mode" "$(awk '/receiver/ {
         for (i = 2; i <= NF; i++) if ($i == "Gbits/sec") { print $(i - 1); exit } }' \
       "$PREFIX.out")"
   fi
@@ -248,8 +228,8 @@ measure_memcpy() {
   [[ -n ${PIN_CLIENT:-} ]] && pin=(taskset -c "$PIN_CLIENT")
   if solo memcpy "memcpy $RING" "${pin[@]}" "$SLIP_PERF" memcpy --size "$RING" \
     --duration "$DURATION" --format csv; then
-    value memcpy_gbit - "$(slip_csv_value "$PREFIX.out" memcpy gbit_s)"
-    value memcpy_gb - "$(slip_csv_value "$PREFIX.out" memcpy gb_s)"
+    slip_value memcpy_gbit - "$(slip_csv_value "$PREFIX.out" memcpy gbit_s)"
+    slip_value memcpy_gb - "$(slip_csv_value "$PREFIX.out" memcpy gb_s)"
   fi
 }
 

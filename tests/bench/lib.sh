@@ -30,6 +30,34 @@ slip_setup() {
 
 # slip_port_used PORT [STATE]: has some TCP socket (IPv4 or IPv6) local port PORT, in
 # STATE when given (hex, as in /proc/net/tcp: 0A is LISTEN)?
+# slip_apt_install LOG PACKAGE...: installs the packages with apt-get (updating its lists
+# when the first try fails), as root or through sudo -n; output to LOG. Installs nothing
+# where there is no apt-get; the caller checks what is there afterwards.
+slip_apt_install() {
+  local log=$1
+  shift
+  local sudo=()
+  [[ $(id -u) != 0 ]] && command -v sudo >/dev/null && sudo=(sudo -n)
+  command -v apt-get >/dev/null || return 0
+  echo "installing $* with apt-get (log: $log)"
+  {
+    timeout 300 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" ||
+      { timeout 300 "${sudo[@]}" apt-get update -q &&
+        timeout 300 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"; }
+  } >"$log" 2>&1
+}
+
+# slip_value NAME MODE TEXT: stores TEXT in the caller's VAL[NAME.MODE] when it is a number;
+# otherwise adds a failure naming the raw files ($PREFIX.*) to the caller's FAILURES.
+slip_value() {
+  if [[ $3 =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+    # shellcheck disable=SC2034  # (the caller's)
+    VAL[$1.$2]=$3
+  else
+    FAILURES+=("$1 over $2: no value in the output (see $PREFIX.*)")
+  fi
+}
+
 slip_port_used() {
   local hex
   hex=$(printf ':%04X' "$1")
