@@ -2,6 +2,8 @@
 
 #include <sys/epoll.h>
 
+#include <atomic>
+
 #include "core/stream.h"
 
 namespace slip {
@@ -19,7 +21,7 @@ void RearmList::Join(Stream* s) noexcept {
 void RearmList::Leave(Stream* s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (!s->rearm_member_) return;
-  if (s->rearm_listed_) UnlinkLocked(s);
+  if (s->rearm_listed_.load(std::memory_order_relaxed)) UnlinkLocked(s);
   s->rearm_member_ = false;
   s->rearm_always_ = false;
   --members_;
@@ -31,7 +33,7 @@ void RearmList::Leave(Stream* s) noexcept {
 
 void RearmList::MarkChanged(Stream* s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!s->rearm_member_ || s->rearm_listed_) return;
+  if (!s->rearm_member_ || s->rearm_listed_.load(std::memory_order_relaxed)) return;
   LinkLocked(s);
 }
 
@@ -39,12 +41,12 @@ void RearmList::ArmAlways(Stream* s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (!s->rearm_member_) return;
   s->rearm_always_ = true;
-  if (s->rearm_listed_) return;
+  if (s->rearm_listed_.load(std::memory_order_relaxed)) return;
   LinkLocked(s);
 }
 
 void RearmList::LinkLocked(Stream* s) noexcept {
-  s->rearm_listed_ = true;
+  s->rearm_listed_.store(true, std::memory_order_relaxed);
   s->rearm_prev_ = nullptr;
   s->rearm_next_ = head_;
   if (head_) head_->rearm_prev_ = s;
@@ -59,7 +61,7 @@ void RearmList::UnlinkLocked(Stream* s) noexcept {
   }
   if (s->rearm_next_) s->rearm_next_->rearm_prev_ = s->rearm_prev_;
   s->rearm_prev_ = s->rearm_next_ = nullptr;
-  s->rearm_listed_ = false;
+  s->rearm_listed_.store(false, std::memory_order_relaxed);
 }
 
 size_t RearmList::PrepareChanged() noexcept {
@@ -71,6 +73,9 @@ size_t RearmList::PrepareChanged() noexcept {
     // Off the list before it is armed: a receive that takes its tokens after this point
     // (and finds no ask pending) lists it again for the next sleep.
     if (!s->rearm_always_) UnlinkLocked(s);
+    // Ordered before the ask that arming stores: a receive that takes the token a publish
+    // wrote for that ask sees the stream unlisted (Stream::Recv reads the flag unlocked).
+    std::atomic_thread_fence(std::memory_order_release);
     s->PrepareToSleep(EPOLLIN);
     if (recent_count_ < kRecent) recent_[recent_count_++] = s;
     ++prepared;

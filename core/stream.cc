@@ -323,7 +323,9 @@ ssize_t Stream::Recv(const iovec* iov, int iovcnt, int flags, bool nonblocking) 
   const ssize_t rc = RecvUntilDone(iov, iovcnt, flags, nonblocking);
   // The receive may have taken the last token with no ask pending: then the proxy would not
   // show the next publish, and whoever sleeps next must arm it first.
-  if (!Armed()) {
+  // (A stream already listed stays so until the next sleep arms it: no lock then, as for a
+  // program that never waits in epoll_wait, poll or select.)
+  if (!rearm_listed_.load(std::memory_order_relaxed) && !Armed()) {
     if (RearmList* list = rearm_.load(std::memory_order_acquire)) list->MarkChanged(this);
   }
   return rc;

@@ -174,7 +174,7 @@ class Stream {
   Stream* rearm_prev_ = nullptr;
   Stream* rearm_next_ = nullptr;
   bool rearm_member_ = false;
-  bool rearm_listed_ = false;
+  std::atomic<bool> rearm_listed_{false};  // (read unlocked by Recv)
   bool rearm_always_ = false;
 };
 
