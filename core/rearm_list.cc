@@ -10,8 +10,7 @@ namespace slip {
 
 void RearmList::Join(Stream* s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  if (s->rearm_member_) return;
-  s->rearm_member_ = true;
+  if (IsMemberLocked(s)) return;
   ++members_;
   s->rearm_.store(this, std::memory_order_release);
   s->rearm_always_ = !s->channel()->ShowsArrivalsWithoutAsk();
@@ -20,29 +19,34 @@ void RearmList::Join(Stream* s) noexcept {
 
 void RearmList::Leave(Stream* s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!s->rearm_member_) return;
+  if (!IsMemberLocked(s)) return;
   if (s->rearm_listed_.load(std::memory_order_relaxed)) UnlinkLocked(s);
-  s->rearm_member_ = false;
   s->rearm_always_ = false;
   --members_;
   s->rearm_.store(nullptr, std::memory_order_release);
   for (size_t i = 0; i < recent_count_; ++i) {
-    if (recent_[i] == s) recent_[i] = recent_[--recent_count_];
+    if (recent_[i] != s) continue;
+    recent_[i] = recent_[--recent_count_];  // (armed once per preparation: listed once)
+    break;
   }
 }
 
 void RearmList::MarkChanged(Stream* s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!s->rearm_member_ || s->rearm_listed_.load(std::memory_order_relaxed)) return;
+  if (!IsMemberLocked(s) || s->rearm_listed_.load(std::memory_order_relaxed)) return;
   LinkLocked(s);
 }
 
 void RearmList::ArmAlways(Stream* s) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!s->rearm_member_) return;
+  if (!IsMemberLocked(s)) return;
   s->rearm_always_ = true;
   if (s->rearm_listed_.load(std::memory_order_relaxed)) return;
   LinkLocked(s);
+}
+
+bool RearmList::IsMemberLocked(const Stream* s) const noexcept {
+  return s->rearm_.load(std::memory_order_relaxed) == this;
 }
 
 void RearmList::LinkLocked(Stream* s) noexcept {

@@ -64,6 +64,8 @@ class RearmList {
   void ForkChild() noexcept { mu_.unlock(); }
 
  private:
+  // (Stream::rearm_ is written under mu_ only.)
+  bool IsMemberLocked(const Stream* s) const noexcept;
   void LinkLocked(Stream* s) noexcept;
   void UnlinkLocked(Stream* s) noexcept;
 

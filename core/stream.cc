@@ -27,12 +27,6 @@ inline void CpuRelax() noexcept {
 #endif
 }
 
-inline uint64_t NowNs() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
-
 size_t IovTotal(const iovec* iov, int iovcnt) noexcept {
   size_t total = 0;
   for (int i = 0; i < iovcnt; ++i) {
@@ -162,13 +156,13 @@ bool Stream::TxFinished() const noexcept {
 template <typename Pred>
 bool Stream::SpinUntil(Pred ready) const noexcept {
   if (options_.spin_us == 0) return false;
-  const uint64_t deadline = NowNs() + uint64_t(options_.spin_us) * 1000;
+  const uint64_t deadline = sys::MonotonicNs() + uint64_t(options_.spin_us) * 1000;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       if (ready()) return true;
       CpuRelax();
     }
-    if (NowNs() >= deadline) return false;
+    if (sys::MonotonicNs() >= deadline) return false;
     // The peer may be runnable on this very CPU (few cores, wake-affine scheduling):
     // spinning without yielding would only delay the bytes we wait for.
     sched_yield();
@@ -511,13 +505,14 @@ int Stream::SleepDirect(int wake_fd, bool* woken) noexcept {
   socklen_t len = sizeof(tv);
   if (sys::getsockopt(proxy_a_, SOL_SOCKET, SO_RCVTIMEO, &tv, &len) != 0) tv = timeval{};
   const bool timed = tv.tv_sec != 0 || tv.tv_usec != 0;
-  const uint64_t deadline =
-      timed ? NowNs() + uint64_t(tv.tv_sec) * 1000000000ull + uint64_t(tv.tv_usec) * 1000ull : 0;
+  const uint64_t deadline = timed ? sys::MonotonicNs() + uint64_t(tv.tv_sec) * 1000000000ull +
+                                        uint64_t(tv.tv_usec) * 1000ull
+                                  : 0;
   for (;;) {
     pollfd fds[2] = {{proxy_a_, POLLIN, 0}, {wake_fd, POLLIN, 0}};
     timespec ts{};
     if (timed) {
-      uint64_t now = NowNs();
+      uint64_t now = sys::MonotonicNs();
       if (now >= deadline) return -EAGAIN;
       ts.tv_sec = time_t((deadline - now) / 1000000000ull);
       ts.tv_nsec = long((deadline - now) % 1000000000ull);

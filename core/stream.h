@@ -173,7 +173,6 @@ class Stream {
   std::atomic<RearmList*> rearm_{nullptr};
   Stream* rearm_prev_ = nullptr;
   Stream* rearm_next_ = nullptr;
-  bool rearm_member_ = false;
   std::atomic<bool> rearm_listed_{false};  // (read unlocked by Recv)
   bool rearm_always_ = false;
 };

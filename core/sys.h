@@ -90,6 +90,13 @@ inline int epoll_wait(int epfd, epoll_event* events, int max, int timeout_ms) no
   return static_cast<int>(::syscall(SYS_epoll_pwait, epfd, events, max, timeout_ms, nullptr, 8));
 }
 
+// CLOCK_MONOTONIC in nanoseconds: spins and sleeps of the data path.
+inline uint64_t MonotonicNs() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
 // CLOCK_MONOTONIC in milliseconds: deadlines of the control path.
 inline uint64_t MonotonicMs() noexcept {
   timespec ts;

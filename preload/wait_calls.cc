@@ -11,8 +11,8 @@
 #include <sys/select.h>
 
 #include <cstring>
-#include <ctime>
 
+#include "core/sys.h"
 #include "preload/accel_list.h"
 #include "preload/export.h"
 #include "preload/fd_table.h"
@@ -23,12 +23,6 @@ using namespace slip;
 using namespace slip::preload;
 
 namespace {
-
-uint64_t NowNs() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 
 // `call(true)` waits with a zero timeout, `call(false)` with the caller's timeout.
 template <typename Call>
@@ -44,8 +38,8 @@ int SleepAware(bool may_sleep, Call&& call) noexcept {
   if (n != 0) return n;
   // The spin asks the kernel, not just the rings: the caller may wait on descriptors of
   // its own (a listener, plain sockets), and an armed proxy shows its bytes there too.
-  const uint64_t deadline = NowNs() + uint64_t(GetRuntime().config.spin_us) * 1000;
-  while (NowNs() < deadline && !RecentReadable()) {
+  const uint64_t deadline = sys::MonotonicNs() + uint64_t(GetRuntime().config.spin_us) * 1000;
+  while (sys::MonotonicNs() < deadline && !RecentReadable()) {
     sched_yield();  // let a peer on this CPU run (see Stream::SpinUntil)
     if ((n = call(true)) != 0) return n;
   }

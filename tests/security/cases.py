@@ -22,11 +22,10 @@ sys.path.insert(0, str(HERE.parent / "integration"))
 
 from harness import PYTHON, TestFailure, is_listening, pick_port  # noqa: E402
 
-sys.path.insert(0, str(HERE / "progs"))
-from raw_shm import tcp_listeners  # noqa: E402
-
 PROGS = HERE / "progs"
 IT_PROGS = HERE.parent / "integration" / "progs"
+sys.path.insert(0, str(IT_PROGS))
+from common import tcp_listeners  # noqa: E402
 MiB = 1 << 20
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

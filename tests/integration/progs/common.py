@@ -69,6 +69,34 @@ def open_connection(role, port, source_port=0, bind=LOOPBACK, host=LOOPBACK):
     return accept_one(port, bind) if role == "server" else connect(port, source_port, host)
 
 
+def _proc_address(hex_address):
+    """The address of a /proc/net/tcp{,6} "ADDR:PORT" field (each 32-bit word in host
+    order, little-endian here): text, as inet_ntop writes it."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)
+
+
+def tcp_listeners(port):
+    """The TCP listening sockets on `port`: [(address, uid, inode)], from /proc/net/tcp and
+    /proc/net/tcp6 (state 0A)."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":
+                continue
+            address, port_hex = fields[1].rsplit(":", 1)
+            if int(port_hex, 16) == port:
+                out.append((_proc_address(address), int(fields[7]), int(fields[9])))
+    return out
+
+
 def argument_parser(doc, role=False, impl=False):
     """The options the programs here share: --port, and where asked the positional role
     (server or client) and --impl (asyncio, poll or select)."""

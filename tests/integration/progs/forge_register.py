@@ -12,7 +12,7 @@ import os
 import socket
 import struct
 
-from common import argument_parser, report
+from common import argument_parser, report, tcp_listeners
 
 MAGIC = b"SLIP"
 VERSION = 1
@@ -43,22 +43,6 @@ def register_message(source_port, server_port, nonce):
     return bytes(message)
 
 
-def listener_inodes(port):
-    """The inodes of the TCP sockets listening on `port` (IPv4 and IPv6 tables)."""
-    inodes = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.append(int(fields[9]))
-    return inodes
-
-
 def send_register(port, source_port, nonce, fds, keep=False):
     """Sends REGISTER with `fds` (memfd, server A, server B, client B) to the listener's
     rendezvous on `port`, trying the names a client would; False if there is none. With
@@ -66,7 +50,7 @@ def send_register(port, source_port, nonce, fds, keep=False):
     ACCEPT when its process accepts the connection and takes the registration, DECLINE
     when it drops it)."""
     message = register_message(source_port, port, nonce)
-    for inode in listener_inodes(port):
+    for _, _, inode in tcp_listeners(port):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.connect(f"\0slipstream-v3:{port}:{inode}")

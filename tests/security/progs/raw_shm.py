@@ -78,7 +78,13 @@ import select
 import signal
 import socket
 import struct
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration" / "progs"))
+
+from common import tcp_listeners  # noqa: E402
 
 # ------------------------------------------------------------------------------ wire format
 
@@ -151,34 +157,6 @@ def parse(data):
 DECLINE_REASONS = {0: "unspecified", 1: "nonce_mismatch", 2: "no_registration",
                    3: "bad_region", 4: "resources", 5: "policy", 6: "version", 7: "busy",
                    8: "descriptors"}
-
-
-def _proc_address(hex_address):
-    """The address of a /proc/net/tcp{,6} "ADDR:PORT" field (each 32-bit word in host
-    order, little-endian here): text, as inet_ntop writes it."""
-    raw = bytes.fromhex(hex_address)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return socket.inet_ntop(socket.AF_INET if len(words) == 4 else socket.AF_INET6, words)
-
-
-def tcp_listeners(port):
-    """The TCP listening sockets on `port`: [(address, uid, inode)], from /proc/net/tcp and
-    /proc/net/tcp6 (state 0A)."""
-    out = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10 or fields[3] != "0A":
-                continue
-            address, port_hex = fields[1].rsplit(":", 1)
-            if int(port_hex, 16) == port:
-                out.append((_proc_address(address), int(fields[7]), int(fields[9])))
-    return out
 
 
 def rendezvous_names(port, host):
