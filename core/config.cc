@@ -185,6 +185,16 @@ constexpr Option kOptions[] = {
      [](std::string_view v, Config* c, Why* why) {
        return EmptyList(v) || ParseCidrs(v, &c->exclude_cidrs, why);
      }},
+    {"SLIP_RENDEZVOUS_DIR", "expected an absolute directory path of at most 48 characters",
+     [](std::string_view v, Config* c, Why*) {
+       v = Trim(v);
+       if (!v.empty() && (v.front() != '/' || v.size() > Config::kMaxRendezvousDirLength ||
+                          v.find('\0') != std::string_view::npos))
+         return false;
+       while (v.size() > 1 && v.back() == '/') v.remove_suffix(1);
+       c->rendezvous_dir = v;
+       return true;
+     }},
     {"SLIP_FAILOVER", "expected 0, 1, true, false, yes or no",
      [](std::string_view v, Config* c, Why*) { return ParseBool(v, &c->failover); }},
 };

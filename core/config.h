@@ -80,6 +80,13 @@ struct Config {
   std::vector<Cidr> include_cidrs;       // SLIP_INCLUDE_CIDR="127.0.0.0/8,::1/128" (empty: all)
   std::vector<Cidr> exclude_cidrs;       // SLIP_EXCLUDE_CIDR
 
+  // SLIP_RENDEZVOUS_DIR: a directory that listeners and clients in different network
+  // namespaces of this host share (pods): listeners publish a rendezvous there for the
+  // addresses they are reached at, so that shm serves connections between namespaces.
+  // Absolute, at most kMaxRendezvousDirLength characters; empty: none.
+  std::string rendezvous_dir;
+  static constexpr size_t kMaxRendezvousDirLength = 48;  // the names fit a sockaddr_un
+
   // SLIP_FAILOVER=0|1: a connection whose transport fails continues on its TCP connection
   // (0: it resets, as before failover existed; for tests and for the cautious).
   bool failover = true;

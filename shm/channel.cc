@@ -73,6 +73,7 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
         rendezvous_(setup.rendezvous),
         client_(setup.client),
         server_(setup.server),
+        across_namespaces_(setup.across_namespaces),
         claim_(&static_cast<RegionControl*>(setup.region)->header.claim),
         failover_("shm", this, setup.ring_size) {
     auto* control = static_cast<RegionControl*>(region_);
@@ -283,7 +284,11 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
   // the control thread to watch it, closed here once settled).
   std::atomic<int> rendezvous_;
   const wire::Endpoint client_, server_;  // the 4-tuple (client only)
-  std::atomic<uint32_t>* const claim_;    // in the region: shm.h, Claim
+  // Client: the listener is in another network namespace (found in the rendezvous
+  // directory), where this one's kernel cannot see the server's end; the listener itself
+  // says DECLINE when the connection went elsewhere.
+  const bool across_namespaces_;
+  std::atomic<uint32_t>* const claim_;  // in the region: shm.h, Claim
   DirectionControl* tx_;
   DirectionControl* rx_;
   uint8_t* tx_data_;
@@ -366,7 +371,7 @@ Reason ShmChannel::TakenElsewhere(uint64_t now_ms) noexcept {
   if (now_ms < deadline_.load(std::memory_order_relaxed)) return Reason::kNone;
   if (now_ms - started_ms_ >= kGiveUpMs) return Reason::kHandshakeTimeout;
   if (accepted_ms_ != 0 && now_ms - accepted_ms_ >= kTakeGraceMs) return Reason::kAcceptedElsewhere;
-  if (accepted_ms_ == 0) {
+  if (accepted_ms_ == 0 && !across_namespaces_) {
     // The kernel knows whether a process accepted the server's end: it has an inode then.
     sockaddr_storage local, remote;
     SocketInfo end;

@@ -1,7 +1,10 @@
 // The client side of shm: finding and verifying the rendezvous, building the region and
 // proxies, registering, and the client's channel.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -10,6 +13,7 @@
 #include "core/log.h"
 #include "core/sock_diag.h"
 #include "core/sys.h"
+#include "shm/dir_rendezvous.h"
 #include "shm/region.h"
 #include "shm/rendezvous_name.h"
 #include "shm/shm.h"
@@ -25,7 +29,7 @@ void CloseIf(int* fd) noexcept {
 
 int SendWithFds(int sock, const uint8_t* msg, size_t len, const int* fds, int nfds) noexcept {
   iovec iov{const_cast<uint8_t*>(msg), len};
-  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(5 * sizeof(int))] = {};
   msghdr mh{};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
@@ -107,6 +111,37 @@ int FindRendezvous(const sockaddr* dest, const sockaddr* source, uint64_t* membe
   return sock;
 }
 
+int FindDirRendezvous(const char* dir, const sockaddr* dest) noexcept {
+  wire::Endpoint ep;
+  if (!wire::EndpointFromSockaddr(dest, &ep)) return -EAFNOSUPPORT;
+  sockaddr_un name;
+  socklen_t len;
+  if (!DirRendezvousName(dir, ep, &name, &len)) return -ENAMETOOLONG;
+  const int sock = RendezvousSocket();
+  if (sock < 0) return sock;
+  if (sys::connect(sock, reinterpret_cast<sockaddr*>(&name), len) != 0) {
+    const int err = -errno;
+    sys::close(sock);
+    // (No name: no Slipstream listener there, in any namespace of this host.)
+    return err == -EAGAIN ? err : err == -ENOENT ? -ENOENT : -ECONNREFUSED;
+  }
+  // Whoever can create files in the directory can publish any name: only its owner's and
+  // our own uid's rendezvous are used (docs/SECURITY.md, "The rendezvous directory").
+  ucred peer{};
+  socklen_t plen = sizeof(peer);
+  struct stat st;
+  if (sys::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0 || stat(dir, &st) != 0 ||
+      !TrustedInDir(peer.uid, geteuid(), st.st_uid)) {
+    SLIP_LOG(kWarn,
+             "rendezvous %s is held by pid %d uid %u, neither this process's uid nor the "
+             "owner of %s: not registering there (plain TCP)",
+             name.sun_path, int(peer.pid), unsigned(peer.uid), dir);
+    sys::close(sock);
+    return -EPERM;
+  }
+  return sock;
+}
+
 int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
   const int floor = sys::HiddenFdFloor();
   offer->nonce = sys::RandomNonce();
@@ -150,15 +185,16 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
 }
 
 int SendRegister(int rendezvous, const Offer& offer, const wire::Endpoint& client,
-                 const wire::Endpoint& server) noexcept {
+                 const wire::Endpoint& server, int tcp) noexcept {
+  const uint32_t count = tcp >= 0 ? 5 : 4;
   wire::Message msg;
   msg.type = wire::Type::kRegister;
-  msg.reg = wire::Register{client, server, offer.nonce, offer.ring_size, 4, offer.region_size};
+  msg.reg = wire::Register{client, server, offer.nonce, offer.ring_size, count, offer.region_size};
   uint8_t buf[wire::kMaxMessageSize];
   const size_t len = wire::EncodeMessage(msg, buf, sizeof(buf));
   if (len == 0) return -EINVAL;
-  const int fds[4] = {offer.memfd, offer.server_a, offer.server_b, offer.client_b};
-  return SendWithFds(rendezvous, buf, len, fds, 4);
+  const int fds[5] = {offer.memfd, offer.server_a, offer.server_b, offer.client_b, tcp};
+  return SendWithFds(rendezvous, buf, len, fds, int(count));
 }
 
 bool ClaimWithdraw(Offer* offer) noexcept {
@@ -167,8 +203,8 @@ bool ClaimWithdraw(Offer* offer) noexcept {
 
 std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,
                                            const wire::Endpoint& client,
-                                           const wire::Endpoint& server, int* proxy_a,
-                                           int* proxy_b) noexcept {
+                                           const wire::Endpoint& server, int* proxy_a, int* proxy_b,
+                                           bool across_namespaces) noexcept {
   ChannelSetup setup;
   setup.region = offer->region;
   setup.region_size = offer->region_size;
@@ -181,6 +217,7 @@ std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,
   setup.rendezvous = rendezvous;
   setup.client = client;
   setup.server = server;
+  setup.across_namespaces = across_namespaces;
   auto channel = MakeChannel(setup);
   if (!channel) return nullptr;
   offer->region = nullptr;  // owned by the channel now

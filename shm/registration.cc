@@ -54,6 +54,19 @@ bool IsProxyPair(int a, int b) noexcept {
          type == SOCK_STREAM && peer == b_st.st_ino;
 }
 
+// The same, where unix_diag cannot see the pair (it was made in another network
+// namespace, shm/dir_rendezvous.h): a random probe written on A must be what B reads.
+// (Bytes stuffed in before by anybody else make it fail: declined, never wrongly passed.)
+bool IsProxyPairByProbe(int a, int b) noexcept {
+  uint64_t a_inode = 0, b_inode = 0;
+  if (!IsUnixStream(a, &a_inode) || !IsUnixStream(b, &b_inode)) return false;
+  const uint64_t probe = sys::RandomNonce();
+  uint64_t got = ~probe;
+  return sys::send(a, &probe, sizeof(probe), MSG_DONTWAIT | MSG_NOSIGNAL) ==
+             ssize_t(sizeof(probe)) &&
+         sys::recv(b, &got, sizeof(got), MSG_DONTWAIT) == ssize_t(sizeof(got)) && got == probe;
+}
+
 // Only a sealed region is safe to map: one the client could still shrink would turn the
 // server's next access into a SIGBUS.
 bool IsSealedRegion(int memfd, uint64_t size) noexcept {
@@ -69,12 +82,14 @@ bool IsSealedRegion(int memfd, uint64_t size) noexcept {
 std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4], int anchor,
                                             int* proxy_a, int* proxy_b,
                                             std::atomic<uint32_t>** claim,
-                                            wire::DeclineReason* reason) noexcept {
+                                            wire::DeclineReason* reason,
+                                            bool across_namespaces) noexcept {
   *reason = wire::DeclineReason::kBadRegion;
   uint64_t client_b_inode = 0;
-  if (msg.fd_count != 4 || !ValidRingSize(msg.ring_size) ||
+  if (msg.fd_count != (across_namespaces ? 5u : 4u) || !ValidRingSize(msg.ring_size) ||
       msg.region_size != RegionSize(msg.ring_size) || !IsSealedRegion(fds[0], msg.region_size) ||
-      !IsProxyPair(fds[1], fds[2]) || !IsUnixStream(fds[3], &client_b_inode)) {
+      !(across_namespaces ? IsProxyPairByProbe(fds[1], fds[2]) : IsProxyPair(fds[1], fds[2])) ||
+      !IsUnixStream(fds[3], &client_b_inode)) {
     CloseAll(fds, 4);
     return nullptr;
   }
@@ -146,6 +161,8 @@ void Registration::Release() noexcept {
   stream.reset();
   if (anchor_slot >= 0) sys::close(anchor_slot);
   anchor_slot = -1;
+  if (client_socket >= 0) sys::close(client_socket);
+  client_socket = -1;
   proxy_a = -1;
   claim = nullptr;
   taken_ = false;
@@ -160,8 +177,10 @@ Registration::Registration(Registration&& o) noexcept
       anchor_slot(o.anchor_slot),
       answer(o.answer),
       claim(o.claim),
+      client_socket(o.client_socket),
+      accepted_seen_ms(o.accepted_seen_ms),
       taken_(o.taken_) {
-  o.proxy_a = o.anchor_slot = o.answer = -1;
+  o.proxy_a = o.anchor_slot = o.answer = o.client_socket = -1;
   o.claim = nullptr;
   o.taken_ = false;
 }
@@ -177,8 +196,10 @@ Registration& Registration::operator=(Registration&& o) noexcept {
     anchor_slot = o.anchor_slot;
     answer = o.answer;
     claim = o.claim;
+    client_socket = o.client_socket;
+    accepted_seen_ms = o.accepted_seen_ms;
     taken_ = o.taken_;
-    o.proxy_a = o.anchor_slot = o.answer = -1;
+    o.proxy_a = o.anchor_slot = o.answer = o.client_socket = -1;
     o.claim = nullptr;
     o.taken_ = false;
   }

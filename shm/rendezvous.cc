@@ -11,7 +11,9 @@
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -21,6 +23,7 @@
 #include "core/log.h"
 #include "core/sock_diag.h"
 #include "core/sys.h"
+#include "shm/dir_rendezvous.h"
 #include "shm/region.h"
 #include "shm/rendezvous_name.h"
 #include "shm/shm.h"
@@ -52,8 +55,9 @@ constexpr uint64_t kLateMemoryMs = 10000;
 
 // How many registrations a listener holds: each keeps five descriptors (the proxy pair,
 // the client's B, the anchor's slot, the rendezvous connection its answer goes to), all
-// above the floor. Four of them are the ones its connection keeps once accepted, so the
-// space above the floor bounds both together.
+// above the floor, and one from another namespace a sixth (its client's TCP socket).
+// Four of them are the ones its connection keeps once accepted, so the space above the
+// floor bounds both together.
 size_t CapacityFor() noexcept {
   rlimit rl{};
   uint64_t limit = 1024;
@@ -65,7 +69,7 @@ size_t CapacityFor() noexcept {
   // so that a full table, not a shortage, decides who gives way.)
   constexpr uint64_t kReserve = 32;
   const uint64_t hidden = limit > floor + kReserve ? limit - floor - kReserve : 0;
-  return size_t(std::clamp<uint64_t>(hidden / 5, 4, 4096));
+  return size_t(std::clamp<uint64_t>(hidden / 6, 4, 4096));
 }
 
 uint32_t PeerUid(int conn) noexcept {
@@ -113,6 +117,7 @@ std::unique_ptr<Rendezvous> Rendezvous::Publish(uint16_t port, uint64_t listener
   // Whatever the others do, a quarter of the table stays theirs.
   rv->per_uid_ = std::max<size_t>(2, capacity - capacity / 4);
   rv->options_ = options;
+  rv->listener_inode_ = listener_inode;
   const int floor = sys::HiddenFdFloor();
   rv->listen_fd_ =
       sys::MoveAbove(sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), floor);
@@ -134,7 +139,11 @@ std::unique_ptr<Rendezvous> Rendezvous::Publish(uint16_t port, uint64_t listener
 }
 
 Rendezvous::~Rendezvous() {
+  // (A process that inherited the names closes them without removing them: they are the
+  // publisher's.)
+  WithdrawDirNames(publisher_ == getpid() && !shared());
   if (listen_fd_ >= 0) sys::close(listen_fd_);
+  if (timer_fd_ >= 0) sys::close(timer_fd_);
   if (epoll_fd_ >= 0) sys::close(epoll_fd_);
   for (size_t i = 0; i < waiting_count_; ++i) sys::close(waiting_[i].fd);
   // Registrations still held were never accepted here: abandon them (their clients stay
@@ -208,7 +217,7 @@ size_t Rendezvous::CountForUid(uint32_t uid) const noexcept {
   return count;
 }
 
-void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
+void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) noexcept {
   uint8_t buf[wire::kMaxMessageSize];
   iovec iov{buf, sizeof(buf)};
   alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))];
@@ -223,14 +232,16 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
     size_t mine = 0;
     for (size_t i = 0; i < waiting_count_; ++i) mine += waiting_[i].uid == uid;
     if (waiting_count_ < kMaxWaiting && mine < kMaxWaitingPerUid && Watch(conn)) {
-      waiting_[waiting_count_++] = Waiting{conn, uid, now_ms};
+      waiting_[waiting_count_++] = Waiting{conn, uid, now_ms, via_dir};
     } else {
       sys::close(conn);  // its client sees EOF and stays plain
     }
     return;
   }
   // Whatever came, the descriptors are ours to close or keep; they go above the floor.
-  int fds[4] = {-1, -1, -1, -1};
+  // (Through the directory, a fifth: the client's TCP socket.)
+  const int expected = via_dir ? 5 : 4;
+  int fds[5] = {-1, -1, -1, -1, -1};
   int nfds = 0;
   bool moved = true;
   for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
@@ -239,9 +250,9 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
     for (int i = 0; i < count; ++i) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-      if (nfds >= 4) {
+      if (nfds >= expected) {
         sys::close(fd);
-        nfds = 5;  // too many descriptors: malformed
+        nfds = expected + 1;  // too many descriptors: malformed
         continue;
       }
       fds[nfds] = sys::MoveAbove(fd, sys::HiddenFdFloor());
@@ -274,9 +285,16 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
   wire::DeclineReason why = wire::DeclineReason::kUnspecified;
   if ((mh.msg_flags & MSG_CTRUNC) || !moved) {
     why = wire::DeclineReason::kDescriptors;
-  } else if (nfds != 4 || msg.reg.fd_count != 4) {
+  } else if (nfds != expected || msg.reg.fd_count != uint32_t(expected)) {
     SLIP_LOG(kWarn, "rendezvous: dropped a registration with %d descriptors", nfds);
     why = wire::DeclineReason::kBadRegion;
+  } else if (via_dir &&
+             (why = CheckAcrossNamespaces(msg.reg, fds[4])) != wire::DeclineReason::kUnspecified) {
+    if (why == wire::DeclineReason::kBadRegion)
+      SLIP_LOG(kWarn,
+               "rendezvous: dropped a registration from uid %u through the directory "
+               "for a connection that is not its own or not ours",
+               unsigned(uid));
   } else if (CountForUid(uid) >= per_uid_ || (used_ >= capacity_ && !MakeRoomFor(uid))) {
     why = wire::DeclineReason::kBusy;
   }
@@ -314,6 +332,8 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
   reg.msg = msg.reg;
   reg.uid = uid;
   reg.received_ms = now_ms;
+  reg.client_socket = fds[4];  // (-1 but through the directory)
+  fds[4] = -1;
   // (A duplicate of the client's B, never of our own: closing any descriptor of a file, as
   // the install's dup3 over the slot does, drops this process's locks on it, and our B
   // carries the lock that says this process holds the connection.)
@@ -326,7 +346,8 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
   } else {
     // Takes fds (closed on failure).
     channel =
-        AcceptRegistration(msg.reg, fds, reg.anchor_slot, &proxy_a, &proxy_b, &reg.claim, &why);
+        AcceptRegistration(msg.reg, fds, reg.anchor_slot, &proxy_a, &proxy_b, &reg.claim, &why,
+                           /*across_namespaces=*/via_dir);
   }
   if (channel) {
     reg.stream.reset(new (std::nothrow) Stream(std::move(channel), proxy_a, proxy_b, options_));
@@ -351,6 +372,7 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept {
   }
   reg.proxy_a = proxy_a;
   reg.answer = conn;  // answered when its connection is accepted, or the entry dropped
+  if (reg.client_socket >= 0) ArmTimer(true);
   table_[used_++] = std::move(reg);
 }
 
@@ -362,6 +384,7 @@ Rendezvous::DrainResult Rendezvous::DrainLocked(int budget) noexcept {
   // Connections wait in the listener's backlog only when it says so (or the events did not
   // all fit): most drains find nothing, and skip the accept4 that would say EAGAIN.
   bool backlog = n == 64;
+  bool dir_backlog = n == 64 && dir_count_ > 0;
   int i = 0;
   for (; i < n && budget > 0; ++i) {
     const int fd = events[i].data.fd;
@@ -369,41 +392,53 @@ Rendezvous::DrainResult Rendezvous::DrainLocked(int budget) noexcept {
       backlog = true;
       continue;
     }
+    if (IsDirName(fd)) {
+      dir_backlog = true;
+      continue;
+    }
+    if (fd == timer_fd_) {  // (ExpireLocked does what it is for, below)
+      uint64_t ticks;
+      (void)!sys::read(timer_fd_, &ticks, sizeof(ticks));
+      next_expire_ms_ = 0;
+      continue;
+    }
     for (size_t w = 0; w < waiting_count_; ++w) {
       if (waiting_[w].fd != fd) continue;
-      const uint32_t uid = waiting_[w].uid;
+      const Waiting waiting = waiting_[w];
       waiting_[w] = waiting_[--waiting_count_];
       sys::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-      ReadOne(fd, uid, now);
+      ReadOne(fd, waiting.uid, now, waiting.via_dir);
       --budget;
       break;
     }
   }
   // Events left unread (the budget ran out): they are still ready, for the next call.
   if (i < n) return DrainResult::kMore;
-  while (backlog) {
-    if (budget-- <= 0) {
-      result = DrainResult::kMore;  // a burst (or a flood): the caller comes back later
-      break;
-    }
-    int conn = sys::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (backlog) result = AcceptQueued(listen_fd_, /*via_dir=*/false, &budget, now);
+  for (size_t d = 0; dir_backlog && d < dir_count_ && result == DrainResult::kDone; ++d)
+    result = AcceptQueued(dir_names_[d].fd, /*via_dir=*/true, &budget, now);
+  ExpireLocked(now);
+  return result;
+}
+
+Rendezvous::DrainResult Rendezvous::AcceptQueued(int listen_fd, bool via_dir, int* budget,
+                                                 uint64_t now_ms) noexcept {
+  for (;;) {
+    if ((*budget)-- <= 0) return DrainResult::kMore;  // a burst (or a flood): come back later
+    int conn = sys::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (conn < 0) {
-      if (errno == EMFILE || errno == ENFILE) {
-        // The queued clients wait for an answer that cannot come now; they give up at
-        // their deadline and stay plain. Logged once in a while, not once per client.
-        SLIP_LOG(kWarn,
-                 "rendezvous: no descriptor to read registrations with; clients stay "
-                 "plain meanwhile");
-        result = DrainResult::kBlocked;
-      }
-      break;
+      if (errno != EMFILE && errno != ENFILE) return DrainResult::kDone;
+      // The queued clients wait for an answer that cannot come now; they give up at their
+      // deadline and stay plain. Logged once in a while, not once per client.
+      SLIP_LOG(kWarn,
+               "rendezvous: no descriptor to read registrations with; clients stay "
+               "plain meanwhile");
+      return DrainResult::kBlocked;
     }
     conn = sys::MoveAbove(conn, sys::HiddenFdFloor());
     if (conn < 0) continue;  // (closed: its client sees EOF and stays plain)
-    ReadOne(conn, PeerUid(conn), now);
+    ReadOne(conn, PeerUid(conn), now_ms, via_dir);
   }
-  ExpireLocked(now);
-  return result;
 }
 
 void Rendezvous::ExpireLocked(uint64_t now_ms) noexcept {
@@ -411,17 +446,22 @@ void Rendezvous::ExpireLocked(uint64_t now_ms) noexcept {
   // reading a burst quadratic.)
   if (now_ms < next_expire_ms_) return;
   next_expire_ms_ = now_ms + kExpireEveryMs;
+  bool across = false;  // registrations from the directory still wait
   for (size_t i = 0; i < used_;) {
     // A client that withdrew (its connection went to another process) will never be
-    // accepted here; one waiting longer than anybody accepts is told so.
-    if (now_ms - table_[i].received_ms <= kRegistrationTtlMs &&
-        table_[i].ReadClaim() != Claim::kWithdrawn) {
+    // accepted here; one waiting longer than anybody accepts is told so, and so is one
+    // from another namespace whose connection went elsewhere (it cannot see that itself).
+    Registration& r = table_[i];
+    if (now_ms - r.received_ms <= kRegistrationTtlMs && r.ReadClaim() != Claim::kWithdrawn &&
+        (r.client_socket < 0 || !GoneElsewhere(&r, now_ms))) {
+      across = across || r.client_socket >= 0;
       ++i;
       continue;
     }
     table_[i].Abandon();
     RemoveAt(i);
   }
+  ArmTimer(across);
   for (size_t w = 0; w < waiting_count_;) {
     if (now_ms - waiting_[w].since_ms <= kWaitingTtlMs) {
       ++w;
@@ -499,26 +539,38 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
   // Anybody can register any 4-tuple: the registration that counts is the one made by the
   // owner of the TCP connection's client socket, as the kernel sees it (a forger of another
   // uid never gets a connection held for it, not even a plain client's that it predicted;
-  // same-uid processes are not told apart, SECURITY.md). The newest of those, if several.
-  sockaddr_storage local, remote;
-  SocketInfo owner;
+  // same-uid processes are not told apart, SECURITY.md). From another namespace, where the
+  // kernel here cannot see the client socket, the one that came with that very socket,
+  // handshake complete. The newest of those, if several.
   constexpr size_t kNone = SIZE_MAX;
   size_t pick = kNone;  // an index into table_
-  if (wire::SockaddrFromEndpoint(client, &local) && wire::SockaddrFromEndpoint(server, &remote) &&
-      FindConnection(reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote),
-                     &owner) == 0) {
-    for (size_t k = 0; k < count; ++k) {
-      const Registration& r = table_[found[k]];
-      if (r.uid == owner.uid && (pick == kNone || r.received_ms >= table_[pick].received_ms))
-        pick = found[k];
+  bool owner_asked = false;
+  SocketInfo owner;
+  int owner_rc = -ENOENT;
+  for (size_t k = 0; k < count; ++k) {
+    const Registration& r = table_[found[k]];
+    bool proven = false;
+    if (r.client_socket >= 0) {
+      proven = LookAtClientSocket(r.client_socket, client, server) == ClientSocket::kConnected;
+    } else {
+      if (!owner_asked) {
+        owner_asked = true;
+        sockaddr_storage local, remote;
+        if (wire::SockaddrFromEndpoint(client, &local) &&
+            wire::SockaddrFromEndpoint(server, &remote))
+          owner_rc = FindConnection(reinterpret_cast<sockaddr*>(&local),
+                                    reinterpret_cast<sockaddr*>(&remote), &owner);
+      }
+      proven = owner_rc == 0 && r.uid == owner.uid;
     }
+    if (proven && (pick == kNone || r.received_ms >= table_[pick].received_ms)) pick = found[k];
   }
   if (pick == kNone) {
     // Nobody who registered owns this connection (or the kernel could not say): plain.
     // Their clients stay plain too (abandoned).
     SLIP_LOG(kWarn,
              "rendezvous: %zu registration(s) for a connection whose client socket "
-             "belongs to none of their uids; plain",
+             "is none of theirs; plain",
              count);
     for (size_t k = count; k-- > 0;) {
       table_[found[k]].Abandon();
@@ -527,6 +579,9 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
     return false;
   }
   *out = std::move(table_[pick]);
+  // (Held, the client's socket would keep its connection open after the client closed it.)
+  if (out->client_socket >= 0) sys::close(out->client_socket);
+  out->client_socket = -1;
   // The others can never carry this connection: they go (highest index first,
   // so that the indexes left stay valid).
   for (size_t k = count; k-- > 0;) {

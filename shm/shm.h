@@ -32,6 +32,8 @@
 #pragma once
 
 #include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/un.h>
 
 #include <atomic>
 #include <cstdint>
@@ -90,6 +92,9 @@ struct ChannelSetup {
   // Client: the connection's 4-tuple, to ask the kernel whether its server end has been
   // accepted (by a process that then did not take it).
   wire::Endpoint client, server;
+  // Client: the listener is in another network namespace (shm/dir_rendezvous.h): this
+  // kernel cannot see the server's end, the listener tells (DECLINE) instead.
+  bool across_namespaces = false;
 };
 // Builds the channel; on failure (no memory) the caller keeps everything.
 std::unique_ptr<Channel> MakeChannel(const ChannelSetup& setup) noexcept;
@@ -124,13 +129,22 @@ struct Offer {
 int FindRendezvous(const sockaddr* dest, const sockaddr* source = nullptr,
                    uint64_t* member = nullptr) noexcept;
 
+// Connects to the rendezvous that a listener in another network namespace of this host
+// published in `dir` (SLIP_RENDEZVOUS_DIR) for `dest`, and verifies it: held by this
+// process's uid or the directory's owner. Returns the socket, or -errno: -ENOENT (no such
+// name), -ECONNREFUSED (a name nobody serves), -EAGAIN, -EPERM (held by anybody else:
+// not used), other errors. shm/dir_rendezvous.h.
+int FindDirRendezvous(const char* dir, const sockaddr* dest) noexcept;
+
 // Builds the region, the proxies and the anchor's slot, all above the hidden-descriptor
 // floor. Returns 0 or -errno (-EMFILE: descriptors short; -EFBIG: the file size limit).
 int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept;
 
 // Sends REGISTER with the region and proxies over the rendezvous socket (non-blocking).
+// `tcp` (>= 0: a rendezvous found in the directory) is the connection's own TCP socket,
+// sent along as the proof the listener checks once it accepts the connection.
 int SendRegister(int rendezvous, const Offer& offer, const wire::Endpoint& client,
-                 const wire::Endpoint& server) noexcept;
+                 const wire::Endpoint& server, int tcp = -1) noexcept;
 
 // Client: withdraws (the TCP handshake took too long, or nothing is installed): the
 // connection stays plain, as the server will see when it takes the registration. False
@@ -147,8 +161,8 @@ bool ClaimWithdraw(Offer* offer) noexcept;
 // `rendezvous` is the caller's.
 std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,
                                            const wire::Endpoint& client,
-                                           const wire::Endpoint& server, int* proxy_a,
-                                           int* proxy_b) noexcept;
+                                           const wire::Endpoint& server, int* proxy_a, int* proxy_b,
+                                           bool across_namespaces = false) noexcept;
 
 // ----------------------------------------------------------------------------- server
 
@@ -160,10 +174,14 @@ std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,
 // On success *proxy_a/*proxy_b are the server's proxy pair, owned by the caller, and
 // *claim (when not null) the region's claim word, valid as long as the channel. `anchor`:
 // ChannelSetup.
+// `across_namespaces`: it came through the rendezvous directory (shm/dir_rendezvous.h),
+// with the client's TCP socket as a fifth descriptor (the caller's, not in `fds`), and the
+// proxy pair is proven by a probe (unix_diag sees only this namespace's sockets).
 std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4], int anchor,
                                             int* proxy_a, int* proxy_b,
                                             std::atomic<uint32_t>** claim,
-                                            wire::DeclineReason* reason) noexcept;
+                                            wire::DeclineReason* reason,
+                                            bool across_namespaces = false) noexcept;
 
 // The listener's one answer on a rendezvous connection (kUnspecified: ACCEPT).
 void AnswerRegistration(int conn, uint64_t nonce, wire::DeclineReason reason) noexcept;
@@ -186,6 +204,11 @@ struct Registration {
   int anchor_slot = -1;                    // where the TCP socket will go (owned)
   int answer = -1;                         // the rendezvous connection, until answered (owned)
   std::atomic<uint32_t>* claim = nullptr;  // in the region (mapped by the stream's channel)
+  // Registered through the rendezvous directory (another network namespace): the client's
+  // TCP socket, its proof (owned; closed once it has been looked at in Take), and when the
+  // server's end was first seen accepted without being taken here.
+  int client_socket = -1;
+  uint64_t accepted_seen_ms = 0;
 
   Claim ReadClaim() const noexcept;
   // The accepting process takes the connection onto the rings: claims it and says ACCEPT.
@@ -229,8 +252,18 @@ class Rendezvous {
   // by Take, one at a time, so that each goes to the process that accepts its connection
   // as long as they accept in turn (a process that read another's keeps it, and that
   // connection goes plain). Drain() then does nothing.
-  void Share() noexcept { shared_.store(true, std::memory_order_relaxed); }
+  // (Its names in the rendezvous directory are withdrawn then: a registration from another
+  // namespace is proven and watched by the control thread, which such a listener does not
+  // run. Clients in other namespaces stay plain.)
+  void Share() noexcept;
   bool shared() const noexcept { return shared_.load(std::memory_order_relaxed); }
+
+  // Publishes, in `dir` (SLIP_RENDEZVOUS_DIR), a name for each address at which other
+  // network namespaces of this host reach the listener bound to `local` (none for
+  // loopback): clients there register through it with their TCP socket as proof
+  // (shm/dir_rendezvous.h). Returns how many names it holds; a name held by a live
+  // rendezvous already (another member of an SO_REUSEPORT group) is left to it.
+  size_t PublishInDir(const char* dir, const wire::Endpoint& local, bool v6only) noexcept;
 
   // Limits (docs/SECURITY.md, "Resource exhaustion").
   size_t capacity() const noexcept { return capacity_; }
@@ -241,6 +274,13 @@ class Rendezvous {
     int fd;
     uint32_t uid;
     uint64_t since_ms;
+    bool via_dir;  // connected through a name in the rendezvous directory
+  };
+  struct DirName {  // a name published in the rendezvous directory
+    int fd = -1;    // its listening socket
+    wire::Endpoint server;
+    sockaddr_un path{};
+    socklen_t len = 0;
   };
 
   Rendezvous() noexcept = default;
@@ -251,7 +291,15 @@ class Rendezvous {
   bool IsLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept;
   void NoteLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept;
   void ExpireLocked(uint64_t now_ms) noexcept;
-  void ReadOne(int conn, uint32_t uid, uint64_t now_ms) noexcept;
+  void ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) noexcept;
+  // Accepts and reads the rendezvous connections queued on `listen_fd`, within *budget.
+  DrainResult AcceptQueued(int listen_fd, bool via_dir, int* budget, uint64_t now_ms) noexcept;
+  // Whether a registration from the directory can be for one of our connections.
+  wire::DeclineReason CheckAcrossNamespaces(const wire::Register& msg, int client_socket) noexcept;
+  // For a registration from the directory: whether its connection went elsewhere.
+  bool GoneElsewhere(Registration* r, uint64_t now_ms) noexcept;
+  bool IsDirName(int fd) const noexcept;
+  void WithdrawDirNames(bool unlink_names) noexcept;
   size_t CountForUid(uint32_t uid) const noexcept;
   bool MakeRoomFor(uint32_t uid) noexcept;
   void RemoveAt(size_t i) noexcept;  // the last live entry takes slot i
@@ -259,6 +307,15 @@ class Rendezvous {
 
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
+  uint64_t listener_inode_ = 0;  // the TCP listening socket's
+  DirName dir_names_[8];         // [0, dir_count_): kMaxDirNames
+  size_t dir_count_ = 0;
+  pid_t publisher_ = 0;  // the process that bound them (and may unlink them)
+  // Ticks in the epoll set while registrations from the directory wait: their clients
+  // cannot see where their connections went, so the control thread looks (GoneElsewhere).
+  int timer_fd_ = -1;
+  bool timer_armed_ = false;
+  void ArmTimer(bool on) noexcept;
   StreamOptions options_;
   size_t capacity_ = 0;  // registrations held at most
   size_t per_uid_ = 0;   // of them, from one uid

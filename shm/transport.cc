@@ -14,6 +14,7 @@
 #include "core/no_destructor.h"
 #include "core/sock_diag.h"
 #include "core/sys.h"
+#include "shm/dir_rendezvous.h"
 #include "shm/shm.h"
 
 namespace slip::shm {
@@ -25,16 +26,30 @@ namespace {
 constexpr int kTcpHandshakeBudgetMs = 20;
 
 // Binds an unbound socket to an ephemeral port on the address the kernel would pick as
-// source for a local destination (the destination itself), so that the 4-tuple is known
-// before the SYN.
-int BindForRegistration(int fd, const sockaddr* dest, socklen_t len) noexcept {
+// source (for a destination in this namespace, the destination itself; for one in another
+// namespace, the route's source), so that the 4-tuple is known before the SYN.
+int BindForRegistration(int fd, const sockaddr* dest, socklen_t len,
+                        bool across_namespaces) noexcept {
   if (wire::Endpoint ep; LocalEndpoint(fd, &ep) && ep.port != 0) return 0;
   sockaddr_storage src{};
-  std::memcpy(&src, dest, len);
-  if (src.ss_family == AF_INET)
-    reinterpret_cast<sockaddr_in*>(&src)->sin_port = 0;
-  else
-    reinterpret_cast<sockaddr_in6*>(&src)->sin6_port = 0;
+  if (across_namespaces) {
+    if (!SourceToward(dest, &src)) return -ENETUNREACH;
+    // (An AF_INET6 socket to a v4-mapped destination binds the mapped source.)
+    if (dest->sa_family == AF_INET6 && src.ss_family == AF_INET) {
+      const auto v4 = reinterpret_cast<sockaddr_in*>(&src)->sin_addr;
+      auto* v6 = reinterpret_cast<sockaddr_in6*>(&src);
+      *v6 = sockaddr_in6{};
+      v6->sin6_family = AF_INET6;
+      v6->sin6_addr.s6_addr[10] = v6->sin6_addr.s6_addr[11] = 0xff;
+      std::memcpy(v6->sin6_addr.s6_addr + 12, &v4, 4);
+    }
+  } else {
+    std::memcpy(&src, dest, len);
+    if (src.ss_family == AF_INET)
+      reinterpret_cast<sockaddr_in*>(&src)->sin_port = 0;
+    else
+      reinterpret_cast<sockaddr_in6*>(&src)->sin6_port = 0;
+  }
   if (sys::bind(fd, reinterpret_cast<sockaddr*>(&src), len) != 0) return -errno;
   return 0;
 }
@@ -53,8 +68,10 @@ Reason OfferReason(int rc) noexcept {
 
 class ShmClientOffer final : public ClientOffer {
  public:
+  // `member`: the listening socket whose rendezvous that is, or 0 for one found in the
+  // rendezvous directory (another network namespace).
   ShmClientOffer(const ConnectRequest& req, int rendezvous, uint64_t member) noexcept
-      : req_(req), rendezvous_(rendezvous), member_(member) {}
+      : req_(req), rendezvous_(rendezvous), member_(member), across_namespaces_(member == 0) {}
   ~ShmClientOffer() override {
     // Never established: the listener's accept(), if it comes, then goes plain.
     if (stream_) stream_->control()->WithdrawUninstalled();
@@ -107,15 +124,17 @@ class ShmClientOffer final : public ClientOffer {
  private:
   Reason Register(int tcp) noexcept {
     sockaddr_storage source;
-    if (BindForRegistration(tcp, req_.dest(), req_.dest_len) < 0 || !LocalEndpoint(tcp, &client_) ||
-        !wire::SockaddrFromEndpoint(client_, &source))
+    if (BindForRegistration(tcp, req_.dest(), req_.dest_len, across_namespaces_) < 0 ||
+        !LocalEndpoint(tcp, &client_) || !wire::SockaddrFromEndpoint(client_, &source))
       return Reason::kUnsupported;
     // Now that the 4-tuple is known, the kernel says which listener the SYN will reach: in
     // an SO_REUSEPORT group, maybe another member than the probe's.
     // (No answer, e.g. a TIME_WAIT socket of an earlier connection on this 4-tuple found
     // first: the probe's member stands. A wrong one costs acceleration, never bytes.)
+    // (Another namespace's listener checks that itself: CheckAcrossNamespaces.)
     SocketInfo listener;
-    if (FindListener(req_.dest(), &listener, reinterpret_cast<sockaddr*>(&source)) == 0 &&
+    if (!across_namespaces_ &&
+        FindListener(req_.dest(), &listener, reinterpret_cast<sockaddr*>(&source)) == 0 &&
         listener.inode != member_) {
       uint64_t member = 0;
       const int rv = FindRendezvous(req_.dest(), reinterpret_cast<sockaddr*>(&source), &member);
@@ -127,7 +146,11 @@ class ShmClientOffer final : public ClientOffer {
     if (!offer_.region) {
       if (int rc = PrepareOffer(req_.config->ring_size, &offer_); rc < 0) return FdReason(rc);
     }
-    if (int rc = SendRegister(rendezvous_, offer_, client_, req_.server); rc < 0)
+    // (From another namespace, with the TCP socket itself: the listener's proof that the
+    // registration is this connection's.)
+    if (int rc =
+            SendRegister(rendezvous_, offer_, client_, req_.server, across_namespaces_ ? tcp : -1);
+        rc < 0)
       return rc == -EAGAIN ? Reason::kRendezvousBusy : Reason::kResources;
     registered_ = true;
     // Everything the connection will need is built now, before the SYN: once the SYN is
@@ -135,8 +158,8 @@ class ShmClientOffer final : public ClientOffer {
     // connection can no longer go plain. (Failing here, no SYN has left: the registration
     // is withdrawn, and nobody can have taken it.)
     int proxy_a = -1, proxy_b = -1;
-    auto channel =
-        MakeClientChannel(&offer_, rendezvous_, client_, req_.server, &proxy_a, &proxy_b);
+    auto channel = MakeClientChannel(&offer_, rendezvous_, client_, req_.server, &proxy_a, &proxy_b,
+                                     across_namespaces_);
     if (!channel) return Reason::kResources;  // (withdrawn by the destructor)
     rendezvous_ = -1;                         // the channel's
     registered_ = false;                      // the channel's to withdraw
@@ -157,6 +180,7 @@ class ShmClientOffer final : public ClientOffer {
   const ConnectRequest req_;
   int rendezvous_;
   uint64_t member_;  // the listening socket whose rendezvous that is
+  const bool across_namespaces_;
   wire::Endpoint client_;
   Offer offer_;
   bool registered_ = false;         // REGISTER sent, and the offer (not a channel) withdraws it
@@ -219,14 +243,23 @@ class ShmTransport final : public Transport {
   bool OffersVouchedByKernel() const noexcept override { return true; }
 
   std::unique_ptr<ClientOffer> Offer(const ConnectRequest& req, Reason* why) noexcept override {
-    if (!IsLocalDestination(req.dest())) {
+    uint64_t member = 0;
+    int rv;
+    if (IsLocalDestination(req.dest())) {
+      // (From nowhere: the socket is not bound yet, and a plain listener must not have it
+      // bound. Register looks again from the bound port.)
+      rv = FindRendezvous(req.dest(), nullptr, &member);
+    } else if (!req.config->rendezvous_dir.empty()) {
+      // Maybe another namespace of this host (a pod): its listener's name in the directory.
+      rv = FindDirRendezvous(req.config->rendezvous_dir.c_str(), req.dest());
+      if (rv == -ENOENT || rv == -ECONNREFUSED || rv == -ENAMETOOLONG) rv = -EHOSTUNREACH;
+    } else {
+      rv = -EHOSTUNREACH;
+    }
+    if (rv == -EHOSTUNREACH) {
       *why = Reason::kNotSameHost;
       return nullptr;
     }
-    // (From nowhere: the socket is not bound yet, and a plain listener must not have it
-    // bound. Register looks again from the bound port.)
-    uint64_t member = 0;
-    const int rv = FindRendezvous(req.dest(), nullptr, &member);
     if (rv < 0) {
       *why = OfferReason(rv);
       return nullptr;
@@ -258,6 +291,9 @@ class ShmTransport final : public Transport {
                strerror(-err));
       return nullptr;
     }
+    // Other network namespaces of this host (pods) find it in the rendezvous directory.
+    if (!req.config->rendezvous_dir.empty())
+      rendezvous->PublishInDir(req.config->rendezvous_dir.c_str(), local, req.v6only);
     std::unique_ptr<ListenerTwin> twin(new (std::nothrow) ShmTwin(std::move(rendezvous)));
     if (!twin) *why = Reason::kResources;
     return twin;

@@ -134,6 +134,10 @@ const Option kOptions[] = {
      [](const Defaults& d) {
        return d.verbs.pin_max ? std::to_string(d.verbs.pin_max) : std::string("auto");
      }},
+    {"--rendezvous-dir", "DIR", "SLIP_RENDEZVOUS_DIR",
+     "a directory shared with other network namespaces of this host (pods), for shm "
+     "between them (absolute, at most 48 characters)",
+     [](const Defaults& d) { return PathText(d.core.rendezvous_dir, "none"); }},
     {"--failover", "0|1", "SLIP_FAILOVER",
      "continue a connection on TCP when its RDMA path fails mid-stream (0: reset it)",
      [](const Defaults& d) { return std::string(d.core.failover ? "1" : "0"); }},

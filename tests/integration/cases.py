@@ -37,18 +37,18 @@ def case(name, variants=tuple(PAIRINGS)):
 
 
 def run_bulk(t, server_slip, client_slip, client_env=None, server_args=(), client_args=(),
-             server_env=None, before_client=None):
+             server_env=None, before_client=None, server_netns=None, client_netns=None):
     """progs/bulk.py both ways at once. Checks both streams; returns the server, the client,
     and the (sent, received) bytes of each, by program. `before_client()` runs once the
-    server listens, before the client starts."""
+    server listens, before the client starts. `*_netns`: the network namespace of each."""
     server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--seed", 100,
                                   "--total", BULK_BYTES, *server_args), slip=server_slip,
-                     env=server_env)
+                     env=server_env, netns=server_netns)
     if before_client:
         before_client()
     client = t.start("client", py("bulk.py", "client", "--port", t.port, "--seed", 200,
                                   "--total", BULK_BYTES, *client_args), slip=client_slip,
-                     env=client_env)
+                     env=client_env, netns=client_netns)
     client.expect_exit(0)
     server.expect_exit(0)
     server_report, client_report = server.json_output(), client.json_output()
@@ -1149,9 +1149,10 @@ def v6only(t, pairing):
 REUSEPORT_CONNECTIONS = 160
 
 
-def listener_count(port):
+def listener_count(port, pid=None):
+    """Listening sockets on `port` (in the network namespace of process `pid`, if given)."""
     from harness import _tcp_table  # noqa: E402  (the kernel's table, as serve() reads it)
-    return sum(1 for p, state in _tcp_table() if p == port and state == "0A")
+    return sum(1 for p, state in _tcp_table(pid) if p == port and state == "0A")
 
 
 def connection_stats(t, proc, key):

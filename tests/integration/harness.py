@@ -71,9 +71,11 @@ def py(script, *args):
     return [PYTHON, str(PROGS / script), *map(str, args)]
 
 
-def _tcp_table():
-    """Yields (local port, state) for every IPv4 and IPv6 TCP socket."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+def _tcp_table(pid=None):
+    """Yields (local port, state) for every IPv4 and IPv6 TCP socket (of the network
+    namespace process `pid` is in, when given)."""
+    root = f"/proc/{pid}/net" if pid else "/proc/net"
+    for table in (f"{root}/tcp", f"{root}/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
         except FileNotFoundError:
@@ -83,8 +85,8 @@ def _tcp_table():
             yield int(fields[1].rsplit(":", 1)[1], 16), fields[3]
 
 
-def is_listening(port):
-    return any(p == port and state == "0A" for p, state in _tcp_table())
+def is_listening(port, pid=None):
+    return any(p == port and state == "0A" for p, state in _tcp_table(pid))
 
 
 def pick_port():
@@ -142,7 +144,7 @@ def _tail(text):
 class Proc:
     """One program of a test, in its own process group, its output captured to files."""
 
-    def __init__(self, test, name, argv, role, slip, env):
+    def __init__(self, test, name, argv, role, slip, env, netns=None):
         self.name = name
         self.role = role  # "server": local port is the test port; "client": remote port is
         self.slip = slip  # runs under slip-run
@@ -153,6 +155,8 @@ class Proc:
         self.cmd = [str(a) for a in argv]
         if slip:
             self.cmd = [str(test.settings.slip_run), f"--stats={self.stats_path}", "--", *self.cmd]
+        if netns:  # (ip netns exec execs: the pid stays the program's)
+            self.cmd = ["ip", "netns", "exec", netns, *self.cmd]
         self.env_extra = dict(env or {})
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.popen = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=out,
@@ -267,17 +271,20 @@ class Test:
 
     # Programs.
 
-    def start(self, name, argv, role="client", slip=False, env=None):
-        """Starts a program, under slip-run if `slip` and not in plain mode."""
-        proc = Proc(self, name, argv, role, slip and not self.settings.plain, env)
+    def start(self, name, argv, role="client", slip=False, env=None, netns=None):
+        """Starts a program, under slip-run if `slip` and not in plain mode, in network
+        namespace `netns` when given."""
+        proc = Proc(self, name, argv, role, slip and not self.settings.plain, env, netns)
         self.procs.append(proc)
         return proc
 
-    def serve(self, name, argv, slip=False, env=None):
+    def serve(self, name, argv, slip=False, env=None, netns=None):
         """Starts a server and waits until the test port is listening. The wait reads the
-        kernel's socket table: a probing connection would show up in the stats."""
-        proc = self.start(name, argv, "server", slip, env)
-        proc.wait_until(lambda: is_listening(self.port), f"a listener on port {self.port}")
+        kernel's socket table (the server's namespace's): a probing connection would show
+        up in the stats."""
+        proc = self.start(name, argv, "server", slip, env, netns)
+        pid = proc.popen.pid if netns else None
+        proc.wait_until(lambda: is_listening(self.port, pid), f"a listener on port {self.port}")
         return proc
 
     def cleanup(self):

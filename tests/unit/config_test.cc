@@ -79,6 +79,19 @@ TEST(Config, Failover) {
   MustFail("SLIP_FAILOVER", "off");
 }
 
+TEST(Config, RendezvousDir) {
+  EXPECT_TRUE(MustParse({}).rendezvous_dir.empty());
+  EXPECT_TRUE(MustParse({{"SLIP_RENDEZVOUS_DIR", ""}}).rendezvous_dir.empty());
+  EXPECT_EQ(MustParse({{"SLIP_RENDEZVOUS_DIR", "/var/run/slip"}}).rendezvous_dir, "/var/run/slip");
+  EXPECT_EQ(MustParse({{"SLIP_RENDEZVOUS_DIR", " /var/run/slip// "}}).rendezvous_dir,
+            "/var/run/slip");
+  EXPECT_EQ(MustParse({{"SLIP_RENDEZVOUS_DIR", "/"}}).rendezvous_dir, "/");
+  const std::string longest = "/" + std::string(Config::kMaxRendezvousDirLength - 1, 'd');
+  EXPECT_EQ(MustParse({{"SLIP_RENDEZVOUS_DIR", longest}}).rendezvous_dir, longest);
+  MustFail("SLIP_RENDEZVOUS_DIR", "relative/dir");
+  MustFail("SLIP_RENDEZVOUS_DIR", longest + "x");
+}
+
 TEST(Config, Enable) {
   for (const char* v : {"1", "true", "TRUE", "yes", "Yes"}) {
     EXPECT_TRUE(MustParse({{"SLIP_ENABLE", v}}).enabled) << v;

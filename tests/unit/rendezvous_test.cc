@@ -199,11 +199,11 @@ std::unique_ptr<Rendezvous> Publish(int tcp, int* error) {
 }
 
 // Publishes with a table of `capacity` entries: the capacity comes from the descriptor space
-// above the floor when the rendezvous is published (a fifth of it, after 32 kept for the
+// above the floor when the rendezvous is published (a sixth of it, after 32 kept for the
 // process's other hidden descriptors).
 std::unique_ptr<Rendezvous> PublishWithCapacity(int tcp, size_t capacity, int* error) {
   constexpr int kReserve = 32;  // shm/rendezvous.cc, CapacityFor
-  FloorGuard floor(SoftFdLimit() - int(5 * capacity) - kReserve);
+  FloorGuard floor(SoftFdLimit() - int(6 * capacity) - kReserve);
   return Publish(tcp, error);
 }
 
