@@ -149,10 +149,8 @@ ClientSocket LookAtClientSocket(int sock, const wire::Endpoint& client,
 
 // ----------------------------------------------------------------------------- listener
 
-size_t Rendezvous::PublishInDir(const char* dir, const wire::Endpoint& local,
-                                bool v6only) noexcept {
-  wire::Endpoint reached[kMaxDirNames];
-  const size_t count = ReachableEndpoints(local, v6only, reached, kMaxDirNames);
+size_t Rendezvous::PublishInDir(const char* dir, const wire::Endpoint* reached,
+                                size_t count) noexcept {
   const int floor = sys::HiddenFdFloor();
   std::lock_guard<std::mutex> lock(mu_);
   static_assert(sizeof(dir_names_) / sizeof(dir_names_[0]) == kMaxDirNames);

@@ -258,12 +258,12 @@ class Rendezvous {
   void Share() noexcept;
   bool shared() const noexcept { return shared_.load(std::memory_order_relaxed); }
 
-  // Publishes, in `dir` (SLIP_RENDEZVOUS_DIR), a name for each address at which other
-  // network namespaces of this host reach the listener bound to `local` (none for
-  // loopback): clients there register through it with their TCP socket as proof
-  // (shm/dir_rendezvous.h). Returns how many names it holds; a name held by a live
+  // Publishes, in `dir` (SLIP_RENDEZVOUS_DIR), a name for each of the `count` endpoints
+  // `reached` at which other network namespaces of this host reach the listener
+  // (ReachableEndpoints, shm/dir_rendezvous.h): clients there register through it with
+  // their TCP socket as proof. Returns how many names it holds; a name held by a live
   // rendezvous already (another member of an SO_REUSEPORT group) is left to it.
-  size_t PublishInDir(const char* dir, const wire::Endpoint& local, bool v6only) noexcept;
+  size_t PublishInDir(const char* dir, const wire::Endpoint* reached, size_t count) noexcept;
 
   // Limits (docs/SECURITY.md, "Resource exhaustion").
   size_t capacity() const noexcept { return capacity_; }

@@ -292,8 +292,11 @@ class ShmTransport final : public Transport {
       return nullptr;
     }
     // Other network namespaces of this host (pods) find it in the rendezvous directory.
-    if (!req.config->rendezvous_dir.empty())
-      rendezvous->PublishInDir(req.config->rendezvous_dir.c_str(), local, req.v6only);
+    if (!req.config->rendezvous_dir.empty()) {
+      wire::Endpoint reached[kMaxDirNames];
+      const size_t count = ReachableEndpoints(local, req.v6only, reached, kMaxDirNames);
+      rendezvous->PublishInDir(req.config->rendezvous_dir.c_str(), reached, count);
+    }
     std::unique_ptr<ListenerTwin> twin(new (std::nothrow) ShmTwin(std::move(rendezvous)));
     if (!twin) *why = Reason::kResources;
     return twin;
