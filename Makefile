@@ -6,6 +6,7 @@
 #                 in one final ctest
 #   make bench    TCP vs Slipstream on this host (docs/PERFORMANCE.md)
 #   make bench-servers  the same for real servers: redis and nginx under load
+#   make bench-pods     shm between two network namespaces (pods) against TCP over veth
 #   make demo     install, build, and show the side-by-side comparison
 BUILD ?= build
 ASAN_BUILD ?= build-asan
@@ -13,7 +14,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 
 .PHONY: all deps build test test-asan test-tsan test-sanitize-suite test-workloads bench \
-        bench-servers bench-rdma demo clean format
+        bench-servers bench-pods bench-rdma demo clean format
 
 all: build
 
@@ -93,6 +94,11 @@ bench: deps build
 # and ab when missing). Results in build/bench-servers/; a few minutes on 2 CPUs.
 bench-servers: deps build
 	@tests/bench/servers.sh $(BUILD)
+
+# Two network namespaces (pods) on this host: kernel TCP over veth against shm through a
+# shared rendezvous directory (tests/bench/pods.sh, as root; results in build/bench-pods/).
+bench-pods: build
+	@tests/bench/pods.sh $(BUILD)
 
 demo: deps build
 	@scripts/demo.sh $(BUILD)
