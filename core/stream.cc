@@ -86,6 +86,7 @@ Stream::Stream(std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
 // last holder is gone (it then closes the TCP anchor, whose FIN the peer watches).
 Stream::~Stream() {
   SetRearmList(nullptr);
+  SharedSides::Destroy(sides_.load(std::memory_order_relaxed));
   if (proxy_a_ >= 0) sys::close(proxy_a_);
   if (proxy_b_ >= 0) sys::close(proxy_b_);
   if (Channel* channel = channel_.release()) channel->Destroy();
@@ -93,13 +94,43 @@ Stream::~Stream() {
 
 bool Stream::HandBack(int timeout_ms) noexcept {
   std::scoped_lock lock(rx_mu_, tx_mu_);
-  if (peer_gone_.load(std::memory_order_acquire)) return false;
-  return channel_->control()->HandBack(consumed_.load(std::memory_order_relaxed), timeout_ms);
+  SharedSides* sides = sides_.load(std::memory_order_acquire);
+  SideLock rx(sides, SharedSides::Side::kRx), tx(sides, SharedSides::Side::kTx);
+  if (peer_gone_.load(std::memory_order_acquire) || !rx.ok() || !tx.ok()) return false;
+  return channel_->control()->HandBack(LoadConsumed(std::memory_order_relaxed), timeout_ms);
+}
+
+bool Stream::ShareAcrossFork() noexcept {
+  std::scoped_lock lock(rx_mu_, tx_mu_);
+  if (sides_.load(std::memory_order_relaxed)) return true;  // (shared at an earlier fork)
+  SharedSides* sides = SharedSides::Create(produced_.load(std::memory_order_relaxed),
+                                           consumed_.load(std::memory_order_relaxed));
+  if (!sides) {
+    SLIP_LOG(kWarn,
+             "no page to share a connection's cursors across fork (%s): two processes "
+             "must not send (or receive) on it at once",
+             strerror(errno));
+    return false;
+  }
+  sides_.store(sides, std::memory_order_release);
+  return true;
+}
+
+void Stream::StoreProduced(uint64_t value) noexcept {
+  produced_.store(value, std::memory_order_release);
+  if (SharedSides* sides = sides_.load(std::memory_order_relaxed))
+    sides->produced.store(value, std::memory_order_release);
+}
+
+void Stream::StoreConsumed(uint64_t value) noexcept {
+  consumed_.store(value, std::memory_order_release);
+  if (SharedSides* sides = sides_.load(std::memory_order_relaxed))
+    sides->consumed.store(value, std::memory_order_release);
 }
 
 uint64_t Stream::RxAvail(bool strict) const noexcept {
   if (violated_.load(std::memory_order_acquire)) return 0;
-  const uint64_t consumed = consumed_.load(std::memory_order_acquire);
+  const uint64_t consumed = LoadConsumed(std::memory_order_acquire);
   const uint64_t produced = channel_->RxProduced();
   const uint64_t avail = produced - consumed;
   if (avail <= channel_->ring_size()) return avail;
@@ -118,7 +149,7 @@ uint64_t Stream::TxUsed(bool strict) const noexcept {
   // The peer's credit first, then ours (which only grows and never trails what was
   // published, so it is never behind what the credit covers).
   const uint64_t credited = channel_->TxConsumed();
-  const uint64_t produced = produced_.load(std::memory_order_acquire);
+  const uint64_t produced = LoadProduced(std::memory_order_acquire);
   const uint64_t used = produced - credited;
   if (used <= size) return used;
   if (strict) {
@@ -204,6 +235,9 @@ ssize_t Stream::Send(const iovec* iov, int iovcnt, int flags, bool nonblocking) 
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(tx_mu_);
+      // (Held by several processes since a fork: their lock too, core/shared_sides.h.)
+      SideLock side(sides_.load(std::memory_order_acquire), SharedSides::Side::kTx);
+      if (!side.ok()) return sent ? ssize_t(sent) : -EIO;
       ssize_t rc = SendOnce(iov, iovcnt, total, flags, nonblocking, &sent);
       if (rc != kMustWait) return rc;
     }
@@ -224,7 +258,7 @@ ssize_t Stream::SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
     }
     if (sent == total) return ssize_t(sent);
     uint64_t space = size - TxUsed(/*strict=*/true);
-    uint64_t produced = produced_.load(std::memory_order_relaxed);
+    uint64_t produced = LoadProduced(std::memory_order_relaxed);
     if (space > 0) {
       size_t n = std::min<uint64_t>(space, total - sent);
       IovCursor cursor(iov, iovcnt, sent);
@@ -237,7 +271,9 @@ ssize_t Stream::SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
         copied += piece;
       }
       produced += n;
-      produced_.store(produced, std::memory_order_release);
+      // (The cursor first: a process that dies before it publishes leaves the next sender
+      // to publish these bytes with its own.)
+      StoreProduced(produced);
       channel_->TxPublish(produced);
       sent += n;
       continue;
@@ -354,6 +390,8 @@ ssize_t Stream::RecvUntilDone(const iovec* iov, int iovcnt, int flags, bool nonb
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(rx_mu_);
+      SideLock side(sides_.load(std::memory_order_acquire), SharedSides::Side::kRx);
+      if (!side.ok()) return got ? ssize_t(got) : -EIO;
       ssize_t rc = RecvOnce(iov, iovcnt, total, flags, nonblocking, &got, &seen);
       if (rc != kMustWait) return rc;
     }
@@ -371,7 +409,7 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   WakeState* wake = channel_->RxWake();
   size_t& got = *done;
   if (total == 0) return 0;
-  uint64_t consumed = consumed_.load(std::memory_order_relaxed);
+  uint64_t consumed = LoadConsumed(std::memory_order_relaxed);
   uint64_t avail = RxAvail(/*strict=*/true);
   uint64_t produced = consumed + avail;
   if (peek) {
@@ -386,7 +424,7 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
     for (uint64_t done = 0; done < want;) {
       const size_t n = CopyOut(iov, iovcnt, got, std::min(chunk, want - done), consumed);
       consumed += n;
-      consumed_.store(consumed, std::memory_order_release);
+      StoreConsumed(consumed);
       channel_->RxConsumed(consumed);
       got += n;
       done += n;
@@ -402,7 +440,7 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   if (end <= 0) return got ? ssize_t(got) : end;
   if (nonblocking) {
     proxy::DrainAllTokens(wake, proxy_a_);
-    if (RxAvail(/*strict=*/true) != produced - consumed_.load(std::memory_order_relaxed) ||
+    if (RxAvail(/*strict=*/true) != produced - LoadConsumed(std::memory_order_relaxed) ||
         RecvEndState() <= 0)
       return RecvOnce(iov, iovcnt, total, flags, nonblocking, done, seen);
     return got ? ssize_t(got) : -EAGAIN;
@@ -549,6 +587,7 @@ int Stream::ShutdownWrite() noexcept {
   if (shut_wr_.exchange(true)) return 0;
   proxy::Unfill(proxy_b_);  // a sender asleep on a full ring wakes up and sees EPIPE
   std::lock_guard<std::mutex> lock(tx_mu_);
+  SideLock side(sides_.load(std::memory_order_acquire), SharedSides::Side::kTx);
   channel_->CloseTx();
   sys::shutdown(proxy_a_, SHUT_WR);
   return 0;

@@ -25,6 +25,7 @@
 #include "core/channel.h"
 #include "core/channel_control.h"
 #include "core/proxy.h"
+#include "core/shared_sides.h"
 
 namespace slip {
 
@@ -97,7 +98,14 @@ class Stream {
   // For a stream that was never installed: its proxies go back to whoever created them
   // (the destructor will not close them).
   void ReleaseProxies() noexcept { proxy_a_ = proxy_b_ = -1; }
-  uint64_t bytes_produced() const noexcept { return produced_.load(std::memory_order_relaxed); }
+  uint64_t bytes_produced() const noexcept { return LoadProduced(std::memory_order_relaxed); }
+
+  // The process is about to fork with this connection: from now on its cursors and side
+  // locks live in a page the child shares (core/shared_sides.h), so that several processes
+  // may send (or receive) on it at once, each call whole, as on TCP. Takes both sides'
+  // locks for a moment. False when the page cannot be made (then each process keeps its
+  // own cursors, and two processes must not use one side at once).
+  bool ShareAcrossFork() noexcept;
 
  private:
   friend class RearmList;
@@ -119,6 +127,17 @@ class Stream {
   // 0 (nothing wrong), -errno, or kDiscard: accept this write and drop it (TCP's first
   // write after the peer's orderly close).
   static constexpr int kDiscard = 1;
+  // The cursors: this process's, or the shared page's once the stream crossed a fork.
+  uint64_t LoadProduced(std::memory_order order) const noexcept {
+    const SharedSides* sides = sides_.load(std::memory_order_acquire);
+    return sides ? sides->produced.load(order) : produced_.load(order);
+  }
+  uint64_t LoadConsumed(std::memory_order order) const noexcept {
+    const SharedSides* sides = sides_.load(std::memory_order_acquire);
+    return sides ? sides->consumed.load(order) : consumed_.load(order);
+  }
+  void StoreProduced(uint64_t value) noexcept;
+  void StoreConsumed(uint64_t value) noexcept;
   int SendError(int flags) noexcept;
   int RecvEndState() noexcept;  // 0 = EOF, -errno, or 1 = nothing yet
   template <typename Pred>
@@ -158,6 +177,9 @@ class Stream {
   std::mutex rx_mu_;
   std::atomic<uint64_t> produced_{0};  // written under tx_mu_
   std::atomic<uint64_t> consumed_{0};  // written under rx_mu_
+  // Set before a fork (ShareAcrossFork), under both locks: then the cursors that count are
+  // there, and the side's lock there is taken inside tx_mu_/rx_mu_.
+  std::atomic<SharedSides*> sides_{nullptr};
   std::atomic<bool> shut_rd_{false};
   std::atomic<bool> shut_wr_{false};
   std::atomic<bool> peer_gone_{false};

@@ -34,14 +34,39 @@ uint64_t SettleBoundMs() noexcept {
   return 2 * uint64_t(GetRuntime().config.handshake_timeout_ms) + 1000;
 }
 
-void MarkForked(SlipSocket* s, void*) {
+void MarkForked(SlipSocket* s, void* ctx) {
   if (s->kind == SockKind::kListener) s->forked.store(true, std::memory_order_relaxed);
+  // A connection: kept alive (it may be closing meanwhile) for ShareConnections.
+  if (s->kind != SockKind::kAccel || !TryAcquire(s, s->generation.load())) return;
+  try {
+    static_cast<std::vector<SlipSocket*>*>(ctx)->push_back(s);
+  } catch (...) {
+    Release(s);  // (not the last reference: the table holds one)
+  }
+}
+
+// Both processes may send or receive on these from now on: their cursors and side locks
+// move where both see them (core/shared_sides.h). Outside the pool's lock, which the
+// release of a last reference takes.
+void ShareConnections(const std::vector<SlipSocket*>& connections) {
+  for (SlipSocket* s : connections) {
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      if (s->stream) s->stream->ShareAcrossFork();
+    }
+    Release(s);
+  }
 }
 
 void Prepare() {
-  // Listeners are held by both processes from now on (in the parent too, from here: a
-  // failed fork only costs it reading registrations in accept()).
-  ForEachLiveSocket(MarkForked, nullptr);
+  // Listeners and connections are held by both processes from now on (in the parent too,
+  // from here: a failed fork only costs it reading registrations in accept(), and its
+  // connections a shared lock per call).
+  {
+    std::vector<SlipSocket*> connections;
+    ForEachLiveSocket(MarkForked, &connections);
+    ShareConnections(connections);
+  }
   // First, holding nothing: connects in progress settle (the connector's thread, which
   // the child will not have, needs the locks below to finish them), and so do
   // connections installed before they settled (the control thread settles them).

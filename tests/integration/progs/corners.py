@@ -14,6 +14,10 @@ Usage: corners.py ROLE MODE --port PORT [options]; ROLE is server or client; MOD
              again on the port: refused without SO_REUSEADDR, accepted with it.
   v6only     an IPV6_V6ONLY listener on [::]: IPv4 connections are refused; then an IPv4
              listener on the same port takes them, each listener its own family.
+  fork_writers the client forks with its connection and both processes send at once, in
+             random-sized calls, MiB each (the child's bytes 0-127, the parent's 128-255);
+             the server reads until EOF (both closed), splits by the high bit and reports the
+             SHA-256 of each half, which must be each writer's stream, in order.
   exec       the server reads part of the client's stream and sends part of its own, tries
              to exec a missing program (ENOENT: it must go on with the connection intact),
              reads and sends a little more, then execs itself (exec_child) with the socket
@@ -144,6 +148,67 @@ def fork_own(args):
     if status != 0:
         fail(f"the child (its connection) failed: wait status {status}")
     report(role=args.role, parent_bytes=total, child_status=status)
+
+
+# --- fork_writers ------------------------------------------------------------------------
+
+FORK_WRITER_BYTES = 4 << 20
+
+
+HIGH_BYTES = bytes(range(0x80, 0x100))
+LOW_BYTES = bytes(range(0x80))
+AS_BITS = bytes(0x30 + (b >> 7) for b in range(256))  # each byte as "0" or "1" by its high bit
+
+
+def writer_stream(high, seed):
+    data = random.Random(seed + high).randbytes(FORK_WRITER_BYTES)
+    return data.translate(bytes((b & 0x7F) | high for b in range(256)))
+
+
+def fork_writers(args):
+    if args.role == "server":
+        with listen(args.port) as listener:
+            conn, _ = listener.accept()
+        halves = {0: hashlib.sha256(), 0x80: hashlib.sha256()}
+        counts = {0: 0, 0x80: 0}
+        switches, last = 0, b""
+        with conn:
+            while chunk := conn.recv(1 << 16):
+                low, high = chunk.translate(None, HIGH_BYTES), chunk.translate(None, LOW_BYTES)
+                halves[0].update(low)
+                halves[0x80].update(high)
+                counts[0] += len(low)
+                counts[0x80] += len(high)
+                bits = last + chunk.translate(AS_BITS)
+                switches += bits.count(b"01") + bits.count(b"10")
+                last = bits[-1:]
+        report(role="server", child_sha=halves[0].hexdigest(), parent_sha=halves[0x80].hexdigest(),
+               child_bytes=counts[0], parent_bytes=counts[0x80], switches=switches)
+        return
+    streams = {high: writer_stream(high, args.seed) for high in (0, 0x80)}
+    conn = socket.create_connection((LOOPBACK, args.port))
+    pid = os.fork()
+    high = 0 if pid == 0 else 0x80
+    rng = random.Random(args.seed + 7 + high)
+    try:
+        view = memoryview(streams[high])
+        while view:
+            n = min(len(view), rng.randrange(1, 20000))
+            conn.sendall(view[:n])
+            view = view[n:]
+        conn.close()
+    except BaseException as e:
+        if pid == 0:
+            print(f"child: {e!r}", file=sys.stderr, flush=True)
+            os._exit(1)
+        raise
+    if pid == 0:
+        os._exit(0)  # no exit handlers: the parent writes the stats
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        fail(f"the child writer failed: wait status {status}")
+    report(role="client", child_sha=hashlib.sha256(streams[0]).hexdigest(),
+           parent_sha=hashlib.sha256(streams[0x80]).hexdigest(), bytes=FORK_WRITER_BYTES)
 
 
 # --- fork_exec ---------------------------------------------------------------------------
@@ -492,7 +557,7 @@ def exec_shared(args):
     (exec_shared_server if args.role == "server" else exec_client)(args)
 
 
-MODES = {"fork_own": fork_own, "fork_exec": fork_exec, "banner": banner,
+MODES = {"fork_own": fork_own, "fork_writers": fork_writers, "fork_exec": fork_exec, "banner": banner,
          "reuseaddr": reuseaddr, "v6only": v6only, "exec": exec_mode,
          "exec_shared": exec_shared, "exec_child": exec_child, "exec_orphan": exec_orphan}
 
