@@ -228,10 +228,10 @@ bool Rendezvous::IsDirName(int fd) const noexcept {
 void Rendezvous::WithdrawDirNames(bool unlink_names) noexcept {
   for (size_t i = 0; i < dir_count_; ++i) {
     DirName& name = dir_names_[i];
-    if (unlink_names) unlink(name.path.sun_path);
     // Clients already queued are told at once (EOF: they stay plain), not left waiting for
-    // an answer nobody reads.
-    for (;;) {
+    // an answer nobody reads. (A process that only inherited the names leaves them and
+    // their queue to the publisher.)
+    for (bool drain = unlink_names && unlink(name.path.sun_path) == 0; drain;) {
       const int conn = sys::accept4(name.fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (conn < 0) break;
       sys::close(conn);

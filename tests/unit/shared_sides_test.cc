@@ -92,10 +92,31 @@ TEST(SharedSidesTest, TwoProcessesSendingOnOneConnectionDeliverEveryByteOfEachIn
   ASSERT_TRUE(pair.client->ShareAcrossFork());  // what the fork handler does
   const auto child_bytes = WriterBytes(0x00, kPerWriter);
   const auto parent_bytes = WriterBytes(0x80, kPerWriter);
+  // Each sends half, in turn (so that the test cannot pass with one writer after the
+  // other), then both send the rest at once.
+  int child_half[2], parent_half[2];
+  ASSERT_EQ(pipe(child_half), 0);
+  ASSERT_EQ(pipe(parent_half), 0);
+  const auto half = [](const std::vector<uint8_t>& v, int which) {
+    return which == 0 ? std::vector<uint8_t>(v.begin(), v.begin() + v.size() / 2)
+                      : std::vector<uint8_t>(v.begin() + v.size() / 2, v.end());
+  };
   const pid_t child = fork();
   ASSERT_GE(child, 0);
-  if (child == 0) _exit(SendAll(pair.client.get(), child_bytes, 1) ? 0 : 1);
-  std::thread writer([&] { EXPECT_TRUE(SendAll(pair.client.get(), parent_bytes, 2)); });
+  if (child == 0) {
+    char c;
+    const bool ok = SendAll(pair.client.get(), half(child_bytes, 0), 1) &&
+                    write(child_half[1], "c", 1) == 1 && read(parent_half[0], &c, 1) == 1 &&
+                    SendAll(pair.client.get(), half(child_bytes, 1), 11);
+    _exit(ok ? 0 : 1);
+  }
+  std::thread writer([&] {
+    char c;
+    EXPECT_EQ(read(child_half[0], &c, 1), 1);
+    EXPECT_TRUE(SendAll(pair.client.get(), half(parent_bytes, 0), 2));
+    EXPECT_EQ(write(parent_half[1], "p", 1), 1);
+    EXPECT_TRUE(SendAll(pair.client.get(), half(parent_bytes, 1), 12));
+  });
   const std::vector<uint8_t> got = ReadAll(pair.server.get(), 2 * kPerWriter);
   writer.join();
   int status = 0;
@@ -105,10 +126,10 @@ TEST(SharedSidesTest, TwoProcessesSendingOnOneConnectionDeliverEveryByteOfEachIn
   Split(got, &low, &high);
   EXPECT_TRUE(SameBytes(low, child_bytes, "the child's bytes"));
   EXPECT_TRUE(SameBytes(high, parent_bytes, "the parent's bytes"));
-  // (They did interleave: a test of one writer after the other would prove nothing.)
   size_t switches = 0;
   for (size_t i = 1; i < got.size(); ++i) switches += (got[i] ^ got[i - 1]) >> 7;
-  EXPECT_GT(switches, 2u);
+  EXPECT_GE(switches, 2u);
+  for (int fd : {child_half[0], child_half[1], parent_half[0], parent_half[1]}) close(fd);
 }
 
 TEST(SharedSidesTest, TwoProcessesReceivingShareTheBytesWithoutLossOrDoubles) {
@@ -118,16 +139,23 @@ TEST(SharedSidesTest, TwoProcessesReceivingShareTheBytesWithoutLossOrDoubles) {
   const auto bytes = WriterBytes(0x00, kPerWriter);
   uint64_t want_sum = 0;
   for (uint8_t b : bytes) want_sum += b;
-  int report[2];
+  int report[2], started[2];
   ASSERT_EQ(pipe(report), 0);
+  ASSERT_EQ(pipe(started), 0);
   // Each receiver reads until the writer's EOF and reports how many bytes and their sum.
-  auto receive = [&pair]() {
+  // The child, after its first bytes, pauses while the parent reads alone, so that both
+  // surely receive (one alone would prove nothing), then both read at once.
+  auto receive = [&pair](int started_fd) {
     uint64_t count = 0, sum = 0;
     uint8_t buf[3000];
     for (;;) {
       iovec iov{buf, sizeof(buf)};
       const ssize_t rc = pair.server->Recv(&iov, 1, 0, false);
       if (rc <= 0) break;
+      if (count == 0 && started_fd >= 0) {
+        (void)!write(started_fd, "s", 1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
       count += uint64_t(rc);
       for (ssize_t i = 0; i < rc; ++i) sum += buf[i];
     }
@@ -136,7 +164,7 @@ TEST(SharedSidesTest, TwoProcessesReceivingShareTheBytesWithoutLossOrDoubles) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    const auto [count, sum] = receive();
+    const auto [count, sum] = receive(started[1]);
     const uint64_t out[2] = {count, sum};
     _exit(write(report[1], out, sizeof(out)) == ssize_t(sizeof(out)) ? 0 : 1);
   }
@@ -144,7 +172,9 @@ TEST(SharedSidesTest, TwoProcessesReceivingShareTheBytesWithoutLossOrDoubles) {
     EXPECT_TRUE(SendAll(pair.client.get(), bytes, 3));
     pair.client->ShutdownWrite();  // EOF for both receivers
   });
-  const auto [count, sum] = receive();
+  char c;
+  ASSERT_EQ(read(started[0], &c, 1), 1);  // (the child has begun)
+  const auto [count, sum] = receive(-1);
   writer.join();
   uint64_t theirs[2] = {0, 0};
   EXPECT_EQ(read(report[0], theirs, sizeof(theirs)), ssize_t(sizeof(theirs)));
@@ -156,8 +186,7 @@ TEST(SharedSidesTest, TwoProcessesReceivingShareTheBytesWithoutLossOrDoubles) {
   EXPECT_GT(count, 0u);
   EXPECT_GT(theirs[0], 0u);
   EXPECT_EQ(sum + theirs[1], want_sum);
-  close(report[0]);
-  close(report[1]);
+  for (int fd : {report[0], report[1], started[0], started[1]}) close(fd);
 }
 
 TEST(SharedSidesTest, ASenderKilledMidCallLeavesTheConnectionToTheOthers) {
