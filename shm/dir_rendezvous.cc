@@ -248,6 +248,25 @@ void Rendezvous::Share() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   // (Whichever process shares first removes the names: the others' copies are the same.)
   WithdrawDirNames(/*unlink_names=*/true);
+  // What came through them is not watched any more either: those clients go plain now.
+  for (size_t i = 0; i < used_;) {
+    if (table_[i].client_socket < 0) {
+      ++i;
+      continue;
+    }
+    table_[i].Abandon();
+    RemoveAt(i);
+  }
+  for (size_t w = 0; w < waiting_count_;) {
+    if (!waiting_[w].via_dir) {
+      ++w;
+      continue;
+    }
+    sys::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, waiting_[w].fd, nullptr);  // (shared since fork)
+    sys::close(waiting_[w].fd);
+    waiting_[w] = waiting_[--waiting_count_];
+  }
+  ArmTimer(false);
 }
 
 wire::DeclineReason Rendezvous::CheckAcrossNamespaces(const wire::Register& msg,

@@ -84,7 +84,9 @@ TEST(ReachableEndpointsTest, LoopbackNoneAnAddressItselfAWildcardEveryOtherAddre
         EXPECT_FALSE(out[i].family == 4 && out[i].addr[0] == 127);
         EXPECT_FALSE(out[i].family == 6 && out[i].addr[0] == 0xfe &&
                      (out[i].addr[1] & 0xc0) == 0x80);
-        if (local.family == 4 || v6only) EXPECT_EQ(out[i].family, local.family);
+        if (local.family == 4 || v6only) {
+          EXPECT_EQ(out[i].family, local.family);
+        }
         for (size_t k = 0; k < i; ++k) EXPECT_FALSE(out[k] == out[i]);
       }
     }
@@ -336,9 +338,14 @@ TEST_F(DirRegistrationTest, TheTimerStopsWhenNoRegistrationWaits) {
 }
 
 TEST_F(DirRegistrationTest, SharingWithdrawsTheNamesAndTellsQueuedClients) {
+  auto held = Register();  // read and held: declined, nobody watches it any more
+  rv_->Drain();
+  ASSERT_TRUE(IsKept(ReadAnswer(held->sock, kQuietMs)));
   const int queued = FindDirRendezvous(dir_.c_str(), Sa(dest_));
   ASSERT_GE(queued, 0);
   rv_->Share();
+  EXPECT_TRUE(
+      IsDecline(ReadAnswer(held->sock), held->offer.nonce, wire::DeclineReason::kNoRegistration));
   struct stat st;
   EXPECT_NE(stat(name_.c_str(), &st), 0);
   EXPECT_EQ(FindDirRendezvous(dir_.c_str(), Sa(dest_)), -ENOENT);

@@ -177,7 +177,7 @@ class EventLoop {
       pairs_[i].server->SetRearmList(list_);
       pairs_[i].server->SetEdgeTriggered(edge_);
       epoll_event ev{};
-      ev.events = EPOLLIN | (edge_ ? EPOLLET : 0);
+      ev.events = EPOLLIN | (edge_ ? uint32_t(EPOLLET) : 0u);
       ev.data.u32 = uint32_t(i);
       if (epoll_ctl(ep_, EPOLL_CTL_ADD, pairs_[i].server_fd, &ev) != 0)
         return ::testing::AssertionFailure() << "epoll_ctl";
