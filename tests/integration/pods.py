@@ -19,6 +19,7 @@ from cases import case, connection_stats, listener_count, run_bulk
 from harness import PYTHON, TestFailure, py
 
 SERVER_ADDRESS, CLIENT_ADDRESS = "10.231.7.1", "10.231.7.2"
+SERVER_ADDRESS6, CLIENT_ADDRESS6 = "fd00:231::1", "fd00:231::2"
 STORM_CONNECTIONS = 60
 # A name in the directory held by another uid than the client's or the directory owner's.
 SQUATTER = """
@@ -47,9 +48,12 @@ def two_pods():
             _ip("netns", "add", ns)
             made.append(ns)
         _ip("link", "add", f"sp{tag}s", "type", "veth", "peer", "name", f"sp{tag}c")
-        for ns, end, address in ((server_ns, "s", SERVER_ADDRESS), (client_ns, "c", CLIENT_ADDRESS)):
+        for ns, end, address, address6 in ((server_ns, "s", SERVER_ADDRESS, SERVER_ADDRESS6),
+                                           (client_ns, "c", CLIENT_ADDRESS, CLIENT_ADDRESS6)):
             _ip("link", "set", f"sp{tag}{end}", "netns", ns)
             _ip("-n", ns, "addr", "add", f"{address}/24", "dev", f"sp{tag}{end}")
+            # (nodad: usable at once, not after duplicate address detection)
+            _ip("-n", ns, "addr", "add", f"{address6}/64", "dev", f"sp{tag}{end}", "nodad")
             _ip("-n", ns, "link", "set", f"sp{tag}{end}", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
         yield server_ns, client_ns
@@ -78,14 +82,15 @@ def names_in(directory):
     return sorted(p.name for p in directory.iterdir())
 
 
-PODS_VARIANTS = ("both", "plain_server", "plain_client", "no_dir", "untrusted", "group",
-                 "shared")
+PODS_VARIANTS = ("both", "ipv6", "plain_server", "plain_client", "no_dir", "untrusted",
+                 "group", "shared")
 
 
 @case("pods", variants=PODS_VARIANTS)
 def pods(t, variant):
     """both: shm between the namespaces at both ends, the server's name gone from the
-    directory after it exits. plain_server / plain_client: one end plain: plain TCP, the
+    directory after it exits. ipv6: the same to the server's IPv6 address, the server on a
+    dual-stack wildcard (a name for each of its addresses, link-local ones excepted). plain_server / plain_client: one end plain: plain TCP, the
     client finding no name (not_same_host). no_dir: both under Slipstream, no directory:
     plain (not_same_host). untrusted: the name is held by a process of another uid than the
     client's and the directory owner's: the client never registers there (plain,
@@ -109,17 +114,23 @@ def pods(t, variant):
                                             SQUATTER, str(directory / name)])
             squatter.wait_output("bound")
 
+        expected = [name]
+        bind, host = "0.0.0.0", SERVER_ADDRESS
+        if variant == "ipv6":
+            bind, host = "::", SERVER_ADDRESS6
+            expected = sorted([name, f"slip3-{SERVER_ADDRESS6}-{t.port}"])
+
         def published():
             if server_slip and server_dir:
-                t.check(names_in(directory) == [name],
-                        f"the directory holds {names_in(directory)}, expected [{name}]")
+                t.check(names_in(directory) == expected,
+                        f"the directory holds {names_in(directory)}, expected {expected}")
 
         server, client, traffic = run_bulk(
             t, server_slip, client_slip, server_env=pod_env(server_dir),
-            client_env=pod_env(server_dir), server_args=("--bind", "0.0.0.0"),
-            client_args=("--host", SERVER_ADDRESS), before_client=published,
+            client_env=pod_env(server_dir), server_args=("--bind", bind),
+            client_args=("--host", host), before_client=published,
             server_netns=server_ns, client_netns=client_ns)
-        if variant == "both":
+        if variant in ("both", "ipv6"):
             t.expect_stats(server, "shm", "", traffic=traffic[server])
             t.expect_stats(client, "shm", "", traffic=traffic[client])
         elif variant == "untrusted":
@@ -127,9 +138,9 @@ def pods(t, variant):
         elif client_slip:
             t.expect_stats(client, "tcp", "not_same_host", traffic=traffic[client])
         if server_slip:
-            t.expect_stats(server, "shm" if variant == "both" else "tcp",
-                           "" if variant == "both" else "peer_not_slipstream",
-                           traffic=traffic[server])
+            accelerated = variant in ("both", "ipv6")
+            t.expect_stats(server, "shm" if accelerated else "tcp",
+                           "" if accelerated else "peer_not_slipstream", traffic=traffic[server])
         if squatter:
             squatter.signal(signal.SIGTERM)
             squatter.wait()
