@@ -117,6 +117,9 @@ int FindDirRendezvous(const char* dir, const sockaddr* dest) noexcept {
   sockaddr_un name;
   socklen_t len;
   if (!DirRendezvousName(dir, ep, &name, &len)) return -ENAMETOOLONG;
+  // No name, no Slipstream listener there in any namespace of this host: the usual answer
+  // for a remote or plain peer, found with one lookup rather than a socket's five calls.
+  if (access(name.sun_path, F_OK) != 0) return errno == ENOENT ? -ENOENT : -ECONNREFUSED;
   const int sock = RendezvousSocket();
   if (sock < 0) return sock;
   if (sys::connect(sock, reinterpret_cast<sockaddr*>(&name), len) != 0) {
