@@ -44,6 +44,17 @@ int MoveAbove(int fd, int floor) noexcept {
   return moved;
 }
 
+void CloseHandedOver(int fd) noexcept {
+  if (fd < 0) return;
+  linger lg{};
+  socklen_t len = sizeof(lg);
+  if (sys::getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff && lg.l_linger > 0) {
+    const linger off{0, 0};
+    sys::setsockopt(fd, SOL_SOCKET, SO_LINGER, &off, sizeof(off));
+  }
+  sys::close(fd);
+}
+
 int DupAbove(int fd, int floor) noexcept {
   const int copy = fcntl(fd, F_DUPFD_CLOEXEC, floor);
   if (copy < 0 && errno == EINVAL) errno = EMFILE;

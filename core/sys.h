@@ -121,6 +121,11 @@ int MoveHigh(int fd, int floor) noexcept;
 // the numbers the application would get: a connection that cannot have its descriptors
 // above the floor stays plain (docs/SECURITY.md, "Descriptors"). `fd` < 0 is returned as is.
 int MoveAbove(int fd, int floor) noexcept;
+// Closes a descriptor another process handed us (SCM_RIGHTS) without ever blocking: a
+// TCP socket whose last reference this is, with SO_LINGER set to a timeout and bytes its
+// peer will not take, would hold close() that long. Its linger is turned off first (the
+// socket then ends in the background, as after any close).
+void CloseHandedOver(int fd) noexcept;
 // A close-on-exec duplicate of `fd` at or above `floor`, or -1 (errno EMFILE).
 int DupAbove(int fd, int floor) noexcept;
 // A close-on-exec duplicate of `fd` at or above `floor` (below it when the floor is out of

@@ -21,7 +21,7 @@ namespace {
 
 void CloseAll(int* fds, int n) noexcept {
   for (int i = 0; i < n; ++i) {
-    if (fds[i] >= 0) sys::close(fds[i]);
+    sys::CloseHandedOver(fds[i]);  // (the client's: maybe not what it claims to be)
     fds[i] = -1;
   }
 }
@@ -161,7 +161,7 @@ void Registration::Release() noexcept {
   stream.reset();
   if (anchor_slot >= 0) sys::close(anchor_slot);
   anchor_slot = -1;
-  if (client_socket >= 0) sys::close(client_socket);
+  sys::CloseHandedOver(client_socket);
   client_socket = -1;
   proxy_a = -1;
   claim = nullptr;

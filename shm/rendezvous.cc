@@ -251,18 +251,23 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
       int fd;
       std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
       if (nfds >= expected) {
-        sys::close(fd);
+        sys::CloseHandedOver(fd);
         nfds = expected + 1;  // too many descriptors: malformed
         continue;
       }
-      fds[nfds] = sys::MoveAbove(fd, sys::HiddenFdFloor());
+      // (Never a plain close of what the client handed over: it may linger.)
+      fds[nfds] = sys::DupAbove(fd, sys::HiddenFdFloor());
+      if (fds[nfds] >= 0)
+        sys::close(fd);  // (not the last reference: the duplicate holds the file)
+      else
+        sys::CloseHandedOver(fd);
       moved = moved && fds[nfds] >= 0;
       ++nfds;
     }
   }
   auto close_fds = [&fds] {
     for (int& fd : fds) {
-      if (fd >= 0) sys::close(fd);
+      sys::CloseHandedOver(fd);  // (never blocks, whatever the client handed over)
       fd = -1;
     }
   };
@@ -580,7 +585,7 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
   }
   *out = std::move(table_[pick]);
   // (Held, the client's socket would keep its connection open after the client closed it.)
-  if (out->client_socket >= 0) sys::close(out->client_socket);
+  sys::CloseHandedOver(out->client_socket);
   out->client_socket = -1;
   // The others can never carry this connection: they go (highest index first,
   // so that the indexes left stay valid).

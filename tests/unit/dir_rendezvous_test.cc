@@ -321,6 +321,29 @@ TEST_F(DirRegistrationTest, AConnectionAnsweredByAnotherNamespaceIsDeclinedSoon)
   close(other);
 }
 
+TEST_F(DirRegistrationTest, ALingeringClientSocketNeverHoldsTheListener) {
+  // A client that fills the server's window, sets SO_LINGER to 30 s and closes its own
+  // copy leaves the listener the last reference: a plain close() there would wait 30 s
+  // (in accept(), or in the control thread).
+  auto c = Register();
+  Connect(c.get());
+  rv_->Drain();
+  ASSERT_EQ(fcntl(c->tcp, F_SETFL, O_NONBLOCK), 0);
+  static char junk[65536];
+  while (send(c->tcp, junk, sizeof(junk), MSG_NOSIGNAL) > 0) {
+  }
+  const linger lg{1, 30};
+  ASSERT_EQ(setsockopt(c->tcp, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+  CloseIf(&c->tcp);
+  const auto start = std::chrono::steady_clock::now();
+  Registration reg;
+  EXPECT_TRUE(rv_->Take(c->ep, server_, &reg));  // (it proves the connection, then lets go)
+  reg = Registration();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  EXPECT_LT(took.count(), 2000) << "closing the client's socket waited for its linger";
+}
+
 TEST_F(DirRegistrationTest, TheTimerStopsWhenNoRegistrationWaits) {
   auto c = Register();
   Connect(c.get());

@@ -1019,6 +1019,38 @@ TEST_F(RendezvousRegistrationTest, DescriptorsTheKernelCannotInstallAreDeclinedW
   EXPECT_TRUE(IsKept(again));
 }
 
+// A TCP socket handed over in place of the region, lingering 30 s with bytes its peer does
+// not take, and whose last reference the listener then holds: declining it must not wait.
+TEST_F(RendezvousRegistrationTest, ALingeringSocketHandedOverNeverHoldsTheListener) {
+  sockaddr_storage local{};
+  int lingering = ConnectTcp(dest_, &local);  // queued, never accepted: nobody reads
+  ASSERT_GE(lingering, 0);
+  ASSERT_EQ(fcntl(lingering, F_SETFL, O_NONBLOCK), 0);
+  static char junk[65536];
+  while (send(lingering, junk, sizeof(junk), MSG_NOSIGNAL) > 0) {
+  }
+  const linger lg{1, 30};
+  ASSERT_EQ(setsockopt(lingering, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+  Offer offer;
+  ASSERT_EQ(PrepareOffer(kRing, &offer), 0);
+  wire::Message msg;
+  msg.type = wire::Type::kRegister;
+  msg.reg = RegisterFor(offer, client_ep_, server_ep_);
+  const std::vector<uint8_t> bytes = Encode(msg);
+  const int fds[4] = {lingering, offer.server_a, offer.server_b, offer.client_b};
+  const int sock = Connect();
+  ASSERT_GE(sock, 0);
+  ASSERT_EQ(SendRaw(sock, bytes.data(), bytes.size(), fds, 4), ssize_t(bytes.size()));
+  CloseIf(&lingering);  // the listener's copy is the last
+  const auto start = std::chrono::steady_clock::now();
+  rv_->Drain();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  EXPECT_TRUE(IsDecline(ReadAnswer(sock), offer.nonce, wire::DeclineReason::kBadRegion));
+  EXPECT_LT(took.count(), 2000) << "closing the handed-over socket waited for its linger";
+  close(sock);
+}
+
 TEST_F(RendezvousRegistrationTest, MalformedMessagesAreDroppedWithoutLeaks) {
   WarmUpNetlink();
   Offer offer;
