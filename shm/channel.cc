@@ -158,7 +158,7 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
     return failover_.published() - ring_size();
   }
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override {
-    if (offset + len > populated_) Populate(offset + len);
+    if (len >= kPopulateMin && offset + len > populated_) Populate(offset + len);
     std::memcpy(tx_data_ + offset, src, len);
   }
   void TxPublish(uint64_t produced) noexcept override {
@@ -293,24 +293,22 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
   DirectionControl* tx_;
   DirectionControl* rx_;
   uint8_t* tx_data_;
-  // How much of our ring the sender has had the kernel allocate: the first pass over a
-  // fresh ring would otherwise take a page fault per page (a fresh connection's large
-  // writes: 16 us per KiB on a paravirtualised host), where MADV_POPULATE_WRITE allocates
-  // a chunk in one call. Only grows; sends are serialised by the stream's side lock.
+  // How much of our ring a large write has had the kernel allocate ahead: the first pass
+  // over a fresh ring would otherwise take a page fault per page (a fresh connection's
+  // large writes: 16 us per KiB on a paravirtualised host), where MADV_POPULATE_WRITE
+  // allocates a chunk in one call. Small writes fault their pages in as before (no system
+  // call per message). Only grows; sends are serialised by the stream's side lock.
   size_t populated_ = 0;
-  static constexpr size_t kPopulateChunk = 256 * 1024;
+  bool populate_works_ = true;
+  static constexpr size_t kPopulateMin = 16 * 1024;     // a write this large populates
+  static constexpr size_t kPopulateChunk = 256 * 1024;  // one this large, also as far ahead
   void Populate(size_t end) noexcept {
-    // (What this write needs, and for a large one what the next ones will: a small
-    // request populates its page as the fault would.)
-    const size_t ring = ring_size();
     const size_t want = end - populated_ >= kPopulateChunk ? end + kPopulateChunk : end;
-    const size_t upto = std::min(ring, (want + 4095) & ~size_t(4095));
+    const size_t upto = std::min<size_t>(ring_size(), (want + 4095) & ~size_t(4095));
     // (Best effort: a kernel without it, before 5.14, faults the pages in as before.)
-    if (upto > populated_ && populated_ != SIZE_MAX &&
-        madvise(tx_data_ + populated_, upto - populated_, 23 /* MADV_POPULATE_WRITE */) != 0) {
-      populated_ = SIZE_MAX;
-      return;
-    }
+    if (populate_works_ &&
+        madvise(tx_data_ + populated_, upto - populated_, 23 /* MADV_POPULATE_WRITE */) != 0)
+      populate_works_ = false;
     populated_ = upto;
   }
   uint8_t* rx_data_;

@@ -328,12 +328,7 @@ TEST_F(DirRegistrationTest, ALingeringClientSocketNeverHoldsTheListener) {
   auto c = Register();
   Connect(c.get());
   rv_->Drain();
-  ASSERT_EQ(fcntl(c->tcp, F_SETFL, O_NONBLOCK), 0);
-  static char junk[65536];
-  while (send(c->tcp, junk, sizeof(junk), MSG_NOSIGNAL) > 0) {
-  }
-  const linger lg{1, 30};
-  ASSERT_EQ(setsockopt(c->tcp, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+  ASSERT_TRUE(MakeLingering(c->tcp));
   CloseIf(&c->tcp);
   const auto start = std::chrono::steady_clock::now();
   Registration reg;

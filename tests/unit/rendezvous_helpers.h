@@ -99,6 +99,19 @@ inline uint16_t PortOf(int fd) {
   return ep.port;
 }
 
+// Makes connected TCP socket `fd` one whose last close() would wait 30 s: its peer's window
+// filled with bytes nobody reads, and SO_LINGER set to 30 s.
+inline ::testing::AssertionResult MakeLingering(int fd) {
+  if (fcntl(fd, F_SETFL, O_NONBLOCK) != 0) return ::testing::AssertionFailure() << "F_SETFL";
+  static char junk[65536];
+  while (send(fd, junk, sizeof(junk), MSG_NOSIGNAL) > 0) {
+  }
+  const linger lg{1, 30};
+  if (setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) != 0)
+    return ::testing::AssertionFailure() << "SO_LINGER";
+  return ::testing::AssertionSuccess();
+}
+
 // ---------------------------------------------------------------------------- answers
 
 // What the listener said on a rendezvous connection.

@@ -1025,12 +1025,7 @@ TEST_F(RendezvousRegistrationTest, ALingeringSocketHandedOverNeverHoldsTheListen
   sockaddr_storage local{};
   int lingering = ConnectTcp(dest_, &local);  // queued, never accepted: nobody reads
   ASSERT_GE(lingering, 0);
-  ASSERT_EQ(fcntl(lingering, F_SETFL, O_NONBLOCK), 0);
-  static char junk[65536];
-  while (send(lingering, junk, sizeof(junk), MSG_NOSIGNAL) > 0) {
-  }
-  const linger lg{1, 30};
-  ASSERT_EQ(setsockopt(lingering, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+  ASSERT_TRUE(MakeLingering(lingering));
   Offer offer;
   ASSERT_EQ(PrepareOffer(kRing, &offer), 0);
   wire::Message msg;
