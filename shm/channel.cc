@@ -22,6 +22,7 @@
 
 #include "core/anchor_path.h"
 #include "core/failover.h"
+#include "core/local_address.h"
 #include "core/log.h"
 #include "core/sock_diag.h"
 #include "core/sys.h"
@@ -73,6 +74,7 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
         rendezvous_(setup.rendezvous),
         client_(setup.client),
         server_(setup.server),
+        listener_inode_(setup.listener_inode),
         across_namespaces_(setup.across_namespaces),
         claim_(&static_cast<RegionControl*>(setup.region)->header.claim),
         failover_("shm", this, setup.ring_size) {
@@ -246,6 +248,15 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
     deadline_.store(0, std::memory_order_release);
     if (const int fd = rendezvous_.exchange(-1); fd >= 0) sys::close(fd);
   }
+  // Settled on the rings: what the listener said of itself (stored before its claim, which
+  // we read with acquire) decides how the next connections there register.
+  void SettledTaken() noexcept {
+    const auto& header = static_cast<RegionControl*>(region_)->header;
+    if (listener_inode_ != 0 &&
+        (header.listener_flags.load(std::memory_order_relaxed) & kListenerSolo) != 0)
+      NoteSoloListener(listener_inode_);
+    Settled();
+  }
 
   // Each process holding this end keeps a read lock on its proxy's B (our end of the
   // socketpair, which every holder of this end has, and which the peer holds but never
@@ -284,7 +295,9 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
   // Client, until its registration is decided: the socket the listener answers on (read by
   // the control thread to watch it, closed here once settled).
   std::atomic<int> rendezvous_;
-  const wire::Endpoint client_, server_;  // the 4-tuple (client only)
+  wire::Endpoint client_;          // the 4-tuple (client only; the port maybe 0
+  const wire::Endpoint server_;    // until TakenElsewhere reads it)
+  const uint64_t listener_inode_;  // (client only)
   // Client: the listener is in another network namespace (found in the rendezvous
   // directory), where this one's kernel cannot see the server's end; the listener itself
   // says DECLINE when the connection went elsewhere.
@@ -354,7 +367,7 @@ ChannelControl::Settlement ShmChannel::Settle(uint64_t now_ms, Reason* why) noex
   }
   switch (ReadClaim()) {
     case Claim::kTaken:
-      Settled();  // (the rings carried the stream from the start: nothing else changes)
+      SettledTaken();  // (the rings carried the stream from the start: nothing else changes)
       return Settlement::kSettled;
     case Claim::kOpen:
       break;
@@ -366,7 +379,7 @@ ChannelControl::Settlement ShmChannel::Settle(uint64_t now_ms, Reason* why) noex
   if (plain == Reason::kNone) plain = TakenElsewhere(now_ms);
   if (plain == Reason::kNone) return Settlement::kPending;
   if (!WithdrawClaim()) {  // taken just now
-    Settled();
+    SettledTaken();
     return Settlement::kSettled;
   }
   if (plain == Reason::kDeclined || plain == Reason::kRendezvousBusy)
@@ -392,8 +405,11 @@ Reason ShmChannel::TakenElsewhere(uint64_t now_ms) noexcept {
   if (accepted_ms_ != 0 && now_ms - accepted_ms_ >= kTakeGraceMs) return Reason::kAcceptedElsewhere;
   if (accepted_ms_ == 0 && !across_namespaces_) {
     // The kernel knows whether a process accepted the server's end: it has an inode then.
+    // (Registered by its socket, the client learns its port from the anchor: connect()
+    // picked it.)
     sockaddr_storage local, remote;
     SocketInfo end;
+    if (client_.port == 0) LocalEndpoint(anchor_, &client_);
     if (wire::SockaddrFromEndpoint(server_, &local) &&
         wire::SockaddrFromEndpoint(client_, &remote) &&
         FindConnection(reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote),

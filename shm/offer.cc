@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -81,6 +82,26 @@ Offer::~Offer() {
   CloseIf(&server_a);
   CloseIf(&server_b);
   CloseIf(&anchor_slot);
+}
+
+namespace {
+// Lock-free: a race at worst notes an inode twice or overwrites a recent entry early.
+constexpr size_t kSoloListeners = 64;
+std::atomic<uint64_t> solo_listeners[kSoloListeners];
+std::atomic<uint32_t> solo_next{0};
+}  // namespace
+
+void NoteSoloListener(uint64_t inode) noexcept {
+  if (inode == 0 || IsSoloListener(inode)) return;
+  const uint32_t slot = solo_next.fetch_add(1, std::memory_order_relaxed) % kSoloListeners;
+  solo_listeners[slot].store(inode, std::memory_order_relaxed);
+}
+
+bool IsSoloListener(uint64_t inode) noexcept {
+  if (inode == 0) return false;
+  for (const auto& entry : solo_listeners)
+    if (entry.load(std::memory_order_relaxed) == inode) return true;
+  return false;
 }
 
 int FindRendezvous(const sockaddr* dest, const sockaddr* source, uint64_t* member) noexcept {
@@ -207,7 +228,8 @@ bool ClaimWithdraw(Offer* offer) noexcept {
 std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,
                                            const wire::Endpoint& client,
                                            const wire::Endpoint& server, int* proxy_a, int* proxy_b,
-                                           bool across_namespaces) noexcept {
+                                           bool across_namespaces,
+                                           uint64_t listener_inode) noexcept {
   ChannelSetup setup;
   setup.region = offer->region;
   setup.region_size = offer->region_size;
@@ -221,6 +243,7 @@ std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,
   setup.client = client;
   setup.server = server;
   setup.across_namespaces = across_namespaces;
+  setup.listener_inode = listener_inode;
   auto channel = MakeChannel(setup);
   if (!channel) return nullptr;
   offer->region = nullptr;  // owned by the channel now

@@ -27,7 +27,16 @@ struct RegionHeader {
   // Whether the rings carry the connection (shm::Claim, shm.h): set once, by compare and
   // exchange from kOpen, by whichever end decides first. Zero (kOpen) in a fresh region.
   std::atomic<uint32_t> claim;
+  // The listener's word to the client (kListener*), stored before it takes the claim. The
+  // client reads it only after it saw kTaken, and only to choose how it registers its next
+  // connections there: a wrong value costs acceleration, never a byte.
+  std::atomic<uint32_t> listener_flags;
 };
+
+// The listening socket has no SO_REUSEPORT: every SYN to its address reaches it, whatever
+// the source port, so a client need not bind a port before registering (it registers with
+// its socket instead of its 4-tuple: docs/DESIGN.md, "Registering without a port").
+constexpr uint32_t kListenerSolo = 1;
 
 struct DirectionControl {
   alignas(64) std::atomic<uint64_t> produced;

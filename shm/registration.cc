@@ -82,11 +82,15 @@ bool IsSealedRegion(int memfd, uint64_t size) noexcept {
 std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4], int anchor,
                                             int* proxy_a, int* proxy_b,
                                             std::atomic<uint32_t>** claim,
-                                            wire::DeclineReason* reason,
-                                            bool across_namespaces) noexcept {
+                                            wire::DeclineReason* reason, bool across_namespaces,
+                                            uint32_t listener_flags) noexcept {
   *reason = wire::DeclineReason::kBadRegion;
   uint64_t client_b_inode = 0;
-  if (msg.fd_count != (across_namespaces ? 5u : 4u) || !ValidRingSize(msg.ring_size) ||
+  // (A fifth descriptor, the client's TCP socket, comes through the directory and with a
+  // registration without a port, which the caller checked: the caller's.)
+  const bool fd_count_ok =
+      across_namespaces ? msg.fd_count == 5 : msg.fd_count == 4 || msg.fd_count == 5;
+  if (!fd_count_ok || !ValidRingSize(msg.ring_size) ||
       msg.region_size != RegionSize(msg.ring_size) || !IsSealedRegion(fds[0], msg.region_size) ||
       !(across_namespaces ? IsProxyPairByProbe(fds[1], fds[2]) : IsProxyPair(fds[1], fds[2])) ||
       !IsUnixStream(fds[3], &client_b_inode)) {
@@ -128,7 +132,9 @@ std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4
   sys::close(fds[0]);  // the mapping keeps the region
   *proxy_a = fds[1];
   *proxy_b = fds[2];
-  if (claim) *claim = &static_cast<RegionControl*>(region)->header.claim;
+  auto& control = static_cast<RegionControl*>(region)->header;
+  control.listener_flags.store(listener_flags, std::memory_order_relaxed);  // (before any claim)
+  if (claim) *claim = &control.claim;
   std::fill(fds, fds + 4, -1);
   return channel;
 }
@@ -178,6 +184,7 @@ Registration::Registration(Registration&& o) noexcept
       answer(o.answer),
       claim(o.claim),
       client_socket(o.client_socket),
+      client_inode(o.client_inode),
       accepted_seen_ms(o.accepted_seen_ms),
       taken_(o.taken_) {
   o.proxy_a = o.anchor_slot = o.answer = o.client_socket = -1;
@@ -197,6 +204,7 @@ Registration& Registration::operator=(Registration&& o) noexcept {
     answer = o.answer;
     claim = o.claim;
     client_socket = o.client_socket;
+    client_inode = o.client_inode;
     accepted_seen_ms = o.accepted_seen_ms;
     taken_ = o.taken_;
     o.proxy_a = o.anchor_slot = o.answer = o.client_socket = -1;

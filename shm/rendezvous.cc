@@ -72,6 +72,14 @@ size_t CapacityFor() noexcept {
   return size_t(std::clamp<uint64_t>(hidden / 6, 4, 4096));
 }
 
+// The inode of a socket a client handed over (0: not a socket). Only a TCP socket's can
+// match a connection's client socket at accept, so nothing more is asked.
+uint64_t SocketInode(int fd) noexcept {
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return 0;
+  return uint64_t(st.st_ino);
+}
+
 uint32_t PeerUid(int conn) noexcept {
   ucred cred{};
   socklen_t len = sizeof(cred);
@@ -102,7 +110,8 @@ void LogHolder(const sockaddr_un& name, socklen_t len) noexcept {
 }  // namespace
 
 std::unique_ptr<Rendezvous> Rendezvous::Publish(uint16_t port, uint64_t listener_inode,
-                                                StreamOptions options, int* error) noexcept {
+                                                StreamOptions options, int* error,
+                                                bool solo) noexcept {
   sockaddr_un name;
   socklen_t len;
   RendezvousName(port, listener_inode, &name, &len);
@@ -118,6 +127,7 @@ std::unique_ptr<Rendezvous> Rendezvous::Publish(uint16_t port, uint64_t listener
   rv->per_uid_ = std::max<size_t>(2, capacity - capacity / 4);
   rv->options_ = options;
   rv->listener_inode_ = listener_inode;
+  rv->listener_flags_ = solo ? kListenerSolo : 0;
   const int floor = sys::HiddenFdFloor();
   rv->listen_fd_ =
       sys::MoveAbove(sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), floor);
@@ -239,9 +249,9 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
     return;
   }
   // Whatever came, the descriptors are ours to close or keep; they go above the floor.
-  // (Through the directory, a fifth: the client's TCP socket.)
-  const int expected = via_dir ? 5 : 4;
-  int fds[5] = {-1, -1, -1, -1, -1};
+  // (Through the directory, or registered by its socket, a fifth: the client's TCP socket.)
+  constexpr int kMostFds = 5;
+  int fds[kMostFds] = {-1, -1, -1, -1, -1};
   int nfds = 0;
   bool moved = true;
   for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
@@ -250,9 +260,9 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
     for (int i = 0; i < count; ++i) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-      if (nfds >= expected) {
+      if (nfds >= kMostFds) {
         sys::CloseHandedOver(fd);
-        nfds = expected + 1;  // too many descriptors: malformed
+        nfds = kMostFds + 1;  // too many descriptors: malformed
         continue;
       }
       // (Never a plain close of what the client handed over: it may linger.)
@@ -285,6 +295,10 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
     return;
   }
   const uint64_t nonce = msg.reg.nonce;
+  // No client port: registered by its socket, the fifth descriptor (same namespace only).
+  const bool keyed = !via_dir && msg.reg.client.port == 0;
+  const int expected = via_dir || keyed ? 5 : 4;
+  uint64_t client_inode = 0;
   // A truncated control message means the kernel could not give us the descriptors (the
   // limit): the client must know.
   wire::DeclineReason why = wire::DeclineReason::kUnspecified;
@@ -292,6 +306,9 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
     why = wire::DeclineReason::kDescriptors;
   } else if (nfds != expected || msg.reg.fd_count != uint32_t(expected)) {
     SLIP_LOG(kWarn, "rendezvous: dropped a registration with %d descriptors", nfds);
+    why = wire::DeclineReason::kBadRegion;
+  } else if (keyed && (client_inode = SocketInode(fds[4])) == 0) {
+    SLIP_LOG(kWarn, "rendezvous: dropped a registration without a port and without its socket");
     why = wire::DeclineReason::kBadRegion;
   } else if (via_dir &&
              (why = CheckAcrossNamespaces(msg.reg, fds[4])) != wire::DeclineReason::kUnspecified) {
@@ -305,10 +322,12 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
   }
   // A few registrations per 4-tuple (a forger's next to its real client's: accept() tells
   // them apart); those withdrawn or abandoned make room.
+  // (Registered by its socket: a few per socket.)
   size_t same_tuple = 0;
   for (size_t i = 0; why == wire::DeclineReason::kUnspecified && i < used_;) {
     Registration& r = table_[i];
-    if (!(r.msg.client == msg.reg.client && r.msg.server == msg.reg.server)) {
+    if (keyed ? r.client_inode != client_inode
+              : !(r.msg.client == msg.reg.client && r.msg.server == msg.reg.server)) {
       ++i;
       continue;
     }
@@ -320,7 +339,7 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
     if (++same_tuple >= kMaxPerTuple) why = wire::DeclineReason::kBusy;
     ++i;
   }
-  if (why == wire::DeclineReason::kUnspecified && IsLate(msg.reg.client, msg.reg.server)) {
+  if (why == wire::DeclineReason::kUnspecified && IsLate(msg.reg, client_inode)) {
     // Its connection was accepted as plain before this registration was read (the drain
     // then was cut short): its client learns it at once rather than at its deadline.
     why = wire::DeclineReason::kNoRegistration;
@@ -337,7 +356,15 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
   reg.msg = msg.reg;
   reg.uid = uid;
   reg.received_ms = now_ms;
-  reg.client_socket = fds[4];  // (-1 but through the directory)
+  // (Through the directory, the socket is kept: checked again at accept. Registered by
+  // its socket, its inode is all we need: held, it would keep the client's connection
+  // open after the client closed it.)
+  if (keyed) {
+    sys::CloseHandedOver(fds[4]);
+  } else {
+    reg.client_socket = fds[4];  // (-1 but through the directory)
+  }
+  reg.client_inode = client_inode;
   fds[4] = -1;
   // (A duplicate of the client's B, never of our own: closing any descriptor of a file, as
   // the install's dup3 over the slot does, drops this process's locks on it, and our B
@@ -352,7 +379,7 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
     // Takes fds (closed on failure).
     channel =
         AcceptRegistration(msg.reg, fds, reg.anchor_slot, &proxy_a, &proxy_b, &reg.claim, &why,
-                           /*across_namespaces=*/via_dir);
+                           /*across_namespaces=*/via_dir, listener_flags_);
   }
   if (channel) {
     reg.stream.reset(new (std::nothrow) Stream(std::move(channel), proxy_a, proxy_b, options_));
@@ -490,11 +517,12 @@ bool Rendezvous::Drain() noexcept {
   return true;
 }
 
-bool Rendezvous::IsLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept {
+bool Rendezvous::IsLate(const wire::Register& msg, uint64_t client_inode) noexcept {
   const uint64_t now = sys::MonotonicMs();
   for (size_t i = 0; i < std::size(late_); ++i) {
     Late& l = late_[i];
-    if (l.until_ms > now && l.client == client && l.server == server) {
+    if (l.until_ms <= now || !(l.server == msg.server)) continue;
+    if (client_inode != 0 ? l.client_inode == client_inode : l.client == msg.client) {
       l.until_ms = 0;
       return true;
     }
@@ -502,13 +530,30 @@ bool Rendezvous::IsLate(const wire::Endpoint& client, const wire::Endpoint& serv
   return false;
 }
 
-void Rendezvous::NoteLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept {
-  late_[late_next_] = Late{client, server, sys::MonotonicMs() + kLateMemoryMs};
+void Rendezvous::NoteLate(const wire::Endpoint& client, const wire::Endpoint& server,
+                          uint64_t client_inode) noexcept {
+  late_[late_next_] = Late{client, server, client_inode, sys::MonotonicMs() + kLateMemoryMs};
   late_next_ = (late_next_ + 1) % std::size(late_);
 }
 
 bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server,
                       Registration* out) noexcept {
+  // The connection's client socket as the kernel sees it (its owner, its inode), asked once
+  // and only when a registration may be this connection's (a plain client's connection
+  // costs no lookup): one counts only if it was made by that owner, or with that very
+  // socket. (From another namespace the kernel here cannot see it: ENOENT.)
+  SocketInfo owner;
+  int owner_rc = 1;  // (not asked yet)
+  auto ask_owner = [&]() -> const SocketInfo* {
+    if (owner_rc == 1) {
+      owner_rc = -ENOENT;
+      sockaddr_storage local, remote;
+      if (wire::SockaddrFromEndpoint(client, &local) && wire::SockaddrFromEndpoint(server, &remote))
+        owner_rc = FindConnection(reinterpret_cast<sockaddr*>(&local),
+                                  reinterpret_cast<sockaddr*>(&remote), &owner);
+    }
+    return owner_rc == 0 ? &owner : nullptr;
+  };
   takers_.fetch_add(1, std::memory_order_acq_rel);
   std::lock_guard<std::mutex> lock(mu_);
   takers_.fetch_sub(1, std::memory_order_acq_rel);
@@ -520,7 +565,11 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
   auto find = [&] {
     count = 0;
     for (size_t i = 0; i < used_ && count < kMaxPerTuple; ++i) {
-      if (table_[i].msg.client == client && table_[i].msg.server == server) found[count++] = i;
+      const Registration& r = table_[i];
+      if (!(r.msg.server == server)) continue;
+      if (r.client_inode != 0 ? ask_owner() && r.client_inode == owner.inode
+                              : r.msg.client == client)
+        found[count++] = i;
     }
   };
   bool complete = true;
@@ -538,35 +587,27 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
   if (count == 0) {
     // A registration sent before this connection's SYN is read by now, unless the drain
     // was cut short: then one may still come, and must be refused when it does.
-    if (!complete) NoteLate(client, server);
+    if (!complete) NoteLate(client, server, ask_owner() ? owner.inode : 0);
     return false;
   }
   // Anybody can register any 4-tuple: the registration that counts is the one made by the
   // owner of the TCP connection's client socket, as the kernel sees it (a forger of another
   // uid never gets a connection held for it, not even a plain client's that it predicted;
-  // same-uid processes are not told apart, SECURITY.md). From another namespace, where the
-  // kernel here cannot see the client socket, the one that came with that very socket,
-  // handshake complete. The newest of those, if several.
+  // same-uid processes are not told apart, SECURITY.md). Registered by its socket, it was
+  // found by that socket's inode: only a holder of the socket could hand it over. From
+  // another namespace, where the kernel here cannot see the client socket, the one that
+  // came with that very socket, handshake complete. The newest of those, if several.
   constexpr size_t kNone = SIZE_MAX;
   size_t pick = kNone;  // an index into table_
-  bool owner_asked = false;
-  SocketInfo owner;
-  int owner_rc = -ENOENT;
   for (size_t k = 0; k < count; ++k) {
     const Registration& r = table_[found[k]];
     bool proven = false;
     if (r.client_socket >= 0) {
       proven = LookAtClientSocket(r.client_socket, client, server) == ClientSocket::kConnected;
+    } else if (r.client_inode != 0) {
+      proven = true;  // (found by it)
     } else {
-      if (!owner_asked) {
-        owner_asked = true;
-        sockaddr_storage local, remote;
-        if (wire::SockaddrFromEndpoint(client, &local) &&
-            wire::SockaddrFromEndpoint(server, &remote))
-          owner_rc = FindConnection(reinterpret_cast<sockaddr*>(&local),
-                                    reinterpret_cast<sockaddr*>(&remote), &owner);
-      }
-      proven = owner_rc == 0 && r.uid == owner.uid;
+      proven = ask_owner() && r.uid == owner.uid;
     }
     if (proven && (pick == kNone || r.received_ms >= table_[pick].received_ms)) pick = found[k];
   }

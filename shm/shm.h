@@ -10,7 +10,10 @@
 // owner, so any local user could bind one first). Then it registers its connection
 // (4-tuple, nonce, and the region plus both proxy pairs as SCM_RIGHTS) BEFORE it sends its
 // SYN, so the server's classification at accept is race-free, and carries its stream on
-// the rings from the start.
+// the rings from the start. To a listener that said it has no SO_REUSEPORT
+// (kListenerSolo, shm/region.h) a client registers without a port, its TCP socket handed
+// over in the 4-tuple's place: no bind() before the SYN (docs/DESIGN.md, "Registering
+// without a port").
 //
 // The region's claim word decides, once, whether the rings carry the connection: the
 // process that accepts the connection claims it when it takes the registration (and then
@@ -90,8 +93,12 @@ struct ChannelSetup {
   // news prompts it to read. -1: settled (a server is, from the start).
   int rendezvous = -1;
   // Client: the connection's 4-tuple, to ask the kernel whether its server end has been
-  // accepted (by a process that then did not take it).
+  // accepted (by a process that then did not take it). A client port of 0 (registered by
+  // its socket) is read from the anchor when needed.
   wire::Endpoint client, server;
+  // Client: the listening socket registered at (0: through the rendezvous directory), to
+  // note, once its connection is taken, whether it said kListenerSolo.
+  uint64_t listener_inode = 0;
   // Client: the listener is in another network namespace (shm/dir_rendezvous.h): this
   // kernel cannot see the server's end, the listener tells (DECLINE) instead.
   bool across_namespaces = false;
@@ -162,7 +169,15 @@ bool ClaimWithdraw(Offer* offer) noexcept;
 std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,
                                            const wire::Endpoint& client,
                                            const wire::Endpoint& server, int* proxy_a, int* proxy_b,
-                                           bool across_namespaces = false) noexcept;
+                                           bool across_namespaces = false,
+                                           uint64_t listener_inode = 0) noexcept;
+
+// Listeners (by inode) whose region headers said kListenerSolo: a client registers its next
+// connections there by its socket, without binding a port first. A small table of recent
+// ones shared by the process's threads; an inode is not reused while its socket lives, and
+// a stale or false entry costs a connection its acceleration, never a byte.
+void NoteSoloListener(uint64_t inode) noexcept;
+bool IsSoloListener(uint64_t inode) noexcept;
 
 // ----------------------------------------------------------------------------- server
 
@@ -177,11 +192,13 @@ std::unique_ptr<Channel> MakeClientChannel(Offer* offer, int rendezvous,
 // `across_namespaces`: it came through the rendezvous directory (shm/dir_rendezvous.h),
 // with the client's TCP socket as a fifth descriptor (the caller's, not in `fds`), and the
 // proxy pair is proven by a probe (unix_diag sees only this namespace's sockets).
+// `listener_flags` (kListener*, shm/region.h) go into the region's header for the client.
 std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4], int anchor,
                                             int* proxy_a, int* proxy_b,
                                             std::atomic<uint32_t>** claim,
                                             wire::DeclineReason* reason,
-                                            bool across_namespaces = false) noexcept;
+                                            bool across_namespaces = false,
+                                            uint32_t listener_flags = 0) noexcept;
 
 // The listener's one answer on a rendezvous connection (kUnspecified: ACCEPT).
 void AnswerRegistration(int conn, uint64_t nonce, wire::DeclineReason reason) noexcept;
@@ -208,6 +225,11 @@ struct Registration {
   // TCP socket, its proof (owned; closed once it has been looked at in Take), and when the
   // server's end was first seen accepted without being taken here.
   int client_socket = -1;
+  // Registered by its socket (this namespace, no port bound: msg.client.port is 0): the
+  // inode of the client's TCP socket, which it handed over (closed once looked at), so
+  // that only its holder can have registered it. Take finds it by the connection's client
+  // socket, as the kernel names it.
+  uint64_t client_inode = 0;
   uint64_t accepted_seen_ms = 0;
 
   Claim ReadClaim() const noexcept;
@@ -232,8 +254,11 @@ class Rendezvous {
   // its streams get `options`. Returns nullptr (and *error = -errno) when it cannot
   // (-EADDRINUSE: another process holds the name; it is logged with that process's pid and
   // uid).
+  // `solo`: the listening socket has no SO_REUSEPORT (kListenerSolo, shm/region.h), said to
+  // every client in its region's header.
   static std::unique_ptr<Rendezvous> Publish(uint16_t port, uint64_t listener_inode,
-                                             StreamOptions options, int* error) noexcept;
+                                             StreamOptions options, int* error,
+                                             bool solo = false) noexcept;
   ~Rendezvous();
 
   // Readable when registrations wait to be read (an epoll set over the listening socket and
@@ -288,8 +313,11 @@ class Rendezvous {
   DrainResult DrainLocked(int budget) noexcept;       // budget: connections read at most
   // Connections accepted as plain while registrations were left unread: a registration
   // for one of them that turns up later is refused.
-  bool IsLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept;
-  void NoteLate(const wire::Endpoint& client, const wire::Endpoint& server) noexcept;
+  // (`client_inode`: the connection's client socket, for one registered by its socket; 0
+  // when not known.)
+  bool IsLate(const wire::Register& msg, uint64_t client_inode) noexcept;
+  void NoteLate(const wire::Endpoint& client, const wire::Endpoint& server,
+                uint64_t client_inode) noexcept;
   void ExpireLocked(uint64_t now_ms) noexcept;
   void ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) noexcept;
   // Accepts and reads the rendezvous connections queued on `listen_fd`, within *budget.
@@ -308,6 +336,7 @@ class Rendezvous {
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
   uint64_t listener_inode_ = 0;  // the TCP listening socket's
+  uint32_t listener_flags_ = 0;  // kListener*, for the clients
   DirName dir_names_[8];         // [0, dir_count_): kMaxDirNames
   size_t dir_count_ = 0;
   pid_t publisher_ = 0;  // the process that bound them (and may unlink them)
@@ -332,6 +361,7 @@ class Rendezvous {
   size_t waiting_count_ = 0;
   struct Late {
     wire::Endpoint client, server;
+    uint64_t client_inode = 0;
     uint64_t until_ms = 0;
   };
   Late late_[256];

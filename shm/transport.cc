@@ -25,12 +25,11 @@ namespace {
 // withdrawing the registration and going plain.
 constexpr int kTcpHandshakeBudgetMs = 20;
 
-// Binds an unbound socket to an ephemeral port on the address the kernel would pick as
-// source (for a destination in this namespace, the destination itself; for one in another
-// namespace, the route's source), so that the 4-tuple is known before the SYN.
+// Binds an unbound socket (the caller knows it is) to an ephemeral port on the address the kernel
+// would pick as source (for a destination in this namespace, the destination itself; for one in
+// another namespace, the route's source), so that the 4-tuple is known before the SYN.
 int BindForRegistration(int fd, const sockaddr* dest, socklen_t len,
                         bool across_namespaces) noexcept {
-  if (wire::Endpoint ep; LocalEndpoint(fd, &ep) && ep.port != 0) return 0;
   sockaddr_storage src{};
   if (across_namespaces) {
     if (!SourceToward(dest, &src)) return -ENETUNREACH;
@@ -123,33 +122,28 @@ class ShmClientOffer final : public ClientOffer {
 
  private:
   Reason Register(int tcp) noexcept {
-    sockaddr_storage source;
-    if (BindForRegistration(tcp, req_.dest(), req_.dest_len, across_namespaces_) < 0 ||
-        !LocalEndpoint(tcp, &client_) || !wire::SockaddrFromEndpoint(client_, &source))
+    wire::Endpoint own;
+    if (!LocalEndpoint(tcp, &own)) return Reason::kUnsupported;
+    // A listener that takes every SYN to its address (no SO_REUSEPORT, as its last
+    // connection's region said) needs no 4-tuple: the registration carries the TCP socket
+    // itself, which the listener knows again at accept by its inode, and connect() picks
+    // the port as for plain TCP. A port bound first would cost bind()'s port search, which
+    // crawls once the ports sit in TIME_WAIT (docs/DESIGN.md, "Registering without a port").
+    const bool keyed = !across_namespaces_ && own.port == 0 && IsSoloListener(member_);
+    if (keyed) {
+      client_ = own;  // (port 0: the listener reads that as "keyed by the socket")
+    } else if (!RegisterBound(tcp, own)) {
       return Reason::kUnsupported;
-    // Now that the 4-tuple is known, the kernel says which listener the SYN will reach: in
-    // an SO_REUSEPORT group, maybe another member than the probe's.
-    // (No answer, e.g. a TIME_WAIT socket of an earlier connection on this 4-tuple found
-    // first: the probe's member stands. A wrong one costs acceleration, never bytes.)
-    // (Another namespace's listener checks that itself: CheckAcrossNamespaces.)
-    SocketInfo listener;
-    if (!across_namespaces_ &&
-        FindListener(req_.dest(), &listener, reinterpret_cast<sockaddr*>(&source)) == 0 &&
-        listener.inode != member_) {
-      uint64_t member = 0;
-      const int rv = FindRendezvous(req_.dest(), reinterpret_cast<sockaddr*>(&source), &member);
-      if (rv < 0) return OfferReason(rv);
-      sys::close(rendezvous_);
-      rendezvous_ = rv;
-      member_ = member;
+    } else if (!SameListenerFromSource()) {
+      return reason_;
     }
     if (!offer_.region) {
       if (int rc = PrepareOffer(req_.config->ring_size, &offer_); rc < 0) return FdReason(rc);
     }
-    // (From another namespace, with the TCP socket itself: the listener's proof that the
-    // registration is this connection's.)
-    if (int rc =
-            SendRegister(rendezvous_, offer_, client_, req_.server, across_namespaces_ ? tcp : -1);
+    // (From another namespace, and keyed, with the TCP socket itself: the listener's proof
+    // that the registration is this connection's.)
+    if (int rc = SendRegister(rendezvous_, offer_, client_, req_.server,
+                              across_namespaces_ || keyed ? tcp : -1);
         rc < 0)
       return rc == -EAGAIN ? Reason::kRendezvousBusy : Reason::kResources;
     registered_ = true;
@@ -159,7 +153,7 @@ class ShmClientOffer final : public ClientOffer {
     // is withdrawn, and nobody can have taken it.)
     int proxy_a = -1, proxy_b = -1;
     auto channel = MakeClientChannel(&offer_, rendezvous_, client_, req_.server, &proxy_a, &proxy_b,
-                                     across_namespaces_);
+                                     across_namespaces_, member_);
     if (!channel) return Reason::kResources;  // (withdrawn by the destructor)
     rendezvous_ = -1;                         // the channel's
     registered_ = false;                      // the channel's to withdraw
@@ -177,7 +171,44 @@ class ShmClientOffer final : public ClientOffer {
     return Reason::kNone;
   }
 
+  // Binds the socket (unless the application did) so that the 4-tuple is known before the
+  // SYN: `client_` is it.
+  bool RegisterBound(int tcp, const wire::Endpoint& own) noexcept {
+    if (own.port != 0) {
+      client_ = own;
+      return true;
+    }
+    return BindForRegistration(tcp, req_.dest(), req_.dest_len, across_namespaces_) == 0 &&
+           LocalEndpoint(tcp, &client_);
+  }
+
+  // Now that the 4-tuple is known, the kernel says which listener the SYN will reach: in
+  // an SO_REUSEPORT group, maybe another member than the probe's; its rendezvous then
+  // replaces ours. False (reason_ says why) when that one cannot be used.
+  // (No answer, e.g. a TIME_WAIT socket of an earlier connection on this 4-tuple found
+  // first: the probe's member stands. A wrong one costs acceleration, never bytes.)
+  // (Another namespace's listener checks that itself: CheckAcrossNamespaces.)
+  bool SameListenerFromSource() noexcept {
+    sockaddr_storage source;
+    SocketInfo listener;
+    if (across_namespaces_ || !wire::SockaddrFromEndpoint(client_, &source) ||
+        FindListener(req_.dest(), &listener, reinterpret_cast<sockaddr*>(&source)) != 0 ||
+        listener.inode == member_)
+      return true;
+    uint64_t member = 0;
+    const int rv = FindRendezvous(req_.dest(), reinterpret_cast<sockaddr*>(&source), &member);
+    if (rv < 0) {
+      reason_ = OfferReason(rv);
+      return false;
+    }
+    sys::close(rendezvous_);
+    rendezvous_ = rv;
+    member_ = member;
+    return true;
+  }
+
   const ConnectRequest req_;
+  Reason reason_ = Reason::kNone;
   int rendezvous_;
   uint64_t member_;  // the listening socket whose rendezvous that is
   const bool across_namespaces_;
@@ -283,8 +314,13 @@ class ShmTransport final : public Transport {
       return nullptr;
     }
     // One rendezvous per listening socket, named by its inode: each member of an
-    // SO_REUSEPORT group publishes its own.
-    auto rendezvous = Rendezvous::Publish(local.port, uint64_t(st.st_ino), options, &err);
+    // SO_REUSEPORT group publishes its own. Without SO_REUSEPORT no other socket can share
+    // the address, and its clients are told so (kListenerSolo).
+    int reuseport = 1;
+    socklen_t optlen = sizeof(reuseport);
+    if (sys::getsockopt(req.fd, SOL_SOCKET, SO_REUSEPORT, &reuseport, &optlen) != 0) reuseport = 1;
+    auto rendezvous =
+        Rendezvous::Publish(local.port, uint64_t(st.st_ino), options, &err, reuseport == 0);
     if (!rendezvous) {
       *why = err == -EADDRINUSE ? Reason::kUntrustedRendezvous : FdReason(err);
       SLIP_LOG(kInfo, "fd %d: no rendezvous (%s); same-host connections stay plain", req.fd,

@@ -12,6 +12,7 @@ import contextlib
 import signal
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -45,7 +46,16 @@ def two_pods():
     made = []
     try:
         for ns in (server_ns, client_ns):
-            _ip("netns", "add", ns)
+            # (Two first `ip netns add` at once may race on mounting /run/netns: again.)
+            for attempt in range(5):
+                try:
+                    _ip("netns", "add", ns)
+                    break
+                except subprocess.CalledProcessError:
+                    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+                    if attempt == 4:
+                        raise
+                    time.sleep(0.2)
             made.append(ns)
         _ip("link", "add", f"sp{tag}s", "type", "veth", "peer", "name", f"sp{tag}c")
         for ns, end, address, address6 in ((server_ns, "s", SERVER_ADDRESS, SERVER_ADDRESS6),
