@@ -65,6 +65,11 @@ def serve(listener, member):
     lock = threading.RLock()  # (the signal handler runs on the main thread, maybe inside it)
 
     def finish(*_):
+        # (A worker gets SIGTERM twice: the harness signals the process group, the parent
+        # each worker. The second, in the interpreter's shutdown, where Python has put the
+        # default action back, would kill it before the library wrote its statistics.)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         with lock:
             report(member=member, pid=os.getpid(), peers=list(peers))
         sys.exit(0)  # (an orderly exit: the library writes its statistics)
@@ -95,12 +100,13 @@ def server(args):
         children.append(pid)
 
     def stop(*_):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for pid in children:
             os.kill(pid, signal.SIGTERM)
-        for pid in children:
-            os.waitpid(pid, 0)
-        report(member=args.member, pid=os.getpid(), peers=[])
-        sys.exit(0)
+        statuses = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+        report(member=args.member, pid=os.getpid(), peers=[], workers=statuses)
+        sys.exit(0 if not any(statuses) else 1)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
