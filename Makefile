@@ -3,18 +3,19 @@
 #   make test     install what is missing (the workload stacks too), build, run every test
 #                 (unit, sanitizers, fuzz, integration with real programs, stress,
 #                 workloads, verbs over Soft-RoCE in a guest), all but the sanitizer runs
-#                 in one final ctest
+#                 in one final ctest; `make test-long` the few it leaves out (label long)
 #   make bench    TCP vs Slipstream on this host (docs/PERFORMANCE.md)
 #   make bench-servers  the same for real servers: redis and nginx under load
 #   make bench-pods     shm between two network namespaces (pods) against TCP over veth
+#   make bench-short    short connections: churn, pgbench -C, tcp_crr, against TCP
 #   make demo     install, build, and show the side-by-side comparison
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build test test-asan test-tsan test-sanitize-suite test-workloads bench \
-        bench-servers bench-pods bench-rdma demo clean format
+.PHONY: all deps build test test-long test-asan test-tsan test-sanitize-suite test-workloads bench \
+        bench-servers bench-pods bench-short bench-rdma demo clean format
 
 all: build
 
@@ -76,7 +77,12 @@ test-sanitize-suite:
 test:
 	@scripts/install-deps.sh workloads
 	@$(MAKE) --no-print-directory build test-asan test-tsan
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300 --repeat until-pass:2
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300 --repeat until-pass:2 -LE long
+
+# What `make test` leaves out to stay within its time (label "long"): the rest of the verbs
+# guest cases (vm.verbs_extra) and workloads.gloo.2. About 3 minutes on 2 CPUs.
+test-long: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 1200 -L long
 
 # Only the real training stacks under slip-run (gRPC parameter server, PyTorch Gloo, Open
 # MPI; make test runs them too): about 200 MB of Debian packages, about a minute on 2 CPUs.
@@ -99,6 +105,12 @@ bench-servers: deps build
 # shared rendezvous directory (tests/bench/pods.sh, as root; results in build/bench-pods/).
 bench-pods: build
 	@tests/bench/pods.sh $(BUILD)
+
+# Short connections against kernel TCP, each run in a fresh network namespace: a client
+# that closes first for 60 s, PostgreSQL under pgbench -C, slip-perf tcp_crr
+# (tests/bench/short_conns.sh, as root; results in build/bench-short/; about 4 minutes).
+bench-short: build
+	@tests/bench/short_conns.sh $(BUILD)
 
 demo: deps build
 	@scripts/demo.sh $(BUILD)

@@ -10,7 +10,8 @@ state stays at the client, on its ports.
           byte of the reply, and closes before the server does. A connect() that finds no
           free 4-tuple (EADDRNOTAVAIL: every port of a small range in TIME_WAIT not yet
           reusable) is tried again after a pause, as a client of a busy host would.
-          Prints {"connections": N, "retries": R}.
+          Prints {"connections": N, "retries": R, "rates": [...]}; with --duration S, as
+          many connections as S seconds allow, and the rate of every --window seconds.
 """
 
 import errno
@@ -26,8 +27,8 @@ from common import LOOPBACK, argument_parser, fail, report
 MAX_PAYLOAD = 16 * 1024
 
 
-def reply_size(seed):
-    return (seed * 7919) % MAX_PAYLOAD
+def reply_size(seed, most=MAX_PAYLOAD):
+    return (seed * 7919) % most
 
 
 def recv_exact(sock, n):
@@ -41,7 +42,7 @@ def recv_exact(sock, n):
     return b"".join(chunks)
 
 
-def serve(port, host):
+def serve(port, host, most):
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((host, port))
@@ -59,18 +60,22 @@ def serve(port, host):
         with conn:
             size, seed = struct.unpack("!II", recv_exact(conn, 8))
             digest = hashlib.sha256(recv_exact(conn, size)).digest()
-            conn.sendall(digest + random.Random(seed).randbytes(reply_size(seed)))
+            conn.sendall(digest + random.Random(seed).randbytes(reply_size(seed, most)))
             if conn.recv(1) != b"":
                 fail("the client sent more than its request")
         served += 1
     report(connections=served)
 
 
-def client(port, host, count, seed):
+def client(port, host, count, seed, duration=0.0, window=5.0, most=MAX_PAYLOAD):
+    """`duration` > 0: as many connections as fit in that many seconds instead of `count`,
+    with the rate of each `window` seconds in the report (a benchmark's use)."""
     rng = random.Random(seed)
-    retries = 0
-    for _ in range(count):
-        size, conn_seed = rng.randrange(1, MAX_PAYLOAD), rng.randrange(1, 1 << 31)
+    retries = made = 0
+    start = last = time.monotonic()
+    rates, in_window = [], 0
+    while (made < count) if duration <= 0 else (time.monotonic() - start < duration):
+        size, conn_seed = rng.randrange(1, most + 1), rng.randrange(1, 1 << 31)
         payload = rng.randbytes(size)
         while True:
             sock = socket.socket()
@@ -88,21 +93,32 @@ def client(port, host, count, seed):
             digest = recv_exact(sock, 32)
             if digest != hashlib.sha256(payload).digest():
                 fail("the server read other bytes than the client sent")
-            expected = random.Random(conn_seed).randbytes(reply_size(conn_seed))
+            expected = random.Random(conn_seed).randbytes(reply_size(conn_seed, most))
             if recv_exact(sock, len(expected)) != expected:
                 fail("the reply differs from the server's")
-    report(connections=count, retries=retries)
+        made += 1
+        in_window += 1
+        now = time.monotonic()
+        if now - last >= window:
+            rates.append(round(in_window / (now - last)))
+            in_window, last = 0, now
+    report(connections=made, retries=retries, rates=rates)
 
 
 def main():
     parser = argument_parser(__doc__, role=True)
     parser.add_argument("--count", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--duration", type=float, default=0.0)
+    parser.add_argument("--window", type=float, default=5.0)
+    parser.add_argument("--max-payload", type=int, default=MAX_PAYLOAD,
+                        help="largest request and reply (both ends must agree)")
     args = parser.parse_args()
     if args.role == "server":
-        serve(args.port, args.bind)
+        serve(args.port, args.bind, args.max_payload)
     else:
-        client(args.port, args.host, args.count, args.seed)
+        client(args.port, args.host, args.count, args.seed, args.duration, args.window,
+               args.max_payload)
 
 
 if __name__ == "__main__":
