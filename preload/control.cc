@@ -207,6 +207,10 @@ struct Walk {
   size_t due_count = 0;
   SlipSocket* unlinked[kMax];
   size_t unlinked_count = 0;
+  // More settled entries than `unlinked` holds: walk again at once. (Without it, those
+  // past the 64th kept their references until something else woke the thread: a burst of
+  // connections closed while they were settling kept their descriptors and rings.)
+  bool cut_short = false;
 
   void ReleaseAll() noexcept {
     for (size_t i = 0; i < unlinked_count; ++i) Release(unlinked[i]);
@@ -221,6 +225,7 @@ uint64_t CollectDue(ControlState& st, uint64_t now_ms, Walk* walk) noexcept {
   while (SlipSocket* s = *link) {
     const uint64_t deadline =
         s->kind == SockKind::kAccel && s->stream ? s->stream->control()->SettleDeadline() : 0;
+    if (deadline == 0 && walk->unlinked_count == Walk::kMax) walk->cut_short = true;
     if (deadline == 0 && walk->unlinked_count < Walk::kMax) {
       *link = s->settle_next;
       s->settle_next = nullptr;
@@ -276,7 +281,7 @@ void* ControlMain(void* arg) {
       now = sys::MonotonicMs();
       timeout = earliest <= now ? 0 : int(std::min<uint64_t>(earliest - now, 60000));
     }
-    if (redrain_count) timeout = 0;
+    if (redrain_count || walk.cut_short) timeout = 0;
     // The real call: the interposed one would prepare every stream for a sleep of ours.
     int n = Libc().epoll_pwait(epfd, events, 64, timeout, nullptr);
     if (n < 0) {
