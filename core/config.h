@@ -120,6 +120,11 @@ bool DecodeSockaddr(const sockaddr* sa, IpEndpoint* out) noexcept;
 // Policy: may a connection between these addresses be accelerated?
 // `remote` and `local` are AF_INET or AF_INET6 socket addresses.
 bool PolicyAllows(const Config& config, const sockaddr* local, const sockaddr* remote) noexcept;
+// Whether PolicyAllows looks at the local address at all (port rules): a connect() asks the
+// kernel for it only then.
+inline bool PolicyNeedsLocal(const Config& config) noexcept {
+  return !config.exclude_ports.empty() || !config.include_ports.empty();
+}
 
 // Policy for a listener, before any peer is known: the port rules on its local port.
 // (CIDR rules are applied by the connecting side, which knows the remote address.)

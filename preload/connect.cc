@@ -132,7 +132,8 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
     return ConnectPlain(s, fd, addr, len, Reason::kUnsupported);
   sockaddr_storage local{};
   socklen_t llen = sizeof(local);
-  sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
+  if (PolicyNeedsLocal(*req.config))  // (a system call a plain peer's connect need not pay)
+    sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
   if (!PolicyAllows(*req.config, reinterpret_cast<sockaddr*>(&local), addr))
     return ConnectPlain(s, fd, addr, len, Reason::kPolicy);
 

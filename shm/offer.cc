@@ -48,12 +48,19 @@ int SendWithFds(int sock, const uint8_t* msg, size_t len, const int* fds, int nf
   return n == ssize_t(len) ? 0 : -EMSGSIZE;
 }
 
-// A rendezvous socket, above the floor; -errno on failure.
-int RendezvousSocket() noexcept {
-  int sock = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+// A rendezvous socket connected to `name`, above the floor; -errno on failure (-EAGAIN: its
+// queue is full). Moved above the floor only once connected: a plain peer's connect costs
+// one refused connect(2) and no move.
+int ConnectRendezvous(const sockaddr_un& name, socklen_t len) noexcept {
+  const int sock = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (sock < 0) return -errno;
-  sock = sys::MoveAbove(sock, sys::HiddenFdFloor());
-  return sock < 0 ? -errno : sock;
+  if (sys::connect(sock, reinterpret_cast<const sockaddr*>(&name), len) != 0) {
+    const int err = -errno;
+    sys::close(sock);
+    return err;
+  }
+  const int high = sys::MoveAbove(sock, sys::HiddenFdFloor());
+  return high < 0 ? -errno : high;
 }
 
 // The rendezvous at `name` must belong to the owner of the listener the SYN will reach.
@@ -117,13 +124,8 @@ int FindRendezvous(const sockaddr* dest, const sockaddr* source, uint64_t* membe
   sockaddr_un name;
   socklen_t len;
   RendezvousName(ep.port, listener.inode, &name, &len);
-  const int sock = RendezvousSocket();
-  if (sock < 0) return sock;
-  if (sys::connect(sock, reinterpret_cast<sockaddr*>(&name), len) != 0) {
-    const int err = -errno;
-    sys::close(sock);
-    return err == -EAGAIN ? err : -ECONNREFUSED;
-  }
+  const int sock = ConnectRendezvous(name, len);
+  if (sock < 0) return sock == -EAGAIN || sock == -EMFILE || sock == -ENFILE ? sock : -ECONNREFUSED;
   if (!OwnedByListener(sock, listener, name, len)) {
     sys::close(sock);
     return -EPERM;
@@ -141,14 +143,11 @@ int FindDirRendezvous(const char* dir, const sockaddr* dest) noexcept {
   // No name, no Slipstream listener there in any namespace of this host: the usual answer
   // for a remote or plain peer, found with one lookup rather than a socket's five calls.
   if (access(name.sun_path, F_OK) != 0) return errno == ENOENT ? -ENOENT : -ECONNREFUSED;
-  const int sock = RendezvousSocket();
-  if (sock < 0) return sock;
-  if (sys::connect(sock, reinterpret_cast<sockaddr*>(&name), len) != 0) {
-    const int err = -errno;
-    sys::close(sock);
-    // (No name: no Slipstream listener there, in any namespace of this host.)
-    return err == -EAGAIN ? err : err == -ENOENT ? -ENOENT : -ECONNREFUSED;
-  }
+  const int sock = ConnectRendezvous(name, len);
+  // (No name: no Slipstream listener there, in any namespace of this host.)
+  if (sock < 0)
+    return sock == -EAGAIN || sock == -EMFILE || sock == -ENFILE || sock == -ENOENT ? sock
+                                                                                    : -ECONNREFUSED;
   // Whoever can create files in the directory can publish any name: only its owner's and
   // our own uid's rendezvous are used (docs/SECURITY.md, "The rendezvous directory").
   ucred peer{};
