@@ -22,24 +22,13 @@ import socket
 import struct
 import time
 
-from common import LOOPBACK, argument_parser, fail, report
+from common import LOOPBACK, argument_parser, fail, recv_exact, report
 
 MAX_PAYLOAD = 16 * 1024
 
 
 def reply_size(seed, most=MAX_PAYLOAD):
     return (seed * 7919) % most
-
-
-def recv_exact(sock, n):
-    chunks, left = [], n
-    while left:
-        chunk = sock.recv(min(left, 1 << 16))
-        if not chunk:
-            raise ConnectionError(f"EOF with {left} of {n} bytes to go")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 def serve(port, host, most):

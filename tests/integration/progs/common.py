@@ -112,6 +112,18 @@ def argument_parser(doc, role=False, impl=False):
     return parser
 
 
+def recv_exact(sock, n):
+    """Exactly n bytes from a blocking socket; ConnectionError on an early EOF."""
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 16))
+        if not chunk:
+            raise ConnectionError(f"EOF with {left} of {n} bytes to go")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def report(**fields):
     """The report line the harness reads: one JSON object on the last line of stdout."""
     print(json.dumps(fields), flush=True)

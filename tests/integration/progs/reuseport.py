@@ -23,24 +23,13 @@ import struct
 import sys
 import threading
 
-from common import LOOPBACK, argument_parser, fail, report
+from common import LOOPBACK, argument_parser, fail, recv_exact, report
 
 MAX_PAYLOAD = 200 * 1024
 
 
 def reply_size(seed):
     return (seed * 7919) % MAX_PAYLOAD
-
-
-def recv_exact(sock, n):
-    chunks, left = [], n
-    while left:
-        chunk = sock.recv(min(left, 1 << 16))
-        if not chunk:
-            raise ConnectionError(f"EOF with {left} of {n} bytes to go")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 def serve_one(conn, member):
