@@ -44,6 +44,11 @@ constexpr uint64_t kLookMaxMs = 200;
 // thread is behind a burst): seen accepted and still not taken this much later, it never
 // will be. (Withdrawing early is safe, only slower: the claim word decides for both ends.)
 constexpr uint64_t kTakeGraceMs = 100;
+// The same at a listener shared by forked workers (kListenerShared): the acceptor reads
+// registrations only inside its accept(), for at most Rendezvous' kTakeSearchMs (20 ms), so
+// a registration another worker read is never taken, and a client that speaks first (HTTP)
+// waited the whole 100 ms for nothing.
+constexpr uint64_t kSharedTakeGraceMs = 30;
 // Nobody takes a registration later than this (the listener drops it at 30 s).
 constexpr uint64_t kGiveUpMs = 31000;
 
@@ -402,7 +407,11 @@ Reason ShmChannel::TakenElsewhere(uint64_t now_ms) noexcept {
   if (peek.kind != AnchorPeek::Kind::kNone) return Reason::kAcceptedElsewhere;
   if (now_ms < deadline_.load(std::memory_order_relaxed)) return Reason::kNone;
   if (now_ms - started_ms_ >= kGiveUpMs) return Reason::kHandshakeTimeout;
-  if (accepted_ms_ != 0 && now_ms - accepted_ms_ >= kTakeGraceMs) return Reason::kAcceptedElsewhere;
+  // (What the listener said of itself, once its worker read the registration: a hint.)
+  const uint32_t flags =
+      static_cast<RegionControl*>(region_)->header.listener_flags.load(std::memory_order_relaxed);
+  const uint64_t grace = (flags & kListenerShared) != 0 ? kSharedTakeGraceMs : kTakeGraceMs;
+  if (accepted_ms_ != 0 && now_ms - accepted_ms_ >= grace) return Reason::kAcceptedElsewhere;
   if (accepted_ms_ == 0 && !across_namespaces_) {
     // The kernel knows whether a process accepted the server's end: it has an inode then.
     // (Registered by its socket, the client learns its port from the anchor: connect()
@@ -417,7 +426,7 @@ Reason ShmChannel::TakenElsewhere(uint64_t now_ms) noexcept {
         end.inode != 0)
       accepted_ms_ = now_ms;
   }
-  const uint64_t next = accepted_ms_ != 0 ? accepted_ms_ + kTakeGraceMs : now_ms + look_ms_;
+  const uint64_t next = accepted_ms_ != 0 ? accepted_ms_ + grace : now_ms + look_ms_;
   look_ms_ = std::min(2 * look_ms_, kLookMaxMs);
   deadline_.store(next, std::memory_order_release);
   return Reason::kNone;

@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "core/sock_diag.h"
 #include "core/sys.h"
+#include "shm/region.h"
 #include "shm/shm.h"
 
 namespace slip::shm {
@@ -246,6 +247,7 @@ void Rendezvous::WithdrawDirNames(bool unlink_names) noexcept {
 void Rendezvous::Share() noexcept {
   if (shared_.exchange(true, std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mu_);
+  listener_flags_ |= kListenerShared;  // (its clients wait less for a sibling's accept)
   // (Whichever process shares first removes the names: the others' copies are the same.)
   WithdrawDirNames(/*unlink_names=*/true);
   // What came through them is not watched any more either: those clients go plain now.

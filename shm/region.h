@@ -37,6 +37,11 @@ struct RegionHeader {
 // the source port, so a client need not bind a port before registering (it registers with
 // its socket instead of its 4-tuple: docs/DESIGN.md, "Registering without a port").
 constexpr uint32_t kListenerSolo = 1;
+// The listening socket is shared by forked workers: whichever accepts a connection reads its
+// registration in that accept() and gives up soon after, so a client that sees its
+// connection accepted and not taken need not wait long (the one that read its registration
+// may be a sibling: docs/DESIGN.md, "Servers that share a port").
+constexpr uint32_t kListenerShared = 2;
 
 struct DirectionControl {
   alignas(64) std::atomic<uint64_t> produced;

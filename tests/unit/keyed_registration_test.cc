@@ -213,6 +213,20 @@ TEST_F(KeyedRegistrationTest, TheListenerSaysWhetherItIsAloneOnItsAddress) {
   ASSERT_TRUE(IsKept(Register(&offer, Portless(), fd)));
   EXPECT_EQ(Header(offer).listener_flags.load(), kListenerSolo);
   close(fd);
+  // Shared by forked workers from now on (read in accept() only): said too.
+  rv_->Share();
+  const int fd2 = UnboundSocket();
+  Offer shared;
+  const int sock = FindRendezvous(Sa(dest_));
+  ASSERT_GE(sock, 0);
+  ASSERT_EQ(PrepareOffer(kRing, &shared), 0);
+  ASSERT_EQ(SendRegister(sock, shared, Portless(), server_ep_, fd2), 0);
+  const wire::Endpoint ep = Connect(fd2);
+  Registration reg;
+  ASSERT_TRUE(rv_->Take(ep, server_ep_, &reg));  // (read by the accepting process itself)
+  EXPECT_EQ(Header(shared).listener_flags.load(), kListenerSolo | kListenerShared);
+  close(sock);
+  close(fd2);
 }
 
 TEST(SoloListenersTest, RemembersRecentListenersOnly) {
