@@ -10,14 +10,18 @@
 #   pgbench  PostgreSQL under `pgbench -C -S` (a new connection per select-only
 #            transaction, one client) for SLIP_BENCH_PG_DURATION seconds (default 20)
 #   crr      slip-perf tcp_crr 64 B for 5 s (the server closes first)
+#   nginx    nginx with 2 workers accepting on one shared listener (its default
+#            configuration), `ab -n 4000 -c 16` for a 512-byte file without keep-alive (a
+#            connection per request): requests/s, and the 99th percentile and slowest
+#            request in ms
 # tcp: every program plain; shm: the server and the client each under slip-run.
 # Prints a markdown table and writes it to BUILD/bench-short/results.md, with the raw
-# outputs in BUILD/bench-short/raw/. About 3.5 minutes with the defaults.
+# outputs in BUILD/bench-short/raw/. About 4 minutes with the defaults.
 #
 #   tests/bench/short_conns.sh [BUILD_DIR]     (default: build)
 #
 # Needs root (ip netns), PostgreSQL 15 (postgresql: installed when missing) and
-# /usr/bin/python3. Exit status: 0 when every measurement ran and every shm one had its
+# /usr/bin/python3; nginx and ab (apache2-utils) for the last row, skipped without them. Exit status: 0 when every measurement ran and every shm one had its
 # connections on shm, 1 otherwise, 2 on a setup error.
 set -uo pipefail
 
@@ -143,10 +147,47 @@ crr() {
   del_ns
 }
 
+nginx_ab() {
+  local mode=$1 dir=$OUT/nginx-$1
+  new_ns "nginx-$mode" || return 1
+  mkdir -p "$dir/root" && head -c 512 /dev/urandom >"$dir/root/f"
+  cat >"$dir/nginx.conf" <<CONF
+$([[ $(id -u) == 0 ]] && echo "user root;")
+daemon off; master_process on; worker_processes 2; pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $dir/cb; proxy_temp_path $dir/p; fastcgi_temp_path $dir/fc;
+  uwsgi_temp_path $dir/u; scgi_temp_path $dir/s;
+  server { listen 127.0.0.1:$PORT; root $dir/root; }
+}
+CONF
+  in_ns bash -c "$(declare -f under); SLIP_RUN=$SLIP_RUN RAW=$RAW; under $mode nginx-server-$mode \
+    $NGINX -p $dir -c $dir/nginx.conf -e $dir/error.log" >"$RAW/nginx-server-$mode.out" 2>&1 &
+  sleep 1.5
+  in_ns bash -c "$(declare -f under); SLIP_RUN=$SLIP_RUN RAW=$RAW; under $mode nginx-ab-$mode \
+    ab -q -n 4000 -c 16 http://127.0.0.1:$PORT/f" >"$RAW/nginx-ab-$mode.out" 2>&1 || status=1
+  in_ns kill -TERM "$(cat "$dir/nginx.pid" 2>/dev/null)" 2>/dev/null
+  sleep 1
+  local rps p99 max
+  rps=$(awk '/^Requests per second/ {printf "%.0f", $4}' "$RAW/nginx-ab-$mode.out")
+  p99=$(awk '$1 == "99%" {print $2}' "$RAW/nginx-ab-$mode.out")
+  max=$(awk '$1 == "100%" {print $2}' "$RAW/nginx-ab-$mode.out")
+  RESULT[nginx-$mode]="$rps req/s, p99 $p99 ms, slowest $max ms"
+  RESULT[nginx-rps-$mode]=$rps
+  del_ns
+  rm -rf "$dir"
+}
+
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 for mode in tcp shm; do
   churn "$mode" || status=1
   pgbench_run "$mode" || status=1
   crr "$mode" || status=1
+  if [[ -x $NGINX ]] && command -v ab >/dev/null; then
+    nginx_ab "$mode" || status=1
+  fi
 done
 
 chmod -R a+r "$RAW"
@@ -165,5 +206,8 @@ last() { echo "$1" | awk -F'(' '{n=split($1, r, " "); print r[n]}'; }
     "$(ratio "${RESULT[pg-tcp]:-0}" "${RESULT[pg-shm]:-0}") | $(shm_ends "$RAW"/pg-*-shm.stats*) |"
   echo "| slip-perf tcp_crr 64 B (conn/s) | ${RESULT[crr-tcp]:-} | ${RESULT[crr-shm]:-} |" \
     "$(ratio "${RESULT[crr-tcp]:-0}" "${RESULT[crr-shm]:-0}") | $(shm_ends "$RAW"/crr-*-shm.stats) |"
+  echo "| nginx 2 workers, shared listener, ab -c 16, no keep-alive | ${RESULT[nginx-tcp]:-} |" \
+    "${RESULT[nginx-shm]:-} | $(ratio "${RESULT[nginx-rps-tcp]:-0}" "${RESULT[nginx-rps-shm]:-0}") |" \
+    "$(shm_ends "$RAW"/nginx-ab-shm.stats) (ab's ends) |"
 } | tee "$OUT/results.md"
 exit $status

@@ -541,7 +541,7 @@ TEST(ShmSettleClientTest, TheEndFromTheAcceptorMakesItPlain) {
 
 // Accepted by a process that does not take it (a sibling sharing the listener without the
 // registration, a plain member of the group), and nothing said: the kernel shows the
-// server's end accepted; after the grace the client withdraws: 100 ms, or 30 ms when the
+// server's end accepted; after the grace the client withdraws: 100 ms, or 50 ms when the
 // listener said it is shared by forked workers (whose acceptor gives up after 20 ms).
 void WithdrawsAfterTheGrace(uint32_t listener_flags, uint64_t grace_ms) {
   Connection c;
@@ -569,8 +569,8 @@ TEST(ShmSettleClientTest, AcceptedAndNotTakenItWithdrawsAfterTheGrace) {
 }
 
 TEST(ShmSettleClientTest, AcceptedAndNotTakenAtASharedListenerItWithdrawsSooner) {
-  WithdrawsAfterTheGrace(kListenerShared, 30);
-  WithdrawsAfterTheGrace(kListenerShared | kListenerSolo, 30);
+  WithdrawsAfterTheGrace(kListenerShared, 50);
+  WithdrawsAfterTheGrace(kListenerShared | kListenerSolo, 50);
 }
 
 // In the listener's queue nobody could have taken it plain: the client keeps looking, less
