@@ -48,16 +48,17 @@ int SendWithFds(int sock, const uint8_t* msg, size_t len, const int* fds, int nf
   return n == ssize_t(len) ? 0 : -EMSGSIZE;
 }
 
-// A rendezvous socket connected to `name`, above the floor; -errno on failure (-EAGAIN: its
-// queue is full). Moved above the floor only once connected: a plain peer's connect costs
-// one refused connect(2) and no move.
+// A rendezvous socket connected to `name`, above the floor; -errno on failure: -EAGAIN (its
+// queue is full), -ENOENT (no such path name), -ECONNREFUSED (nobody serves it, or any
+// other failure to connect), or what socket(2) or the move said (-EMFILE...). Moved above
+// the floor only once connected: a plain peer's connect costs one refused connect(2).
 int ConnectRendezvous(const sockaddr_un& name, socklen_t len) noexcept {
   const int sock = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (sock < 0) return -errno;
   if (sys::connect(sock, reinterpret_cast<const sockaddr*>(&name), len) != 0) {
-    const int err = -errno;
+    const int err = errno;
     sys::close(sock);
-    return err;
+    return err == EAGAIN || err == ENOENT ? -err : -ECONNREFUSED;
   }
   const int high = sys::MoveAbove(sock, sys::HiddenFdFloor());
   return high < 0 ? -errno : high;
@@ -125,7 +126,7 @@ int FindRendezvous(const sockaddr* dest, const sockaddr* source, uint64_t* membe
   socklen_t len;
   RendezvousName(ep.port, listener.inode, &name, &len);
   const int sock = ConnectRendezvous(name, len);
-  if (sock < 0) return sock == -EAGAIN || sock == -EMFILE || sock == -ENFILE ? sock : -ECONNREFUSED;
+  if (sock < 0) return sock == -ENOENT ? -ECONNREFUSED : sock;
   if (!OwnedByListener(sock, listener, name, len)) {
     sys::close(sock);
     return -EPERM;
@@ -144,10 +145,7 @@ int FindDirRendezvous(const char* dir, const sockaddr* dest) noexcept {
   // for a remote or plain peer, found with one lookup rather than a socket's five calls.
   if (access(name.sun_path, F_OK) != 0) return errno == ENOENT ? -ENOENT : -ECONNREFUSED;
   const int sock = ConnectRendezvous(name, len);
-  // (No name: no Slipstream listener there, in any namespace of this host.)
-  if (sock < 0)
-    return sock == -EAGAIN || sock == -EMFILE || sock == -ENFILE || sock == -ENOENT ? sock
-                                                                                    : -ECONNREFUSED;
+  if (sock < 0) return sock;  // (-ENOENT: no Slipstream listener there, in any namespace)
   // Whoever can create files in the directory can publish any name: only its owner's and
   // our own uid's rendezvous are used (docs/SECURITY.md, "The rendezvous directory").
   ucred peer{};

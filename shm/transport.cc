@@ -134,8 +134,8 @@ class ShmClientOffer final : public ClientOffer {
       client_ = own;  // (port 0: the listener reads that as "keyed by the socket")
     } else if (!RegisterBound(tcp, own)) {
       return Reason::kUnsupported;
-    } else if (!SameListenerFromSource()) {
-      return reason_;
+    } else if (const Reason why = RegisterWithMemberFromSource(); why != Reason::kNone) {
+      return why;
     }
     if (!offer_.region) {
       if (int rc = PrepareOffer(req_.config->ring_size, &offer_); rc < 0) return FdReason(rc);
@@ -184,31 +184,28 @@ class ShmClientOffer final : public ClientOffer {
 
   // Now that the 4-tuple is known, the kernel says which listener the SYN will reach: in
   // an SO_REUSEPORT group, maybe another member than the probe's; its rendezvous then
-  // replaces ours. False (reason_ says why) when that one cannot be used.
+  // replaces ours. Says why when that one cannot be used (kNone: registered with the one
+  // the SYN reaches).
   // (No answer, e.g. a TIME_WAIT socket of an earlier connection on this 4-tuple found
   // first: the probe's member stands. A wrong one costs acceleration, never bytes.)
   // (Another namespace's listener checks that itself: CheckAcrossNamespaces.)
-  bool SameListenerFromSource() noexcept {
+  Reason RegisterWithMemberFromSource() noexcept {
     sockaddr_storage source;
     SocketInfo listener;
     if (across_namespaces_ || !wire::SockaddrFromEndpoint(client_, &source) ||
         FindListener(req_.dest(), &listener, reinterpret_cast<sockaddr*>(&source)) != 0 ||
         listener.inode == member_)
-      return true;
+      return Reason::kNone;
     uint64_t member = 0;
     const int rv = FindRendezvous(req_.dest(), reinterpret_cast<sockaddr*>(&source), &member);
-    if (rv < 0) {
-      reason_ = OfferReason(rv);
-      return false;
-    }
+    if (rv < 0) return OfferReason(rv);
     sys::close(rendezvous_);
     rendezvous_ = rv;
     member_ = member;
-    return true;
+    return Reason::kNone;
   }
 
   const ConnectRequest req_;
-  Reason reason_ = Reason::kNone;
   int rendezvous_;
   uint64_t member_;  // the listening socket whose rendezvous that is
   const bool across_namespaces_;
