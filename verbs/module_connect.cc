@@ -59,8 +59,11 @@ ClientConn* VerbsModule::StartResolve(const sockaddr* dest, Reason* why) noexcep
     return nullptr;
   }
   c->deadline_ms = sys::MonotonicMs() + config_->handshake_timeout_ms;
-  sockaddr_storage dst{};
-  std::memcpy(&dst, dest, dest->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  sockaddr_storage dst{};  // (v4-mapped folded to IPv4, which rdma_cm resolves)
+  if (ep.family == 4)
+    wire::SockaddrFromEndpoint(ep, &dst);
+  else
+    std::memcpy(&dst, dest, sizeof(sockaddr_in6));  // (its scope id too)
   if (rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&dst),
                         int(config_->handshake_timeout_ms)) != 0) {
     Fail(c, Reason::kNoRdmaPath, why);

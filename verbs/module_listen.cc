@@ -27,9 +27,13 @@ Listener* VerbsModule::Listen(const sockaddr* local, Reason* why) noexcept {
     delete l;
     return nullptr;
   }
+  // (From the endpoint: a v4-mapped address, as an IPv6 socket bound to an IPv4 address
+  // has (gRPC's), is an IPv4 one to rdma_cm.)
   sockaddr_storage addr{};
-  std::memcpy(&addr, local,
-              local->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  if (ep.family == 4)
+    wire::SockaddrFromEndpoint(ep, &addr);
+  else
+    std::memcpy(&addr, local, sizeof(sockaddr_in6));  // (its scope id too)
   if (rdma_bind_addr(l->id, reinterpret_cast<sockaddr*>(&addr)) != 0 ||
       (l->id->verbs && !DeviceAllowed(l->id->verbs)) || rdma_listen(l->id, kListenBacklog) != 0) {
     SLIP_LOG(kInfo, "verbs: no rdma_cm listener on port %u (%s)", ep.port, strerror(errno));
