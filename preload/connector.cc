@@ -34,6 +34,7 @@
 #include "core/no_destructor.h"
 #include "core/proxy.h"
 #include "core/sys.h"
+#include "preload/control.h"
 #include "preload/fd_table.h"
 #include "preload/handshake.h"
 #include "preload/install.h"
@@ -214,6 +215,9 @@ void Carried(Job* j) noexcept {
   CloseOwn(j);
   s->connecting.store(false, std::memory_order_release);
   j->done = true;
+  // Unsettled (verbs to a listener that shares its port: the CONFIRM waits for the
+  // accepting process's word): the control thread settles it.
+  if (s->stream && s->stream->control()->SettleDeadline() != 0) ControlSettle(s);
 }
 
 void Step(Job* j) noexcept {

@@ -235,8 +235,8 @@ bool Conn::CloseStream(bool may_linger) noexcept {
   if (cq_ && qp_ && have_peer_) Poll();
   const bool peer_leaves = peer_closed_.load(std::memory_order_acquire) &&
                            !peer_lingers_.load(std::memory_order_acquire);
-  bool linger = may_linger && own_.channel && !closed_sent_.load() && !aborting_ && !peer_leaves &&
-                !peer_disconnected_.load(std::memory_order_acquire);
+  bool linger = may_linger && !no_reuse_ && own_.channel && !closed_sent_.load() && !aborting_ &&
+                !peer_leaves && !peer_disconnected_.load(std::memory_order_acquire);
   bool orderly = false;
   if (on_rdma() && id_ && qp_ && have_peer_ && streamed_ &&
       error_.load(std::memory_order_acquire) == 0 && !peer_leaves && !aborting_) {

@@ -99,8 +99,19 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   // forger, and the TCP client a plain one. Settle decides by `deadline_ms`.
   void Hold(uint64_t nonce, uint64_t deadline_ms) noexcept;
   bool held() const noexcept { return failover_.held(); }
+  // Client of a listener that shares its port (kFlagGroup): the process that accepts our
+  // TCP connection may know nothing of the request, so the CONFIRM waits for its TAKEN.
+  // ExpectTaken (at the REP) lets the TAKEN in from then on; HoldForTaken (before
+  // SetProxy) holds the stream, like a server's, until Settle sees the TAKEN and sends the
+  // CONFIRM, or sees the server's own bytes, a failure or `deadline_ms` and goes plain.
+  void ExpectTaken(uint64_t nonce) noexcept;
+  void HoldForTaken(uint64_t deadline_ms) noexcept;
+  // Listener of such a group: the accepting process took the request (a SEND).
+  bool SendTaken(uint64_t nonce) noexcept;
 
   // --- reuse ---
+  // Never parked for a later connection (a group's: the claim could not be checked).
+  void NoReuse() noexcept { no_reuse_ = true; }
   // The client end of a connection to `dest` (what a later connect() there may reuse).
   void SetClientOf(const wire::Endpoint& dest) noexcept {
     client_role_ = true;
@@ -257,6 +268,10 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   // was read from the client yet, and its first bytes are looked at before they are
   // delivered (PassGate).
   void SettlePlainLocked(bool gated) noexcept;
+  // A group's client (HoldForTaken): settles on the TAKEN, or goes plain.
+  Settlement SettleClient(uint64_t now_ms, Reason* why) noexcept;
+  // Settled on RDMA: what the application did while held, and the wake-ups it is owed.
+  void AfterSettledOnRdma() noexcept;
   // TCP from byte 0 after silence: a real client late with its CONFIRM must not have it
   // delivered as data. True once the first bytes are known to be the application's; a
   // CONFIRM there resets the connection.
@@ -369,6 +384,13 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   std::atomic<bool> eof_posted_{false};       // CloseTx's EOF note went (once)
   mutable std::atomic<bool> gate_up_{false};  // PassGate has not seen the first bytes yet
   mutable std::atomic<bool> gate_tripped_{false};
+  // A group's client: expecting the TAKEN (from the REP on), its nonce, whether it came,
+  // and how long Settle waits before it looks at the completion queue again.
+  std::atomic<bool> expect_taken_{false};
+  uint64_t taken_nonce_ = 0;
+  mutable std::atomic<bool> taken_{false};
+  uint32_t taken_poll_ms_ = 1;
+  bool no_reuse_ = false;
 
   // Reuse.
   ConnOwner* owner_ = nullptr;

@@ -57,6 +57,12 @@ void Conn::HandleLink(const LinkMsg& msg) const noexcept {
         return;
       }
       break;
+    case LinkKind::kTaken:
+      // Once, to a group's client, for its own request.
+      if (expect_taken_.load(std::memory_order_acquire) && msg.nonce == taken_nonce_ &&
+          !taken_.exchange(true, std::memory_order_acq_rel))
+        return;
+      break;
   }
   SLIP_LOG(kWarn,
            "verbs: unexpected link message %u from the peer (client %d, parked %d, peer "
@@ -131,6 +137,8 @@ void Conn::ResetStream() noexcept {
   stream_closed_ = false;
   answer_.store(0);
   claim_taken_.store(false);
+  expect_taken_.store(false);
+  taken_.store(false);
 }
 
 bool Conn::SendClaim(uint64_t nonce, uint16_t client_port, uint16_t server_port) noexcept {
@@ -186,6 +194,13 @@ void Conn::BeginClaimed(const LinkMsg& claim) noexcept {
   hello.rkey = peer_rkey_;
   hello_ = hello;
   hello_received_.store(true, std::memory_order_release);
+}
+
+bool Conn::SendTaken(uint64_t nonce) noexcept {
+  LinkMsg taken;
+  taken.kind = LinkKind::kTaken;
+  taken.nonce = nonce;
+  return SendLink(taken);
 }
 
 bool Conn::SendAnswer(uint64_t nonce, bool accepted) noexcept {

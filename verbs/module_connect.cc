@@ -187,12 +187,28 @@ VerbsModule::Step VerbsModule::TakeEvent(ClientConn* c, rdma_cm_event* event,
       *why = Reason::kNoRdmaPath;
     } else {
       c->conn->SetPeer(rep.ring_addr, rep.rkey, (rep.flags & kFlagSendNotify) != 0);
+      if (rep.flags & kFlagGroup) {
+        // From here the queue pair may bring the TAKEN (even before our connect() returns).
+        c->group = true;
+        c->conn->ExpectTaken(c->nonce);
+        c->conn->NoReuse();
+      }
       ok = true;
     }
     rdma_ack_cm_event(event);
     if (!ok) return Step::kFailed;
   } else {
+    Rej rej;
+    const bool elsewhere = type == RDMA_CM_EVENT_REJECTED &&
+                           ParseRej(static_cast<const uint8_t*>(event->param.conn.private_data),
+                                    event->param.conn.private_data_len, &rej) == ParseResult::kOk;
     rdma_ack_cm_event(event);
+    if (elsewhere) {
+      // A listener that shares its port (SO_REUSEPORT) does not serve the member our SYN
+      // will reach: this connection is plain, the destination is not (not remembered).
+      *why = Reason::kReusePort;
+      return Step::kFailed;
+    }
     // REJECTED: no Slipstream listener there (or it refused us): plain, and remembered
     // for a while. Anything else (UNREACHABLE, CONNECT_ERROR): no path.
     return Fail(
@@ -285,6 +301,8 @@ std::unique_ptr<Channel> VerbsModule::Finish(ClientConn* c, int proxy_b) noexcep
     return nullptr;
   }
   std::unique_ptr<Channel> channel(c->conn);
+  // Held before the proxy is set: nothing of the stream moves until the TAKEN.
+  if (c->group) c->conn->HoldForTaken(sys::MonotonicMs() + config_->handshake_timeout_ms);
   c->conn->SetProxy(b);
   c->conn->SetClientOf(c->dest);
   c->conn->SetOwner(this);

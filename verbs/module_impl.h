@@ -110,6 +110,7 @@ struct Pending {
   Conn* conn = nullptr;
   uint64_t expires_ms = 0;
   bool withdrawn = false;  // the client disconnected before confirming
+  bool group = false;      // its listener shares its port: TAKEN at accept (kFlagGroup)
 };
 
 struct Listener {
@@ -117,6 +118,12 @@ struct Listener {
   uint16_t port = 0;
   wire::Endpoint addr{};  // as bound (claims must name it, unless it is the wildcard)
   bool wildcard = false;
+  // SO_REUSEPORT (docs/DESIGN.md "Servers that share a port"): the TCP listening sockets
+  // of this process in the group (their inodes), which share this one rdma_cm listener
+  // (one per port); a request is served only for a SYN that one of them will get. Under
+  // the module's mu_.
+  bool group = false;
+  std::vector<uint64_t> members;
   std::mutex mu;
   std::vector<Pending> pending;
 
@@ -154,6 +161,7 @@ struct ClientConn {
   Stage stage = Stage::kAddr;
   uint64_t deadline_ms = 0;
   bool reused = false;  // conn is a parked queue pair (no rdma_cm exchange of its own)
+  bool group = false;   // the REP said kFlagGroup: CONFIRM only after the TAKEN
 };
 
 struct ParkedConn {
@@ -180,8 +188,8 @@ class VerbsModule final : public Module, public ConnOwner {
       : config_(config), options_(options) {}
   int Start(char* error, size_t error_len) noexcept;
 
-  Listener* Listen(const sockaddr* local, Reason* why) noexcept override;
-  void Unlisten(Listener* listener) noexcept override;
+  Listener* Listen(const sockaddr* local, uint64_t group_member, Reason* why) noexcept override;
+  void Unlisten(Listener* listener, uint64_t group_member) noexcept override;
   bool HasPending(Listener* listener, const wire::Endpoint& client,
                   const wire::Endpoint& server) noexcept override;
   void DropPending(Listener* listener, const wire::Endpoint& client,
@@ -201,6 +209,7 @@ class VerbsModule final : public Module, public ConnOwner {
     return conn->channel ? conn->channel->fd : conn->conn->EventFd();
   }
   uint64_t Deadline(ClientConn* conn) noexcept override { return conn->deadline_ms; }
+  bool AwaitsTaken(ClientConn* conn) noexcept override { return conn->group; }
   std::unique_ptr<Channel> Finish(ClientConn* conn, int proxy_b) noexcept override;
   void Abort(ClientConn* conn) noexcept override;
   void ForkPrepare() noexcept override;
@@ -213,6 +222,8 @@ class VerbsModule final : public Module, public ConnOwner {
   void Run() noexcept;
   void HandleCmEvent(rdma_cm_event* event) noexcept;
   void OnConnectRequest(rdma_cm_event* event) noexcept;
+  // Of a group listener: will the SYN of `req`'s 4-tuple reach one of its members?
+  bool ServesMember(Listener* listener, const Req& req) noexcept;
   void HandleCompletions(Device* device) noexcept;
   void ExpirePending() noexcept;
   void TrimIdleSlots(uint64_t now_ms) noexcept;

@@ -12,17 +12,41 @@ namespace slip::verbs {
 
 using namespace module_internal;
 
-Listener* VerbsModule::Listen(const sockaddr* local, Reason* why) noexcept {
+Listener* VerbsModule::Listen(const sockaddr* local, uint64_t group_member, Reason* why) noexcept {
   *why = Reason::kNoRdmaPath;
   if (forked_.load()) return nullptr;
   wire::Endpoint ep;
   if (!wire::EndpointFromSockaddr(local, &ep)) return nullptr;
+  if (group_member != 0) {
+    // Another socket of this process in the same SO_REUSEPORT group listens already: one
+    // rdma_cm listener serves them all (requests are matched by 4-tuple at accept, by
+    // whichever of them the kernel hands the SYN).
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Listener* l : listeners_) {
+      if (!l->group || l->port != ep.port || !(l->addr == ep)) continue;
+      try {
+        l->members.push_back(group_member);
+      } catch (...) {
+        *why = Reason::kResources;
+        return nullptr;
+      }
+      *why = Reason::kNone;
+      return l;
+    }
+  }
   auto* l = new (std::nothrow) Listener();
   if (!l) return nullptr;
   l->port = ep.port;
   l->addr = ep;
   l->wildcard = true;
   for (uint8_t byte : ep.addr) l->wildcard = l->wildcard && byte == 0;
+  l->group = group_member != 0;
+  try {
+    if (l->group) l->members.push_back(group_member);
+  } catch (...) {
+    delete l;
+    return nullptr;
+  }
   if (rdma_create_id(cm_channel_, &l->id, l, RDMA_PS_TCP) != 0) {
     delete l;
     return nullptr;
@@ -36,7 +60,19 @@ Listener* VerbsModule::Listen(const sockaddr* local, Reason* why) noexcept {
     std::memcpy(&addr, local, sizeof(sockaddr_in6));  // (its scope id too)
   if (rdma_bind_addr(l->id, reinterpret_cast<sockaddr*>(&addr)) != 0 ||
       (l->id->verbs && !DeviceAllowed(l->id->verbs)) || rdma_listen(l->id, kListenBacklog) != 0) {
-    SLIP_LOG(kInfo, "verbs: no rdma_cm listener on port %u (%s)", ep.port, strerror(errno));
+    const int error = errno;
+    if (l->group && error == EADDRINUSE) {
+      // Another process of the group holds the port's rdma_cm listener: it serves the SYNs
+      // the kernel hands its own members and rejects the others' requests (this process's
+      // among them), whose connections stay plain.
+      SLIP_LOG(kInfo,
+               "verbs: port %u's rdma_cm listener is another process's (SO_REUSEPORT): this "
+               "member's connections stay plain over RDMA",
+               ep.port);
+      *why = Reason::kReusePort;
+    } else {
+      SLIP_LOG(kInfo, "verbs: no rdma_cm listener on port %u (%s)", ep.port, strerror(error));
+    }
     rdma_destroy_id(l->id);
     delete l;
     return nullptr;
@@ -53,11 +89,16 @@ Listener* VerbsModule::Listen(const sockaddr* local, Reason* why) noexcept {
   return l;
 }
 
-void VerbsModule::Unlisten(Listener* l) noexcept {
+void VerbsModule::Unlisten(Listener* l, uint64_t group_member) noexcept {
   if (!l) return;
   rdma_cm_id* id = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (l->group) {
+      auto it = std::find(l->members.begin(), l->members.end(), group_member);
+      if (it != l->members.end()) l->members.erase(it);
+      if (!l->members.empty()) return;  // other sockets of the group still listen
+    }
     for (size_t i = 0; i < listeners_.size(); ++i) {
       if (listeners_[i] == l) {
         listeners_.erase(listeners_.begin() + long(i));
@@ -125,9 +166,11 @@ std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::End
   *why = Reason::kConnectSlow;  // (every client of the tuple gave up)
   std::unique_ptr<Conn> conn;
   uint64_t nonce = 0;
+  bool group = false;
   if (chosen != taken.size()) {
     conn.reset(taken[chosen].conn);
     nonce = taken[chosen].nonce;
+    group = taken[chosen].group;
     taken.erase(taken.begin() + long(chosen));
   }
   const size_t live = size_t(std::count_if(
@@ -142,6 +185,11 @@ std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::End
   conn->Hold(nonce, sys::MonotonicMs() + config_->handshake_timeout_ms);
   conn->SetProxy(b);
   conn->SetOwner(this);
+  // A group's client waits for this before its CONFIRM: the process that took the request
+  // is the one that accepted the connection. (Lost, the client goes plain by its deadline,
+  // and so does this end: its CONFIRM never comes.)
+  if (group && !conn->SendTaken(nonce))
+    SLIP_LOG(kInfo, "verbs: cannot say TAKEN to a request's client; it will continue on TCP");
   return conn;
 }
 

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "core/log.h"
+#include "core/sock_diag.h"
 #include "core/sys.h"
 #include "verbs/module_impl.h"
 
@@ -114,6 +115,24 @@ void VerbsModule::Reject(rdma_cm_id* id) noexcept {
   rdma_reject(id, nullptr, 0);
 }
 
+bool VerbsModule::ServesMember(Listener* listener, const Req& req) noexcept {
+  // The kernel's own listener lookup for the SYN this request announces (its hash of the
+  // 4-tuple picks the member, as for the SYN itself): docs/DESIGN.md "Servers that share a
+  // port". Where it cannot say (the tuple sits in TIME_WAIT here, netlink fails), no.
+  sockaddr_storage server{}, client{};
+  if (!wire::SockaddrFromEndpoint(req.server, &server) ||
+      !wire::SockaddrFromEndpoint(req.client, &client))
+    return false;
+  SocketInfo info;
+  if (FindListener(reinterpret_cast<const sockaddr*>(&server), &info,
+                   reinterpret_cast<const sockaddr*>(&client)) != 0 ||
+      !info.listening)
+    return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::find(listener->members.begin(), listener->members.end(), info.inode) !=
+         listener->members.end();
+}
+
 void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
   rdma_cm_id* id = event->id;
   auto* listener = static_cast<Listener*>(event->listen_id->context);
@@ -132,6 +151,18 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
     ok = false;
   } else if (!DeviceAllowed(id->verbs)) {
     ok = false;
+  } else if (listener->group && !ServesMember(listener, req)) {
+    // The SYN will reach another member of the SO_REUSEPORT group (another process's, a
+    // plain one's): that connection stays plain, and the client must not take this for
+    // "no Slipstream here" (its other connections may reach our members).
+    SLIP_LOG(kDebug, "verbs: the request from port %u is for another member of port %u's group",
+             req.client.port, listener->port);
+    uint8_t data[kRejSize];
+    Rej rej;
+    rdma_reject(id, data, uint8_t(EncodeRej(rej, data, sizeof(data))));
+    rdma_ack_cm_event(event);
+    rdma_destroy_id(id);
+    return;
   } else if ((1u << req.ring_log2) > config_->ring_size) {
     // The listener decides what it pins: rings up to its own SLIP_RING_SIZE.
     SLIP_LOG(kWarn,
@@ -170,7 +201,7 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
       SLIP_LOG(kInfo, "verbs: cannot ready a queue pair for a request (%s)", strerror(-ready));
     } else if (conn) {
       Rep rep;
-      rep.flags = send_notify ? kFlagSendNotify : 0;
+      rep.flags = uint8_t((send_notify ? kFlagSendNotify : 0) | (listener->group ? kFlagGroup : 0));
       rep.ring_log2 = req.ring_log2;
       rep.nonce = req.nonce;
       rep.ring_addr = uint64_t(uintptr_t(conn->slot().rx_ring()));
@@ -184,6 +215,10 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
       p.ring_log2 = req.ring_log2;
       p.conn = conn;
       p.expires_ms = PendingExpiry();
+      p.group = listener->group;
+      // A group's connections do not keep their queue pairs: a claim names the port, and
+      // the member a later SYN reaches is not known when the queue pair is parked.
+      if (p.group) conn->NoReuse();
       bool queued = false;
       {
         std::lock_guard<std::mutex> lock(listener->mu);

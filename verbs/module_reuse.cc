@@ -145,7 +145,9 @@ void VerbsModule::ServeClaim(Conn* conn, const LinkMsg& claim) noexcept {
   if (ok) {
     std::lock_guard<std::mutex> lock(mu_);
     Listener* l = ListenerFor(p.server);
-    if (l) {
+    // A group's listener answers requests only (the member check, the TAKEN): a queue pair
+    // parked with a listener that was not a group's before cannot serve it.
+    if (l && !l->group) {
       std::lock_guard<std::mutex> llock(l->mu);
       if (l->Live() < kMaxPendingPerListener && l->RoomForOne(2 * kMaxPendingPerListener)) {
         // Pending before the answer: the client's SYN follows the answer.

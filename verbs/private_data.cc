@@ -152,7 +152,7 @@ ParseResult ParseRep(const uint8_t* data, size_t len, Rep* out) noexcept {
   rep.nonce = r.U64();
   rep.ring_addr = r.U64();
   rep.rkey = r.U32();
-  if ((rep.flags & ~kFlagSendNotify) || !RingLog2Valid(rep.ring_log2) || pad != 0)
+  if ((rep.flags & ~(kFlagSendNotify | kFlagGroup)) || !RingLog2Valid(rep.ring_log2) || pad != 0)
     return ParseResult::kBadField;
   *out = rep;
   return ParseResult::kOk;
@@ -183,6 +183,27 @@ ParseResult ParseHello(const uint8_t* data, size_t len, Hello* out) noexcept {
   hello.rkey = r.U32();
   if (!RingLog2Valid(hello.ring_log2) || pad != 0) return ParseResult::kBadField;
   *out = hello;
+  return ParseResult::kOk;
+}
+
+size_t EncodeRej(const Rej& rej, uint8_t* out, size_t cap) noexcept {
+  if (cap < kRejSize) return 0;
+  Writer w{out};
+  w.U32(kRejMagic);
+  w.U8(kVersion);
+  w.U8(uint8_t(rej.code));
+  w.U16(0);
+  return kRejSize;
+}
+
+ParseResult ParseRej(const uint8_t* data, size_t len, Rej* out) noexcept {
+  if (!data) return ParseResult::kShort;
+  Reader r{data};
+  if (ParseResult h = Header(&r, len, kRejSize, kRejMagic); h != ParseResult::kOk) return h;
+  const uint8_t code = r.U8();
+  const uint16_t pad = r.U16();
+  if (code != uint8_t(RejCode::kMemberElsewhere) || pad != 0) return ParseResult::kBadField;
+  out->code = RejCode(code);
   return ParseResult::kOk;
 }
 
@@ -225,6 +246,9 @@ ParseResult ParseLink(const uint8_t* data, size_t len, LinkMsg* out) noexcept {
       break;
     case uint8_t(LinkKind::kAnswer):
       valid = msg.ring_log2 == 0 && accepted <= 1 && msg.client_port == 0 && msg.server_port == 0;
+      break;
+    case uint8_t(LinkKind::kTaken):
+      valid = msg.ring_log2 == 0 && accepted == 0 && msg.client_port == 0 && msg.server_port == 0;
       break;
     default:
       break;

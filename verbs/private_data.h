@@ -19,6 +19,7 @@ constexpr uint32_t kReqMagic = 0x51524c53;    // "SLRQ"
 constexpr uint32_t kRepMagic = 0x50524c53;    // "SLRP"
 constexpr uint32_t kHelloMagic = 0x4c484c53;  // "SLHL"
 constexpr uint32_t kLinkMagic = 0x4b4c4c53;   // "SLLK"
+constexpr uint32_t kRejMagic = 0x4a524c53;    // "SLRJ"
 constexpr uint8_t kVersion = 1;
 constexpr uint8_t kMinRingLog2 = 12;  // 4 KiB
 constexpr uint8_t kMaxRingLog2 = 28;  // 256 MiB
@@ -27,10 +28,15 @@ constexpr size_t kReqSize = 52;
 constexpr size_t kRepSize = 28;
 constexpr size_t kHelloSize = 28;
 constexpr size_t kLinkSize = 20;
+constexpr size_t kRejSize = 8;
 constexpr size_t kMaxReqPrivateData = 56;  // rdma_cm, RDMA_PS_TCP
 
 // Flags in REQ and REP.
 constexpr uint8_t kFlagSendNotify = 1;  // this side cannot use WRITE WITH IMMEDIATE
+// REP only: the listener shares its port (SO_REUSEPORT), so the SYN may reach a process
+// that knows nothing of the request. The client sends its CONFIRM only after the accepting
+// process said TAKEN on the queue pair (docs/DESIGN.md "Servers that share a port").
+constexpr uint8_t kFlagGroup = 2;
 
 struct Req {
   uint8_t flags = 0;
@@ -48,6 +54,15 @@ struct Rep {
   uint32_t rkey = 0;
 };
 
+// Private data of a REJECT that is not a "no": the REQ was well formed, but the member of
+// the listener's SO_REUSEPORT group that its SYN will reach is not served here (another
+// process, or a plain one). Only that connection goes plain; the destination is not
+// remembered as a plain one (other 4-tuples reach members that are served).
+enum class RejCode : uint8_t { kMemberElsewhere = 1 };
+struct Rej {
+  RejCode code = RejCode::kMemberElsewhere;
+};
+
 struct Hello {
   uint8_t ring_log2 = 0;
   uint64_t nonce = 0;
@@ -61,12 +76,13 @@ enum class LinkKind : uint8_t {
   kParked = 1,  // my stream is over, my queue pair waits for the next connection
   kClaim = 2,   // client: the next connection has this 4-tuple's ports and nonce
   kAnswer = 3,  // listener: the claim is pending (accepted) or refused
+  kTaken = 4,   // listener of a group (kFlagGroup): this process accepted the connection
 };
 struct LinkMsg {
   LinkKind kind = LinkKind::kParked;
   uint8_t ring_log2 = 0;     // kClaim: both rings' size (the parked rings')
   bool accepted = false;     // kAnswer
-  uint64_t nonce = 0;        // kClaim, kAnswer (echo)
+  uint64_t nonce = 0;        // kClaim, kAnswer and kTaken (echo)
   uint16_t client_port = 0;  // kClaim: the addresses are the queue pair's own
   uint16_t server_port = 0;
 };
@@ -80,6 +96,9 @@ size_t EncodeRep(const Rep& rep, uint8_t* out, size_t cap) noexcept;
 ParseResult ParseRep(const uint8_t* data, size_t len, Rep* out) noexcept;
 size_t EncodeHello(const Hello& hello, uint8_t* out, size_t cap) noexcept;
 ParseResult ParseHello(const uint8_t* data, size_t len, Hello* out) noexcept;
+size_t EncodeRej(const Rej& rej, uint8_t* out, size_t cap) noexcept;
+// (rdma_cm hands a REJECT's private data over padded to the transport's size.)
+ParseResult ParseRej(const uint8_t* data, size_t len, Rej* out) noexcept;
 size_t EncodeLink(const LinkMsg& msg, uint8_t* out, size_t cap) noexcept;
 ParseResult ParseLink(const uint8_t* data, size_t len, LinkMsg* out) noexcept;
 

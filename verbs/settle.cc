@@ -1,4 +1,5 @@
-// Settling a server's verbs connection (docs/DESIGN.md, "Settling a connection").
+// Settling a verbs connection (docs/DESIGN.md, "Settling a connection"): a server's, and
+// the client's of a listener that shares its port (at the end of this comment).
 //
 // A listener's rdma_cm request names the TCP 4-tuple it is for, but anybody who can speak
 // rdma_cm can name any tuple: until the TCP connection's client proves, in band, that it
@@ -24,10 +25,20 @@
 // carrying our application's bytes). A plain client's bytes pass. So a forged request
 // costs a plain client at most a wait for its first bytes from the server (a server that
 // speaks first), never its connection, and costs accept() nothing.
+//
+// A client whose listener shares its port (SO_REUSEPORT, kFlagGroup in the REP) is held
+// too, since another process may accept its connection, a plain one among them, which
+// would read a CONFIRM as data: it sends the CONFIRM only once the accepting process said
+// TAKEN on the queue pair (docs/DESIGN.md "Servers that share a port", over verbs).
+//
+//   TAKEN                                     -> CONFIRM, then the rings carry the stream
+//   the server's bytes or EOF, the queue pair
+//   fails, nothing by the deadline            -> TCP from byte 0 (nothing of ours in band)
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "core/anchor_path.h"
@@ -49,7 +60,68 @@ void Conn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
   settle_at_.store(deadline_ms, std::memory_order_release);
 }
 
+void Conn::ExpectTaken(uint64_t nonce) noexcept {
+  taken_nonce_ = nonce;
+  expect_taken_.store(true, std::memory_order_release);
+}
+
+void Conn::HoldForTaken(uint64_t deadline_ms) noexcept {
+  Hold(taken_nonce_, deadline_ms);
+  // (Settle looks at the queue pair for the TAKEN long before the deadline.)
+  taken_poll_ms_ = 1;
+  settle_at_.store(sys::MonotonicMs() + taken_poll_ms_, std::memory_order_release);
+}
+
+ChannelControl::Settlement Conn::SettleClient(uint64_t now_ms, Reason* why) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(failover_.lock());
+    if (!held()) return Settlement::kSettled;
+    const int anchor = failover_.anchor();
+    if (anchor < 0) return Settlement::kPending;  // (not installed yet)
+    // A process that took our request keeps the connection silent until our CONFIRM: bytes
+    // or an end from the server mean one that did not (a plain member of the group, or
+    // one whose request this is not) accepted it. Nothing of ours went in band, nothing
+    // was written (held: no space): TCP from byte 0.
+    const AnchorPeek peek = PeekAnchor(anchor);
+    Poll();  // the TAKEN, if it came (held, a failure only marks the request broken)
+    if (peek.kind != AnchorPeek::Kind::kNone || held_broken_.load(std::memory_order_seq_cst)) {
+      SettlePlainLocked(/*gated=*/false);
+      *why =
+          peek.kind != AnchorPeek::Kind::kNone ? Reason::kAcceptedElsewhere : Reason::kConnectSlow;
+      return Settlement::kPlain;
+    }
+    if (!taken_.load(std::memory_order_acquire)) {
+      if (now_ms >= deadline_ms_) {
+        SLIP_LOG(kInfo,
+                 "verbs: the server's process did not say it took the connection in time; "
+                 "it continues on TCP");
+        SettlePlainLocked(/*gated=*/false);
+        *why = Reason::kAcceptedElsewhere;
+        return Settlement::kPlain;
+      }
+      // Nothing wakes the control thread for a completion: look again soon, less often
+      // as the wait grows (the accept may sit in a backlog).
+      taken_poll_ms_ = std::min<uint32_t>(taken_poll_ms_ * 2, 16);
+      settle_at_.store(std::min(deadline_ms_, now_ms + taken_poll_ms_), std::memory_order_release);
+      return Settlement::kPending;
+    }
+    if (!SendConfirm(anchor, held_nonce_, ring_size(), 1000)) {
+      // Part of it may be in the stream: neither path is safe.
+      SLIP_LOG(kWarn, "verbs: cannot send the CONFIRM of a taken connection; resetting it");
+      SettlePlainLocked(/*gated=*/false);
+      Fail(ECONNRESET);
+      return Settlement::kReset;
+    }
+    failover_.Release();
+    settle_at_.store(0, std::memory_order_release);
+    stream_live_.store(true, std::memory_order_release);
+  }
+  AfterSettledOnRdma();
+  return Settlement::kSettled;
+}
+
 ChannelControl::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
+  if (expect_taken_.load(std::memory_order_acquire)) return SettleClient(now_ms, why);
   {
     std::lock_guard<std::mutex> lock(failover_.lock());
     if (!held()) return Settlement::kSettled;
@@ -113,6 +185,11 @@ ChannelControl::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
       return Settlement::kPlain;
     }
   }
+  AfterSettledOnRdma();
+  return Settlement::kSettled;
+}
+
+void Conn::AfterSettledOnRdma() noexcept {
   // On the rings now. The rest posts and polls, which may ask for a failover (and so take
   // failover_.lock()): after the lock.
   // What the application did while held (the same race as CloseTx's, on the carriage).
@@ -127,7 +204,6 @@ ChannelControl::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
   // fails over from where both ends stand (nothing was carried yet).
   if (held_broken_.load(std::memory_order_seq_cst))
     TransportFailed(wire::FailoverCause::kTransportError);
-  return Settlement::kSettled;
 }
 
 void Conn::SettlePlainLocked(bool gated) noexcept {

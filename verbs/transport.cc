@@ -6,6 +6,7 @@
 #include "verbs/transport.h"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cstring>
@@ -144,16 +145,23 @@ class VerbsClientOffer final : public ClientOffer {
 
   Outcome Establish(int tcp, Carrier* out, Reason* why) noexcept override {
     *why = Reason::kResources;
-    if (!SendConfirm(tcp, nonce_, req_.config->ring_size, 1000)) return Outcome::kPlain;
-    // CONFIRM is in the stream: from here a failure cannot go plain.
-    out->confirmed = true;
+    // A listener that shares its port: the channel sends the CONFIRM once the accepting
+    // process said TAKEN (it settles later, held until then).
+    const bool later = m_->AwaitsTaken(conn_);
+    if (!later) {
+      if (!SendConfirm(tcp, nonce_, req_.config->ring_size, 1000)) return Outcome::kPlain;
+      // CONFIRM is in the stream: from here a failure cannot go plain.
+      out->confirmed = true;
+    }
     int a = -1, b = -1;
-    if (!Proxies(&a, &b)) return Outcome::kReset;
+    if (!Proxies(&a, &b)) return later ? Outcome::kPlain : Outcome::kReset;
     std::unique_ptr<Channel> channel = m_->Finish(conn_, proxy_b_);  // consumes conn_
     conn_ = nullptr;
-    if (!channel) return Outcome::kReset;
+    // (Held and unconfirmed, a channel that goes disconnects: its server goes plain too.)
+    if (!channel) return later ? Outcome::kPlain : Outcome::kReset;
     out->stream = MakeStream(std::move(channel), &proxy_a_, &proxy_b_, *req_.config);
-    return out->stream ? Outcome::kCarried : Outcome::kReset;
+    if (out->stream) return Outcome::kCarried;
+    return later ? Outcome::kPlain : Outcome::kReset;
   }
 
  private:
@@ -208,9 +216,9 @@ class VerbsServerOffer final : public ServerOffer {
 
 class VerbsTwin final : public ListenerTwin {
  public:
-  VerbsTwin(Module* m, Listener* l, const Config* config) noexcept
-      : m_(m), l_(l), config_(config) {}
-  ~VerbsTwin() override { m_->Unlisten(l_); }
+  VerbsTwin(Module* m, Listener* l, uint64_t group_member, const Config* config) noexcept
+      : m_(m), l_(l), group_member_(group_member), config_(config) {}
+  ~VerbsTwin() override { m_->Unlisten(l_, group_member_); }
 
   ServerOfferPtr Take(const wire::Endpoint& client, const wire::Endpoint& server,
                       ServerOfferRoom* room) noexcept override {
@@ -226,6 +234,7 @@ class VerbsTwin final : public ListenerTwin {
  private:
   Module* m_;
   Listener* l_;
+  uint64_t group_member_;  // the TCP listener's inode in its SO_REUSEPORT group, or 0
   const Config* config_;
 };
 
@@ -261,20 +270,25 @@ class VerbsTransport final : public Transport {
   }
 
   std::unique_ptr<ListenerTwin> Listen(const ListenRequest& req, Reason* why) noexcept override {
+    // SO_REUSEPORT: the group's sockets in one process share the port's rdma_cm listener,
+    // which serves only the SYNs the kernel will hand them (docs/DESIGN.md "Servers that
+    // share a port"); they are told apart by inode, as the kernel's lookup names them.
+    uint64_t group_member = 0;
     if (req.reuseport) {
-      // One rdma_cm listener per port, and a remote client cannot tell which member of the
-      // group its SYN reaches: the group stays plain over RDMA (docs/DESIGN.md).
+      struct stat st {};
       *why = Reason::kReusePort;
-      return nullptr;
+      if (fstat(req.fd, &st) != 0 || st.st_ino == 0) return nullptr;
+      group_member = uint64_t(st.st_ino);
     }
     Module* m = Get(req.config);
     *why = Reason::kNoRdmaDevice;
     if (!m) return nullptr;
-    Listener* l = m->Listen(req.local, why);
+    Listener* l = m->Listen(req.local, group_member, why);
     if (!l) return nullptr;
-    std::unique_ptr<ListenerTwin> twin(new (std::nothrow) VerbsTwin(m, l, req.config));
+    std::unique_ptr<ListenerTwin> twin(new (std::nothrow)
+                                           VerbsTwin(m, l, group_member, req.config));
     if (!twin) {
-      m->Unlisten(l);
+      m->Unlisten(l, group_member);
       *why = Reason::kResources;
     }
     return twin;

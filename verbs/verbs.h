@@ -41,8 +41,14 @@ class Module {
   // --- listening side ---
   // Listens on rdma_cm at `local` (the TCP listener's bound address). Returns nullptr with
   // *why set when it cannot (no device on that address, port taken, ...).
-  virtual Listener* Listen(const sockaddr* local, Reason* why) noexcept = 0;
-  virtual void Unlisten(Listener* listener) noexcept = 0;
+  // `group_member`: the inode of a TCP listening socket with SO_REUSEPORT (0 for others).
+  // The group's sockets in this process share one rdma_cm listener, and a request is served
+  // only when the kernel will hand its SYN to one of them; another process of the group
+  // gets nullptr (kReusePort) and its connections stay plain over RDMA.
+  virtual Listener* Listen(const sockaddr* local, uint64_t group_member, Reason* why) noexcept = 0;
+  // One call per Listen that returned the listener (a group's is shared), with the same
+  // `group_member`.
+  virtual void Unlisten(Listener* listener, uint64_t group_member) noexcept = 0;
   // Is an rdma_cm request pending for this TCP connection? (Made by its client, or forged.)
   virtual bool HasPending(Listener* listener, const wire::Endpoint& client,
                           const wire::Endpoint& server) noexcept = 0;
@@ -94,7 +100,13 @@ class Module {
   virtual int EventFd(ClientConn* conn) noexcept = 0;
   virtual uint64_t Deadline(ClientConn* conn) noexcept = 0;
 
-  // The TCP connection is up and CONFIRM sent: the client's channel. Consumes `conn`.
+  // The listener shares its port (SO_REUSEPORT): the CONFIRM must wait until the process
+  // that accepted the connection says TAKEN on the queue pair, since a SYN may reach a
+  // process that knows nothing of the request. Finish then returns the channel *held* (no
+  // bytes, no space) and its Settle sends the CONFIRM (ChannelControl::Settle).
+  virtual bool AwaitsTaken(ClientConn* conn) noexcept = 0;
+  // The TCP connection is up and CONFIRM sent (or, AwaitsTaken, to be sent once settled):
+  // the client's channel. Consumes `conn`.
   virtual std::unique_ptr<Channel> Finish(ClientConn* conn, int proxy_b) noexcept = 0;
   // Gives up (the TCP connect failed or was slow): the listener drops its pending request.
   // Consumes `conn`.

@@ -77,7 +77,7 @@ struct RepKind {
            a.ring_addr == b.ring_addr && a.rkey == b.rkey;
   }
   static bool Valid(const Msg& m) {
-    return (m.flags & ~kFlagSendNotify) == 0 && RingValid(m.ring_log2);
+    return (m.flags & ~(kFlagSendNotify | kFlagGroup)) == 0 && RingValid(m.ring_log2);
   }
   static Msg Sentinel() {
     Msg m;
@@ -128,6 +128,8 @@ struct LinkMsgKind {
         return RingValid(m.ring_log2) && !m.accepted && m.client_port && m.server_port;
       case LinkKind::kAnswer:
         return m.ring_log2 == 0 && m.client_port == 0 && m.server_port == 0;
+      case LinkKind::kTaken:
+        return m.ring_log2 == 0 && !m.accepted && m.client_port == 0 && m.server_port == 0;
     }
     return false;
   }
@@ -137,6 +139,21 @@ struct LinkMsgKind {
     m.ring_log2 = 0xee;
     m.nonce = 0xeeeeeeeeeeeeeeee;
     m.client_port = m.server_port = 0xeeee;
+    return m;
+  }
+};
+
+struct RejMsgKind {
+  using Msg = Rej;
+  static constexpr size_t kSize = kRejSize;
+  static constexpr uint32_t kMagic = kRejMagic;
+  static size_t Encode(const Msg& m, uint8_t* out, size_t cap) { return EncodeRej(m, out, cap); }
+  static ParseResult Parse(const uint8_t* d, size_t n, Msg* m) { return ParseRej(d, n, m); }
+  static bool Same(const Msg& a, const Msg& b) { return a.code == b.code; }
+  static bool Valid(const Msg& m) { return m.code == RejCode::kMemberElsewhere; }
+  static Msg Sentinel() {
+    Msg m;
+    m.code = RejCode(0xee);
     return m;
   }
 };
@@ -197,6 +214,7 @@ void FuzzOne(const uint8_t* data, size_t size) {
   CheckBoth<RepKind>(data, size);
   CheckBoth<HelloKind>(data, size);
   CheckBoth<LinkMsgKind>(data, size);
+  CheckBoth<RejMsgKind>(data, size);
   static_assert(kReqSize <= kMaxReqPrivateData);
 }
 

@@ -1,5 +1,6 @@
 // Writes the seed corpus of verbs_fuzz into the directory given: valid REQs (IPv4 and IPv6),
-// REPs and HELLOs at their field limits, so that mutation starts past the magic and version.
+// REPs, HELLOs, link messages and a REJECT's data at their field limits, so that mutation starts
+// past the magic and version.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -39,7 +40,7 @@ std::vector<std::vector<uint8_t>> Seeds() {
   }
   for (uint8_t ring : {kMinRingLog2, uint8_t(20), kMaxRingLog2}) {
     Rep rep;
-    rep.flags = ring == 20 ? kFlagSendNotify : 0;
+    rep.flags = ring == 20 ? kFlagSendNotify : ring == kMaxRingLog2 ? kFlagGroup : 0;
     rep.ring_log2 = ring;
     rep.nonce = ~0ull / ring;
     rep.ring_addr = 0x00007f0000000000ull + (1ull << ring);
@@ -65,6 +66,11 @@ std::vector<std::vector<uint8_t>> Seeds() {
     add(EncodeLink(answer, buf, sizeof buf), buf);
   }
   add(EncodeLink(LinkMsg{}, buf, sizeof buf), buf);  // kParked
+  LinkMsg taken;
+  taken.kind = LinkKind::kTaken;
+  taken.nonce = 0x0102030405060708ull;
+  add(EncodeLink(taken, buf, sizeof buf), buf);
+  add(EncodeRej(Rej{}, buf, sizeof buf), buf);
   return out;
 }
 

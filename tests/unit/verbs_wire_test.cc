@@ -313,9 +313,9 @@ void ExpectRingLog2Checked(const typename K::Msg& m, size_t at) {
 }
 
 template <typename K>
-void ExpectFlagsChecked(const typename K::Msg& m, size_t at) {
+void ExpectFlagsChecked(const typename K::Msg& m, size_t at, uint8_t known) {
   for (int v = 0; v <= 255; ++v) {
-    const ParseResult want = (v & ~kFlagSendNotify) ? ParseResult::kBadField : ParseResult::kOk;
+    const ParseResult want = (v & ~known) ? ParseResult::kBadField : ParseResult::kOk;
     EXPECT_EQ(ResultWith<K>(m, at, uint64_t(v), 1), want) << K::kName << " flags " << v;
   }
 }
@@ -479,9 +479,10 @@ TEST(VerbsWire, KindsAreNotInterchangeable) {
 }
 
 TEST(VerbsWire, UnknownFlagBits) {
-  ExpectFlagsChecked<ReqKind>(SampleReqV4(), kReqFlagsAt);
-  ExpectFlagsChecked<ReqKind>(SampleReqV6(), kReqFlagsAt);
-  ExpectFlagsChecked<RepKind>(SampleRep(), kRepFlagsAt);
+  ExpectFlagsChecked<ReqKind>(SampleReqV4(), kReqFlagsAt, kFlagSendNotify);
+  ExpectFlagsChecked<ReqKind>(SampleReqV6(), kReqFlagsAt, kFlagSendNotify);
+  // (Only a listener says its port is shared.)
+  ExpectFlagsChecked<RepKind>(SampleRep(), kRepFlagsAt, kFlagSendNotify | kFlagGroup);
 }
 
 TEST(VerbsWire, RingLog2Range) {
@@ -842,6 +843,7 @@ std::vector<LinkMsg> ValidLinks() {
       MakeLink(LinkKind::kClaim, kMaxRingLog2, false, ~uint64_t(0), 65535, 1),
       MakeLink(LinkKind::kAnswer, 0, true, 0x0102030405060708, 0, 0),
       MakeLink(LinkKind::kAnswer, 0, false, 7, 0, 0),
+      MakeLink(LinkKind::kTaken, 0, false, 0x0102030405060708, 0, 0),
   };
 }
 
@@ -869,7 +871,7 @@ TEST(VerbsLink, FieldsPerKind) {
   const LinkMsg parked = MakeLink(LinkKind::kParked, 0, false, 0, 0, 0);
   for (size_t at : {kRingAt, kAcceptedAt, kNonceAt, kClientAt, kServerAt})
     EXPECT_EQ(ResultWith<LinkKind_>(parked, at, 1, 1), ParseResult::kBadField) << at;
-  for (uint64_t kind : {0, 4, 255})
+  for (uint64_t kind : {0, 5, 255})
     EXPECT_EQ(ResultWith<LinkKind_>(parked, kKindAt, kind, 1), ParseResult::kBadField) << kind;
   const LinkMsg claim = MakeLink(LinkKind::kClaim, 16, false, 9, 1000, 2000);
   EXPECT_EQ(ResultWith<LinkKind_>(claim, kAcceptedAt, 1, 1), ParseResult::kBadField);
@@ -881,9 +883,48 @@ TEST(VerbsLink, FieldsPerKind) {
   EXPECT_EQ(ResultWith<LinkKind_>(answer, kAcceptedAt, 2, 1), ParseResult::kBadField);
   EXPECT_EQ(ResultWith<LinkKind_>(answer, kRingAt, 16, 1), ParseResult::kBadField);
   EXPECT_EQ(ResultWith<LinkKind_>(answer, kClientAt, 5, 2), ParseResult::kBadField);
+  const LinkMsg taken = MakeLink(LinkKind::kTaken, 0, false, 9, 0, 0);
+  for (size_t at : {kRingAt, kAcceptedAt, kClientAt, kServerAt})
+    EXPECT_EQ(ResultWith<LinkKind_>(taken, at, 1, 1), ParseResult::kBadField) << at;
   // Another message's magic is not a link message, and a link message fits a receive buffer.
   EXPECT_EQ(ParseGuarded<LinkKind_>(Encode<HelloKind>(SampleHello())), ParseResult::kBadMagic);
   EXPECT_LE(kLinkSize, size_t(32));
+}
+
+struct RejKind {
+  using Msg = Rej;
+  static constexpr size_t kSize = kRejSize;
+  static constexpr const char* kName = "Rej";
+  static size_t Encode(const Msg& m, uint8_t* out, size_t cap) { return EncodeRej(m, out, cap); }
+  static ParseResult Parse(const uint8_t* d, size_t n, Msg* m) { return ParseRej(d, n, m); }
+  static bool Same(const Msg& a, const Msg& b) { return a.code == b.code; }
+};
+
+// A REJECT's private data arrives padded (IB CM: 148 bytes): the padding is not looked at.
+TEST(VerbsRej, RoundTripGoldenAndPadding) {
+  Rej rej;
+  ExpectRoundTrip<RejKind>(rej);
+  ExpectEveryPrefixShort<RejKind>(rej);
+  ExpectLongerBufferParses<RejKind>(rej);
+  const Bytes golden = FromHex("534c524a 01 01 0000");
+  EXPECT_EQ(Encode<RejKind>(rej), golden);
+  Bytes padded = golden;
+  padded.resize(148, 0xab);
+  Rej back;
+  back.code = RejCode(0);
+  ASSERT_EQ(ParseGuarded<RejKind>(padded, &back), ParseResult::kOk);
+  EXPECT_EQ(back.code, RejCode::kMemberElsewhere);
+}
+
+TEST(VerbsRej, UnknownCodesAndPaddingRefused) {
+  const Rej rej;
+  for (uint64_t code : {0, 2, 255})
+    EXPECT_EQ(ResultWith<RejKind>(rej, 5, code, 1), ParseResult::kBadField) << code;
+  EXPECT_EQ(ResultWith<RejKind>(rej, 6, 1, 2), ParseResult::kBadField);
+  ExpectRejectLeavesOutput<RejKind>(rej, 5, 9, 1);
+  // A REP is not a REJECT's data (a peer cannot turn one into the other).
+  EXPECT_EQ(ParseGuarded<RejKind>(Encode<RepKind>(SampleRep())), ParseResult::kBadMagic);
+  EXPECT_EQ(ParseRej(nullptr, 8, nullptr), ParseResult::kShort);
 }
 
 TEST(VerbsNote, ClosedCarriesWhetherTheEndLingers) {

@@ -10,6 +10,7 @@
 #    a remote peer's attacks (writes into another connection's ring, request floods,
 #    oversized rings; docs/SECURITY.md "Remote hosts"), queue pairs that stop behind their
 #    owner's back, SEND-based notification (the iWARP path), RLIMIT_MEMLOCK, the negative cache,
+#    SO_REUSEPORT listeners (gRPC's default) and the groups they form,
 #    non-blocking connects that never block on detection, and
 #    failover to TCP when the RDMA device is deleted mid-stream (last: it re-creates rxe0).
 #
@@ -40,7 +41,7 @@ negative_cache.run
 nbconnect.verbs nbconnect.plain_server
 nbconnect.refused nbconnect.closed gid.default gid.missing_client gid.missing_server
 failover.device_removed reuse.paced reuse.send
-reuse_restart.run"}
+reuse_restart.run reuseport.sockets reuseport.procs reuseport.mixed grpc.default"}
 # The rest (vm.verbs_extra, label "long": `make test-long`, not `make test`): other
 # readiness APIs and the mirror images of cases above, about a minute under emulation
 # that the 30-minute budget of `make test` cannot spare. SLIP_VERBS_EXTRA=1 runs only
@@ -48,7 +49,7 @@ reuse_restart.run"}
 if [ "${SLIP_VERBS_EXTRA:-0}" = 1 ]; then
   CASES="asyncio.both select.both sendfile.both kill.receiver_killed
 kill.recv_blocked_server_killed transports.shm_first"
-  VERBS_ONLY="reuse.tight reuse.off gid.explicit"
+  VERBS_ONLY="reuse.tight reuse.off gid.explicit reuseport.one"
 fi
 
 passed=0

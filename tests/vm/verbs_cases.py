@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "integration"))
 
-from harness import LOOPBACK, PYTHON, main, pick_port, py  # noqa: E402
+from harness import LOOPBACK, PYTHON, _tcp_table, main, pick_port, port_of, py  # noqa: E402
 
 MiB = 1 << 20
 BULK = 2 * MiB
@@ -350,6 +350,137 @@ def negative_cache(t, variant):
     text = log.read_text() if log.exists() else ""
     t.check(text.count("negative cache") == 1,
             f"expected one answer from the negative cache, log: {text!r}")
+
+
+def listeners_on(port):
+    return sum(1 for p, state in _tcp_table() if p == port and state == "0A")
+
+
+def ends_on_port(t, proc, port, key):
+    """{peer port: (transport, reason)} of `proc`'s connections on `port` (`key`: which side
+    of the record is ours), and how many it recorded."""
+    found = {}
+    count = 0
+    for record in proc.stats_records():
+        for c in record.get("connections", []):
+            mine, other = (c["local"], c["remote"]) if key == "local" else (c["remote"],
+                                                                            c["local"])
+            if port_of(mine) == port:
+                found[port_of(other)] = (c["transport"], c["reason"])
+                count += 1
+    return found, count
+
+
+@case("reuseport", variants=("one", "sockets", "procs", "mixed"))
+def reuseport(t, variant):
+    """SO_REUSEPORT listeners over verbs (docs/DESIGN.md "Servers that share a port"), under
+    a storm of connections whose clients speak first (progs/reuseport.py: random sizes both
+    ways, every byte checked). one: a single member, as gRPC's default listener is: every
+    connection on verbs at both ends. sockets: two members in one process, sharing the
+    port's rdma_cm listener: every connection on verbs at both ends, both members serve.
+    procs: two Slipstream processes: the first holds the port's rdma_cm listener and serves
+    the SYNs the kernel hands it (verbs at both ends); the other's connections are plain at
+    both ends (reason reuseport at the client, at once: the holder rejects their requests
+    without the client remembering the destination). mixed: the same with a plain second
+    member: its connections are plain and exact, never a byte of ours."""
+    count, parallel = 24, 4
+    members = {"one": [("a", 1, True)], "sockets": [("s", 2, True)],
+               "procs": [("a", 1, True), ("b", 1, True)],
+               "mixed": [("a", 1, True), ("plain", 1, False)]}[variant]
+    servers = []
+    listening = 0
+    for name, sockets, slip in members:
+        servers.append(t.start(f"server-{name}",
+                               py("reuseport.py", "server", "--port", t.port, "--bind", LOOPBACK,
+                                  "--member", name, "--sockets", sockets),
+                               role="server", slip=slip))
+        listening += sockets
+        servers[-1].wait_until(lambda n=listening: listeners_on(t.port) >= n,
+                               f"{listening} listener(s) on port {t.port}")
+    started = time.monotonic()
+    client = t.start("client", py("reuseport.py", "client", "--port", t.port, "--host", LOOPBACK,
+                                  "--count", count, "--parallel", parallel), slip=True)
+    client.expect_exit(0, timeout=180)
+    took = time.monotonic() - started
+    for server in servers:
+        server.signal(signal.SIGTERM)
+    for server in servers:
+        server.expect_exit(0)
+    accepted = [(int(port), member) for port, member in client.json_output()["accepted"]]
+    t.check(len(accepted) == count, f"{len(accepted)} of {count} connections answered")
+    by_member = {}
+    for _, member in accepted:
+        by_member[member] = by_member.get(member, 0) + 1
+    at_client, client_count = ends_on_port(t, client, t.port, "remote")
+    t.check(client_count == count, f"the client's stats list {client_count} connections")
+    holder = servers[0]
+    at_holder, _ = ends_on_port(t, holder, t.port, "local")
+    print(f"{took:.1f} s; connections per member: {by_member}; client ends: "
+          f"{sorted(set(at_client.values()))}")
+    verbs = ("verbs", "")
+    once = {p for p in at_client if sum(1 for q, _ in accepted if q == p) == 1}
+    for port, member in accepted:
+        if port not in once:
+            continue  # (a port used twice: its record cannot be told apart)
+        said = at_client[port]
+        if member.startswith(members[0][0]):
+            t.check(said == verbs, f"port {port} ({member}): {said} at the client, not verbs")
+            t.check(at_holder.get(port) == verbs,
+                    f"port {port} ({member}): {at_holder.get(port)} at the server, not verbs")
+        else:
+            t.check(said == ("tcp", "reuseport"),
+                    f"port {port} ({member}): {said} at the client, not tcp/reuseport")
+            t.check(port not in at_holder, f"port {port} ({member}) is in the holder's stats")
+    if variant == "sockets":
+        t.check(len(by_member) == 2, f"one member served every connection: {by_member}")
+    if variant in ("procs", "mixed"):
+        t.check(len(by_member) == 2, f"one member served every connection: {by_member}")
+        other = servers[1]
+        if other.slip:
+            at_other, _ = ends_on_port(t, other, t.port, "local")
+            t.check(all(said[0] == "tcp" for said in at_other.values()),
+                    f"the second process carried a connection: {at_other}")
+
+
+@case("grpc", variants=("default",))
+def grpc_default(t, variant):
+    """A gRPC (python3-grpcio) parameter server and two workers with gRPC's DEFAULT options:
+    its listener has SO_REUSEPORT (tests/workloads/grpc_ps.py, 4 synchronous SGD steps of
+    3.2 MiB pulled and pushed per worker). Both ends under slip-run: the final parameters
+    equal, bit for bit, the single-process computation's, and every connection to the PS is
+    on verbs at both ends."""
+    workloads = HERE.parent / "workloads"
+    grpc_ps = [PYTHON, workloads / "grpc_ps.py"]
+    steps = 4
+    expected = t.dir / "expected.bin"
+    out = t.dir / "params.bin"
+    calc = t.start("expected", [*grpc_ps, "expected", "--steps", steps, "--out", expected])
+    calc.expect_exit(0)
+    logs = {name: t.dir / f"{name}.log" for name in ("ps", "worker0", "worker1")}
+    env = {name: {"SLIP_LOG": "debug", "SLIP_LOG_FILE": str(path)} for name, path in logs.items()}
+    ps = t.serve("ps", [*grpc_ps, "ps", "--host", LOOPBACK, "--port", t.port, "--steps", steps,
+                        "--out", out], slip=True, env=env["ps"])
+    workers = [t.start(f"worker{i}", [*grpc_ps, "worker", "--host", LOOPBACK, "--port", t.port,
+                                      "--id", i, "--steps", steps], slip=True,
+                       env=env[f"worker{i}"])
+               for i in range(2)]
+    for w in workers:
+        w.expect_exit(0, timeout=240)
+    ps.expect_exit(0, timeout=60)
+    report = ps.json_output()
+    t.check(report["steps"] == steps and not report["errors"], f"PS report {report}")
+    t.check(out.read_bytes() == expected.read_bytes(),
+            "the final parameters differ from the single-process computation")
+    for w in workers:
+        t.check(w.json_output()["final_digest"] == report["digest"], f"{w.name}: other digest")
+    at_ps, n = ends_on_port(t, ps, t.port, "local")
+    print(f"connections to the PS: {n}, {sorted(set(at_ps.values()))}")
+    t.check(n >= 2 and set(at_ps.values()) == {("verbs", "")},
+            f"connections at the PS: {at_ps}")
+    for w in workers:
+        at_worker, _ = ends_on_port(t, w, t.port, "remote")
+        t.check(at_worker and set(at_worker.values()) == {("verbs", "")},
+                f"{w.name}'s connections to the PS: {at_worker}")
 
 
 @case("reuse", variants=("paced", "tight", "off", "send"))

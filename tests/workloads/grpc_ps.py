@@ -1,8 +1,8 @@
 """TensorFlow-style parameter-server training step over gRPC (python3-grpcio, raw bytes
 messages through generic handlers: no protoc).
 
-  grpc_ps.py ps --port P --workers 2 --steps N --out FILE
-  grpc_ps.py worker --port P --id I --steps N
+  grpc_ps.py ps --port P --workers 2 --steps N --out FILE [--host ADDR]
+  grpc_ps.py worker --port P --id I --steps N [--host ADDR]
   grpc_ps.py expected --steps N --out FILE      (the same arithmetic in one process)
 
 Each step every worker
@@ -161,7 +161,7 @@ def run_ps(args):
     opts = options() + ([("grpc.so_reuseport", 0)] if args.no_reuseport else [])
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=opts)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    bound = server.add_insecure_port(f"127.0.0.1:{args.port}")
+    bound = server.add_insecure_port(f"{args.host}:{args.port}")
     if bound != args.port:
         print(f"bind to {args.port} failed ({bound})", file=sys.stderr)
         return 2
@@ -186,7 +186,7 @@ def run_ps(args):
 
 
 def run_worker(args):
-    channel = grpc.insecure_channel(f"127.0.0.1:{args.port}", options=options())
+    channel = grpc.insecure_channel(f"{args.host}:{args.port}", options=options())
     grpc.channel_ready_future(channel).result(timeout=30)
     pull = channel.unary_stream(f"/{SERVICE}/Pull", ident, ident)
     push = channel.stream_unary(f"/{SERVICE}/Push", ident, ident)
@@ -238,6 +238,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("role", choices=["ps", "worker", "expected"])
     p.add_argument("--port", type=int)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the PS's address (the Soft-RoCE guest's tests use rxe0's)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--id", type=int, default=0)
     p.add_argument("--steps", type=int, default=10)

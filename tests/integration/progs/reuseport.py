@@ -2,7 +2,7 @@
 
   server: one member of a group on PORT. By default a listener of its own with SO_REUSEPORT
           (what gRPC, nginx `reuseport` and Envoy do: the kernel hands each SYN to one
-          member). With --workers N, one listener without SO_REUSEPORT whose N forked
+          member); --sockets N: N such listeners in this one process, a thread each. With --workers N, one listener without SO_REUSEPORT whose N forked
           workers all accept on it (pre-forked servers sharing an inherited listener).
           Each connection: the client sends an 8-byte header (payload size, seed) and the
           payload; the server answers a JSON line {"member", "sha256" of what it read, "size"
@@ -49,7 +49,8 @@ def serve_one(conn, member):
         conn.sendall(head + reply)
 
 
-def serve(listener, member):
+def serve(listeners, member):
+    """Accepts on every listener (one thread each after the first) until SIGTERM."""
     peers = []
     lock = threading.RLock()  # (the signal handler runs on the main thread, maybe inside it)
 
@@ -63,29 +64,40 @@ def serve(listener, member):
             report(member=member, pid=os.getpid(), peers=list(peers))
         sys.exit(0)  # (an orderly exit: the library writes its statistics)
 
+    def accept_on(listener, name):
+        while True:
+            conn, peer = listener.accept()
+            with lock:
+                peers.append(peer[1])
+            threading.Thread(target=serve_one, args=(conn, name), daemon=True).start()
+
     signal.signal(signal.SIGTERM, finish)
     signal.signal(signal.SIGINT, finish)
-    while True:
-        conn, peer = listener.accept()
-        with lock:
-            peers.append(peer[1])
-        threading.Thread(target=serve_one, args=(conn, member), daemon=True).start()
+    names = [member] if len(listeners) == 1 else [f"{member}{i}" for i in range(len(listeners))]
+    for listener, name in list(zip(listeners, names))[1:]:
+        threading.Thread(target=accept_on, args=(listener, name), daemon=True).start()
+    accept_on(listeners[0], names[0])
 
 
-def server(args):
+def listen(args):
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if not args.workers:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     listener.bind((args.bind, args.port))
     listener.listen(256)
+    return listener
+
+
+def server(args):
     if not args.workers:
-        serve(listener, args.member)
+        serve([listen(args) for _ in range(args.sockets)], args.member)
+    listener = listen(args)
     children = []
     for worker in range(args.workers):
         pid = os.fork()
         if pid == 0:
-            serve(listener, f"{args.member}.{worker}")  # (until SIGTERM exits the process)
+            serve([listener], f"{args.member}.{worker}")  # (until SIGTERM exits the process)
         children.append(pid)
 
     def stop(*_):
@@ -158,6 +170,9 @@ def main():
     parser.add_argument("--member", default="0", help="server: this member's name")
     parser.add_argument("--workers", type=int, default=0,
                         help="server: forked workers sharing one listener (no SO_REUSEPORT)")
+    parser.add_argument("--sockets", type=int, default=1,
+                        help="server: SO_REUSEPORT listeners in this process (members "
+                             "MEMBER0, MEMBER1, ... when more than one)")
     parser.add_argument("--count", type=int, default=100, help="client: connections")
     parser.add_argument("--parallel", type=int, default=8, help="client: at a time")
     parser.add_argument("--seed", type=int, default=1, help="client: payload seed")
