@@ -59,12 +59,12 @@ ClientConn* VerbsModule::StartResolve(const sockaddr* dest, Reason* why) noexcep
     return nullptr;
   }
   c->deadline_ms = sys::MonotonicMs() + config_->handshake_timeout_ms;
-  sockaddr_storage dst{};  // (v4-mapped folded to IPv4, which rdma_cm resolves)
+  // (v4-mapped folded to IPv4, which rdma_cm resolves.)
   if (ep.family == 4)
-    wire::SockaddrFromEndpoint(ep, &dst);
+    wire::SockaddrFromEndpoint(ep, &c->dest_addr);
   else
-    std::memcpy(&dst, dest, sizeof(sockaddr_in6));  // (its scope id too)
-  if (rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&dst),
+    std::memcpy(&c->dest_addr, dest, sizeof(sockaddr_in6));  // (its scope id too)
+  if (rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&c->dest_addr),
                         int(config_->handshake_timeout_ms)) != 0) {
     Fail(c, Reason::kNoRdmaPath, why);
     ReleaseClient(c);
@@ -76,8 +76,9 @@ ClientConn* VerbsModule::StartResolve(const sockaddr* dest, Reason* why) noexcep
 
 VerbsModule::Step VerbsModule::Fail(ClientConn* c, Reason why, Reason* out) noexcept {
   // A destination without an RDMA path, or whose rdma_cm peer is not Slipstream, is
-  // remembered: the next connection there goes plain at once.
-  if (why == Reason::kNoRdmaPath || why == Reason::kPeerNotSlipstream)
+  // remembered: the next connection there goes plain at once. (Not after a redirect: the
+  // destination's listener answered; one member's port failing says nothing of the rest.)
+  if (!c->redirected && (why == Reason::kNoRdmaPath || why == Reason::kPeerNotSlipstream))
     negative_.Insert(c->dest, why, sys::MonotonicMs() + options_->negative_ttl_ms);
   *out = why;
   return Step::kFailed;
@@ -161,7 +162,14 @@ VerbsModule::Step VerbsModule::TakeEvent(ClientConn* c, rdma_cm_event* event,
     case ClientConn::Stage::kRoute: {
       rdma_ack_cm_event(event);
       if (type != RDMA_CM_EVENT_ROUTE_RESOLVED) return Fail(c, Reason::kNoRdmaPath, why);
-      return Resolved(c, source, why);
+      if (!c->redirected) return Resolved(c, source, why);
+      // The TCP socket is bound already: the second request must leave from its address.
+      wire::Endpoint local;
+      if (!EndpointOf(rdma_get_local_addr(c->id), &local) || !SameAddress(local, c->client)) {
+        *why = Reason::kNoRdmaPath;
+        return Step::kFailed;
+      }
+      return SendReq(c, why) ? Step::kWaiting : Step::kFailed;
     }
     case ClientConn::Stage::kRequest:
       break;
@@ -205,7 +213,9 @@ VerbsModule::Step VerbsModule::TakeEvent(ClientConn* c, rdma_cm_event* event,
     rdma_ack_cm_event(event);
     if (elsewhere) {
       // A listener that shares its port (SO_REUSEPORT) does not serve the member our SYN
-      // will reach: this connection is plain, the destination is not (not remembered).
+      // will reach: ask that member's process (once), or stay plain; the destination is
+      // not remembered either way.
+      if (rej.code == RejCode::kRedirect && !c->redirected) return Redirect(c, rej.port, why);
       *why = Reason::kReusePort;
       return Step::kFailed;
     }
@@ -250,6 +260,33 @@ ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
   return nullptr;
 }
 
+VerbsModule::Step VerbsModule::Redirect(ClientConn* c, uint16_t rdma_port, Reason* why) noexcept {
+  SLIP_LOG(kDebug, "verbs: request from port %u redirected to rdma_cm port %u", c->client.port,
+           rdma_port);
+  c->redirected = true;
+  delete c->conn;  // the first request's queue pair and id (rejected)
+  c->conn = nullptr;
+  c->id = nullptr;
+  sockaddr_storage dst = c->dest_addr;
+  if (dst.ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(rdma_port);
+  else
+    reinterpret_cast<sockaddr_in6*>(&dst)->sin6_port = htons(rdma_port);
+  c->deadline_ms = sys::MonotonicMs() + config_->handshake_timeout_ms;
+  if (rdma_create_id(c->channel, &c->id, nullptr, RDMA_PS_TCP) != 0) {
+    c->id = nullptr;
+    *why = Reason::kResources;
+    return Step::kFailed;
+  }
+  if (rdma_resolve_addr(c->id, nullptr, reinterpret_cast<sockaddr*>(&dst),
+                        int(config_->handshake_timeout_ms)) != 0) {
+    *why = Reason::kNoRdmaPath;
+    return Step::kFailed;
+  }
+  c->stage = ClientConn::Stage::kAddr;
+  return Step::kWaiting;
+}
+
 bool VerbsModule::StartHandshake(ClientConn* c, const wire::Endpoint& client,
                                  const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
                                  Reason* why) noexcept {
@@ -257,6 +294,15 @@ bool VerbsModule::StartHandshake(ClientConn* c, const wire::Endpoint& client,
     c->nonce = nonce;
     return SendClaim(c, client, server, ring_size, why);
   }
+  c->client = client;
+  c->server = server;
+  c->nonce = nonce;
+  c->ring_log2 = uint8_t(__builtin_ctz(ring_size));
+  return SendReq(c, why);
+}
+
+bool VerbsModule::SendReq(ClientConn* c, Reason* why) noexcept {
+  const uint32_t ring_size = 1u << c->ring_log2;
   int err = 0;
   Device* dev = DeviceFor(c->id->verbs, &err);
   bool send_notify = dev && SendNotify(dev);
@@ -267,14 +313,12 @@ bool VerbsModule::StartHandshake(ClientConn* c, const wire::Endpoint& client,
     *why = MemlockReason(err, ring_size);
     return false;
   }
-  c->nonce = nonce;
-  c->ring_log2 = uint8_t(__builtin_ctz(ring_size));
   Req req;
   req.flags = send_notify ? kFlagSendNotify : 0;
   req.ring_log2 = c->ring_log2;
-  req.nonce = nonce;
-  req.client = client;
-  req.server = server;
+  req.nonce = c->nonce;
+  req.client = c->client;
+  req.server = c->server;
   uint8_t data[kMaxReqPrivateData];
   rdma_conn_param param = ConnParam(data, EncodeReq(req, data, sizeof(data)), c->conn->qp_num());
   if (param.private_data_len == 0 || rdma_connect(c->id, &param) != 0) {

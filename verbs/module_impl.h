@@ -4,9 +4,10 @@
 //
 // Files by concern: module.cc (start-up, devices, fork, the library's entry point),
 // module_progress.cc (the progress thread: rdma_cm events, completions, requests arriving
-// and expiring), module_listen.cc (listeners and accepting requests), module_connect.cc
-// (the client's handshake), module_reuse.cc (parked queue pairs), module_removal.cc (a
-// device that goes away).
+// and expiring), module_listen.cc (listeners and accepting requests), module_group.cc
+// (SO_REUSEPORT groups: which member a request is for, the members' directory),
+// module_connect.cc (the client's handshake), module_reuse.cc (parked queue pairs),
+// module_removal.cc (a device that goes away).
 //
 // Locks: mu_ (devices_, listeners_) before a Listener's mu; park_mu_ is a leaf.
 #pragma once
@@ -85,6 +86,22 @@ void MoveOutIf(std::vector<T>* from, std::vector<T>* out, Take take) noexcept {
   from->erase(from->begin() + long(kept), from->end());
 }
 
+// Binds a new rdma_cm id of listener `l` (its context) at l's address with `port` (0:
+// any) and listens. Returns 0 with *id, or the errno (nothing left).
+int BindListener(rdma_event_channel* channel, Listener* l, uint16_t port, rdma_cm_id** id) noexcept;
+
+// Epoll keys of the progress thread: a Device* (aligned), a Conn's own channel (bit 0,
+// conn.h), a group member's directory socket (bit 1, its descriptor above).
+inline uint64_t DirectoryKey(int fd) noexcept {
+  return (uint64_t(uint32_t(fd)) << 2) | 2;
+}
+inline bool IsDirectoryKey(uint64_t key) noexcept {
+  return (key & 3) == 2;
+}
+inline int DirectoryFd(uint64_t key) noexcept {
+  return int(uint32_t(key >> 2));
+}
+
 // The rdma_cm parameters of our REQ and REP: `data` (`len` bytes, 0 when it did not encode)
 // as private data, our own queue pair (not rdma_cm's), the transport's retries at their
 // maximum (a lost packet is retried by the device, not noticed by the stream).
@@ -113,17 +130,31 @@ struct Pending {
   bool group = false;      // its listener shares its port: TAKEN at accept (kFlagGroup)
 };
 
+// A TCP listening socket of this process in an SO_REUSEPORT group.
+struct GroupMember {
+  uint64_t inode = 0;
+  // Where the holder of the group's port learns this process's rdma_cm port (a listening
+  // AF_UNIX socket, abstract name; verbs/module_group.cc), or -1 in the holder itself.
+  int directory_fd = -1;
+};
+
 struct Listener {
   rdma_cm_id* id = nullptr;
-  uint16_t port = 0;
-  wire::Endpoint addr{};  // as bound (claims must name it, unless it is the wildcard)
+  uint16_t port = 0;  // the TCP port (a request's tuple names it)
+  // Where the rdma_cm listener is bound: `port`, or for a group member whose process does
+  // not hold the port, a port of its own that the holder redirects requests to.
+  uint16_t rdma_port = 0;
+  // Such a member's second listener, at `port`, once the holder went and this process took
+  // the port over (TakeOverPorts); requests reach the same Listener through either id.
+  rdma_cm_id* port_id = nullptr;
+  sockaddr_storage local{};  // the TCP listener's address, as given
+  wire::Endpoint addr{};     // as bound (claims must name it, unless it is the wildcard)
   bool wildcard = false;
   // SO_REUSEPORT (docs/DESIGN.md "Servers that share a port"): the TCP listening sockets
-  // of this process in the group (their inodes), which share this one rdma_cm listener
-  // (one per port); a request is served only for a SYN that one of them will get. Under
-  // the module's mu_.
+  // of this process in the group, which share this one rdma_cm listener; a request is
+  // served only for a SYN that one of them will get. Under the module's mu_.
   bool group = false;
-  std::vector<uint64_t> members;
+  std::vector<GroupMember> members;
   std::mutex mu;
   std::vector<Pending> pending;
 
@@ -162,6 +193,11 @@ struct ClientConn {
   uint64_t deadline_ms = 0;
   bool reused = false;  // conn is a parked queue pair (no rdma_cm exchange of its own)
   bool group = false;   // the REP said kFlagGroup: CONFIRM only after the TAKEN
+  // The request, kept for a second one: a group's holder may redirect it (once) to the
+  // rdma_cm port of the member process that the SYN will reach.
+  sockaddr_storage dest_addr{};
+  wire::Endpoint client, server;
+  bool redirected = false;
 };
 
 struct ParkedConn {
@@ -222,8 +258,22 @@ class VerbsModule final : public Module, public ConnOwner {
   void Run() noexcept;
   void HandleCmEvent(rdma_cm_event* event) noexcept;
   void OnConnectRequest(rdma_cm_event* event) noexcept;
-  // Of a group listener: will the SYN of `req`'s 4-tuple reach one of its members?
-  bool ServesMember(Listener* listener, const Req& req) noexcept;
+  // Groups (verbs/module_group.cc). Of a group listener: does the SYN of `req`'s 4-tuple
+  // reach one of its members (kOurs), or a member of another Slipstream process of the
+  // uid that owns the group, listening on rdma_cm at *port (kRedirect), or neither?
+  enum class MemberAnswer : uint8_t { kOurs, kRedirect, kElsewhere };
+  MemberAnswer MemberFor(Listener* listener, const Req& req, uint16_t* port) noexcept;
+  // A member whose process does not hold the port: its rdma_cm listener on a port of its
+  // own, and its name in the directory. Returns the listener or nullptr.
+  Listener* ListenAside(const wire::Endpoint& ep, uint64_t inode, Reason* why) noexcept;
+  // Publishes `inode`'s rdma_cm port under its name (mu_ held). False if it cannot.
+  bool PublishMember(Listener* listener, GroupMember* member) noexcept;
+  void UnpublishMember(GroupMember* member) noexcept;  // (mu_ held)
+  // Progress thread: a directory socket has a holder asking.
+  void ServeDirectory(int fd) noexcept;
+  // Progress thread, now and then: a group whose holder went (its process exited) gets a
+  // new one, the first member process to bind the port again.
+  void TakeOverPorts() noexcept;
   void HandleCompletions(Device* device) noexcept;
   void ExpirePending() noexcept;
   void TrimIdleSlots(uint64_t now_ms) noexcept;
@@ -238,6 +288,10 @@ class VerbsModule final : public Module, public ConnOwner {
   Step TakeEvent(ClientConn* c, rdma_cm_event* event, sockaddr_storage* source,
                  Reason* why) noexcept;
   Step Fail(ClientConn* c, Reason why, Reason* out) noexcept;
+  // The REQ (and the queue pair it offers) for c's tuple, nonce and ring size.
+  bool SendReq(ClientConn* c, Reason* why) noexcept;
+  // The group's holder named another rdma_cm port of the destination: ask there.
+  Step Redirect(ClientConn* c, uint16_t rdma_port, Reason* why) noexcept;
   Step Resolved(ClientConn* c, sockaddr_storage* source, Reason* why) noexcept;
   // Blocking use of Advance: waits on the event descriptor until a step is decided.
   Step WaitStep(ClientConn* c, sockaddr_storage* source, Reason* why) noexcept;

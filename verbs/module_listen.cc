@@ -12,6 +12,34 @@ namespace slip::verbs {
 
 using namespace module_internal;
 
+int module_internal::BindListener(rdma_event_channel* channel, Listener* l, uint16_t port,
+                                  rdma_cm_id** id) noexcept {
+  const sockaddr* local = reinterpret_cast<const sockaddr*>(&l->local);
+  const wire::Endpoint& ep = l->addr;
+  if (rdma_create_id(channel, id, l, RDMA_PS_TCP) != 0) {
+    *id = nullptr;
+    return errno ? errno : ENOMEM;
+  }
+  // (From the endpoint: a v4-mapped address, as an IPv6 socket bound to an IPv4 address
+  // has (gRPC's), is an IPv4 one to rdma_cm.)
+  sockaddr_storage addr{};
+  wire::Endpoint at = ep;
+  at.port = port;
+  if (ep.family == 4) {
+    wire::SockaddrFromEndpoint(at, &addr);
+  } else {
+    std::memcpy(&addr, local, sizeof(sockaddr_in6));  // (its scope id too)
+    reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(port);
+  }
+  if (rdma_bind_addr(*id, reinterpret_cast<sockaddr*>(&addr)) == 0 &&
+      rdma_listen(*id, kListenBacklog) == 0)
+    return 0;
+  const int error = errno ? errno : EINVAL;
+  rdma_destroy_id(*id);
+  *id = nullptr;
+  return error;
+}
+
 Listener* VerbsModule::Listen(const sockaddr* local, uint64_t group_member, Reason* why) noexcept {
   *why = Reason::kNoRdmaPath;
   if (forked_.load()) return nullptr;
@@ -24,10 +52,13 @@ Listener* VerbsModule::Listen(const sockaddr* local, uint64_t group_member, Reas
     std::lock_guard<std::mutex> lock(mu_);
     for (Listener* l : listeners_) {
       if (!l->group || l->port != ep.port || !(l->addr == ep)) continue;
+      *why = Reason::kResources;
+      GroupMember member{group_member, -1};
+      if (l->rdma_port != l->port && !PublishMember(l, &member)) return nullptr;
       try {
-        l->members.push_back(group_member);
+        l->members.push_back(member);
       } catch (...) {
-        *why = Reason::kResources;
+        UnpublishMember(&member);
         return nullptr;
       }
       *why = Reason::kNone;
@@ -36,55 +67,53 @@ Listener* VerbsModule::Listen(const sockaddr* local, uint64_t group_member, Reas
   }
   auto* l = new (std::nothrow) Listener();
   if (!l) return nullptr;
-  l->port = ep.port;
+  l->port = l->rdma_port = ep.port;
   l->addr = ep;
   l->wildcard = true;
   for (uint8_t byte : ep.addr) l->wildcard = l->wildcard && byte == 0;
   l->group = group_member != 0;
-  try {
-    if (l->group) l->members.push_back(group_member);
-  } catch (...) {
-    delete l;
-    return nullptr;
+  std::memcpy(&l->local, local,
+              local->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  int error = BindListener(cm_channel_, l, ep.port, &l->id);
+  if (error == EADDRINUSE && l->group) {
+    // Another process of the group holds the port's rdma_cm listener: this one listens on
+    // a port of its own, where the holder sends the requests for our members' SYNs.
+    error = BindListener(cm_channel_, l, 0, &l->id);
+    if (error == 0) l->rdma_port = ntohs(rdma_get_src_port(l->id));
   }
-  if (rdma_create_id(cm_channel_, &l->id, l, RDMA_PS_TCP) != 0) {
-    delete l;
-    return nullptr;
-  }
-  // (From the endpoint: a v4-mapped address, as an IPv6 socket bound to an IPv4 address
-  // has (gRPC's), is an IPv4 one to rdma_cm.)
-  sockaddr_storage addr{};
-  if (ep.family == 4)
-    wire::SockaddrFromEndpoint(ep, &addr);
-  else
-    std::memcpy(&addr, local, sizeof(sockaddr_in6));  // (its scope id too)
-  if (rdma_bind_addr(l->id, reinterpret_cast<sockaddr*>(&addr)) != 0 ||
-      (l->id->verbs && !DeviceAllowed(l->id->verbs)) || rdma_listen(l->id, kListenBacklog) != 0) {
-    const int error = errno;
-    if (l->group && error == EADDRINUSE) {
-      // Another process of the group holds the port's rdma_cm listener: it serves the SYNs
-      // the kernel hands its own members and rejects the others' requests (this process's
-      // among them), whose connections stay plain.
-      SLIP_LOG(kInfo,
-               "verbs: port %u's rdma_cm listener is another process's (SO_REUSEPORT): this "
-               "member's connections stay plain over RDMA",
-               ep.port);
-      *why = Reason::kReusePort;
-    } else {
-      SLIP_LOG(kInfo, "verbs: no rdma_cm listener on port %u (%s)", ep.port, strerror(error));
-    }
+  if (error == 0 && l->id->verbs && !DeviceAllowed(l->id->verbs)) {
     rdma_destroy_id(l->id);
+    l->id = nullptr;
+    error = ENODEV;
+  }
+  if (error != 0) {
+    SLIP_LOG(kInfo, "verbs: no rdma_cm listener on port %u (%s)", ep.port, strerror(error));
     delete l;
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  try {
-    listeners_.push_back(l);
-  } catch (...) {
+  GroupMember member{group_member, -1};
+  bool ok = !l->group || l->rdma_port == l->port || PublishMember(l, &member);
+  if (ok) {
+    try {
+      if (l->group) l->members.push_back(member);
+      listeners_.push_back(l);
+    } catch (...) {
+      ok = false;
+      UnpublishMember(&member);
+    }
+  }
+  if (!ok) {
+    *why = l->group ? Reason::kReusePort : Reason::kResources;
     rdma_destroy_id(l->id);
     delete l;
     return nullptr;
   }
+  if (l->rdma_port != l->port)
+    SLIP_LOG(kInfo,
+             "verbs: port %u's rdma_cm listener is another process's (SO_REUSEPORT); this "
+             "member listens on rdma_cm port %u, where that process sends its requests",
+             l->port, l->rdma_port);
   *why = Reason::kNone;
   return l;
 }
@@ -92,11 +121,16 @@ Listener* VerbsModule::Listen(const sockaddr* local, uint64_t group_member, Reas
 void VerbsModule::Unlisten(Listener* l, uint64_t group_member) noexcept {
   if (!l) return;
   rdma_cm_id* id = nullptr;
+  rdma_cm_id* port_id = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (l->group) {
-      auto it = std::find(l->members.begin(), l->members.end(), group_member);
-      if (it != l->members.end()) l->members.erase(it);
+      auto it = std::find_if(l->members.begin(), l->members.end(),
+                             [&](const GroupMember& m) { return m.inode == group_member; });
+      if (it != l->members.end()) {
+        UnpublishMember(&*it);
+        l->members.erase(it);
+      }
       if (!l->members.empty()) return;  // other sockets of the group still listen
     }
     for (size_t i = 0; i < listeners_.size(); ++i) {
@@ -107,9 +141,12 @@ void VerbsModule::Unlisten(Listener* l, uint64_t group_member) noexcept {
     }
     id = l->id;  // null once its device was removed (ReapRemoval destroyed it)
     l->id = nullptr;
+    port_id = l->port_id;
+    l->port_id = nullptr;
   }
   if (forked_.load()) return;  // the parent's objects: leave them alone
   if (id) rdma_destroy_id(id);
+  if (port_id) rdma_destroy_id(port_id);
   std::vector<Pending> dropped;
   {
     std::lock_guard<std::mutex> lock(l->mu);

@@ -8,7 +8,6 @@
 #include <mutex>
 
 #include "core/log.h"
-#include "core/sock_diag.h"
 #include "core/sys.h"
 #include "verbs/module_impl.h"
 
@@ -34,6 +33,8 @@ void VerbsModule::Run() noexcept {
         while (rdma_get_cm_event(cm_channel_, &event) == 0) HandleCmEvent(event);
       } else if (IsConnWatchKey(events[i].data.u64)) {
         Conn::OnWatchEvent(events[i].data.u64);
+      } else if (IsDirectoryKey(events[i].data.u64)) {
+        ServeDirectory(DirectoryFd(events[i].data.u64));
       } else {
         HandleCompletions(static_cast<Device*>(events[i].data.ptr));
       }
@@ -45,6 +46,7 @@ void VerbsModule::Run() noexcept {
       last_housekeeping_ms_ = now;
       TrimIdleSlots(now);
       CheckAllConns(now);
+      TakeOverPorts();
     }
     ReapRemoved();
   }
@@ -115,24 +117,6 @@ void VerbsModule::Reject(rdma_cm_id* id) noexcept {
   rdma_reject(id, nullptr, 0);
 }
 
-bool VerbsModule::ServesMember(Listener* listener, const Req& req) noexcept {
-  // The kernel's own listener lookup for the SYN this request announces (its hash of the
-  // 4-tuple picks the member, as for the SYN itself): docs/DESIGN.md "Servers that share a
-  // port". Where it cannot say (the tuple sits in TIME_WAIT here, netlink fails), no.
-  sockaddr_storage server{}, client{};
-  if (!wire::SockaddrFromEndpoint(req.server, &server) ||
-      !wire::SockaddrFromEndpoint(req.client, &client))
-    return false;
-  SocketInfo info;
-  if (FindListener(reinterpret_cast<const sockaddr*>(&server), &info,
-                   reinterpret_cast<const sockaddr*>(&client)) != 0 ||
-      !info.listening)
-    return false;
-  std::lock_guard<std::mutex> lock(mu_);
-  return std::find(listener->members.begin(), listener->members.end(), info.inode) !=
-         listener->members.end();
-}
-
 void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
   rdma_cm_id* id = event->id;
   auto* listener = static_cast<Listener*>(event->listen_id->context);
@@ -151,14 +135,18 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
     ok = false;
   } else if (!DeviceAllowed(id->verbs)) {
     ok = false;
-  } else if (listener->group && !ServesMember(listener, req)) {
-    // The SYN will reach another member of the SO_REUSEPORT group (another process's, a
-    // plain one's): that connection stays plain, and the client must not take this for
-    // "no Slipstream here" (its other connections may reach our members).
-    SLIP_LOG(kDebug, "verbs: the request from port %u is for another member of port %u's group",
-             req.client.port, listener->port);
+  } else if (uint16_t port = 0;
+             listener->group && MemberFor(listener, req, &port) != MemberAnswer::kOurs) {
+    // The SYN will reach another member of the SO_REUSEPORT group: another Slipstream
+    // process's (the client asks again at its rdma_cm port) or a plain one's (that
+    // connection stays plain). Either way the client must not take this for "no
+    // Slipstream here": its other connections may reach our members.
+    SLIP_LOG(kDebug, "verbs: the request from port %u is for another member of port %u's group%s",
+             req.client.port, listener->port, port ? " (redirected)" : "");
     uint8_t data[kRejSize];
     Rej rej;
+    rej.code = port ? RejCode::kRedirect : RejCode::kMemberElsewhere;
+    rej.port = port;
     rdma_reject(id, data, uint8_t(EncodeRej(rej, data, sizeof(data))));
     rdma_ack_cm_event(event);
     rdma_destroy_id(id);

@@ -53,10 +53,11 @@ bool VerbsModule::ReapRemoval(Removal* r) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Listener* l : listeners_) {
-      if (l->id && l->id->verbs == r->context) {
+      for (rdma_cm_id** id : {&l->id, &l->port_id}) {
+        if (!*id || (*id)->verbs != r->context) continue;
         try {
-          ids.push_back(l->id);
-          l->id = nullptr;
+          ids.push_back(*id);
+          *id = nullptr;
         } catch (...) {
           return false;  // tried again on the next round
         }
@@ -125,7 +126,7 @@ void VerbsModule::FlushAll(int timeout_ms) noexcept {
 bool VerbsModule::IsListenerId(rdma_cm_id* id) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   for (Listener* l : listeners_) {
-    if (l->id == id) return true;
+    if (l->id == id || (l->port_id && l->port_id == id)) return true;
   }
   return false;
 }

@@ -192,7 +192,7 @@ size_t EncodeRej(const Rej& rej, uint8_t* out, size_t cap) noexcept {
   w.U32(kRejMagic);
   w.U8(kVersion);
   w.U8(uint8_t(rej.code));
-  w.U16(0);
+  w.U16(rej.port);
   return kRejSize;
 }
 
@@ -201,9 +201,12 @@ ParseResult ParseRej(const uint8_t* data, size_t len, Rej* out) noexcept {
   Reader r{data};
   if (ParseResult h = Header(&r, len, kRejSize, kRejMagic); h != ParseResult::kOk) return h;
   const uint8_t code = r.U8();
-  const uint16_t pad = r.U16();
-  if (code != uint8_t(RejCode::kMemberElsewhere) || pad != 0) return ParseResult::kBadField;
+  const uint16_t port = r.U16();
+  const bool valid = (code == uint8_t(RejCode::kMemberElsewhere) && port == 0) ||
+                     (code == uint8_t(RejCode::kRedirect) && port != 0);
+  if (!valid) return ParseResult::kBadField;
   out->code = RejCode(code);
+  out->port = port;
   return ParseResult::kOk;
 }
 

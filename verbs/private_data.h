@@ -55,12 +55,14 @@ struct Rep {
 };
 
 // Private data of a REJECT that is not a "no": the REQ was well formed, but the member of
-// the listener's SO_REUSEPORT group that its SYN will reach is not served here (another
-// process, or a plain one). Only that connection goes plain; the destination is not
-// remembered as a plain one (other 4-tuples reach members that are served).
-enum class RejCode : uint8_t { kMemberElsewhere = 1 };
+// the listener's SO_REUSEPORT group that its SYN will reach is not served here. Either
+// that member's process listens on rdma_cm at a port of its own (kRedirect: ask there,
+// once), or nobody serves it (kMemberElsewhere: a plain member; that connection goes
+// plain). Either way the destination is not remembered as a plain one.
+enum class RejCode : uint8_t { kMemberElsewhere = 1, kRedirect = 2 };
 struct Rej {
   RejCode code = RejCode::kMemberElsewhere;
+  uint16_t port = 0;  // kRedirect: the member's rdma_cm port (nonzero); else 0
 };
 
 struct Hello {

@@ -43,8 +43,9 @@ class Module {
   // *why set when it cannot (no device on that address, port taken, ...).
   // `group_member`: the inode of a TCP listening socket with SO_REUSEPORT (0 for others).
   // The group's sockets in this process share one rdma_cm listener, and a request is served
-  // only when the kernel will hand its SYN to one of them; another process of the group
-  // gets nullptr (kReusePort) and its connections stay plain over RDMA.
+  // only when the kernel will hand its SYN to one of them; the first process of the group
+  // holds the port and redirects the others' requests to the rdma_cm ports they listen on
+  // (docs/DESIGN.md "Servers that share a port", over verbs).
   virtual Listener* Listen(const sockaddr* local, uint64_t group_member, Reason* why) noexcept = 0;
   // One call per Listen that returned the listener (a group's is shared), with the same
   // `group_member`.

@@ -149,11 +149,15 @@ struct RejMsgKind {
   static constexpr uint32_t kMagic = kRejMagic;
   static size_t Encode(const Msg& m, uint8_t* out, size_t cap) { return EncodeRej(m, out, cap); }
   static ParseResult Parse(const uint8_t* d, size_t n, Msg* m) { return ParseRej(d, n, m); }
-  static bool Same(const Msg& a, const Msg& b) { return a.code == b.code; }
-  static bool Valid(const Msg& m) { return m.code == RejCode::kMemberElsewhere; }
+  static bool Same(const Msg& a, const Msg& b) { return a.code == b.code && a.port == b.port; }
+  static bool Valid(const Msg& m) {
+    return (m.code == RejCode::kMemberElsewhere && m.port == 0) ||
+           (m.code == RejCode::kRedirect && m.port != 0);
+  }
   static Msg Sentinel() {
     Msg m;
     m.code = RejCode(0xee);
+    m.port = 0xeeee;
     return m;
   }
 };

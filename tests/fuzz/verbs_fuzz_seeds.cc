@@ -71,6 +71,10 @@ std::vector<std::vector<uint8_t>> Seeds() {
   taken.nonce = 0x0102030405060708ull;
   add(EncodeLink(taken, buf, sizeof buf), buf);
   add(EncodeRej(Rej{}, buf, sizeof buf), buf);
+  Rej redirect;
+  redirect.code = RejCode::kRedirect;
+  redirect.port = 18515;
+  add(EncodeRej(redirect, buf, sizeof buf), buf);
   return out;
 }
 

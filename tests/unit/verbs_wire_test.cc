@@ -897,7 +897,7 @@ struct RejKind {
   static constexpr const char* kName = "Rej";
   static size_t Encode(const Msg& m, uint8_t* out, size_t cap) { return EncodeRej(m, out, cap); }
   static ParseResult Parse(const uint8_t* d, size_t n, Msg* m) { return ParseRej(d, n, m); }
-  static bool Same(const Msg& a, const Msg& b) { return a.code == b.code; }
+  static bool Same(const Msg& a, const Msg& b) { return a.code == b.code && a.port == b.port; }
 };
 
 // A REJECT's private data arrives padded (IB CM: 148 bytes): the padding is not looked at.
@@ -914,13 +914,20 @@ TEST(VerbsRej, RoundTripGoldenAndPadding) {
   back.code = RejCode(0);
   ASSERT_EQ(ParseGuarded<RejKind>(padded, &back), ParseResult::kOk);
   EXPECT_EQ(back.code, RejCode::kMemberElsewhere);
+  Rej redirect;
+  redirect.code = RejCode::kRedirect;
+  redirect.port = 0x1234;
+  ExpectRoundTrip<RejKind>(redirect);
+  EXPECT_EQ(Encode<RejKind>(redirect), FromHex("534c524a 01 02 3412"));
 }
 
 TEST(VerbsRej, UnknownCodesAndPaddingRefused) {
   const Rej rej;
-  for (uint64_t code : {0, 2, 255})
+  for (uint64_t code : {0, 3, 255})
     EXPECT_EQ(ResultWith<RejKind>(rej, 5, code, 1), ParseResult::kBadField) << code;
+  // "Elsewhere" names no port; a redirect names one.
   EXPECT_EQ(ResultWith<RejKind>(rej, 6, 1, 2), ParseResult::kBadField);
+  EXPECT_EQ(ResultWith<RejKind>(rej, 5, 2, 1), ParseResult::kBadField);
   ExpectRejectLeavesOutput<RejKind>(rej, 5, 9, 1);
   // A REP is not a REJECT's data (a peer cannot turn one into the other).
   EXPECT_EQ(ParseGuarded<RejKind>(Encode<RepKind>(SampleRep())), ParseResult::kBadMagic);

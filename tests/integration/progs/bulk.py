@@ -21,7 +21,8 @@ import socket
 import threading
 import time
 
-from common import MiB, argument_parser, open_connection, random_chunks, random_size, report
+from common import (MiB, argument_parser, listen, open_connection, random_chunks, random_size,
+                    report)
 from orphan_confirm import confirm_message, read_decline
 
 MAX_WRITE = MiB
@@ -119,13 +120,21 @@ def main():
     parser.add_argument("--dump", help="write the bytes sent and received to DUMP.sent/.received")
     parser.add_argument("--hold", help="after the transfer, keep the connection open until the "
                         "file HOLD exists (at most 60 s)")
+    parser.add_argument("--keep-listening", action="store_true",
+                        help="server: keep the listener open until the end (others may "
+                        "connect meanwhile; nobody accepts them)")
     parser.add_argument("--orphan-confirm", action="store_true",
                         help="client: first act as a Slipstream client whose registration was "
                         "lost (progs/orphan_confirm.py): send a CONFIRM, expect a DECLINE, then "
                         "carry the stream from byte 0")
     args = parser.parse_args()
 
-    sock = open_connection(args.role, args.port, args.source_port, args.bind, args.host)
+    listener = None
+    if args.keep_listening and args.role == "server":
+        listener = listen(args.port, args.bind)
+        sock, _ = listener.accept()
+    else:
+        sock = open_connection(args.role, args.port, args.source_port, args.bind, args.host)
     declined = None
     if args.orphan_confirm:
         sock.sendall(confirm_message(0x5EED, 1 << 20))
@@ -152,6 +161,8 @@ def main():
     while args.hold and not os.path.exists(args.hold) and time.monotonic() < deadline:
         time.sleep(0.05)
     sock.close()
+    if listener:
+        listener.close()
     report(sent=sent.count, sent_sha256=sent.sha.hexdigest(),
            received=received.count, received_sha256=received.sha.hexdigest(), declined=declined)
 

@@ -142,8 +142,13 @@ static enum rdma_cm_event_type peer_request(struct peer* p, const uint8_t* pd, s
     return RDMA_CM_EVENT_TIMEWAIT_EXIT;
   }
   struct rdma_cm_event* ev = next_event(p->ch, 10000);
-  if (!ev) return RDMA_CM_EVENT_TIMEWAIT_EXIT;
+  if (!ev) {
+    fprintf(stderr, "no answer to the request in 10 s\n");
+    return RDMA_CM_EVENT_TIMEWAIT_EXIT;
+  }
   enum rdma_cm_event_type got = ev->event;
+  if (got != RDMA_CM_EVENT_ESTABLISHED)
+    fprintf(stderr, "the request got %s (status %d)\n", rdma_event_str(got), ev->status);
   if (got == RDMA_CM_EVENT_ESTABLISHED && ev->param.conn.private_data) {
     size_t n = ev->param.conn.private_data_len;
     memcpy(p->rep, ev->param.conn.private_data, n < sizeof(p->rep) ? n : sizeof(p->rep));
