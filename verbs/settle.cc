@@ -195,6 +195,10 @@ void Conn::AfterSettledOnRdma() noexcept {
   // What the application did while held (the same race as CloseTx's, on the carriage).
   if (failover_.finished()) CloseTx();
   if (rx_close_wanted_.load(std::memory_order_seq_cst)) CloseRx();
+  // A reader that went to sleep on the own channel while held polled nothing (held, there
+  // is nothing to read), so the queue was never armed for it: a note that lands after this
+  // would wake nobody. Poll arms it for an announced sleeper, and takes what is here.
+  Poll();
   if (proxy_b_ >= 0 && (rx_eof_.load() || error_.load())) sys::shutdown(proxy_b_, SHUT_WR);
   // Whoever waited for space or bytes while held is owed a wake-up now, if there is
   // anything for them (a token for nothing would make an idle connection readable).

@@ -864,15 +864,17 @@ def perf_args(t, _):
                 f"usage on stdout")
 
 
-@case("perf_formats", variants=("tcp", "shm"))
+@case("perf_formats", variants=("tcp", "shm", "shm_reuseport"))
 def perf_formats(t, variant):
     """Every socket test against a slip-perf server, at two sizes with two repeats, in CSV
     and in JSON: both parse and hold every figure. Under slip-run ("shm") every connection,
-    control and data, must have used shm."""
+    control and data, must have used shm; shm_reuseport: the same against a server whose
+    listener has SO_REUSEPORT (`--reuseport`, gRPC's default)."""
     perf = slip_perf_path(t)
-    slip = variant == "shm"
-    server = t.serve("server", [perf, "server", "--bind", LOOPBACK, "-p", t.port, "--count", 2],
-                     slip=slip)
+    slip = variant != "tcp"
+    extra = ["--reuseport"] if variant == "shm_reuseport" else []
+    server = t.serve("server", [perf, "server", "--bind", LOOPBACK, "-p", t.port, "--count", 2,
+                                *extra], slip=slip)
     clients = []
     for output_format in ("csv", "json"):
         client = t.start(f"client_{output_format}",

@@ -143,6 +143,7 @@ ServerOptions ParseServer(const std::vector<std::string_view>& args) {
       PortOption(&o.port, 0),
       {"--bind", "", true, [&](std::string_view v) { o.bind = std::string(v); }},
       {"--once", "", false, [&](std::string_view) { set_count(1); }},
+      {"--reuseport", "", false, [&](std::string_view) { o.reuseport = true; }},
       {"--count", "", true,
        [&](std::string_view v) { set_count(ParseUnsigned("--count", v, 1, UINT64_MAX, false)); }},
   };

@@ -26,6 +26,7 @@ struct ServerOptions {
   std::string bind;  // "" = any address
   uint16_t port = kDefaultPort;
   uint64_t max_sessions = 0;  // 0 = serve until interrupted
+  bool reuseport = false;     // SO_REUSEPORT on the listener (as gRPC's default)
 };
 
 struct OutputOptions {

@@ -136,7 +136,7 @@ void SocketLink::Abort() noexcept {
   shutdown(fd_.get(), SHUT_RDWR);
 }
 
-Fd Listen(const std::string& bind_addr, uint16_t port) {
+Fd Listen(const std::string& bind_addr, uint16_t port, bool reuseport) {
   AddrInfoList list;
   Resolve(bind_addr, port, /*passive=*/true, &list);
   int last_errno = EADDRNOTAVAIL;
@@ -155,6 +155,7 @@ Fd Listen(const std::string& bind_addr, uint16_t port) {
     }
     const int one = 1;
     setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (reuseport) setsockopt(fd.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
     // A full backlog would make connections wait (and the shim give up accelerating
     // them), so tcp_crr with many connecting threads gets the largest one.
     if (bind(fd.get(), ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd.get(), SOMAXCONN) == 0) {

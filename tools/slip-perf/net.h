@@ -69,7 +69,7 @@ class SocketLink final : public Link {
 
 // Listens on `bind_addr` (numeric or a name; "" for any address) and `port` (0: one the
 // kernel picks). The listener is non-blocking: accepts wait in poll, so they can give up.
-Fd Listen(const std::string& bind_addr, uint16_t port);
+Fd Listen(const std::string& bind_addr, uint16_t port, bool reuseport = false);
 
 // Accepts data links (and control connections) from a listener.
 class SocketAcceptor final : public Acceptor {

@@ -32,7 +32,7 @@ void InstallStopHandlers() {
 
 int RunServer(const ServerOptions& options) {
   InstallStopHandlers();
-  Fd listener = Listen(options.bind, options.port);
+  Fd listener = Listen(options.bind, options.port, options.reuseport);
   // compare (and scripts) read the port from this line when they asked for port 0.
   std::fprintf(stderr, "slip-perf server: listening on %s\n", LocalName(listener.get()).c_str());
   SocketAcceptor acceptor(listener.get());

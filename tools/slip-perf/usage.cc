@@ -4,7 +4,7 @@ namespace slipperf {
 
 void PrintUsage(FILE* out) {
   std::fputs(R"(usage:
-  slip-perf server [-p PORT] [--bind ADDR] [--once | --count N]
+  slip-perf server [-p PORT] [--bind ADDR] [--once | --count N] [--reuseport]
   slip-perf client HOST [-p PORT] TEST... [SWEEP] [--format F] [--label NAME]
   slip-perf native TEST... [SWEEP] [--cpus S,C] [--format F] [--label NAME]
   slip-perf compare [--tests LIST] [SWEEP] [--transports LIST] [--out DIR] [--cpus S,C]
@@ -17,7 +17,8 @@ runs the same plain or under build/bin/slip-run, and the transports underneath n
 
 server   serves client sessions one at a time (default port 5301, any address; 0 picks a
          free port, printed on stderr); --once exits after one session, --count N after
-         N; SIGINT/SIGTERM stop it cleanly.
+         N; SIGINT/SIGTERM stop it cleanly. --reuseport: the listener has SO_REUSEPORT, as
+         gRPC's servers do by default.
 client   one control connection to a slip-perf server, and per test its data connections:
            tcp_lat  ping-pong of N-byte messages (default 64), TCP_NODELAY: one-way
                     latency = round trip / 2, in microseconds: mean, p50, p99, p99.9
