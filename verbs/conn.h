@@ -385,11 +385,12 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   mutable std::atomic<bool> gate_up_{false};  // PassGate has not seen the first bytes yet
   mutable std::atomic<bool> gate_tripped_{false};
   // A group's client: expecting the TAKEN (from the REP on), its nonce, whether it came,
-  // and how long Settle waits before it looks at the completion queue again.
+  // how long Settle waits before it looks at the completion queue again, and since when.
   std::atomic<bool> expect_taken_{false};
   uint64_t taken_nonce_ = 0;
   mutable std::atomic<bool> taken_{false};
   uint32_t taken_poll_ms_ = 1;
+  uint64_t held_since_ms_ = 0;
   bool no_reuse_ = false;
 
   // Reuse.

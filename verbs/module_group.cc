@@ -31,8 +31,10 @@ using namespace module_internal;
 
 namespace {
 
-// The holder waits this long for a member's process to answer (its progress thread).
+// The holder waits this long for a member's process to answer (its progress thread), and
+// keeps the answer (or its absence) this long.
 constexpr int kAskTimeoutMs = 50;
+constexpr uint64_t kMemberPortTtlMs = 1000;
 
 // The abstract name (leading NUL) of a member's directory socket; returns its length.
 socklen_t DirectoryName(uint16_t port, uint64_t inode, sockaddr_un* out) noexcept {
@@ -98,8 +100,20 @@ VerbsModule::MemberAnswer VerbsModule::MemberFor(Listener* listener, const Req& 
       if (m.inode == info.inode) return MemberAnswer::kOurs;
     }
   }
-  return AskMemberPort(listener->port, info.inode, info.uid, port) ? MemberAnswer::kRedirect
-                                                                   : MemberAnswer::kElsewhere;
+  // (Inodes are unique while the socket lives; a port cached for a member that went sends
+  // a client to a port nobody listens on any more: that connection is plain, no more.)
+  const uint64_t now = sys::MonotonicMs();
+  MemberPort* slot = &member_ports_[0];
+  for (MemberPort& m : member_ports_) {
+    if (m.inode == info.inode && now < m.until_ms) {
+      *port = m.port;
+      return m.port ? MemberAnswer::kRedirect : MemberAnswer::kElsewhere;
+    }
+    if (m.until_ms < slot->until_ms) slot = &m;  // the stalest is replaced
+  }
+  const bool answered = AskMemberPort(listener->port, info.inode, info.uid, port);
+  *slot = MemberPort{info.inode, answered ? *port : uint16_t(0), now + kMemberPortTtlMs};
+  return answered ? MemberAnswer::kRedirect : MemberAnswer::kElsewhere;
 }
 
 bool VerbsModule::PublishMember(Listener* listener, GroupMember* member) noexcept {

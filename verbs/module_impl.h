@@ -15,6 +15,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -340,6 +341,15 @@ class VerbsModule final : public Module, public ConnOwner {
   std::vector<Removal> removals_;      // written by the progress thread under mu_
   bool reaping_ = false;               // progress thread: a removal is not finished yet
   uint64_t last_housekeeping_ms_ = 0;  // progress thread: TrimIdleSlots, CheckAllConns
+  // Progress thread (MemberFor): what other processes' members answered lately, so that a
+  // storm to a group asks each member's directory once a second, not once per request, and
+  // a member whose process does not answer (stopped, say) costs the wait once a second.
+  struct MemberPort {
+    uint64_t inode = 0;
+    uint16_t port = 0;  // 0: it did not answer
+    uint64_t until_ms = 0;
+  };
+  std::array<MemberPort, 16> member_ports_{};
 };
 
 }  // namespace slip::verbs

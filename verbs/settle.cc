@@ -68,8 +68,9 @@ void Conn::ExpectTaken(uint64_t nonce) noexcept {
 void Conn::HoldForTaken(uint64_t deadline_ms) noexcept {
   Hold(taken_nonce_, deadline_ms);
   // (Settle looks at the queue pair for the TAKEN long before the deadline.)
+  held_since_ms_ = sys::MonotonicMs();
   taken_poll_ms_ = 1;
-  settle_at_.store(sys::MonotonicMs() + taken_poll_ms_, std::memory_order_release);
+  settle_at_.store(held_since_ms_ + taken_poll_ms_, std::memory_order_release);
 }
 
 ChannelControl::Settlement Conn::SettleClient(uint64_t now_ms, Reason* why) noexcept {
@@ -99,9 +100,10 @@ ChannelControl::Settlement Conn::SettleClient(uint64_t now_ms, Reason* why) noex
         *why = Reason::kAcceptedElsewhere;
         return Settlement::kPlain;
       }
-      // Nothing wakes the control thread for a completion: look again soon, less often
-      // as the wait grows (the accept may sit in a backlog).
-      taken_poll_ms_ = std::min<uint32_t>(taken_poll_ms_ * 2, 16);
+      // Nothing wakes the control thread for a completion: look again every millisecond
+      // for the first 8 (a TAKEN follows the SYN by the server's accept), then less often
+      // (the accept may sit in a backlog).
+      if (now_ms - held_since_ms_ >= 8) taken_poll_ms_ = std::min<uint32_t>(taken_poll_ms_ * 2, 16);
       settle_at_.store(std::min(deadline_ms_, now_ms + taken_poll_ms_), std::memory_order_release);
       return Settlement::kPending;
     }
