@@ -42,7 +42,7 @@ nbconnect.verbs nbconnect.plain_server
 nbconnect.refused nbconnect.closed gid.default gid.missing_client gid.missing_server
 failover.device_removed reuse.paced reuse.send
 reuse_restart.run reuseport.sockets reuseport.procs reuseport.mixed reuseport.takeover
-crr.reuseport grpc.default"}
+reuseport.squat crr.reuseport grpc.default"}
 # The rest (vm.verbs_extra, label "long": `make test-long`, not `make test`): other
 # readiness APIs and the mirror images of cases above, about a minute under emulation
 # that the 30-minute budget of `make test` cannot spare. SLIP_VERBS_EXTRA=1 runs only

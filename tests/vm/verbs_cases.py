@@ -380,7 +380,7 @@ def ends_on_port(t, proc, port, key):
     return found, count
 
 
-@case("reuseport", variants=("one", "sockets", "procs", "mixed", "takeover"))
+@case("reuseport", variants=("one", "sockets", "procs", "mixed", "takeover", "squat"))
 def reuseport(t, variant):
     """SO_REUSEPORT listeners over verbs (docs/DESIGN.md "Servers that share a port"), under
     a storm of connections whose clients speak first (progs/reuseport.py: random sizes both
@@ -394,17 +394,24 @@ def reuseport(t, variant):
     at once, without the client remembering the destination as plain), exact, never a byte
     of ours; the holder's on verbs. takeover: the holder's process exits first; the other
     member's process takes the port's rdma_cm listener over (within a second) and serves
-    every connection on verbs."""
+    every connection on verbs. squat: as mixed, and a local user (nobody) holds the plain
+    member's directory name and answers with a port of its own: the holder does not believe
+    it (it does not own the member's socket), says so in its log, and the plain member's
+    connections stay plain (reason reuseport), never redirected."""
     count, parallel = 24, 4
     members = {"one": [("a", 1, True)], "sockets": [("s", 2, True)],
                "procs": [("a", 1, True), ("b", 1, True), ("c", 1, True)],
                "mixed": [("a", 1, True), ("plain", 1, False)],
-               "takeover": [("gone", 1, True), ("b", 1, True)]}[variant]
+               "takeover": [("gone", 1, True), ("b", 1, True)],
+               "squat": [("a", 1, True), ("plain", 1, False)]}[variant]
     servers = {}
     listening = 0
     log = t.dir / "member.log"
+    holder_log = t.dir / "holder.log"
     for name, sockets, slip in members:
         env = {"SLIP_LOG": "info", "SLIP_LOG_FILE": str(log)} if name == "b" else None
+        if name == "a":
+            env = {"SLIP_LOG": "info", "SLIP_LOG_FILE": str(holder_log)}
         server = t.start(f"server-{name}",
                          py("reuseport.py", "server", "--port", t.port, "--bind", LOOPBACK,
                             "--member", name, "--sockets", sockets),
@@ -421,11 +428,32 @@ def reuseport(t, variant):
         servers["b"].wait_until(
             lambda: log.exists() and "this process's now" in log.read_text(),
             "the second member taking the port's rdma_cm listener over")
+    squatter = None
+    if variant == "squat":
+        pid = servers["plain"].popen.pid
+        inodes = [int(os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1])
+                  for fd in os.listdir(f"/proc/{pid}/fd")
+                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")]
+        t.check(len(inodes) == 1, f"the plain member holds sockets {inodes}, expected one")
+        squatter = t.start("squatter", ["setpriv", "--reuid=65534", "--regid=65534",
+                                        "--clear-groups", PYTHON, HERE / "progs" /
+                                        "group_squatter.py", "--port", t.port,
+                                        "--inode", inodes[0], "--answer", 1234])
+        squatter.wait_output("READY")
     started = time.monotonic()
     client = t.start("client", py("reuseport.py", "client", "--port", t.port, "--host", LOOPBACK,
                                   "--count", count, "--parallel", parallel), slip=True)
     client.expect_exit(0, timeout=180)
     took = time.monotonic() - started
+    if squatter:
+        squatter.signal(signal.SIGTERM)
+        squatter.expect_exit(0)
+        said = json.loads(squatter.stdout().strip().splitlines()[-1])
+        t.check(said["uid"] == 65534, f"the squatter ran as uid {said['uid']}")
+        text = holder_log.read_text() if holder_log.exists() else ""
+        print(f"the holder asked the squatter {said['asked']} time(s)")
+        t.check("not by the socket's owner" in text,
+                f"the holder did not say it ignored the squatter: {text[-2000:]!r}")
     for server in servers.values():
         server.signal(signal.SIGTERM)
     for server in servers.values():
