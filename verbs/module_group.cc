@@ -166,19 +166,34 @@ void VerbsModule::ServeDirectory(int fd) noexcept {
   // Under mu_: Unlisten closes directory sockets under it, so `fd` is still ours here (a
   // number reused meanwhile by the application is never accepted on).
   std::lock_guard<std::mutex> lock(mu_);
-  uint16_t rdma_port = 0;
+  uint16_t rdma_port = 0, listener_port = 0;
   for (const Listener* l : listeners_) {
     for (const GroupMember& m : l->members) {
-      if (m.directory_fd == fd) rdma_port = l->rdma_port;
+      if (m.directory_fd != fd) continue;
+      rdma_port = l->rdma_port;
+      listener_port = l->port;
     }
   }
   if (rdma_port == 0) return;
   const uint8_t answer[2] = {uint8_t(rdma_port), uint8_t(rdma_port >> 8)};
   for (;;) {
     const int c = sys::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c < 0) return;  // EAGAIN: all answered
-    sys::send(c, answer, sizeof(answer), MSG_NOSIGNAL);
-    sys::close(c);
+    if (c >= 0) {
+      sys::send(c, answer, sizeof(answer), MSG_NOSIGNAL);
+      sys::close(c);
+      continue;
+    }
+    if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return;  // all answered
+    // (EMFILE, say: the socket stays readable, and this thread would spin on it.) Deaf from
+    // now on: the holder's asks time out, and this member's connections are plain.
+    SLIP_LOG(kWarn,
+             "verbs: cannot answer the holder of port %u's group (%s); this member's "
+             "connections stay plain over RDMA",
+             unsigned(listener_port), strerror(errno));
+    epoll_event ev{};
+    ev.data.u64 = DirectoryKey(fd);
+    sys::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+    return;
   }
 }
 
