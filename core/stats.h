@@ -33,7 +33,7 @@ enum class Reason : uint8_t {
   kNonceMismatch,        // confirm carried the wrong nonce (forged registration)
   kFailover,             // was accelerated, moved back to TCP mid-stream
   kUnsupported,          // socket state we do not accelerate (e.g. bound to a device)
-  kReusePort,            // an SO_REUSEPORT listener the transport cannot serve (verbs)
+  kReusePort,            // verbs: the SO_REUSEPORT member the SYN reaches is not served
   kNoRdmaDevice,         // verbs allowed, but no usable RDMA device (or rdma-core missing)
   kNoRdmaPath,           // the peer cannot be reached over RDMA (address/route/timeout)
   kMemlock,              // RLIMIT_MEMLOCK too low to register the rings
