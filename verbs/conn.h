@@ -104,7 +104,9 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   // ExpectTaken (at the REP) lets the TAKEN in from then on; HoldForTaken (before
   // SetProxy) holds the stream, like a server's, until Settle sees the TAKEN and sends the
   // CONFIRM, or sees the server's own bytes, a failure or `deadline_ms` and goes plain.
+  // (A group's queue pair is never parked: ExpectTaken implies NoReuse.)
   void ExpectTaken(uint64_t nonce) noexcept;
+  bool awaits_taken() const noexcept { return expect_taken_.load(std::memory_order_acquire); }
   void HoldForTaken(uint64_t deadline_ms) noexcept;
   // Listener of such a group: the accepting process took the request (a SEND).
   bool SendTaken(uint64_t nonce) noexcept;

@@ -195,12 +195,8 @@ VerbsModule::Step VerbsModule::TakeEvent(ClientConn* c, rdma_cm_event* event,
       *why = Reason::kNoRdmaPath;
     } else {
       c->conn->SetPeer(rep.ring_addr, rep.rkey, (rep.flags & kFlagSendNotify) != 0);
-      if (rep.flags & kFlagGroup) {
-        // From here the queue pair may bring the TAKEN (even before our connect() returns).
-        c->group = true;
-        c->conn->ExpectTaken(c->nonce);
-        c->conn->NoReuse();
-      }
+      // From here the queue pair may bring the TAKEN (even before our connect() returns).
+      if (rep.flags & kFlagGroup) c->conn->ExpectTaken(c->nonce);
       ok = true;
     }
     rdma_ack_cm_event(event);
@@ -346,7 +342,8 @@ std::unique_ptr<Channel> VerbsModule::Finish(ClientConn* c, int proxy_b) noexcep
   }
   std::unique_ptr<Channel> channel(c->conn);
   // Held before the proxy is set: nothing of the stream moves until the TAKEN.
-  if (c->group) c->conn->HoldForTaken(sys::MonotonicMs() + config_->handshake_timeout_ms);
+  if (c->conn->awaits_taken())
+    c->conn->HoldForTaken(sys::MonotonicMs() + config_->handshake_timeout_ms);
   c->conn->SetProxy(b);
   c->conn->SetClientOf(c->dest);
   c->conn->SetOwner(this);

@@ -128,7 +128,6 @@ struct Pending {
   Conn* conn = nullptr;
   uint64_t expires_ms = 0;
   bool withdrawn = false;  // the client disconnected before confirming
-  bool group = false;      // its listener shares its port: TAKEN at accept (kFlagGroup)
 };
 
 // A TCP listening socket of this process in an SO_REUSEPORT group.
@@ -193,7 +192,6 @@ struct ClientConn {
   Stage stage = Stage::kAddr;
   uint64_t deadline_ms = 0;
   bool reused = false;  // conn is a parked queue pair (no rdma_cm exchange of its own)
-  bool group = false;   // the REP said kFlagGroup: CONFIRM only after the TAKEN
   // The request, kept for a second one: a group's holder may redirect it (once) to the
   // rdma_cm port of the member process that the SYN will reach.
   sockaddr_storage dest_addr{};
@@ -246,7 +244,9 @@ class VerbsModule final : public Module, public ConnOwner {
     return conn->channel ? conn->channel->fd : conn->conn->EventFd();
   }
   uint64_t Deadline(ClientConn* conn) noexcept override { return conn->deadline_ms; }
-  bool AwaitsTaken(ClientConn* conn) noexcept override { return conn->group; }
+  bool AwaitsTaken(ClientConn* conn) noexcept override {
+    return conn->conn && conn->conn->awaits_taken();
+  }
   std::unique_ptr<Channel> Finish(ClientConn* conn, int proxy_b) noexcept override;
   void Abort(ClientConn* conn) noexcept override;
   void ForkPrepare() noexcept override;

@@ -203,11 +203,9 @@ std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::End
   *why = Reason::kConnectSlow;  // (every client of the tuple gave up)
   std::unique_ptr<Conn> conn;
   uint64_t nonce = 0;
-  bool group = false;
   if (chosen != taken.size()) {
     conn.reset(taken[chosen].conn);
     nonce = taken[chosen].nonce;
-    group = taken[chosen].group;
     taken.erase(taken.begin() + long(chosen));
   }
   const size_t live = size_t(std::count_if(
@@ -225,7 +223,7 @@ std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::End
   // A group's client waits for this before its CONFIRM: the process that took the request
   // is the one that accepted the connection. (Lost, the client goes plain by its deadline,
   // and so does this end: its CONFIRM never comes.)
-  if (group && !conn->SendTaken(nonce))
+  if (l->group && !conn->SendTaken(nonce))
     SLIP_LOG(kInfo, "verbs: cannot say TAKEN to a request's client; it will continue on TCP");
   return conn;
 }

@@ -203,10 +203,9 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
       p.ring_log2 = req.ring_log2;
       p.conn = conn;
       p.expires_ms = PendingExpiry();
-      p.group = listener->group;
       // A group's connections do not keep their queue pairs: a claim names the port, and
       // the member a later SYN reaches is not known when the queue pair is parked.
-      if (p.group) conn->NoReuse();
+      if (listener->group) conn->NoReuse();
       bool queued = false;
       {
         std::lock_guard<std::mutex> lock(listener->mu);

@@ -62,6 +62,7 @@ void Conn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
 
 void Conn::ExpectTaken(uint64_t nonce) noexcept {
   taken_nonce_ = nonce;
+  no_reuse_ = true;
   expect_taken_.store(true, std::memory_order_release);
 }
 
@@ -123,7 +124,7 @@ ChannelControl::Settlement Conn::SettleClient(uint64_t now_ms, Reason* why) noex
 }
 
 ChannelControl::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
-  if (expect_taken_.load(std::memory_order_acquire)) return SettleClient(now_ms, why);
+  if (awaits_taken()) return SettleClient(now_ms, why);
   {
     std::lock_guard<std::mutex> lock(failover_.lock());
     if (!held()) return Settlement::kSettled;
