@@ -80,6 +80,16 @@ inline int getsockopt(int fd, int level, int name, void* val, socklen_t* len) no
 inline int setsockopt(int fd, int level, int name, const void* val, socklen_t len) noexcept {
   return static_cast<int>(::syscall(SYS_setsockopt, fd, level, name, val, len));
 }
+// A message over one buffer, with `control_len` bytes at `control` for descriptors
+// (SCM_RIGHTS) to come or go.
+inline msghdr MessageOver(iovec* iov, void* control, size_t control_len) noexcept {
+  msghdr mh{};
+  mh.msg_iov = iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = control_len;
+  return mh;
+}
 inline int poll(pollfd* fds, nfds_t n, int timeout_ms) noexcept {
   return static_cast<int>(::syscall(SYS_poll, fds, n, timeout_ms));
 }

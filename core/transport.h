@@ -172,6 +172,9 @@ class ListenerTwin {
   // connection: what a client offered must go to the process that accepts its connection,
   // so it is read in accept() only, not ahead of it by a service thread. Any thread.
   virtual void SharedByProcesses() noexcept {}
+  // The process is about to fork while holding the listening socket: what the processes
+  // that will share it need in common is made now, so that all of them inherit it.
+  virtual void BeforeFork() noexcept {}
 
  protected:
   ListenerTwin() = default;

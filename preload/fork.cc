@@ -36,8 +36,9 @@ uint64_t SettleBoundMs() noexcept {
 
 void MarkForked(SlipSocket* s, void* ctx) {
   if (s->kind == SockKind::kListener) s->forked.store(true, std::memory_order_relaxed);
-  // A connection: kept alive (it may be closing meanwhile) for ShareConnections.
-  if (s->kind != SockKind::kAccel || !TryAcquire(s, s->generation.load())) return;
+  // Kept alive (it may be closing meanwhile) for ShareConnections.
+  if (s->kind != SockKind::kAccel && s->kind != SockKind::kListener) return;
+  if (!TryAcquire(s, s->generation.load())) return;
   try {
     static_cast<std::vector<SlipSocket*>*>(ctx)->push_back(s);
   } catch (...) {
@@ -46,13 +47,20 @@ void MarkForked(SlipSocket* s, void* ctx) {
 }
 
 // Both processes may send or receive on these from now on: their cursors and side locks
-// move where both see them (core/shared_sides.h). Outside the pool's lock, which the
-// release of a last reference takes.
-void ShareConnections(const std::vector<SlipSocket*>& connections) {
-  for (SlipSocket* s : connections) {
+// move where both see them (core/shared_sides.h); both may accept on these listeners, and
+// what their twins share is made before the fork (shm: the queue through which siblings
+// hand each other registrations). Outside the pool's lock, which the release of a last
+// reference takes.
+void ShareConnections(const std::vector<SlipSocket*>& sockets) {
+  for (SlipSocket* s : sockets) {
     {
       std::lock_guard<std::mutex> lock(s->mu);
-      if (s->stream) s->stream->ShareAcrossFork();
+      if (s->kind == SockKind::kListener) {
+        for (auto& twin : s->twins)
+          if (twin) twin->BeforeFork();
+      } else if (s->stream) {
+        s->stream->ShareAcrossFork();
+      }
     }
     Release(s);
   }

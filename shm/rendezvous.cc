@@ -231,11 +231,7 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
   uint8_t buf[wire::kMaxMessageSize];
   iovec iov{buf, sizeof(buf)};
   alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))];
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof(control);
+  msghdr mh = sys::MessageOver(&iov, control, sizeof(control));
   const ssize_t n = sys::recvmsg(conn, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
     // Connected, message not written yet: wait for it, within bounds.
@@ -577,8 +573,17 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
   // (For a bounded time, not a count: a queue a flood left behind is mostly connections
   // already closed, cheap to read, with the registration behind them.)
   const uint64_t give_up_ms = sys::MonotonicMs() + kTakeSearchMs;
+  if (count == 0 && shared() && siblings_) {
+    // Forked workers: the registration may be a sibling's to pass on (shm/shared_listener.cc).
+    auto owner_inode = [](void* ctx) -> uint64_t {
+      const SocketInfo* info = (*static_cast<decltype(ask_owner)*>(ctx))();
+      return info ? info->inode : 0;
+    };
+    complete = SearchSiblings(client, server, owner_inode, &ask_owner, give_up_ms);
+    find();
+  }
   const int step = shared() ? 1 : kTakeDrainBudget;  // (a sibling's stays queued for it)
-  while (count == 0) {
+  while (count == 0 && !(shared() && siblings_)) {
     const DrainResult drained = DrainLocked(step);
     find();
     complete = drained == DrainResult::kDone;

@@ -46,6 +46,7 @@
 #include "core/channel.h"
 #include "core/stream.h"
 #include "core/wire.h"
+#include "shm/sibling_queue.h"
 
 namespace slip {
 class Transport;
@@ -274,14 +275,17 @@ class Rendezvous {
   bool Drain() noexcept;
 
   // The listening socket is held by several processes (fork): registrations are read only
-  // by Take, one at a time, so that each goes to the process that accepts its connection
-  // as long as they accept in turn (a process that read another's keeps it, and that
-  // connection goes plain). Drain() then does nothing.
+  // by Take, in the process that accepts, one at a time; one read by a process whose
+  // connection it is not is passed on unread through the siblings' queue (made by
+  // PrepareSharing before the fork), where the process that accepted its connection
+  // finds it. Drain() then does nothing.
   // (Its names in the rendezvous directory are withdrawn then: a registration from another
   // namespace is proven and watched by the control thread, which such a listener does not
   // run. Clients in other namespaces stay plain.)
   void Share() noexcept;
   bool shared() const noexcept { return shared_.load(std::memory_order_relaxed); }
+  // Before a fork: makes the siblings' queue (shm/sibling_queue.h) unless there is one.
+  void PrepareSharing() noexcept;
 
   // Publishes, in `dir` (SLIP_RENDEZVOUS_DIR), a name for each of the `count` endpoints
   // `reached` at which other network namespaces of this host reach the listener
@@ -320,6 +324,19 @@ class Rendezvous {
                 uint64_t client_inode) noexcept;
   void ExpireLocked(uint64_t now_ms) noexcept;
   void ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) noexcept;
+  // Shared by processes: what a rendezvous connection's REGISTER, unread, says of the
+  // accepted connection `client` -> `server` (`owner_inode(owner_ctx)`: its client
+  // socket's inode, asked only for a registration made by socket; 0 when the kernel
+  // cannot say).
+  enum class Peeked { kMine, kOther, kNotYet, kUnreadable };
+  Peeked PeekFor(int conn, const wire::Endpoint& client, const wire::Endpoint& server,
+                 uint64_t (*owner_inode)(void*), void* owner_ctx) noexcept;
+  // Shared by processes: reads rendezvous connections, the siblings' first, until this
+  // connection's registration is in the table, passing every other one on unread; waits
+  // only while a sibling holds one it has not passed yet. False when cut short (limits).
+  bool SearchSiblings(const wire::Endpoint& client, const wire::Endpoint& server,
+                      uint64_t (*owner_inode)(void*), void* owner_ctx,
+                      uint64_t give_up_ms) noexcept;
   // Accepts and reads the rendezvous connections queued on `listen_fd`, within *budget.
   DrainResult AcceptQueued(int listen_fd, bool via_dir, int* budget, uint64_t now_ms) noexcept;
   // Whether a registration from the directory can be for one of our connections.
@@ -351,6 +368,7 @@ class Rendezvous {
   std::mutex mu_;
   std::atomic<int> takers_{0};  // accept()s waiting for mu_: the control thread gives way
   std::atomic<bool> shared_{false};
+  std::unique_ptr<SiblingQueue> siblings_;  // made before a fork (PrepareSharing)
   uint64_t next_expire_ms_ = 0;
   std::unique_ptr<Registration[]> table_;  // [0, used_) live, fixed capacity: no allocation
   size_t used_ = 0;

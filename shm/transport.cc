@@ -260,6 +260,7 @@ class ShmTwin final : public ListenerTwin {
   int ServiceFd() const noexcept override { return rendezvous_->shared() ? -1 : rendezvous_->fd(); }
   bool Service() noexcept override { return rendezvous_->Drain(); }
   void SharedByProcesses() noexcept override { rendezvous_->Share(); }
+  void BeforeFork() noexcept override { rendezvous_->PrepareSharing(); }
 
  private:
   std::unique_ptr<Rendezvous> rendezvous_;

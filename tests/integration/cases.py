@@ -1201,8 +1201,9 @@ def reuseport(t, variant):
     a byte of ours), the others shm at both ends. shared: one listener without SO_REUSEPORT,
     two forked workers accepting on it (the registration may reach the other worker): every
     connection is exact, and each is shm at both ends or plain at both ends
-    (accepted_elsewhere at the client), never a hang; at least three in four are
-    accelerated."""
+    (accepted_elsewhere at the client), never a hang; a registration read by the worker
+    that did not accept its connection is passed on to the one that did, so all but a
+    few are accelerated (147-152 of 160 before they were passed on)."""
     if t.settings.plain:
         print("plain mode: nothing shared to check beyond the streams")
     members = {"group": ["a", "b", "c", "d"], "mixed": ["a", "b", "c", "plain"],
@@ -1282,10 +1283,10 @@ def reuseport(t, variant):
                 f"client ends other than shm or tcp/accepted_elsewhere: {dict(client_ends)}")
         t.check(sum(server_ends.values()) == len(accepted) and server_plain == mispredicted,
                 "the workers' ends must match the client's, one end per connection")
-        # Registrations are read in accept(), one at a time, by the worker that accepts: a
-        # worker takes another's only when both accept at once (about 1 in 15 here; when
-        # the control threads read them ahead, about half went plain).
-        t.check(client_ends.get(shm, 0) >= len(accepted) * 3 // 4,
+        # Registrations are read in accept() by the worker that accepts; one that reads its
+        # sibling's (both accepting at once) passes it on through their queue. What may
+        # still go plain: a search cut short by its bounds under a burst.
+        t.check(client_ends.get(shm, 0) >= len(accepted) - len(accepted) // 32,
                 f"only {client_ends.get(shm, 0)} of {len(accepted)} connections on shm")
     print(f"{client_ends.get(shm, 0)} of {len(accepted)} connections on shm")
     if variant != "shared":
