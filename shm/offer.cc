@@ -122,6 +122,7 @@ int FindRendezvous(const sockaddr* dest, const sockaddr* source, uint64_t* membe
   SocketInfo listener;
   if (int rc = FindListener(dest, &listener, source); rc < 0)
     return rc == -ENOENT ? -ECONNREFUSED : rc;  // nothing listens: connect() will say so
+  if (member) *member = listener.inode;
   sockaddr_un name;
   socklen_t len;
   RendezvousName(ep.port, listener.inode, &name, &len);
@@ -131,7 +132,6 @@ int FindRendezvous(const sockaddr* dest, const sockaddr* source, uint64_t* membe
     sys::close(sock);
     return -EPERM;
   }
-  if (member) *member = listener.inode;
   return sock;
 }
 

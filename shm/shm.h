@@ -131,7 +131,8 @@ struct Offer {
 // Connects to the rendezvous of the listener that a SYN to `dest` from `source` reaches
 // (no source: from nowhere, which for an SO_REUSEPORT group is some member), and verifies
 // it: it is the one that listening socket publishes, and it is held by that socket's
-// owner. *member (when not null) is that socket's inode. Returns the socket, or -errno:
+// owner. *member (when not null) is that socket's inode, set whenever a listening socket
+// was found (with -ECONNREFUSED: it publishes no rendezvous). Returns the socket, or -errno:
 // -ECONNREFUSED (no Slipstream listener), -EAGAIN (its queue is full), -EPERM (a rendezvous
 // whose owner is not the listener's: not used), -EMFILE (descriptors short), other errors.
 int FindRendezvous(const sockaddr* dest, const sockaddr* source = nullptr,

@@ -11,6 +11,7 @@
 
 #include "core/local_address.h"
 #include "core/log.h"
+#include "core/negative_cache.h"
 #include "core/no_destructor.h"
 #include "core/sock_diag.h"
 #include "core/sys.h"
@@ -275,9 +276,16 @@ class ShmTransport final : public Transport {
     uint64_t member = 0;
     int rv;
     if (IsLocalDestination(req.dest())) {
+      // A plain listener answered lately: plain at once, without asking the kernel again.
+      wire::Endpoint dest;
+      const bool keyed = wire::EndpointFromSockaddr(req.dest(), &dest);
+      const uint64_t now_ms = sys::MonotonicMs();
+      if (keyed && plain_listeners_.Lookup(dest, now_ms, why)) return nullptr;
       // (From nowhere: the socket is not bound yet, and a plain listener must not have it
       // bound. Register looks again from the bound port.)
       rv = FindRendezvous(req.dest(), nullptr, &member);
+      if (rv == -ECONNREFUSED && member != 0 && keyed)
+        plain_listeners_.Insert(dest, Reason::kPeerNotSlipstream, now_ms + kPlainListenerTtlMs);
     } else if (!req.config->rendezvous_dir.empty()) {
       // Maybe another namespace of this host (a pod): its listener's name in the directory.
       rv = FindDirRendezvous(req.config->rendezvous_dir.c_str(), req.dest());
@@ -335,6 +343,19 @@ class ShmTransport final : public Transport {
     if (!twin) *why = Reason::kResources;
     return twin;
   }
+
+  void ForkPrepare() noexcept override { plain_listeners_.ForkPrepare(); }
+  void ForkParent() noexcept override { plain_listeners_.ForkParent(); }
+  void ForkChild() noexcept override { plain_listeners_.ForkChild(); }
+
+ private:
+  // Destinations whose listening socket publishes no rendezvous (a plain server): a
+  // connection-per-request client of one paid the kernel's listener lookup and a refused
+  // connect(2) for every connection. Not what nobody listens on: a client that retries
+  // until its server is up must find the rendezvous the moment it is. A listener that
+  // starts publishing (the server restarted under Slipstream) is seen within the TTL.
+  static constexpr uint64_t kPlainListenerTtlMs = 1000;
+  NegativeCache plain_listeners_;
 };
 
 }  // namespace

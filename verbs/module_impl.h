@@ -29,7 +29,7 @@
 #include "core/wire.h"
 #include "verbs/conn.h"
 #include "verbs/device.h"
-#include "verbs/negative_cache.h"
+#include "core/negative_cache.h"
 #include "verbs/options.h"
 #include "verbs/private_data.h"
 #include "verbs/verbs.h"

@@ -20,7 +20,7 @@
 #include "core/stats.h"
 #include "core/wire.h"
 #include "tests/fuzz/wire_samples.h"
-#include "verbs/negative_cache.h"
+#include "core/negative_cache.h"
 #include "verbs/private_data.h"
 
 namespace slip::verbs {

@@ -1,6 +1,7 @@
-// Destinations that recently gave a negative answer over RDMA (no route, no listener,
-// timeout), so that the next connection to them goes plain at once instead of paying the
-// rdma_cm round trips again. Entries expire after SLIP_NEGATIVE_TTL_MS.
+// Destinations that recently gave a transport a negative answer, so that the next
+// connection to them goes plain at once instead of asking again: verbs (no route, no
+// listener, timeout: the rdma_cm round trips; entries live SLIP_NEGATIVE_TTL_MS) and shm
+// (a listener without a rendezvous: the kernel lookup and the refused connect(2)).
 //
 // Thread safety: all methods lock.
 #pragma once
@@ -12,7 +13,7 @@
 #include "core/stats.h"
 #include "core/wire.h"
 
-namespace slip::verbs {
+namespace slip {
 
 class NegativeCache {
  public:
@@ -20,6 +21,11 @@ class NegativeCache {
   bool Lookup(const wire::Endpoint& dest, uint64_t now_ms, Reason* why) noexcept;
   void Insert(const wire::Endpoint& dest, Reason why, uint64_t expires_ms) noexcept;
   size_t size() noexcept;
+
+  // fork(): the lock is held across fork so that the child never inherits it held.
+  void ForkPrepare() noexcept { mu_.lock(); }
+  void ForkParent() noexcept { mu_.unlock(); }
+  void ForkChild() noexcept { mu_.unlock(); }
 
  private:
   struct Entry {
@@ -33,4 +39,4 @@ class NegativeCache {
   std::vector<Entry> entries_;
 };
 
-}  // namespace slip::verbs
+}  // namespace slip

@@ -1,6 +1,6 @@
-#include "verbs/negative_cache.h"
+#include "core/negative_cache.h"
 
-namespace slip::verbs {
+namespace slip {
 
 bool NegativeCache::Lookup(const wire::Endpoint& dest, uint64_t now_ms, Reason* why) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
@@ -43,4 +43,4 @@ size_t NegativeCache::size() noexcept {
   return entries_.size();
 }
 
-}  // namespace slip::verbs
+}  // namespace slip
