@@ -197,6 +197,13 @@ constexpr Option kOptions[] = {
      }},
     {"SLIP_FAILOVER", "expected 0, 1, true, false, yes or no",
      [](std::string_view v, Config* c, Why*) { return ParseBool(v, &c->failover); }},
+    {"SLIP_SHORT_CONNS", "expected adaptive or accelerate",
+     [](std::string_view v, Config* c, Why*) {
+       v = Trim(v);
+       if (v != "adaptive" && v != "accelerate") return false;
+       c->short_conns_adaptive = v == "adaptive";
+       return true;
+     }},
 };
 
 bool PortIn(const std::vector<PortRange>& ranges, uint16_t port) {

@@ -91,6 +91,11 @@ struct Config {
   // (0: it resets, as before failover existed; for tests and for the cautious).
   bool failover = true;
 
+  // SLIP_SHORT_CONNS=adaptive|accelerate: whether a client stops accelerating connections
+  // to a destination whose connections keep closing before their setup paid off
+  // (core/short_conns.h), or accelerates every one however short.
+  bool short_conns_adaptive = true;
+
   bool Allows(TransportKind kind) const noexcept;
 };
 

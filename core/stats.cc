@@ -358,7 +358,8 @@ const char* ReasonName(Reason r) noexcept {
                                            "exec",
                                            "untrusted_rendezvous",
                                            "fd_limit",
-                                           "accepted_elsewhere"};
+                                           "accepted_elsewhere",
+                                           "short_lived"};
   static_assert(std::size(kNames) == static_cast<size_t>(Reason::kCount));
   auto i = static_cast<size_t>(r);
   return i < std::size(kNames) ? kNames[i] : "unknown";

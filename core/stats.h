@@ -41,6 +41,7 @@ enum class Reason : uint8_t {
   kUntrustedRendezvous,  // the rendezvous for the port is not held by the listener's owner
   kFdLimit,              // descriptors short: the setup would have used the application's
   kAcceptedElsewhere,    // another process took the connection (shared listener, group member)
+  kShortLived,           // its destination's connections lately closed before setup paid off
   kCount
 };
 const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
@@ -48,8 +49,8 @@ const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
 enum class SlotState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
 
 constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
-constexpr uint32_t kStatsVersion = 6;  // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit;
-                                       // 6: kAcceptedElsewhere
+constexpr uint32_t kStatsVersion = 7;  // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit;
+                                       // 6: kAcceptedElsewhere; 7: kShortLived
 constexpr uint32_t kStatsSlots = 8192;
 
 struct alignas(64) ConnSlot {

@@ -15,10 +15,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 
 #include "core/client_setup.h"
 #include "core/log.h"
+#include "core/no_destructor.h"
 #include "core/sys.h"
 #include "core/wire.h"
 #include "preload/accel_list.h"
@@ -136,6 +138,12 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
     sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
   if (!PolicyAllows(*req.config, reinterpret_cast<sockaddr*>(&local), addr))
     return ConnectPlain(s, fd, addr, len, Reason::kPolicy);
+  if (req.config->short_conns_adaptive) {
+    if (ShortConns().Bypass(req.server, sys::MonotonicMs()))
+      return ConnectPlain(s, fd, addr, len, Reason::kShortLived);
+    s->judged = true;
+    s->judged_dest = req.server;
+  }
 
   ClientSetup setup(req, Libc().connect);
   if (!setup.Probe(Transports())) return ConnectPlain(s, fd, addr, len, setup.reason());
@@ -161,6 +169,22 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
   if (setup.stage() == ClientSetup::Stage::kPlain && !setup.syn_sent())
     return ConnectPlain(s, fd, addr, len, setup.reason());
   return Finish(s, fd, &setup);
+}
+
+ShortConnPolicy& ShortConns() noexcept {
+  static NoDestructor<ShortConnPolicy> policy;  // connections may close during exit
+  return *policy;
+}
+
+void NoteClientClosed(const wire::Endpoint& dest, const ConnSlot& slot) noexcept {
+  if (slot.role != kRoleClient || slot.transport == uint8_t(TransportKind::kTcp)) return;
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);  // (the slot's clock)
+  const uint64_t now_ns = uint64_t(now.tv_sec) * 1000000000ull + uint64_t(now.tv_nsec);
+  const uint64_t life_ms = now_ns > slot.opened_ns ? (now_ns - slot.opened_ns) / 1000000 : 0;
+  const uint64_t bytes = slot.bytes_sent.load(std::memory_order_relaxed) +
+                         slot.bytes_received.load(std::memory_order_relaxed);
+  ShortConns().NoteClosed(dest, sys::MonotonicMs(), life_ms, bytes);
 }
 
 void RecordPendingPlain(SlipSocket* s, int fd) noexcept {

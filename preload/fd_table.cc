@@ -11,6 +11,7 @@
 #include "preload/accel_list.h"
 #include "preload/closer.h"
 #include "preload/control.h"
+#include "preload/handshake.h"
 
 namespace slip::preload {
 
@@ -116,6 +117,7 @@ void Teardown(SlipSocket* s) noexcept {
   if (s->anchor_fd >= 0) sys::close(s->anchor_fd);
   s->anchor_fd = -1;
   CloseTwins(s);
+  if (s->judged && s->stats) NoteClientClosed(s->judged_dest, *s->stats);
   if (s->stats) StatsClose(s->stats);
   s->stats = nullptr;
 }
@@ -130,6 +132,7 @@ void SlipSocket::Reset() noexcept {
   forked.store(false, std::memory_order_relaxed);
   stats_pending.store(false, std::memory_order_relaxed);
   pending_reason = Reason::kNone;
+  judged = false;
   connecting.store(false, std::memory_order_relaxed);
   kind = SockKind::kTcp;
   family = 0;

@@ -21,6 +21,7 @@
 #include "core/stats.h"
 #include "core/stream.h"
 #include "core/transport.h"
+#include "core/wire.h"
 
 namespace slip::preload {
 
@@ -68,6 +69,10 @@ struct SlipSocket {
   std::atomic<bool> forked{false};
   std::unique_ptr<Stream> stream;  // kAccel
   int anchor_fd = -1;              // kAccel, kConnecting: the hidden TCP socket
+  // A client connection that may be accelerated: where it connected, so that its end tells
+  // the short-connection policy (core/short_conns.h) how it went.
+  bool judged = false;
+  wire::Endpoint judged_dest{};
 
   // The application's epoll registrations of this socket (under `mu`). While kTcp: when
   // connect() swaps the descriptor to the proxy they must move with it, or epoll would

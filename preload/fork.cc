@@ -13,6 +13,7 @@
 #include "preload/control.h"
 #include "preload/exec.h"
 #include "preload/fd_table.h"
+#include "preload/handshake.h"
 #include "preload/runtime.h"
 #include "preload/transports.h"
 
@@ -85,9 +86,11 @@ void Prepare() {
   AccelListForkPrepare();
   for (Transport* t : Transports()) t->ForkPrepare();
   CloserForkPrepare();
+  ShortConns().ForkPrepare();
 }
 
 void Parent() {
+  ShortConns().ForkParent();
   CloserForkParent();
   for (Transport* t : Transports()) t->ForkParent();
   AccelListForkParent();
@@ -126,6 +129,7 @@ void Child() {
   ExecNoteProcess();
   // What only the parent may use (verbs: its queue pairs) is not ours: inherited
   // connections on it fail (ECONNRESET).
+  ShortConns().ForkChild();
   CloserForkChild();
   for (Transport* t : Transports()) t->ForkChild();
   AccelListForkChild();

@@ -4,6 +4,7 @@
 
 #include <sys/socket.h>
 
+#include "core/short_conns.h"
 #include "core/stats.h"
 #include "core/wire.h"
 
@@ -30,5 +31,10 @@ void MarkPlain(SlipSocket* s, int fd, Reason reason, int role,
 // Opens the stats slot of a plain connection whose non-blocking connect has completed
 // (it just moved its first bytes).
 void RecordPendingPlain(SlipSocket* s, int fd) noexcept;
+
+// The short-connection policy of this process (core/short_conns.h): a client connection
+// that was accelerated tells it how it ended (`slot`: its stats), at teardown.
+ShortConnPolicy& ShortConns() noexcept;
+void NoteClientClosed(const wire::Endpoint& dest, const ConnSlot& slot) noexcept;
 
 }  // namespace slip::preload

@@ -141,6 +141,12 @@ const Option kOptions[] = {
     {"--failover", "0|1", "SLIP_FAILOVER",
      "continue a connection on TCP when its RDMA path fails mid-stream (0: reset it)",
      [](const Defaults& d) { return std::string(d.core.failover ? "1" : "0"); }},
+    {"--short-conns", "MODE", "SLIP_SHORT_CONNS",
+     "adaptive (a destination whose connections keep closing before their setup paid off "
+     "gets plain TCP, a probe now and then) or accelerate (every connection, however short)",
+     [](const Defaults& d) {
+       return std::string(d.core.short_conns_adaptive ? "adaptive" : "accelerate");
+     }},
     {"--include-ports", "PORTS", "SLIP_INCLUDE_PORTS",
      "accelerate only these ports (local or remote), e.g. 80,8000-9000",
      [](const Defaults& d) { return PortsText(d.core.include_ports, "all"); }},

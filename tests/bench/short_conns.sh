@@ -14,9 +14,12 @@
 #            configuration), `ab -n 4000 -c 16` for a 512-byte file without keep-alive (a
 #            connection per request): requests/s, and the 99th percentile and slowest
 #            request in ms
-# tcp: every program plain; shm: the server and the client each under slip-run.
+# tcp: every program plain; accelerated: the server and the client each under slip-run,
+# every connection accelerated however short (SLIP_SHORT_CONNS=accelerate: what setting
+# one up costs); default policy: the same under slip-run's default (SLIP_SHORT_CONNS=
+# adaptive: a client keeps plain what keeps closing before its setup paid off).
 # Prints a markdown table and writes it to BUILD/bench-short/results.md, with the raw
-# outputs in BUILD/bench-short/raw/. About 4 minutes with the defaults.
+# outputs in BUILD/bench-short/raw/. About 6 minutes with the defaults.
 #
 #   tests/bench/short_conns.sh [BUILD_DIR]     (default: build)
 #
@@ -78,7 +81,9 @@ under() {
   local mode=$1 tag=$2
   shift 2
   if [[ $mode == shm ]]; then
-    "$SLIP_RUN" --stats="$RAW/$tag.stats" -- "$@"
+    SLIP_SHORT_CONNS=accelerate "$SLIP_RUN" --stats="$RAW/$tag.stats" -- "$@"
+  elif [[ $mode == adaptive ]]; then
+    SLIP_SHORT_CONNS=adaptive "$SLIP_RUN" --stats="$RAW/$tag.stats" -- "$@"
   else
     "$@"
   fi
@@ -181,7 +186,7 @@ CONF
 }
 
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-for mode in tcp shm; do
+for mode in tcp shm adaptive; do
   churn "$mode" || status=1
   pgbench_run "$mode" || status=1
   crr "$mode" || status=1
@@ -195,19 +200,24 @@ rates() { "$PYTHON" -c 'import json,sys; r=json.loads(sys.argv[1]); print(" ".jo
 ratio() { "$PYTHON" -c 'import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f"{b/a:.2f}x")' "$1" "$2" 2>/dev/null || echo "-"; }
 churn_tcp=$(rates "${RESULT[churn-tcp]:-}")
 churn_shm=$(rates "${RESULT[churn-shm]:-}")
+churn_adaptive=$(rates "${RESULT[churn-adaptive]:-}")
 last() { echo "$1" | awk -F'(' '{n=split($1, r, " "); print r[n]}'; }
 {
-  echo "| test | kernel TCP | Slipstream | Slipstream / TCP | shm ends |"
-  echo "| --- | ---: | ---: | ---: | --- |"
+  echo "| test | kernel TCP | accelerated | accelerated / TCP | shm ends | default policy | default / TCP |"
+  echo "| --- | ---: | ---: | ---: | --- | ---: | ---: |"
   echo "| churn, client closes first: conn/s in each 10 s | ${churn_tcp} | ${churn_shm} |" \
     "$(ratio "$(last "$churn_tcp")" "$(last "$churn_shm")") (last 10 s) |" \
-    "$(shm_ends "$RAW"/churn-*-shm.stats) |"
+    "$(shm_ends "$RAW"/churn-*-shm.stats) | ${churn_adaptive} |" \
+    "$(ratio "$(last "$churn_tcp")" "$(last "$churn_adaptive")") (last 10 s) |"
   echo "| pgbench -C -S, 1 client (tps) | ${RESULT[pg-tcp]:-} | ${RESULT[pg-shm]:-} |" \
-    "$(ratio "${RESULT[pg-tcp]:-0}" "${RESULT[pg-shm]:-0}") | $(shm_ends "$RAW"/pg-*-shm.stats*) |"
+    "$(ratio "${RESULT[pg-tcp]:-0}" "${RESULT[pg-shm]:-0}") | $(shm_ends "$RAW"/pg-*-shm.stats*) |" \
+    "${RESULT[pg-adaptive]:-} | $(ratio "${RESULT[pg-tcp]:-0}" "${RESULT[pg-adaptive]:-0}") |"
   echo "| slip-perf tcp_crr 64 B (conn/s) | ${RESULT[crr-tcp]:-} | ${RESULT[crr-shm]:-} |" \
-    "$(ratio "${RESULT[crr-tcp]:-0}" "${RESULT[crr-shm]:-0}") | $(shm_ends "$RAW"/crr-*-shm.stats) |"
+    "$(ratio "${RESULT[crr-tcp]:-0}" "${RESULT[crr-shm]:-0}") | $(shm_ends "$RAW"/crr-*-shm.stats) |" \
+    "${RESULT[crr-adaptive]:-} | $(ratio "${RESULT[crr-tcp]:-0}" "${RESULT[crr-adaptive]:-0}") |"
   echo "| nginx 2 workers, shared listener, ab -c 16, no keep-alive | ${RESULT[nginx-tcp]:-} |" \
     "${RESULT[nginx-shm]:-} | $(ratio "${RESULT[nginx-rps-tcp]:-0}" "${RESULT[nginx-rps-shm]:-0}") |" \
-    "$(shm_ends "$RAW"/nginx-ab-shm.stats) (ab's ends) |"
+    "$(shm_ends "$RAW"/nginx-ab-shm.stats) (ab's ends) | ${RESULT[nginx-adaptive]:-} |" \
+    "$(ratio "${RESULT[nginx-rps-tcp]:-0}" "${RESULT[nginx-rps-adaptive]:-0}") |"
 } | tee "$OUT/results.md"
 exit $status

@@ -133,6 +133,10 @@ def _child_env(extra):
         env["SLIP_LOG"] = os.environ["SLIP_TEST_LOG"]
     if os.environ.get("SLIP_TEST_LOG_FILE"):
         env["SLIP_LOG_FILE"] = os.environ["SLIP_TEST_LOG_FILE"]
+    # The tests check acceleration itself, often over storms of short connections, which
+    # the default policy would turn plain (core/short_conns.h): every connection is
+    # accelerated unless a test asks for the default (SLIP_SHORT_CONNS=adaptive).
+    env["SLIP_SHORT_CONNS"] = "accelerate"
     env.update(extra or {})
     return env
 

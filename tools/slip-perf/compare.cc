@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <optional>
@@ -140,6 +141,10 @@ class CompareRun {
       if (access(slip_run.c_str(), X_OK) != 0)
         throw std::runtime_error(slip_run + " not found: build it first");
       prefix = {slip_run, "--stats=" + stats, "--"};
+      // What is compared is the transport: tcp_crr's connections are accelerated however
+      // short, unless the caller chose otherwise (the default policy would carry them plain,
+      // core/short_conns.h).
+      setenv("SLIP_SHORT_CONNS", "accelerate", /*overwrite=*/0);
     }
     const std::string self = SelfPath();
     std::optional<Child> server;
