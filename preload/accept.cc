@@ -58,6 +58,23 @@ bool Endpoints(int fd, wire::Endpoint* client, wire::Endpoint* server) noexcept 
   return PeerEndpoint(fd, client) && LocalEndpoint(fd, server);
 }
 
+// An accepted connection's addresses, asked once: the offers are looked up by them, and a
+// plain connection's stats slot records them.
+struct Ends {
+  sockaddr_storage peer{}, local{};
+  wire::Endpoint client, server;
+
+  bool Ask(int fd) noexcept {
+    socklen_t plen = sizeof(peer), llen = sizeof(local);
+    return sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 &&
+           sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0 &&
+           wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&peer), &client) &&
+           wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&local), &server);
+  }
+  const sockaddr* peer_sa() const noexcept { return reinterpret_cast<const sockaddr*>(&peer); }
+  const sockaddr* local_sa() const noexcept { return reinterpret_cast<const sockaddr*>(&local); }
+};
+
 // Nothing was offered for the connection. A client that confirmed although nothing was
 // registered for it believes it runs on a ring: its CONFIRM must not reach the application
 // as data. (Its registration went to another process sharing the listener, or was dropped
@@ -65,8 +82,7 @@ bool Endpoints(int fd, wire::Endpoint* client, wire::Endpoint* server) noexcept 
 // since gets here.) Its CONFIRM is taken off the connection and declined: the client then
 // sends its stream from byte 0 on TCP (ChannelControl::OnPeerDecline), and the
 // application has a plain connection whose first bytes are that stream's.
-Outcome NothingOffered(SlipSocket* listener, SlipSocket* s, int fd,
-                       const wire::Endpoint& client) noexcept {
+Outcome NothingOffered(SlipSocket* listener, SlipSocket* s, int fd, const Ends& ends) noexcept {
   if (const AnchorPeek peek = PeekAnchor(fd); peek.Is(wire::Type::kConfirm)) {
     SLIP_LOG(kWarn,
              "fd %d: a CONFIRM arrived with nothing registered for its connection; declining "
@@ -79,8 +95,8 @@ Outcome NothingOffered(SlipSocket* listener, SlipSocket* s, int fd,
     return Outcome::kPlain;
   }
   SLIP_LOG(kDebug, "fd %d: nothing offered for the connection from port %u: plain", fd,
-           client.port);
-  MarkPlain(s, fd, listener->no_offer, kRoleServer);
+           ends.client.port);
+  MarkPlain(s, fd, listener->no_offer, kRoleServer, ends.peer_sa(), ends.local_sa());
   return Outcome::kPlain;
 }
 
@@ -96,15 +112,15 @@ struct Twins {
 // offered; this installs the held stream, which the client's CONFIRM settles here if it
 // is already queued, or later on the control thread: accept() never waits.
 Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
-  wire::Endpoint client, server;
-  if (!Endpoints(fd, &client, &server)) {
+  Ends ends;
+  if (!ends.Ask(fd)) {
     MarkPlain(s, fd, Reason::kUnsupported, kRoleServer);
     return Outcome::kPlain;
   }
   ServerSetup setup;
-  switch (setup.Run(Transports(), Twins(listener).at, client, server)) {
+  switch (setup.Run(Transports(), Twins(listener).at, ends.client, ends.server)) {
     case ServerSetup::Stage::kNothing:
-      return NothingOffered(listener, s, fd, client);
+      return NothingOffered(listener, s, fd, ends);
     case ServerSetup::Stage::kOpened: {
       Carrier* carrier = setup.carrier();
       const int rc = InstallStream(s, fd, &carrier->stream, &carrier->anchor_slot, kRoleServer);
@@ -125,7 +141,7 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
              ReasonName(setup.reason()));
     return Outcome::kDropped;
   }
-  MarkPlain(s, fd, setup.reason(), kRoleServer);
+  MarkPlain(s, fd, setup.reason(), kRoleServer, ends.peer_sa(), ends.local_sa());
   return Outcome::kPlain;
 }
 

@@ -196,19 +196,22 @@ void RecordPendingPlain(SlipSocket* s, int fd) noexcept {
     MarkPlain(s, fd, s->pending_reason, kRoleClient, reinterpret_cast<sockaddr*>(&peer));
 }
 
-void MarkPlain(SlipSocket* s, int fd, Reason reason, int role, const sockaddr* remote) noexcept {
-  sockaddr_storage local{}, peer{};
-  socklen_t llen = sizeof(local), plen = sizeof(peer);
-  sys::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen);
+void MarkPlain(SlipSocket* s, int fd, Reason reason, int role, const sockaddr* remote,
+               const sockaddr* local) noexcept {
+  s->kind = SockKind::kPlain;
+  if (s->stats) return;
+  sockaddr_storage own{}, peer{};
+  socklen_t llen = sizeof(own), plen = sizeof(peer);
+  if (!local) {
+    sys::getsockname(fd, reinterpret_cast<sockaddr*>(&own), &llen);
+    local = reinterpret_cast<sockaddr*>(&own);
+  }
   if (!remote) {
     if (sys::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0)
       peer.ss_family = AF_UNSPEC;
     remote = reinterpret_cast<sockaddr*>(&peer);
   }
-  s->kind = SockKind::kPlain;
-  if (!s->stats)
-    s->stats =
-        StatsOpen(TransportKind::kTcp, reason, role, reinterpret_cast<sockaddr*>(&local), remote);
+  s->stats = StatsOpen(TransportKind::kTcp, reason, role, local, remote);
 }
 
 }  // namespace slip::preload

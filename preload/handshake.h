@@ -25,8 +25,9 @@ void SlipUnlisten(SlipSocket* s) noexcept;
 
 // Records a connection that stays plain.
 // `remote` may be null: then it is read from the socket.
-void MarkPlain(SlipSocket* s, int fd, Reason reason, int role,
-               const sockaddr* remote = nullptr) noexcept;
+// (`remote`, `local`: the connection's addresses when the caller has them; asked otherwise.)
+void MarkPlain(SlipSocket* s, int fd, Reason reason, int role, const sockaddr* remote = nullptr,
+               const sockaddr* local = nullptr) noexcept;
 
 // Opens the stats slot of a plain connection whose non-blocking connect has completed
 // (it just moved its first bytes).
