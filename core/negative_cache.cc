@@ -3,7 +3,7 @@
 namespace slip {
 
 bool NegativeCache::Lookup(const wire::Endpoint& dest, uint64_t now_ms, Reason* why) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (!(entries_[i].dest == dest)) continue;
     if (entries_[i].expires_ms > now_ms) {
@@ -18,7 +18,7 @@ bool NegativeCache::Lookup(const wire::Endpoint& dest, uint64_t now_ms, Reason* 
 }
 
 void NegativeCache::Insert(const wire::Endpoint& dest, Reason why, uint64_t expires_ms) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   size_t oldest = 0;
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i].dest == dest) {
@@ -39,7 +39,7 @@ void NegativeCache::Insert(const wire::Endpoint& dest, Reason why, uint64_t expi
 }
 
 size_t NegativeCache::size() noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   return entries_.size();
 }
 

@@ -7,9 +7,9 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
+#include "core/fork_safe_mutex.h"
 #include "core/stats.h"
 #include "core/wire.h"
 
@@ -21,11 +21,8 @@ class NegativeCache {
   bool Lookup(const wire::Endpoint& dest, uint64_t now_ms, Reason* why) noexcept;
   void Insert(const wire::Endpoint& dest, Reason why, uint64_t expires_ms) noexcept;
   size_t size() noexcept;
-
-  // fork(): the lock is held across fork so that the child never inherits it held.
-  void ForkPrepare() noexcept { mu_.lock(); }
-  void ForkParent() noexcept { mu_.unlock(); }
-  void ForkChild() noexcept { mu_.unlock(); }
+  // For the fork handlers (core/fork_safe_mutex.h).
+  ForkSafeMutex& fork_mutex() noexcept { return mu_; }
 
  private:
   struct Entry {
@@ -35,7 +32,7 @@ class NegativeCache {
   };
   static constexpr size_t kMaxEntries = 4096;  // beyond it the oldest entries go first
 
-  std::mutex mu_;
+  ForkSafeMutex mu_;
   std::vector<Entry> entries_;
 };
 

@@ -9,7 +9,7 @@ ShortConnPolicy::Entry* ShortConnPolicy::FindLocked(const wire::Endpoint& dest) 
 }
 
 bool ShortConnPolicy::Bypass(const wire::Endpoint& dest, uint64_t now_ms) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   Entry* e = FindLocked(dest);
   if (!e) return false;
   const bool paused = now_ms - e->last_ms > kIdleMs;
@@ -26,7 +26,7 @@ bool ShortConnPolicy::Bypass(const wire::Endpoint& dest, uint64_t now_ms) noexce
 void ShortConnPolicy::NoteClosed(const wire::Endpoint& dest, uint64_t now_ms, uint64_t life_ms,
                                  uint64_t bytes) noexcept {
   const bool short_lived = life_ms < kShortLifeMs && bytes < kShortBytes;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   Entry* e = FindLocked(dest);
   if (!e) {
     if (!short_lived) return;  // (only short ones are worth remembering)

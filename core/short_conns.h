@@ -18,8 +18,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 
+#include "core/fork_safe_mutex.h"
 #include "core/wire.h"
 
 namespace slip {
@@ -39,10 +39,8 @@ class ShortConnPolicy {
   void NoteClosed(const wire::Endpoint& dest, uint64_t now_ms, uint64_t life_ms,
                   uint64_t bytes) noexcept;
 
-  // fork(): the lock is held across fork so that the child never inherits it held.
-  void ForkPrepare() noexcept { mu_.lock(); }
-  void ForkParent() noexcept { mu_.unlock(); }
-  void ForkChild() noexcept { mu_.unlock(); }
+  // For the fork handlers (core/fork_safe_mutex.h).
+  ForkSafeMutex& fork_mutex() noexcept { return mu_; }
 
  private:
   struct Entry {
@@ -56,7 +54,7 @@ class ShortConnPolicy {
 
   Entry* FindLocked(const wire::Endpoint& dest) noexcept;
 
-  std::mutex mu_;
+  ForkSafeMutex mu_;
   Entry entries_[kEntries];
 };
 

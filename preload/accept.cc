@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "core/anchor_path.h"
-#include "core/local_address.h"
 #include "core/log.h"
 #include "core/server_setup.h"
 #include "core/sys.h"
@@ -52,10 +51,6 @@ bool SendDecline(int fd, uint64_t nonce, wire::DeclineReason reason) noexcept {
   msg.decline = wire::Decline{nonce, reason};
   // (The first bytes on a fresh connection: the socket's buffer has room, nothing waits.)
   return SendOnAnchor(fd, msg, 0);
-}
-
-bool Endpoints(int fd, wire::Endpoint* client, wire::Endpoint* server) noexcept {
-  return PeerEndpoint(fd, client) && LocalEndpoint(fd, server);
 }
 
 // An accepted connection's addresses, asked once: the offers are looked up by them, and a
@@ -148,9 +143,9 @@ Outcome Negotiate(SlipSocket* listener, SlipSocket* s, int fd) noexcept {
 // An accepted connection that cannot be tracked: what was offered for it is abandoned so
 // that its client stays plain. False when the client had already committed to its CONFIRM.
 bool UntrackedIsSafe(SlipSocket* listener, int fd) noexcept {
-  wire::Endpoint client, server;
-  if (!Endpoints(fd, &client, &server)) return true;
-  return ServerSetup::AbandonAll(Transports(), Twins(listener).at, client, server);
+  Ends ends;
+  if (!ends.Ask(fd)) return true;
+  return ServerSetup::AbandonAll(Transports(), Twins(listener).at, ends.client, ends.server);
 }
 
 }  // namespace

@@ -86,11 +86,11 @@ void Prepare() {
   AccelListForkPrepare();
   for (Transport* t : Transports()) t->ForkPrepare();
   CloserForkPrepare();
-  ShortConns().ForkPrepare();
+  ShortConns().fork_mutex().ForkPrepare();
 }
 
 void Parent() {
-  ShortConns().ForkParent();
+  ShortConns().fork_mutex().ForkParent();
   CloserForkParent();
   for (Transport* t : Transports()) t->ForkParent();
   AccelListForkParent();
@@ -129,7 +129,7 @@ void Child() {
   ExecNoteProcess();
   // What only the parent may use (verbs: its queue pairs) is not ours: inherited
   // connections on it fail (ECONNRESET).
-  ShortConns().ForkChild();
+  ShortConns().fork_mutex().ForkChild();
   CloserForkChild();
   for (Transport* t : Transports()) t->ForkChild();
   AccelListForkChild();

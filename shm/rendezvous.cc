@@ -72,22 +72,6 @@ size_t CapacityFor() noexcept {
   return size_t(std::clamp<uint64_t>(hidden / 6, 4, 4096));
 }
 
-// The inode of a socket a client handed over (0: not a socket). Only a TCP socket's can
-// match a connection's client socket at accept, so nothing more is asked.
-uint64_t SocketInode(int fd) noexcept {
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return 0;
-  return uint64_t(st.st_ino);
-}
-
-uint32_t PeerUid(int conn) noexcept {
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  // An unknown peer counts as the most constrained one.
-  if (sys::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return UINT32_MAX;
-  return cred.uid;
-}
-
 // Says who holds a rendezvous name we could not bind (an attack, or another listener of
 // ours that did not let go).
 void LogHolder(const sockaddr_un& name, socklen_t len) noexcept {
@@ -108,6 +92,22 @@ void LogHolder(const sockaddr_un& name, socklen_t len) noexcept {
 }
 
 }  // namespace
+
+// (Only a TCP socket's inode can match a connection's client socket at accept, so nothing
+// more is asked.)
+uint64_t Rendezvous::SocketInode(int fd) noexcept {
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return 0;
+  return uint64_t(st.st_ino);
+}
+
+uint32_t Rendezvous::PeerUid(int conn) noexcept {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  // An unknown peer counts as the most constrained one.
+  if (sys::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return UINT32_MAX;
+  return cred.uid;
+}
 
 std::unique_ptr<Rendezvous> Rendezvous::Publish(uint16_t port, uint64_t listener_inode,
                                                 StreamOptions options, int* error,
@@ -581,13 +581,14 @@ bool Rendezvous::Take(const wire::Endpoint& client, const wire::Endpoint& server
     };
     complete = SearchSiblings(client, server, owner_inode, &ask_owner, give_up_ms);
     find();
-  }
-  const int step = shared() ? 1 : kTakeDrainBudget;  // (a sibling's stays queued for it)
-  while (count == 0 && !(shared() && siblings_)) {
-    const DrainResult drained = DrainLocked(step);
-    find();
-    complete = drained == DrainResult::kDone;
-    if (drained != DrainResult::kMore || sys::MonotonicMs() >= give_up_ms) break;
+  } else {
+    const int step = shared() ? 1 : kTakeDrainBudget;  // (a sibling's stays queued for it)
+    while (count == 0) {
+      const DrainResult drained = DrainLocked(step);
+      find();
+      complete = drained == DrainResult::kDone;
+      if (drained != DrainResult::kMore || sys::MonotonicMs() >= give_up_ms) break;
+    }
   }
   if (count == 0) {
     // A registration sent before this connection's SYN is read by now, unless the drain

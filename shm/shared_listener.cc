@@ -10,7 +10,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
@@ -30,13 +29,6 @@ constexpr int kMaxSiblingReads = 256;
 // nobody claims as long as a registration lives (its client then sees it closed, plain).
 constexpr uint64_t kNotYetTtlMs = 1000;
 constexpr uint64_t kPassedTtlMs = 30000;
-
-uint32_t ConnPeerUid(int conn) noexcept {
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (sys::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return UINT32_MAX;
-  return cred.uid;
-}
 
 }  // namespace
 
@@ -69,19 +61,18 @@ Rendezvous::Peeked Rendezvous::PeekFor(int conn, const wire::Endpoint& client,
   msghdr mh = sys::MessageOver(&iov, control, sizeof(control));
   if (sys::recvmsg(conn, &mh, MSG_PEEK | MSG_DONTWAIT | MSG_CMSG_CLOEXEC) != n)
     return Peeked::kUnreadable;
-  uint64_t handed = 0;
-  int index = 0;
+  // (Each copy closed at once: the message still holds the original, so no close here is
+  // the last one.)
+  int fds[8];
+  int nfds = 0;
   for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
     if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
     const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i, ++index) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-      struct stat st;
-      if (index == 4 && fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) handed = uint64_t(st.st_ino);
-      sys::close(fd);
-    }
+    for (size_t i = 0; i < count && nfds < 8; ++i)
+      std::memcpy(&fds[nfds++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
   }
+  const uint64_t handed = nfds > 4 ? SocketInode(fds[4]) : 0;
+  for (int i = 0; i < nfds; ++i) sys::close(fds[i]);
   return handed == inode ? Peeked::kMine : Peeked::kOther;
 }
 
@@ -131,7 +122,7 @@ bool Rendezvous::SearchSiblings(const wire::Endpoint& client, const wire::Endpoi
     ++reads;
     const Peeked peeked = PeekFor(conn, client, server, owner_inode, owner_ctx);
     if (peeked == Peeked::kMine || peeked == Peeked::kUnreadable) {
-      ReadOne(conn, ConnPeerUid(conn), now, /*via_dir=*/false);
+      ReadOne(conn, PeerUid(conn), now, /*via_dir=*/false);
       siblings_->EndHold();
       if (peeked == Peeked::kMine) return true;
       continue;

@@ -325,6 +325,10 @@ class Rendezvous {
                 uint64_t client_inode) noexcept;
   void ExpireLocked(uint64_t now_ms) noexcept;
   void ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) noexcept;
+  // The inode of a socket a client handed over (0: not a socket).
+  static uint64_t SocketInode(int fd) noexcept;
+  // The uid of a rendezvous connection's client (UINT32_MAX when unknown).
+  static uint32_t PeerUid(int conn) noexcept;
   // Shared by processes: what a rendezvous connection's REGISTER, unread, says of the
   // accepted connection `client` -> `server` (`owner_inode(owner_ctx)`: its client
   // socket's inode, asked only for a registration made by socket; 0 when the kernel

@@ -277,15 +277,14 @@ class ShmTransport final : public Transport {
     int rv;
     if (IsLocalDestination(req.dest())) {
       // A plain listener answered lately: plain at once, without asking the kernel again.
-      wire::Endpoint dest;
-      const bool keyed = wire::EndpointFromSockaddr(req.dest(), &dest);
       const uint64_t now_ms = sys::MonotonicMs();
-      if (keyed && plain_listeners_.Lookup(dest, now_ms, why)) return nullptr;
+      if (plain_listeners_.Lookup(req.server, now_ms, why)) return nullptr;
       // (From nowhere: the socket is not bound yet, and a plain listener must not have it
       // bound. Register looks again from the bound port.)
       rv = FindRendezvous(req.dest(), nullptr, &member);
-      if (rv == -ECONNREFUSED && member != 0 && keyed)
-        plain_listeners_.Insert(dest, Reason::kPeerNotSlipstream, now_ms + kPlainListenerTtlMs);
+      if (rv == -ECONNREFUSED && member != 0)
+        plain_listeners_.Insert(req.server, Reason::kPeerNotSlipstream,
+                                now_ms + kPlainListenerTtlMs);
     } else if (!req.config->rendezvous_dir.empty()) {
       // Maybe another namespace of this host (a pod): its listener's name in the directory.
       rv = FindDirRendezvous(req.config->rendezvous_dir.c_str(), req.dest());
@@ -344,9 +343,9 @@ class ShmTransport final : public Transport {
     return twin;
   }
 
-  void ForkPrepare() noexcept override { plain_listeners_.ForkPrepare(); }
-  void ForkParent() noexcept override { plain_listeners_.ForkParent(); }
-  void ForkChild() noexcept override { plain_listeners_.ForkChild(); }
+  void ForkPrepare() noexcept override { plain_listeners_.fork_mutex().ForkPrepare(); }
+  void ForkParent() noexcept override { plain_listeners_.fork_mutex().ForkParent(); }
+  void ForkChild() noexcept override { plain_listeners_.fork_mutex().ForkChild(); }
 
  private:
   // Destinations whose listening socket publishes no rendezvous (a plain server): a

@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/negative_cache.h"
 #include "core/sys.h"
 #include "core/wire.h"
 #include "verbs/conn.h"
 #include "verbs/device.h"
-#include "core/negative_cache.h"
 #include "verbs/options.h"
 #include "verbs/private_data.h"
 #include "verbs/verbs.h"

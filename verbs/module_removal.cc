@@ -102,9 +102,11 @@ void VerbsModule::ForkPrepare() noexcept {
   mu_.lock();
   for (Listener* l : listeners_) l->mu.lock();
   ConnRegistryLock();
+  negative_.fork_mutex().ForkPrepare();  // (a leaf lock: taken last)
 }
 
 void VerbsModule::ForkParent() noexcept {
+  negative_.fork_mutex().ForkParent();
   ConnRegistryUnlock();
   for (Listener* l : listeners_) l->mu.unlock();
   mu_.unlock();
@@ -114,6 +116,7 @@ void VerbsModule::ForkChild() noexcept {
   forked_.store(true, std::memory_order_release);
   OrphanAllConns();
   for (Listener* l : listeners_) l->pending.clear();  // the parent's requests, not ours
+  negative_.fork_mutex().ForkChild();
   ConnRegistryUnlock();
   for (Listener* l : listeners_) l->mu.unlock();
   mu_.unlock();
