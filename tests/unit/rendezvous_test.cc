@@ -728,17 +728,19 @@ TEST(RendezvousFindTest, EachSynReachesTheReuseportMemberFoundFromItsSource) {
     ASSERT_GE(sock, 0) << std::strerror(-sock);
     close(sock);
     ASSERT_EQ(connect(tcp, Sa(dest), Len(dest)), 0);
-    int taker = -1;
+    int taker = -1, conn = -1;
     for (int i = 0; i < kMembers && taker < 0; ++i) {
-      const int conn = accept4(members[i], nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (conn < 0) continue;
-      close(conn);
-      taker = i;
+      conn = accept4(members[i], nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (conn >= 0) taker = i;
     }
     ASSERT_GE(taker, 0);
     EXPECT_EQ(member, InodeOf(members[taker])) << "client " << c;
     ++hits[taker];
+    // The client closes first, so that TIME_WAIT stays on its port, which no later bind()
+    // takes: a 4-tuple in TIME_WAIT at the server would hide the listener from the next
+    // lookup made from that port (docs/DESIGN.md, known limitations), about once in 30 runs.
     close(tcp);
+    close(conn);
   }
   // (The hash spreads them: a member that got none would make the test moot.)
   for (int i = 0; i < kMembers; ++i) EXPECT_GT(hits[i], 0) << "member " << i;
