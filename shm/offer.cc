@@ -16,6 +16,7 @@
 #include "core/sys.h"
 #include "shm/dir_rendezvous.h"
 #include "shm/region.h"
+#include "shm/region_file.h"
 #include "shm/rendezvous_name.h"
 #include "shm/shm.h"
 
@@ -168,24 +169,8 @@ int PrepareOffer(uint32_t ring_size, Offer* offer) noexcept {
   offer->nonce = sys::RandomNonce();
   offer->ring_size = ring_size;
   offer->region_size = RegionSize(ring_size);
-  // A memfd counts against RLIMIT_FSIZE: growing it past the limit would raise SIGXFSZ,
-  // which kills the host program. Plain TCP instead.
-  if (!sys::FileSizeAllows(offer->region_size)) return -EFBIG;
-  offer->memfd = sys::MoveAbove(memfd_create("slipstream", MFD_CLOEXEC | MFD_ALLOW_SEALING), floor);
-  if (offer->memfd < 0) return -errno;
-  if (sys::TruncateFitting(offer->memfd, offer->region_size) != 0) return -errno;
-  // The server maps this region: sealed, the client can never shrink it under the server
-  // (a SIGBUS there would kill the server process).
-  if (sys::fcntl(offer->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-    return -errno;
-  void* region =
-      mmap(nullptr, offer->region_size, PROT_READ | PROT_WRITE, MAP_SHARED, offer->memfd, 0);
-  if (region == MAP_FAILED) return -errno;
-  offer->region = region;
-  auto* control = new (region) RegionControl();
-  control->header.magic = kRegionMagic;
-  control->header.ring_size = ring_size;
-  control->header.nonce = offer->nonce;
+  if (int rc = CreateRegion(ring_size, offer->nonce, floor, &offer->memfd, &offer->region); rc != 0)
+    return rc;
 
   // Every descriptor the connection will hold is taken now, above the floor, so that
   // nothing after the SYN (when the listener may claim it) can fail for want of one.

@@ -13,6 +13,7 @@
 #include "core/sock_diag.h"
 #include "core/sys.h"
 #include "shm/region.h"
+#include "shm/region_file.h"
 #include "shm/shm.h"
 
 namespace slip::shm {
@@ -67,16 +68,6 @@ bool IsProxyPairByProbe(int a, int b) noexcept {
          sys::recv(b, &got, sizeof(got), MSG_DONTWAIT) == ssize_t(sizeof(got)) && got == probe;
 }
 
-// Only a sealed region is safe to map: one the client could still shrink would turn the
-// server's next access into a SIGBUS.
-bool IsSealedRegion(int memfd, uint64_t size) noexcept {
-  struct stat st;
-  constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
-  const int seals = sys::fcntl(memfd, F_GET_SEALS);
-  return seals >= 0 && (seals & kSizeSeals) == kSizeSeals && fstat(memfd, &st) == 0 &&
-         S_ISREG(st.st_mode) && uint64_t(st.st_size) == size;
-}
-
 }  // namespace
 
 std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4], int anchor,
@@ -91,25 +82,16 @@ std::unique_ptr<Channel> AcceptRegistration(const wire::Register& msg, int fds[4
   const bool fd_count_ok =
       across_namespaces ? msg.fd_count == 5 : msg.fd_count == 4 || msg.fd_count == 5;
   if (!fd_count_ok || !ValidRingSize(msg.ring_size) ||
-      msg.region_size != RegionSize(msg.ring_size) || !IsSealedRegion(fds[0], msg.region_size) ||
+      msg.region_size != RegionSize(msg.ring_size) ||
       !(across_namespaces ? IsProxyPairByProbe(fds[1], fds[2]) : IsProxyPair(fds[1], fds[2])) ||
       !IsUnixStream(fds[3], &client_b_inode)) {
     CloseAll(fds, 4);
     return nullptr;
   }
-  void* region = mmap(nullptr, msg.region_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-  if (region == MAP_FAILED) {
-    *reason = wire::DeclineReason::kResources;
-    CloseAll(fds, 4);
-    return nullptr;
-  }
-  // The one read of the header: the values that count are the message's, checked here.
-  const RegionHeader& header = static_cast<RegionControl*>(region)->header;
-  const uint32_t magic = header.magic;
-  const uint32_t ring_size = header.ring_size;
-  const uint64_t nonce = header.nonce;
-  if (magic != kRegionMagic || ring_size != msg.ring_size || nonce != msg.nonce) {
-    munmap(region, msg.region_size);
+  int map_error = 0;
+  void* region = MapPeerRegion(fds[0], msg.ring_size, msg.nonce, &map_error);
+  if (region == nullptr) {
+    if (map_error == -ENOMEM) *reason = wire::DeclineReason::kResources;
     CloseAll(fds, 4);
     return nullptr;
   }
