@@ -19,6 +19,7 @@ std::atomic<int> g_level{static_cast<int>(LogLevel::kWarn)};
 std::atomic<int> g_fd{STDERR_FILENO};          // where lines go now
 int g_file_fd = -1;                            // our own log file descriptor, kept across re-inits
 std::atomic<uint64_t (*)()> g_clock{nullptr};  // the rate limit's clock; tests only
+std::atomic<LogSink> g_sink{nullptr};          // a face's own logger (the NCCL plugin's)
 
 constexpr size_t kLineMax = 1024;
 
@@ -33,7 +34,8 @@ const char* LevelName(LogLevel level) {
 // interleave; the suppression count is kept when a long message is cut. errno is
 // preserved: callers log on paths whose errno the application is about to read. A line
 // the file size limit would cut is not written at all (sys::WriteFitting).
-void Emit(int fd, const char* label, uint64_t suppressed, const char* fmt, va_list args) {
+void Emit(int fd, LogLevel level, const char* label, uint64_t suppressed, const char* fmt,
+          va_list args) {
   int saved_errno = errno;
   char tail[64];
   int t = suppressed == 0
@@ -53,6 +55,12 @@ void Emit(int fd, const char* label, uint64_t suppressed, const char* fmt, va_li
   while (len > 0 && line[len - 1] == '\n') --len;  // the caller's own newline
   memcpy(line + len, tail, tail_len);
   len += tail_len;
+  if (LogSink sink = g_sink.load(std::memory_order_acquire); sink != nullptr && label != nullptr) {
+    line[len] = '\0';
+    sink(level, line);
+    errno = saved_errno;
+    return;
+  }
   line[len++] = '\n';
   sys::WriteFitting(fd, line, len);
   errno = saved_errno;
@@ -133,7 +141,7 @@ void LogWriteAt(LogSite* site, LogLevel level, const char* fmt, ...) noexcept {
   if (level <= LogLevel::kWarn && site != nullptr && !Admit(site, NowMs(), &suppressed)) return;
   va_list args;
   va_start(args, fmt);
-  Emit(g_fd.load(std::memory_order_relaxed), LevelName(level), suppressed, fmt, args);
+  Emit(g_fd.load(std::memory_order_relaxed), level, LevelName(level), suppressed, fmt, args);
   va_end(args);
 }
 
@@ -141,15 +149,19 @@ void LogWrite(LogLevel level, const char* fmt, ...) noexcept {
   if (!LogEnabled(level)) return;
   va_list args;
   va_start(args, fmt);
-  Emit(g_fd.load(std::memory_order_relaxed), LevelName(level), 0, fmt, args);
+  Emit(g_fd.load(std::memory_order_relaxed), level, LevelName(level), 0, fmt, args);
   va_end(args);
 }
 
 void LogAlways(const char* fmt, ...) noexcept {
   va_list args;
   va_start(args, fmt);
-  Emit(STDERR_FILENO, nullptr, 0, fmt, args);
+  Emit(STDERR_FILENO, LogLevel::kError, nullptr, 0, fmt, args);
   va_end(args);
+}
+
+void LogSetSink(LogSink sink) noexcept {
+  g_sink.store(sink, std::memory_order_release);
 }
 
 void LogSetClockForTest(uint64_t (*now_ms)()) noexcept {

@@ -44,6 +44,12 @@ void LogWrite(LogLevel level, const char* fmt, ...) noexcept __attribute__((form
 // Writes one line to stderr regardless of level (config errors at start-up).
 void LogAlways(const char* fmt, ...) noexcept __attribute__((format(printf, 1, 2)));
 
+// A face whose host program has a logger of its own (NCCL passes one to its plugins) takes
+// the lines instead of SLIP_LOG_FILE/stderr: `line` is the whole formatted line, without
+// its newline. nullptr restores the file. LogAlways still writes to stderr.
+using LogSink = void (*)(LogLevel level, const char* line);
+void LogSetSink(LogSink sink) noexcept;
+
 // Tests: the rate limit's clock in milliseconds; nullptr restores CLOCK_MONOTONIC.
 void LogSetClockForTest(uint64_t (*now_ms)()) noexcept;
 
