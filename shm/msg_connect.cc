@@ -1,0 +1,275 @@
+// shm's message face: listening, connecting and accepting (shm/msg.h).
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "shm/msg.h"
+#include "shm/msg_internal.h"
+#include "shm/msg_wire.h"
+#include "shm/region.h"
+#include "shm/region_file.h"
+
+namespace slip::shm {
+
+namespace {
+
+using msg::Status;
+
+std::atomic<uint32_t> g_ring_size{1u << 20};
+
+// How long an accepted connection may take to send its HELLO before it is dropped (a
+// local process that connects and says nothing must not hold a slot for ever).
+constexpr uint64_t kHelloWaitMs = 10'000;
+
+socklen_t AbstractName(uint32_t pid, uint64_t token, sockaddr_un* addr) noexcept {
+  std::memset(addr, 0, sizeof(*addr));
+  addr->sun_family = AF_UNIX;
+  const int n = snprintf(addr->sun_path + 1, sizeof(addr->sun_path) - 1,
+                         "slipstream-nccl:%u:%016" PRIx64, pid, token);
+  return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + size_t(n));
+}
+
+bool PeerCred(int sock, ucred* cred) noexcept {
+  socklen_t len = sizeof(*cred);
+  return sys::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, cred, &len) == 0;
+}
+
+class ShmListener final : public msg::Listener {
+ public:
+  ShmListener(int fd, uint64_t secret) noexcept : fd_(fd), secret_(secret) {}
+  ~ShmListener() override {
+    for (auto& p : pending_)
+      if (p.fd >= 0) sys::close(p.fd);
+    sys::close(fd_);
+  }
+
+  Status Accept(std::unique_ptr<msg::RecvComm>* out) noexcept override {
+    AcceptQueued();
+    const uint64_t now = sys::MonotonicMs();
+    for (auto& p : pending_) {
+      if (p.fd < 0) continue;
+      if (Status s = ReadHello(&p, out); s != Status::kAgain) return s;
+      if (p.fd >= 0 && now - p.since_ms > kHelloWaitMs) {
+        SLIP_LOG(kWarn, "NCCL listener over shm: a connection sent no HELLO in %llu s: dropped",
+                 (unsigned long long)(kHelloWaitMs / 1000));
+        Drop(&p);
+      }
+    }
+    return Status::kAgain;
+  }
+
+ private:
+  struct Pending {
+    int fd = -1;
+    uint64_t since_ms = 0;
+  };
+
+  void AcceptQueued() noexcept {
+    for (auto& p : pending_) {
+      if (p.fd >= 0) continue;
+      const int fd = sys::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;
+      ucred cred{};
+      if (!PeerCred(fd, &cred) || cred.uid != geteuid()) {
+        SLIP_LOG(kWarn,
+                 "NCCL listener over shm: refused a connection from pid %d uid %u (not this "
+                 "process's uid)",
+                 int(cred.pid), unsigned(cred.uid));
+        sys::close(fd);
+        continue;
+      }
+      p.fd = fd;
+      p.since_ms = sys::MonotonicMs();
+    }
+  }
+
+  void Drop(Pending* p) noexcept {
+    sys::close(p->fd);
+    p->fd = -1;
+  }
+
+  Status ReadHello(Pending* p, std::unique_ptr<msg::RecvComm>* out) noexcept {
+    uint8_t buf[msgwire::kHelloBytes + 1];
+    iovec iov{buf, sizeof(buf)};
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    const ssize_t n = sys::recvmsg(p->fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return Status::kAgain;
+    // Whatever descriptors came are ours to close unless exactly one memfd came with a
+    // good HELLO.
+    int fds[4];
+    int nfds = 0;
+    for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count && nfds < 4; ++i)
+        std::memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+    msgwire::Hello hello;
+    const bool good = n > 0 && !(m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) && nfds == 1 &&
+                      msgwire::ParseHello(buf, size_t(n), &hello) && hello.secret == secret_;
+    if (!good) {
+      for (int i = 0; i < nfds; ++i) sys::close(fds[i]);
+      if (n != 0)
+        SLIP_LOG(kWarn, "NCCL listener over shm: a malformed or foreign HELLO: connection dropped");
+      Drop(p);
+      return Status::kAgain;
+    }
+    int error = 0;
+    void* region = MapPeerRegion(fds[0], hello.ring_size, hello.region_nonce, &error);
+    sys::close(fds[0]);
+    if (region == nullptr) {
+      SLIP_LOG(kWarn, "NCCL listener over shm: the sender's region is %s: connection dropped",
+               error == -ENOMEM ? "too large to map" : "not a sealed region of its size");
+      Drop(p);
+      return error == -ENOMEM ? Status::kSystem : Status::kAgain;
+    }
+    auto comm = MakeRecvComm(region, hello.ring_size, p->fd);
+    if (!comm) {
+      munmap(region, RegionSize(hello.ring_size));
+      Drop(p);
+      return Status::kSystem;
+    }
+    p->fd = -1;  // the comm's now
+    *out = std::move(comm);
+    return Status::kOk;
+  }
+
+  const int fd_;
+  const uint64_t secret_;
+  Pending pending_[8];
+};
+
+class ShmMessageTransport final : public msg::Transport {
+ public:
+  const char* name() const noexcept override { return "shm"; }
+
+  Status Listen(uint8_t* handle, std::unique_ptr<msg::Listener>* out) noexcept override {
+    msgwire::Handle h;
+    h.host = msgwire::ThisHost();
+    h.uid = geteuid();
+    h.pid = uint32_t(getpid());
+    h.name_token = sys::RandomNonce();
+    h.secret = sys::RandomNonce();
+    const int fd = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Status::kSystem;
+    sockaddr_un addr;
+    const socklen_t len = AbstractName(h.pid, h.name_token, &addr);
+    if (sys::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || sys::listen(fd, 128) != 0) {
+      SLIP_LOG(kWarn, "NCCL listener over shm: cannot listen: %s", strerror(errno));
+      sys::close(fd);
+      return Status::kSystem;
+    }
+    auto listener = std::unique_ptr<msg::Listener>(new (std::nothrow) ShmListener(fd, h.secret));
+    if (!listener) {
+      sys::close(fd);
+      return Status::kSystem;
+    }
+    msgwire::EncodeHandle(h, handle);
+    *out = std::move(listener);
+    return Status::kOk;
+  }
+
+  Status Connect(const uint8_t* handle, std::unique_ptr<msg::SendComm>* out) noexcept override {
+    msgwire::Handle h;
+    if (!msgwire::ParseHandle(handle, msg::kHandleBytes, &h)) {
+      SLIP_LOG(kWarn, "NCCL connect: the handle is not one of Slipstream's shm listeners");
+      return Status::kBadArgument;
+    }
+    if (!(h.host == msgwire::ThisHost())) {
+      SLIP_LOG(kWarn,
+               "NCCL connect: the listener is on another host or network namespace, which "
+               "shm cannot reach");
+      return Status::kSystem;
+    }
+    if (h.uid != geteuid()) {
+      SLIP_LOG(kWarn, "NCCL connect: the listener belongs to uid %u, not this process's: refused",
+               unsigned(h.uid));
+      return Status::kBadArgument;
+    }
+    const int fd = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Status::kSystem;
+    sockaddr_un addr;
+    const socklen_t len = AbstractName(h.pid, h.name_token, &addr);
+    if (sys::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+      const int err = errno;
+      sys::close(fd);
+      if (err == EAGAIN || err == EINTR) return Status::kAgain;  // its backlog is full
+      SLIP_LOG(kWarn, "NCCL connect over shm: the listener of pid %u is not there: %s",
+               unsigned(h.pid), strerror(err));
+      return Status::kSystem;
+    }
+    // Abstract names have no owner: the socket must be held by the handle's process.
+    ucred cred{};
+    if (!PeerCred(fd, &cred) || cred.uid != h.uid || uint32_t(cred.pid) != h.pid) {
+      SLIP_LOG(kWarn,
+               "NCCL connect over shm: the listener's name is held by pid %d uid %u, not by "
+               "the handle's pid %u: refused",
+               int(cred.pid), unsigned(cred.uid), unsigned(h.pid));
+      sys::close(fd);
+      return Status::kBadArgument;
+    }
+    const uint32_t ring_size = g_ring_size.load(std::memory_order_relaxed);
+    msgwire::Hello hello{h.secret, sys::RandomNonce(), ring_size};
+    int memfd = -1;
+    void* region = nullptr;
+    if (int rc = CreateRegion(ring_size, hello.region_nonce, 0, &memfd, &region); rc != 0) {
+      SLIP_LOG(kWarn, "NCCL connect over shm: cannot make a region of %u bytes: %s",
+               unsigned(RegionSize(ring_size)), strerror(-rc));
+      sys::close(fd);
+      return Status::kSystem;
+    }
+    uint8_t buf[msgwire::kHelloBytes];
+    msgwire::EncodeHello(hello, buf);
+    iovec iov{buf, sizeof(buf)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+    const ssize_t sent = sys::sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    sys::close(memfd);  // the mapping keeps the region; the listener has its own
+    std::unique_ptr<msg::SendComm> comm;
+    if (sent == ssize_t(sizeof(buf))) comm = MakeSendComm(region, ring_size, fd);
+    if (!comm) {
+      munmap(region, RegionSize(ring_size));
+      sys::close(fd);
+      return sent == ssize_t(sizeof(buf)) ? Status::kSystem : Status::kAgain;
+    }
+    *out = std::move(comm);
+    return Status::kOk;
+  }
+};
+
+}  // namespace
+
+msg::Transport* MessageTransport() noexcept {
+  static ShmMessageTransport transport;
+  return &transport;
+}
+
+void SetMessageRingSize(uint32_t ring_size) noexcept {
+  if (ValidRingSize(ring_size)) g_ring_size.store(ring_size, std::memory_order_relaxed);
+}
+
+}  // namespace slip::shm
