@@ -461,10 +461,14 @@ TEST_F(NcclPlugin, GroupedReceivesMatchByTag) {
         bool all = true;
         for (int k = 0; k < n; ++k) {
           int size;
-          if (!sdone[k]) ASSERT_EQ(a.test(sreqs[k], &sdone[k], &size), ncclSuccess);
+          if (!sdone[k]) {
+            ASSERT_EQ(a.test(sreqs[k], &sdone[k], &size), ncclSuccess);
+          }
           all = all && sdone[k];
         }
-        if (!rdone) ASSERT_EQ(a.test(rreq, &rdone, sizes), ncclSuccess);
+        if (!rdone) {
+          ASSERT_EQ(a.test(rreq, &rdone, sizes), ncclSuccess);
+        }
         if (all && rdone) break;
       }
       ASSERT_TRUE(rdone);
