@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
@@ -13,6 +14,7 @@
 
 #include "core/log.h"
 #include "core/sys.h"
+#include "shm/fd_passing.h"
 #include "shm/msg.h"
 #include "shm/msg_internal.h"
 #include "shm/msg_wire.h"
@@ -102,28 +104,18 @@ class ShmListener final : public msg::Listener {
     uint8_t buf[msgwire::kHelloBytes + 1];
     iovec iov{buf, sizeof(buf)};
     alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
+    msghdr m = sys::MessageOver(&iov, control, sizeof(control));
     const ssize_t n = sys::recvmsg(p->fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return Status::kAgain;
     // Whatever descriptors came are ours to close unless exactly one memfd came with a
     // good HELLO.
     int fds[4];
-    int nfds = 0;
-    for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; c != nullptr; c = CMSG_NXTHDR(&m, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count && nfds < 4; ++i)
-        std::memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-    }
+    const int nfds = n >= 0 ? TakeFds(&m, fds, 4) : 0;
     msgwire::Hello hello;
     const bool good = n > 0 && !(m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) && nfds == 1 &&
                       msgwire::ParseHello(buf, size_t(n), &hello) && hello.secret == secret_;
     if (!good) {
-      for (int i = 0; i < nfds; ++i) sys::close(fds[i]);
+      for (int i = 0; i < std::min(nfds, 4); ++i) sys::CloseHandedOver(fds[i]);
       if (n != 0)
         SLIP_LOG(kWarn, "NCCL listener over shm: a malformed or foreign HELLO: connection dropped");
       Drop(p);
@@ -235,26 +227,14 @@ class ShmMessageTransport final : public msg::Transport {
     }
     uint8_t buf[msgwire::kHelloBytes];
     msgwire::EncodeHello(hello, buf);
-    iovec iov{buf, sizeof(buf)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-    const ssize_t sent = sys::sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const int sent = SendWithFds(fd, buf, sizeof(buf), &memfd, 1);
     sys::close(memfd);  // the mapping keeps the region; the listener has its own
     std::unique_ptr<msg::SendComm> comm;
-    if (sent == ssize_t(sizeof(buf))) comm = MakeSendComm(region, ring_size, fd);
+    if (sent == 0) comm = MakeSendComm(region, ring_size, fd);
     if (!comm) {
       munmap(region, RegionSize(ring_size));
       sys::close(fd);
-      return sent == ssize_t(sizeof(buf)) ? Status::kSystem : Status::kAgain;
+      return sent == 0 ? Status::kSystem : Status::kAgain;
     }
     *out = std::move(comm);
     return Status::kOk;

@@ -15,6 +15,7 @@
 #include "core/sock_diag.h"
 #include "core/sys.h"
 #include "shm/dir_rendezvous.h"
+#include "shm/fd_passing.h"
 #include "shm/region.h"
 #include "shm/region_file.h"
 #include "shm/rendezvous_name.h"
@@ -27,26 +28,6 @@ namespace {
 void CloseIf(int* fd) noexcept {
   if (*fd >= 0) sys::close(*fd);
   *fd = -1;
-}
-
-int SendWithFds(int sock, const uint8_t* msg, size_t len, const int* fds, int nfds) noexcept {
-  iovec iov{const_cast<uint8_t*>(msg), len};
-  alignas(cmsghdr) char control[CMSG_SPACE(5 * sizeof(int))] = {};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  if (nfds > 0) {
-    mh.msg_control = control;
-    mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-    cmsghdr* cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-    std::memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
-  }
-  ssize_t n = sys::sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-  if (n < 0) return -errno;
-  return n == ssize_t(len) ? 0 : -EMSGSIZE;
 }
 
 // A rendezvous socket connected to `name`, above the floor; -errno on failure: -EAGAIN (its

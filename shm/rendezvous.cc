@@ -24,6 +24,7 @@
 #include "core/sock_diag.h"
 #include "core/sys.h"
 #include "shm/dir_rendezvous.h"
+#include "shm/fd_passing.h"
 #include "shm/region.h"
 #include "shm/rendezvous_name.h"
 #include "shm/shm.h"
@@ -248,29 +249,19 @@ void Rendezvous::ReadOne(int conn, uint32_t uid, uint64_t now_ms, bool via_dir) 
   // (Through the directory, or registered by its socket, a fifth: the client's TCP socket.)
   constexpr int kMostFds = 5;
   int fds[kMostFds] = {-1, -1, -1, -1, -1};
-  int nfds = 0;
+  int nfds = n >= 0 ? TakeFds(&mh, fds, kMostFds) : 0;  // (beyond kMostFds: closed)
   bool moved = true;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-    const int count = int((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-    for (int i = 0; i < count; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-      if (nfds >= kMostFds) {
-        sys::CloseHandedOver(fd);
-        nfds = kMostFds + 1;  // too many descriptors: malformed
-        continue;
-      }
-      // (Never a plain close of what the client handed over: it may linger.)
-      fds[nfds] = sys::DupAbove(fd, sys::HiddenFdFloor());
-      if (fds[nfds] >= 0)
-        sys::close(fd);  // (not the last reference: the duplicate holds the file)
-      else
-        sys::CloseHandedOver(fd);
-      moved = moved && fds[nfds] >= 0;
-      ++nfds;
-    }
+  for (int i = 0; i < std::min(nfds, kMostFds); ++i) {
+    // (Never a plain close of what the client handed over: it may linger.)
+    const int fd = fds[i];
+    fds[i] = sys::DupAbove(fd, sys::HiddenFdFloor());
+    if (fds[i] >= 0)
+      sys::close(fd);  // (not the last reference: the duplicate holds the file)
+    else
+      sys::CloseHandedOver(fd);
+    moved = moved && fds[i] >= 0;
   }
+  if (nfds > kMostFds) nfds = kMostFds + 1;  // too many descriptors: malformed
   auto close_fds = [&fds] {
     for (int& fd : fds) {
       sys::CloseHandedOver(fd);  // (never blocks, whatever the client handed over)

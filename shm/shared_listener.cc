@@ -16,6 +16,7 @@
 
 #include "core/log.h"
 #include "core/sys.h"
+#include "shm/fd_passing.h"
 #include "shm/shm.h"
 
 namespace slip::shm {
@@ -64,13 +65,7 @@ Rendezvous::Peeked Rendezvous::PeekFor(int conn, const wire::Endpoint& client,
   // (Each copy closed at once: the message still holds the original, so no close here is
   // the last one.)
   int fds[8];
-  int nfds = 0;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count && nfds < 8; ++i)
-      std::memcpy(&fds[nfds++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-  }
+  const int nfds = TakeFds(&mh, fds, 8);  // (the control buffer holds no more than 8)
   const uint64_t handed = nfds > 4 ? SocketInode(fds[4]) : 0;
   for (int i = 0; i < nfds; ++i) sys::close(fds[i]);
   return handed == inode ? Peeked::kMine : Peeked::kOther;

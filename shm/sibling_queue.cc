@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "core/sys.h"
+#include "shm/fd_passing.h"
 
 namespace slip::shm {
 
@@ -69,19 +70,11 @@ SiblingQueue::~SiblingQueue() {
 uint64_t SiblingQueue::Pass(int conn, uint64_t first_read_ms) noexcept {
   const uint64_t seq = ++passes_;
   PassHeader header{kPassMagic, uint32_t(getpid()), first_read_ms, seq};
-  iovec iov{&header, sizeof(header)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr mh = sys::MessageOver(&iov, control, sizeof(control));
-  cmsghdr* cm = CMSG_FIRSTHDR(&mh);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &conn, sizeof(int));
-  const bool sent =
-      sys::sendmsg(ends_[0], &mh, MSG_DONTWAIT | MSG_NOSIGNAL) == ssize_t(sizeof(header));
+  const int rc = SendWithFds(ends_[0], &header, sizeof(header), &conn, 1);
+  const bool sent = rc == 0;
   if (!sent)
     SLIP_LOG(kWarn, "shared listener: cannot pass a registration to a sibling (errno %d); plain",
-             errno);
+             -rc);
   sys::close(conn);  // (in flight, the queue holds it; not sent, its client sees EOF)
   return sent ? seq : 0;
 }
@@ -94,19 +87,7 @@ int SiblingQueue::Receive(Passed* passed) noexcept {
   const ssize_t n = sys::recvmsg(ends_[1], &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0) return -1;
   int conn = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (conn < 0) {
-        conn = fd;
-      } else {
-        sys::close(fd);
-      }
-    }
-  }
+  TakeFds(&mh, &conn, 1);  // (a second is closed: only one is ever passed)
   // (Only the processes that forked from the listener's holder hold the queue: anything
   // else in it is a bug, dropped all the same.)
   if (n != ssize_t(sizeof(header)) || header.magic != kPassMagic || conn < 0) {
