@@ -105,23 +105,9 @@ typedef struct {
   size_t maxCollBytes;
 } ncclNetProperties_v9_t;  // v10 has the same layout
 
+// v11 appends one field to v9's layout (the same bytes as NCCL's flat declaration).
 typedef struct {
-  char* name;
-  char* pciPath;
-  uint64_t guid;
-  int ptrSupport;
-  int regIsGlobal;
-  int forceFlush;
-  int speed;
-  int port;
-  float latency;
-  int maxComms;
-  int maxRecvs;
-  ncclNetDeviceType netDeviceType;
-  int netDeviceVersion;
-  ncclNetVDeviceProps_v9_t vProps;
-  size_t maxP2pBytes;
-  size_t maxCollBytes;
+  ncclNetProperties_v9_t v9;
   int maxMultiRequestSize;
 } ncclNetProperties_v11_t;
 

@@ -54,7 +54,7 @@ ncclResult_t GetPropertiesV9(int dev, ncclNetProperties_v9_t* props) noexcept {
 ncclResult_t GetPropertiesV11(int dev, ncclNetProperties_v11_t* props) noexcept {
   Properties p;
   if (ncclResult_t rc = GetProperties(dev, &p); rc != ncclSuccess) return rc;
-  CopyV9(p, props);
+  CopyV9(p, &props->v9);
   props->maxMultiRequestSize = 1;
   return ncclSuccess;
 }

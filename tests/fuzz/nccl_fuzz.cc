@@ -26,36 +26,15 @@
 #include "shm/msg_internal.h"
 #include "shm/msg_wire.h"
 #include "shm/region.h"
+#include "tests/fuzz/fuzz_script.h"
 
 namespace slip::shm {
 namespace {
 
 constexpr uint32_t kRing = 4096;
 
-void Require(bool ok) {
-  if (!ok) __builtin_trap();
-}
-
-class Script {
- public:
-  Script(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  bool done() const { return pos_ >= size_; }
-  uint8_t U8() { return pos_ < size_ ? data_[pos_++] : 0; }
-  uint16_t U16() { return uint16_t(U8() | U8() << 8); }
-  uint32_t U32() { return uint32_t(U16()) | uint32_t(U16()) << 16; }
-  uint64_t U64() { return uint64_t(U32()) | uint64_t(U32()) << 32; }
-  const uint8_t* Bytes(size_t n, size_t* got) {
-    *got = n < size_ - pos_ ? n : size_ - pos_;
-    const uint8_t* p = data_ + pos_;
-    pos_ += *got;
-    return p;
-  }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
+using fuzz::Require;
+using fuzz::Script;
 
 // The peer's hand in the region: bytes into a ring at its own cursor, and the cursors.
 struct Peer {

@@ -218,9 +218,11 @@ std::vector<Message> Plan(uint64_t seed, int count, size_t max_size) {
   return plan;
 }
 
-// The sender's side of a plan: up to 32 sends in flight, each tested until done.
-int SendPlan(const Api& a, void* send, const std::vector<Message>& plan, uint64_t seed) {
-  std::vector<std::vector<uint8_t>> bufs(plan.size());
+// Runs one side of a plan as NCCL's proxy would: up to 32 requests in flight, each tested
+// until done. post(i, &req) posts message i (req null: not now); finish(i, size) checks a
+// done one. 0 when every message went through, else the first failure's code.
+int DrivePlan(const Api& a, size_t count, const std::function<int(size_t, void**)>& post,
+              const std::function<int(size_t, int)>& finish) {
   struct Flight {
     size_t i;
     void* req;
@@ -228,77 +230,83 @@ int SendPlan(const Api& a, void* send, const std::vector<Message>& plan, uint64_
   std::deque<Flight> flight;
   size_t next = 0;
   const auto deadline = Clock::now() + std::chrono::seconds(40);
-  while ((next < plan.size() || !flight.empty()) && Clock::now() < deadline) {
-    if (next < plan.size() && flight.size() < NCCL_NET_MAX_REQUESTS) {
-      bufs[next].resize(plan[next].size);
-      Fill(bufs[next].data(), plan[next].size, seed + next);
+  while ((next < count || !flight.empty()) && Clock::now() < deadline) {
+    if (next < count && flight.size() < NCCL_NET_MAX_REQUESTS) {
       void* req = nullptr;
-      if (a.isend(send, bufs[next].data(), plan[next].size, plan[next].tag, &req) != ncclSuccess)
-        return 10;
+      if (int rc = post(next, &req)) return rc;
       if (req) flight.push_back({next++, req});
     }
     for (auto it = flight.begin(); it != flight.end();) {
       int done = 0, size = -1;
       if (a.test(it->req, &done, &size) != ncclSuccess) return 11;
-      if (done) {
-        if (size_t(size) != plan[it->i].size) return 12;
-        bufs[it->i].clear();
-        bufs[it->i].shrink_to_fit();
-        it = flight.erase(it);
-      } else {
+      if (!done) {
         ++it;
+        continue;
       }
+      if (int rc = finish(it->i, size)) return rc;
+      it = flight.erase(it);
     }
   }
-  return next == plan.size() && flight.empty() ? 0 : 13;
+  return next == count && flight.empty() ? 0 : 13;
+}
+
+int SendPlan(const Api& a, void* send, const std::vector<Message>& plan, uint64_t seed) {
+  std::vector<std::vector<uint8_t>> bufs(plan.size());
+  return DrivePlan(
+      a, plan.size(),
+      [&](size_t i, void** req) {
+        bufs[i].resize(plan[i].size);
+        Fill(bufs[i].data(), plan[i].size, seed + i);
+        return a.isend(send, bufs[i].data(), plan[i].size, plan[i].tag, req) == ncclSuccess ? 0
+                                                                                            : 10;
+      },
+      [&](size_t i, int size) {
+        std::vector<uint8_t>().swap(bufs[i]);
+        return size_t(size) == plan[i].size ? 0 : 12;
+      });
 }
 
 int RecvPlan(const Api& a, void* recv, const std::vector<Message>& plan, uint64_t seed) {
   std::vector<std::vector<uint8_t>> bufs(plan.size());
-  struct Flight {
-    size_t i;
-    void* req;
-  };
-  std::deque<Flight> flight;
-  size_t next = 0;
-  const auto deadline = Clock::now() + std::chrono::seconds(40);
-  while ((next < plan.size() || !flight.empty()) && Clock::now() < deadline) {
-    if (next < plan.size() && flight.size() < NCCL_NET_MAX_REQUESTS) {
-      bufs[next].assign(plan[next].capacity, 0xee);
-      void* data = bufs[next].data();
-      size_t cap = plan[next].capacity;
-      int tag = plan[next].tag;
-      void* req = nullptr;
-      if (a.irecv(recv, 1, &data, &cap, &tag, &req) != ncclSuccess) return 20;
-      if (req) flight.push_back({next++, req});
-    }
-    for (auto it = flight.begin(); it != flight.end();) {
-      int done = 0, size = -1;
-      if (a.test(it->req, &done, &size) != ncclSuccess) return 21;
-      if (done) {
-        const Message& m = plan[it->i];
+  return DrivePlan(
+      a, plan.size(),
+      [&](size_t i, void** req) {
+        bufs[i].assign(plan[i].capacity, 0xee);
+        void* data = bufs[i].data();
+        size_t cap = plan[i].capacity;
+        int tag = plan[i].tag;
+        return a.irecv(recv, 1, &data, &cap, &tag, req) == ncclSuccess ? 0 : 20;
+      },
+      [&](size_t i, int size) {
+        const Message& m = plan[i];
         if (size_t(size) != m.size) return 22;
-        if (!Matches(bufs[it->i].data(), m.size, seed + it->i)) return 23;
-        // Nothing written past what was sent.
-        for (size_t k = m.size; k < m.capacity; ++k)
-          if (bufs[it->i][k] != 0xee) return 24;
-        bufs[it->i].clear();
-        bufs[it->i].shrink_to_fit();
-        it = flight.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  return next == plan.size() && flight.empty() ? 0 : 25;
+        if (!Matches(bufs[i].data(), m.size, seed + i)) return 23;
+        for (size_t k = m.size; k < m.capacity; ++k)  // nothing written past what was sent
+          if (bufs[i][k] != 0xee) return 24;
+        std::vector<uint8_t>().swap(bufs[i]);
+        return 0;
+      });
 }
 
+// Each test starts with v11's calls and a listen comm of its own.
 class NcclPlugin : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_NE(P().lib, nullptr) << dlerror();
     ASSERT_NE(P().v11, nullptr);
+    a = ApiV(11);
+    ASSERT_EQ(a.listen(handle, &listen), ncclSuccess);
   }
+
+  void TearDown() override {
+    if (listen != nullptr) {
+      EXPECT_EQ(a.close_listen(listen), ncclSuccess);
+    }
+  }
+
+  Api a;
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  void* listen = nullptr;
 };
 
 TEST_F(NcclPlugin, ExportsEachVersionUnderOneName) {
@@ -317,9 +325,10 @@ TEST_F(NcclPlugin, ExportsEachVersionUnderOneName) {
 }
 
 TEST_F(NcclPlugin, PropertiesAreHonest) {
-  ncclNetProperties_v11_t props;
-  std::memset(&props, 0x5a, sizeof(props));
-  ASSERT_EQ(P().v11->getProperties(0, &props), ncclSuccess);
+  ncclNetProperties_v11_t all;
+  std::memset(&all, 0x5a, sizeof(all));
+  ASSERT_EQ(P().v11->getProperties(0, &all), ncclSuccess);
+  const ncclNetProperties_v9_t& props = all.v9;
   EXPECT_STREQ(props.name, "slipstream-shm");
   EXPECT_EQ(props.pciPath, nullptr);
   EXPECT_EQ(props.ptrSupport, NCCL_PTR_HOST);  // shm copies with the CPU
@@ -329,12 +338,12 @@ TEST_F(NcclPlugin, PropertiesAreHonest) {
   EXPECT_EQ(props.netDeviceType, NCCL_NET_DEVICE_HOST);
   EXPECT_EQ(props.vProps.ndevs, 1);
   EXPECT_EQ(props.vProps.devs[0], 0);
-  EXPECT_EQ(props.maxMultiRequestSize, 1);
+  EXPECT_EQ(all.maxMultiRequestSize, 1);
   ncclNetProperties_v8_t v8;
   ASSERT_EQ(P().v8->getProperties(0, &v8), ncclSuccess);
   EXPECT_EQ(v8.ptrSupport, NCCL_PTR_HOST);
   EXPECT_EQ(v8.maxRecvs, 8);
-  EXPECT_EQ(P().v11->getProperties(99, &props), ncclInvalidArgument);
+  EXPECT_EQ(P().v11->getProperties(99, &all), ncclInvalidArgument);
 }
 
 TEST_F(NcclPlugin, MakeVDeviceChecksWhatItMerges) {
@@ -353,7 +362,7 @@ TEST_F(NcclPlugin, MakeVDeviceChecksWhatItMerges) {
   EXPECT_EQ(after, before + 1);
   ncclNetProperties_v11_t props;
   ASSERT_EQ(P().v11->getProperties(dev, &props), ncclSuccess);
-  EXPECT_EQ(props.vProps.ndevs, 1);
+  EXPECT_EQ(props.v9.vProps.ndevs, 1);
 }
 
 // Every version's adapters, both ends in one process.
@@ -386,10 +395,6 @@ TEST_F(NcclPlugin, EachVersionCarriesMessagesExactly) {
 // The proxy's view: two processes, one listening; random sizes up to 4 MiB (past the 1 MiB
 // ring), 32 in flight each way, receives larger than their sends.
 TEST_F(NcclPlugin, SeparateProcessesRandomSizes) {
-  Api a = ApiV(11);
-  char handle[NCCL_NET_HANDLE_MAXSIZE];
-  void* listen = nullptr;
-  ASSERT_EQ(a.listen(handle, &listen), ncclSuccess);
   const auto plan = Plan(91, 300, 4 << 20);
   const pid_t pid = fork();
   if (pid == 0) {
@@ -411,16 +416,11 @@ TEST_F(NcclPlugin, SeparateProcessesRandomSizes) {
   waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_EQ(a.close_recv(recv), ncclSuccess);
-  EXPECT_EQ(a.close_listen(listen), ncclSuccess);
 }
 
 // Grouped receives: one irecv of n buffers, each for its tag; the sends come in any order
 // of their tags and each lands in its own buffer, sizes reported per buffer.
 TEST_F(NcclPlugin, GroupedReceivesMatchByTag) {
-  Api a = ApiV(11);
-  char handle[NCCL_NET_HANDLE_MAXSIZE];
-  void* listen = nullptr;
-  ASSERT_EQ(a.listen(handle, &listen), ncclSuccess);
   void *send, *recv;
   ASSERT_TRUE(Pair(a, handle, listen, &send, &recv));
   for (int n : {2, 4, 8}) {
@@ -494,7 +494,6 @@ TEST_F(NcclPlugin, GroupedReceivesMatchByTag) {
   EXPECT_NE(g_last_warning.find("receive of 10 bytes"), std::string::npos) << g_last_warning;
   EXPECT_EQ(a.close_send(send), ncclSuccess);
   EXPECT_EQ(a.close_recv(recv), ncclSuccess);  // with a receive in flight
-  EXPECT_EQ(a.close_listen(listen), ncclSuccess);
 }
 
 // A ring all-reduce of 4 ranks, each its own process, over the plugin: reduce-scatter then
@@ -579,21 +578,15 @@ TEST_F(NcclPlugin, RingAllReduceOfFourRanks) {
 
 // One listen comm, several senders: each accept returns the next comm.
 TEST_F(NcclPlugin, ListenCommIsReused) {
-  Api a = ApiV(11);
-  char handle[NCCL_NET_HANDLE_MAXSIZE];
-  void* listen = nullptr;
-  ASSERT_EQ(a.listen(handle, &listen), ncclSuccess);
   void *s1, *r1, *s2, *r2;
   ASSERT_TRUE(Pair(a, handle, listen, &s1, &r1));
   ASSERT_TRUE(Pair(a, handle, listen, &s2, &r2));
   EXPECT_NE(r1, r2);
   for (void* s : {s1, s2}) EXPECT_EQ(a.close_send(s), ncclSuccess);
   for (void* r : {r1, r2}) EXPECT_EQ(a.close_recv(r), ncclSuccess);
-  EXPECT_EQ(a.close_listen(listen), ncclSuccess);
 }
 
 TEST_F(NcclPlugin, BadHandlesAreErrorsNotCrashes) {
-  Api a = ApiV(11);
   void* send = nullptr;
   char zeros[NCCL_NET_HANDLE_MAXSIZE] = {};
   EXPECT_EQ(a.connect(zeros, &send), ncclInvalidArgument);
@@ -601,9 +594,6 @@ TEST_F(NcclPlugin, BadHandlesAreErrorsNotCrashes) {
   for (size_t i = 0; i < sizeof(noise); ++i) noise[i] = char(i * 37 + 11);
   EXPECT_EQ(a.connect(noise, &send), ncclInvalidArgument);
 
-  char handle[NCCL_NET_HANDLE_MAXSIZE];
-  void* listen = nullptr;
-  ASSERT_EQ(a.listen(handle, &listen), ncclSuccess);
   slip::shm::msgwire::Handle h;
   ASSERT_TRUE(
       slip::shm::msgwire::ParseHandle(reinterpret_cast<uint8_t*>(handle), sizeof(handle), &h));
@@ -641,6 +631,7 @@ TEST_F(NcclPlugin, BadHandlesAreErrorsNotCrashes) {
   }
   // A listener that is gone.
   EXPECT_EQ(a.close_listen(listen), ncclSuccess);
+  listen = nullptr;
   send = nullptr;
   EXPECT_EQ(a.connect(handle, &send), ncclSystemError);
   EXPECT_EQ(send, nullptr);
@@ -649,10 +640,6 @@ TEST_F(NcclPlugin, BadHandlesAreErrorsNotCrashes) {
 // Whoever connects to a listener's abstract name (listed in /proc/net/unix) and sends
 // garbage is dropped; the listener goes on serving its real senders.
 TEST_F(NcclPlugin, ForeignHelloIsDroppedAndListenerGoesOn) {
-  Api a = ApiV(11);
-  char handle[NCCL_NET_HANDLE_MAXSIZE];
-  void* listen = nullptr;
-  ASSERT_EQ(a.listen(handle, &listen), ncclSuccess);
   slip::shm::msgwire::Handle h;
   ASSERT_TRUE(
       slip::shm::msgwire::ParseHandle(reinterpret_cast<uint8_t*>(handle), sizeof(handle), &h));
@@ -683,14 +670,9 @@ TEST_F(NcclPlugin, ForeignHelloIsDroppedAndListenerGoesOn) {
   ASSERT_TRUE(Pair(a, handle, listen, &send, &recv));
   EXPECT_EQ(a.close_send(send), ncclSuccess);
   EXPECT_EQ(a.close_recv(recv), ncclSuccess);
-  EXPECT_EQ(a.close_listen(listen), ncclSuccess);
 }
 
 TEST_F(NcclPlugin, DoubleCloseIsRefused) {
-  Api a = ApiV(11);
-  char handle[NCCL_NET_HANDLE_MAXSIZE];
-  void* listen = nullptr;
-  ASSERT_EQ(a.listen(handle, &listen), ncclSuccess);
   void *send, *recv;
   ASSERT_TRUE(Pair(a, handle, listen, &send, &recv));
   EXPECT_EQ(a.close_send(send), ncclSuccess);
@@ -701,14 +683,11 @@ TEST_F(NcclPlugin, DoubleCloseIsRefused) {
   EXPECT_EQ(a.close_recv(recv), ncclInvalidArgument);
   EXPECT_EQ(a.close_listen(listen), ncclSuccess);
   EXPECT_EQ(a.close_listen(listen), ncclInvalidArgument);
+  listen = nullptr;
   EXPECT_EQ(a.close_send(nullptr), ncclInvalidArgument);
 }
 
 TEST_F(NcclPlugin, RegistrationsAreHostOnly) {
-  Api a = ApiV(11);
-  char handle[NCCL_NET_HANDLE_MAXSIZE];
-  void* listen = nullptr;
-  ASSERT_EQ(a.listen(handle, &listen), ncclSuccess);
   void *send, *recv;
   ASSERT_TRUE(Pair(a, handle, listen, &send, &recv));
   std::vector<uint8_t> buf(4096);
@@ -727,16 +706,11 @@ TEST_F(NcclPlugin, RegistrationsAreHostOnly) {
   EXPECT_EQ(flush, nullptr);  // host memory: nothing to flush
   EXPECT_EQ(a.close_send(send), ncclSuccess);
   EXPECT_EQ(a.close_recv(recv), ncclSuccess);
-  EXPECT_EQ(a.close_listen(listen), ncclSuccess);
 }
 
 // Closing a comm with requests in flight releases them; the other end's requests fail
 // with an NCCL error instead of waiting for ever.
 TEST_F(NcclPlugin, CloseWithRequestsInFlightFailsThePeer) {
-  Api a = ApiV(11);
-  char handle[NCCL_NET_HANDLE_MAXSIZE];
-  void* listen = nullptr;
-  ASSERT_EQ(a.listen(handle, &listen), ncclSuccess);
   for (bool close_sender : {true, false}) {
     SCOPED_TRACE(close_sender);
     void *send, *recv;
@@ -781,16 +755,11 @@ TEST_F(NcclPlugin, CloseWithRequestsInFlightFailsThePeer) {
   EXPECT_EQ(req, nullptr);  // the 33rd: not now
   EXPECT_EQ(a.close_recv(recv), ncclSuccess);
   EXPECT_EQ(a.close_send(send), ncclSuccess);
-  EXPECT_EQ(a.close_listen(listen), ncclSuccess);
 }
 
 // A sender killed in the middle of a message: the receiver's test returns an error within
 // a bounded time.
 TEST_F(NcclPlugin, PeerKilledMidTransferIsAnError) {
-  Api a = ApiV(11);
-  char handle[NCCL_NET_HANDLE_MAXSIZE];
-  void* listen = nullptr;
-  ASSERT_EQ(a.listen(handle, &listen), ncclSuccess);
   const pid_t pid = fork();
   if (pid == 0) {
     void* send = nullptr;
@@ -822,7 +791,6 @@ TEST_F(NcclPlugin, PeerKilledMidTransferIsAnError) {
   waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFSIGNALED(status));
   EXPECT_EQ(a.close_recv(recv), ncclSuccess);
-  EXPECT_EQ(a.close_listen(listen), ncclSuccess);
 }
 
 }  // namespace
