@@ -8,6 +8,7 @@
 #   make bench-servers  the same for real servers: redis and nginx under load
 #   make bench-pods     shm between two network namespaces (pods) against TCP over veth
 #   make bench-short    short connections: churn, pgbench -C, tcp_crr, against TCP
+#   make bench-nccl     the NCCL plugin's message path against kernel TCP on loopback
 #   make demo     install, build, and show the side-by-side comparison
 BUILD ?= build
 ASAN_BUILD ?= build-asan
@@ -15,7 +16,7 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 
 .PHONY: all deps build test test-long test-asan test-tsan test-sanitize-suite test-workloads bench \
-        bench-servers bench-pods bench-short bench-rdma demo clean format
+        bench-servers bench-pods bench-short bench-nccl bench-rdma demo clean format
 
 all: build
 
@@ -112,6 +113,12 @@ bench-pods: build
 # (tests/bench/short_conns.sh, as root; results in build/bench-short/; about 4 minutes).
 bench-short: build
 	@tests/bench/short_conns.sh $(BUILD)
+
+# The NCCL plugin driven as NCCL's proxy drives it, two processes, against a TCP connection
+# on loopback (what NCCL's socket transport rides): latency and bandwidth at 8 B to 4 MiB
+# (tests/bench/nccl_bench.cc; about a minute). A GPU run is tests/gpu/run.sh.
+bench-nccl: build
+	@$(BUILD)/bin/slip-nccl-bench $(BUILD)/lib/libnccl-net-slipstream.so 2
 
 demo: deps build
 	@scripts/demo.sh $(BUILD)

@@ -164,8 +164,10 @@ ncclResult_t Init(ncclDebugLogger_t logger) noexcept {
     SLIP_LOG(kError, "%s: the plugin offers no network", error.c_str());
     return ncclInvalidArgument;
   }
-  // NCCL's own filter (NCCL_DEBUG, NCCL_DEBUG_SUBSYS) decides what shows.
-  LogInit(s.config.log_level < LogLevel::kInfo ? LogLevel::kInfo : s.config.log_level, nullptr);
+  // Into NCCL's logger, NCCL's own filter (NCCL_DEBUG, NCCL_DEBUG_SUBSYS) decides what
+  // shows; without one (a harness), SLIP_LOG does.
+  const bool nccl_filters = s.logger != nullptr && s.config.log_level < LogLevel::kInfo;
+  LogInit(nccl_filters ? LogLevel::kInfo : s.config.log_level, nullptr);
   if (!s.config.enabled || !s.config.Allows(TransportKind::kShm)) {
     SLIP_LOG(kWarn, "SLIP_ENABLE=0 or SLIP_TRANSPORTS without shm: the plugin offers no network");
     return ncclInternalError;
