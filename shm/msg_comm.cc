@@ -69,6 +69,33 @@ class CommBase {
   Status error_ = Status::kOk;
 };
 
+// Copies into a receive buffer front to back, 16 bytes at a time, each store issued after
+// the one before: NCCL's LL and LL128 protocols poll flags inside the data (LL128: the last
+// 8 bytes of each 128-byte line), so a flag must never become visible before the bytes it
+// covers. memcpy makes no such promise (glibc's stores the first vector of a copy last, and
+// large copies with non-temporal stores): measured on an H200 with NCCL_PROTO=LL128 forced,
+// broadcasts of 16 and 256 MiB came out wrong through the plugin with memcpy, exact with
+// this. (x86 keeps stores in program order; elsewhere a release fence per 128 bytes does.)
+void CopyInOrder(uint8_t* dst, const uint8_t* src, size_t n) noexcept {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint8_t v[16];
+    std::memcpy(v, src + i, 16);
+    std::memcpy(dst + i, v, 16);
+    asm volatile("" ::: "memory");  // the compiler keeps the stores in this order
+#if !defined(__x86_64__)
+    if ((i & 127) == 112) std::atomic_thread_fence(std::memory_order_release);
+#endif
+  }
+  for (; i < n; ++i) {
+    dst[i] = src[i];
+    asm volatile("" ::: "memory");
+  }
+#if !defined(__x86_64__)
+  std::atomic_thread_fence(std::memory_order_release);
+#endif
+}
+
 // ------------------------------------------------------------------------- sender
 
 class ShmSendComm;
@@ -417,7 +444,7 @@ class ShmRecvComm final : public msg::RecvComm, private CommBase {
         const uint64_t offset = consumed_ & mask_;
         const uint64_t n = std::min(
             {frame_.size - frame_done_, produced - consumed_, uint64_t(ring_size_) - offset});
-        std::memcpy(r->data[frame_.index] + frame_done_, forward_ring() + offset, n);
+        CopyInOrder(r->data[frame_.index] + frame_done_, forward_ring() + offset, n);
         frame_done_ += n;
         consumed_ += n;
         if (consumed_ - start >= kChunk) Credit();

@@ -4,8 +4,9 @@
 Two ranks share GPU 0 but are made to look like two hosts (distinct NCCL_HOSTID), so that
 NCCL connects them through its network plugin; NCCL_NET forces ours. Each collective
 (all_reduce, all_gather, reduce_scatter, broadcast) runs on CUDA tensors at sizes from 4 B
-to 256 MiB and is checked exactly (integer data). Then a timing of all_reduce, which the
-same script can repeat with NCCL's own socket transport (--net Socket) as the baseline.
+to 256 MiB and is checked exactly (integer data), under whatever NCCL_PROTO says. Then a
+timing of all_reduce (unless --no-timing), which the same script can repeat with NCCL's own
+socket transport (--net Socket) as the baseline.
 
 Exit status: 0 all exact, 1 a mismatch or an error, 77 no GPU (skipped).
 """
@@ -65,7 +66,7 @@ def rank_main(args):
         torch.cuda.synchronize()
     # Timing: all_reduce of float32 buffers, after a warm-up.
     timings = {}
-    for size in (1 << 20, 64 << 20):
+    for size in (1 << 20, 64 << 20) if args.timing else ():
         t = torch.ones(size // 4, dtype=torch.float32, device="cuda")
         for _ in range(3):
             dist.all_reduce(t)
@@ -79,7 +80,8 @@ def rank_main(args):
         timings[size] = {"us": elapsed * 1e6, "algbw_GBps": size / elapsed / 1e9}
     dist.destroy_process_group()
     if rank == 0:
-        print(json.dumps({"net": args.net, "torch": torch.__version__,
+        print(json.dumps({"net": args.net, "proto": os.environ.get("NCCL_PROTO", "default"),
+                          "torch": torch.__version__,
                           "nccl": ".".join(map(str, torch.cuda.nccl.version())),
                           "failures": failures, "all_reduce": timings}), flush=True)
     return 1 if failures else 0
@@ -113,7 +115,8 @@ def launch(args):
             env["NCCL_NET_PLUGIN"] = "slipstream"
             env["LD_LIBRARY_PATH"] = args.plugin_dir + ":" + env.get("LD_LIBRARY_PATH", "")
         procs.append(subprocess.Popen([sys.executable, __file__, "--rank-main", "--port",
-                                       str(port), "--net", args.net], env=env))
+                                       str(port), "--net", args.net] +
+                                      ([] if args.timing else ["--no-timing"]), env=env))
     rc = 0
     deadline = time.time() + args.timeout
     for p in procs:
@@ -134,6 +137,7 @@ def main():
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--rank-main", action="store_true")
+    ap.add_argument("--no-timing", dest="timing", action="store_false")
     args = ap.parse_args()
     sys.exit(rank_main(args) if args.rank_main else launch(args))
 

@@ -1,7 +1,9 @@
 #!/bin/bash
 # NCCL through the Slipstream plugin on a GPU machine: PyTorch's NCCL, two ranks on one GPU
 # made to look like two hosts, every collective checked exactly (tests/gpu/nccl_collectives.py).
-#   tests/gpu/run.sh [BUILD_DIR]        the plugin, then NCCL's own socket transport as baseline
+#   tests/gpu/run.sh [BUILD_DIR]        the plugin (NCCL's default choice of protocol, then LL,
+#                                       LL128 and Simple forced), then NCCL's own socket
+#                                       transport as the baseline
 # Exits 77 (skipped) where there is no GPU or no PyTorch with CUDA.
 set -uo pipefail
 BUILD=${1:-build}
@@ -25,6 +27,17 @@ fi
 # NCCL must have used our network, not fallen back to its own.
 grep -q "Using network Slipstream" "$LOG/slipstream.log" || {
   echo "FAIL: NCCL did not use the Slipstream network"; exit 1; }
+# Bytes arrive in order over shm, so NCCL's LL and LL128 protocols (flags inside the data)
+# must be exact through the plugin too: each protocol forced in turn.
+for proto in ${SLIP_GPU_PROTOS-LL LL128 Simple}; do
+  NCCL_PROTO=$proto "$PYTHON" "$HERE/nccl_collectives.py" --plugin-dir "$PLUGIN_DIR" \
+    --net Slipstream --no-timing > "$LOG/slipstream-$proto.log" 2>&1 || {
+    echo "FAIL: collectives through the plugin with NCCL_PROTO=$proto ($LOG/slipstream-$proto.log)"
+    tail -30 "$LOG/slipstream-$proto.log"
+    exit 1
+  }
+  grep -E "^\{" "$LOG/slipstream-$proto.log"
+done
 if [ "${SLIP_GPU_BASELINE:-1}" = 1 ]; then
   "$PYTHON" "$HERE/nccl_collectives.py" --net Socket > "$LOG/socket.log" 2>&1 ||
     echo "(baseline with NCCL's socket transport failed: $LOG/socket.log)"
