@@ -9,7 +9,7 @@
 namespace slip {
 
 void RearmList::Join(Stream* s) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   if (IsMemberLocked(s)) return;
   ++members_;
   s->rearm_.store(this, std::memory_order_release);
@@ -18,7 +18,7 @@ void RearmList::Join(Stream* s) noexcept {
 }
 
 void RearmList::Leave(Stream* s) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   if (!IsMemberLocked(s)) return;
   if (s->rearm_listed_.load(std::memory_order_relaxed)) UnlinkLocked(s);
   s->rearm_always_ = false;
@@ -32,13 +32,13 @@ void RearmList::Leave(Stream* s) noexcept {
 }
 
 void RearmList::MarkChanged(Stream* s) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   if (!IsMemberLocked(s) || s->rearm_listed_.load(std::memory_order_relaxed)) return;
   LinkLocked(s);
 }
 
 void RearmList::ArmAlways(Stream* s) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   if (!IsMemberLocked(s)) return;
   s->rearm_always_ = true;
   if (s->rearm_listed_.load(std::memory_order_relaxed)) return;
@@ -69,7 +69,7 @@ void RearmList::UnlinkLocked(Stream* s) noexcept {
 }
 
 size_t RearmList::PrepareChanged() noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   size_t prepared = 0;
   recent_count_ = 0;
   for (Stream* s = head_; s;) {
@@ -89,7 +89,7 @@ size_t RearmList::PrepareChanged() noexcept {
 }
 
 bool RearmList::AnyRecentReadable() noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   for (size_t i = 0; i < recent_count_; ++i) {
     Stream* s = recent_[i];
     if (s->Ready(EPOLLIN) & EPOLLIN) {
@@ -103,7 +103,7 @@ bool RearmList::AnyRecentReadable() noexcept {
 }
 
 size_t RearmList::members() const noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ForkSafeMutex> lock(mu_);
   return members_;
 }
 

@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include "core/fork_safe_mutex.h"
+
 namespace slip {
 
 class Stream;
@@ -59,9 +61,7 @@ class RearmList {
   size_t members() const noexcept;
 
   // fork(): the lock is held across fork so that the child never inherits it held.
-  void ForkPrepare() noexcept { mu_.lock(); }
-  void ForkParent() noexcept { mu_.unlock(); }
-  void ForkChild() noexcept { mu_.unlock(); }
+  ForkSafeMutex& fork_mutex() noexcept { return mu_; }
 
  private:
   // (Stream::rearm_ is written under mu_ only.)
@@ -72,7 +72,7 @@ class RearmList {
   // Streams recently armed, for AnyRecentReadable: a spin looks at no more than these.
   static constexpr size_t kRecent = 16;
 
-  mutable std::mutex mu_;
+  mutable ForkSafeMutex mu_;
   Stream* head_ = nullptr;  // listed streams, those armed always for good (Stream::rearm_*)
   size_t members_ = 0;
   Stream* recent_[kRecent] = {};

@@ -76,17 +76,17 @@ void AccelListRemove(SlipSocket* s) noexcept {
 void AccelListForkPrepare() noexcept {
   AccelList& l = List();
   l.mu.lock();
-  l.rearm.ForkPrepare();
+  l.rearm.fork_mutex().ForkPrepare();
 }
 void AccelListForkParent() noexcept {
   AccelList& l = List();
-  l.rearm.ForkParent();
+  l.rearm.fork_mutex().ForkParent();
   ShareAllLocked(l);
   l.mu.unlock();
 }
 void AccelListForkChild() noexcept {
   AccelList& l = List();
-  l.rearm.ForkChild();
+  l.rearm.fork_mutex().ForkChild();
   ShareAllLocked(l);
   l.mu.unlock();
 }

@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ncclnet-plugin/nccl_abi.h"
@@ -574,6 +575,35 @@ TEST_F(NcclPlugin, RingAllReduceOfFourRanks) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   }
   munmap(shared, sizeof(Shared));
+}
+
+// NCCL's threads: the main thread sets comms up and closes them while proxy threads drive
+// others; here four pairs of comms at once, each end on a thread of its own (TSan checks
+// the plugin's shared state: its table of live comms, its devices, its logger).
+TEST_F(NcclPlugin, CommsDrivenFromManyThreads) {
+  constexpr int kPairs = 4;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kPairs; ++t) {
+    threads.emplace_back([&, t] {
+      char h[NCCL_NET_HANDLE_MAXSIZE];
+      void *l = nullptr, *send = nullptr, *recv = nullptr;
+      if (a.listen(h, &l) != ncclSuccess || !Pair(a, h, l, &send, &recv)) {
+        ++failures;
+        return;
+      }
+      const auto plan = Plan(500 + t, 60, 200000);
+      int rc_send = -1;
+      std::thread sender([&] { rc_send = SendPlan(a, send, plan, 9000 + t * 100); });
+      const int rc_recv = RecvPlan(a, recv, plan, 9000 + t * 100);
+      sender.join();
+      if (rc_send != 0 || rc_recv != 0) ++failures;
+      for (auto rc : {a.close_send(send), a.close_recv(recv), a.close_listen(l)})
+        if (rc != ncclSuccess) ++failures;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 // One listen comm, several senders: each accept returns the next comm.
