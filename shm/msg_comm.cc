@@ -35,6 +35,7 @@ class CommBase {
         control_(static_cast<RegionControl*>(region)),
         ring_size_(ring_size),
         mask_(ring_size - 1),
+        cts_window_(msgwire::CtsWindow(ring_size)),
         sock_(sock) {}
   ~CommBase() {
     munmap(region_, RegionSize(ring_size_));
@@ -64,6 +65,7 @@ class CommBase {
   RegionControl* control_;
   const uint32_t ring_size_;
   const uint32_t mask_;
+  const uint64_t cts_window_;  // where clear-to-send records go round (msg_wire.h)
   const int sock_;
   uint64_t last_look_ns_ = 0;
   Status error_ = Status::kOk;
@@ -215,12 +217,12 @@ class ShmSendComm final : public msg::SendComm, private CommBase {
   Status PullCts() noexcept {
     DirectionControl& d = control_->to_client;
     const uint64_t produced = d.produced.load(std::memory_order_acquire);
-    if (produced - cts_consumed_ > ring_size_ || produced < cts_consumed_)
+    if (produced - cts_consumed_ > cts_window_ || produced < cts_consumed_)
       return Violation("its clear-to-send cursor is out of range");
     bool took = false;
     while (produced - cts_consumed_ >= msgwire::kCtsBytes && posted_count_ < msg::kMaxRequests) {
       CtsRecord r;
-      std::memcpy(&r, reverse_ring() + (cts_consumed_ & mask_), sizeof(r));
+      std::memcpy(&r, reverse_ring() + (cts_consumed_ % cts_window_), sizeof(r));
       if (!msgwire::ValidCts(r, next_cts_seq_, UINT64_MAX / 2))
         return Violation("a clear-to-send record is malformed");
       Posted& p = posted_[(posted_head_ + posted_count_) % msg::kMaxRequests];
@@ -344,11 +346,11 @@ class ShmRecvComm final : public msg::RecvComm, private CommBase {
     // The reverse ring: our clear-to-send records, credited by the sender.
     DirectionControl& d = control_->to_client;
     const uint64_t consumed = d.consumed.load(std::memory_order_acquire);
-    if (consumed > cts_produced_ || cts_produced_ - consumed > ring_size_) {
+    if (consumed > cts_produced_ || cts_produced_ - consumed > cts_window_) {
       Violation("its clear-to-send credit is out of range");
       return error_;
     }
-    if (ring_size_ - (cts_produced_ - consumed) < msgwire::kCtsBytes) return Status::kAgain;
+    if (cts_window_ - (cts_produced_ - consumed) < msgwire::kCtsBytes) return Status::kAgain;
     CtsRecord record{};
     record.seq = next_seq_;
     record.count = uint16_t(n);
@@ -362,7 +364,7 @@ class ShmRecvComm final : public msg::RecvComm, private CommBase {
       r->capacities[i] = sizes[i];
       r->received[i] = 0;
     }
-    std::memcpy(reverse_ring() + (cts_produced_ & mask_), &record, sizeof(record));
+    std::memcpy(reverse_ring() + (cts_produced_ % cts_window_), &record, sizeof(record));
     cts_produced_ += msgwire::kCtsBytes;
     d.produced.store(cts_produced_, std::memory_order_release);
     ++next_seq_;

@@ -11,8 +11,8 @@
 //   forward ring (sender -> receiver, RegionControl::to_server): frames, each a FrameHeader
 //            then its payload, padded to kFrameAlign so that no header crosses the wrap
 //   reverse ring (receiver -> sender, RegionControl::to_client): clear-to-send records of
-//            kCtsBytes, one per posted receive: its sequence number and each buffer's tag
-//            and capacity
+//            kCtsBytes, one per posted receive (its sequence number and each buffer's tag
+//            and capacity), in the ring's first CtsWindow bytes
 //
 // Every parser here reads bytes a peer wrote and returns false on anything out of range;
 // fields are little-endian on every host we run on (x86-64, aarch64), written as is.
@@ -84,6 +84,13 @@ struct CtsRecord {
 };
 constexpr size_t kCtsBytes = 256;  // a power of two: records never cross the wrap
 static_assert(sizeof(CtsRecord) <= kCtsBytes);
+// The records go round the first CtsWindow(ring size) bytes of the reverse ring only: a
+// receiver has at most kMaxRequests receives posted, so no more records are ever
+// outstanding, and the rest of that ring's pages are never touched (a comm costs its
+// forward ring, not two rings: NCCL makes several comms per peer).
+constexpr uint64_t CtsWindow(uint32_t ring_size) noexcept {
+  return ring_size < kCtsBytes * msg::kMaxRequests ? ring_size : kCtsBytes * msg::kMaxRequests;
+}
 // Whether a record the receiver wrote can be used: the expected sequence number, a count
 // of 1..kMaxGroup, capacities within `max_capacity`.
 bool ValidCts(const CtsRecord& r, uint32_t expected_seq, uint64_t max_capacity) noexcept;
