@@ -10,13 +10,15 @@
 #   make bench-short    short connections: churn, pgbench -C, tcp_crr, against TCP
 #   make bench-nccl     the NCCL plugin's message path against kernel TCP on loopback
 #   make demo     install, build, and show the side-by-side comparison
+#   make install  the tools and libraries under PREFIX (default /usr/local): bin/, lib/
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
+PREFIX ?= /usr/local
 
 .PHONY: all deps build test test-long test-asan test-tsan test-sanitize-suite test-workloads bench \
-        bench-servers bench-pods bench-short bench-nccl bench-rdma demo clean format
+        bench-servers bench-pods bench-short bench-nccl bench-rdma demo install clean format
 
 all: build
 
@@ -26,6 +28,12 @@ deps:
 build:
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
+
+# The tools in $(PREFIX)/bin and the libraries in $(PREFIX)/lib (ldconfig after, so that
+# NCCL finds libnccl-net-slipstream.so by name).
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
+	@if [ -w /etc/ld.so.cache ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 # Unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan:
