@@ -173,6 +173,8 @@ ncclResult_t Init(ncclDebugLogger_t logger) noexcept {
     return ncclInternalError;
   }
   shm::SetMessageRingSize(s.config.ring_size);
+  if (!s.config.rendezvous_dir.empty())
+    shm::SetMessageRendezvousDir(s.config.rendezvous_dir.c_str());
   for (int d = 0; d < kPhysicalDevices; ++d) {
     VirtualDevice& v = s.vdevs[s.vdev_count++];
     v.props.ndevs = 1;

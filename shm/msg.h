@@ -33,5 +33,8 @@ namespace slip::shm {
 // the forward ring of the comms it connects from now on.
 msg::Transport* MessageTransport() noexcept;
 void SetMessageRingSize(uint32_t ring_size) noexcept;
+// SLIP_RENDEZVOUS_DIR (absolute; set once, before the first Listen): listeners also listen
+// there, so that senders in other network namespaces of this host (pods) reach them.
+void SetMessageRendezvousDir(const char* dir) noexcept;
 
 }  // namespace slip::shm

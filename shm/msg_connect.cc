@@ -28,6 +28,9 @@ namespace {
 using msg::Status;
 
 std::atomic<uint32_t> g_ring_size{1u << 20};
+// SLIP_RENDEZVOUS_DIR, set once before the first listen or connect; empty: none.
+char g_dir[128];
+std::atomic<bool> g_dir_set{false};
 
 // How long an accepted connection may take to send its HELLO before it is dropped (a
 // local process that connects and says nothing must not hold a slot for ever).
@@ -41,6 +44,31 @@ socklen_t AbstractName(uint32_t pid, uint64_t token, sockaddr_un* addr) noexcept
   return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + size_t(n));
 }
 
+// The name in the rendezvous directory, for senders in other network namespaces. False when
+// it does not fit.
+bool DirName(uint32_t pid, uint64_t token, sockaddr_un* addr, socklen_t* len) noexcept {
+  std::memset(addr, 0, sizeof(*addr));
+  addr->sun_family = AF_UNIX;
+  const int n =
+      snprintf(addr->sun_path, sizeof(addr->sun_path), "%s/nccl-%u-%016" PRIx64, g_dir, pid, token);
+  if (n <= 0 || size_t(n) >= sizeof(addr->sun_path)) return false;
+  *len = socklen_t(offsetof(sockaddr_un, sun_path) + size_t(n) + 1);
+  return true;
+}
+
+int ListeningSocket(const sockaddr_un& addr, socklen_t len) noexcept {
+  const int fd = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (sys::bind(fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0 ||
+      sys::listen(fd, 128) != 0) {
+    const int err = errno;
+    sys::close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
 bool PeerCred(int sock, ucred* cred) noexcept {
   socklen_t len = sizeof(*cred);
   return sys::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, cred, &len) == 0;
@@ -48,11 +76,15 @@ bool PeerCred(int sock, ucred* cred) noexcept {
 
 class ShmListener final : public msg::Listener {
  public:
-  ShmListener(int fd, uint64_t secret) noexcept : fd_(fd), secret_(secret) {}
+  // `fd`: the abstract name's socket; `dir_fd` (or -1): the one at `dir_path`.
+  ShmListener(int fd, int dir_fd, const sockaddr_un& dir_path, uint64_t secret) noexcept
+      : fds_{fd, dir_fd}, dir_path_(dir_path), owner_(getpid()), secret_(secret) {}
   ~ShmListener() override {
     for (auto& p : pending_)
       if (p.fd >= 0) sys::close(p.fd);
-    sys::close(fd_);
+    for (int fd : fds_)
+      if (fd >= 0) sys::close(fd);
+    if (fds_[1] >= 0 && getpid() == owner_) unlink(dir_path_.sun_path);
   }
 
   Status Accept(std::unique_ptr<msg::RecvComm>* out) noexcept override {
@@ -77,9 +109,15 @@ class ShmListener final : public msg::Listener {
   };
 
   void AcceptQueued() noexcept {
+    int from = 0;  // the listening socket to take from next
     for (auto& p : pending_) {
       if (p.fd >= 0) continue;
-      const int fd = sys::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd = -1;
+      while (fd < 0 && from < 2) {
+        if (fds_[from] >= 0)
+          fd = sys::accept4(fds_[from], nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) ++from;
+      }
       if (fd < 0) return;
       ucred cred{};
       if (!PeerCred(fd, &cred) || cred.uid != geteuid()) {
@@ -141,7 +179,9 @@ class ShmListener final : public msg::Listener {
     return Status::kOk;
   }
 
-  const int fd_;
+  const int fds_[2];
+  const sockaddr_un dir_path_;
+  const pid_t owner_;  // the process that bound dir_path_ (and may unlink it)
   const uint64_t secret_;
   Pending pending_[8];
 };
@@ -157,18 +197,34 @@ class ShmMessageTransport final : public msg::Transport {
     h.pid = uint32_t(getpid());
     h.name_token = sys::RandomNonce();
     h.secret = sys::RandomNonce();
-    const int fd = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return Status::kSystem;
     sockaddr_un addr;
-    const socklen_t len = AbstractName(h.pid, h.name_token, &addr);
-    if (sys::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || sys::listen(fd, 128) != 0) {
+    const int fd = ListeningSocket(addr, AbstractName(h.pid, h.name_token, &addr));
+    if (fd < 0) {
       SLIP_LOG(kWarn, "NCCL listener over shm: cannot listen: %s", strerror(errno));
-      sys::close(fd);
       return Status::kSystem;
     }
-    auto listener = std::unique_ptr<msg::Listener>(new (std::nothrow) ShmListener(fd, h.secret));
+    // Senders in other network namespaces of this host (pods) reach it in the rendezvous
+    // directory, when there is one.
+    sockaddr_un dir_addr{};
+    socklen_t dir_len = 0;
+    int dir_fd = -1;
+    if (g_dir_set.load(std::memory_order_acquire) &&
+        DirName(h.pid, h.name_token, &dir_addr, &dir_len)) {
+      dir_fd = ListeningSocket(dir_addr, dir_len);
+      if (dir_fd < 0)
+        SLIP_LOG(kWarn, "NCCL listener over shm: cannot listen at %s (%s): same namespace only",
+                 dir_addr.sun_path, strerror(errno));
+      else
+        h.flags |= msgwire::kHandleInDir;
+    }
+    auto listener = std::unique_ptr<msg::Listener>(new (std::nothrow)
+                                                       ShmListener(fd, dir_fd, dir_addr, h.secret));
     if (!listener) {
       sys::close(fd);
+      if (dir_fd >= 0) {
+        sys::close(dir_fd);
+        unlink(dir_addr.sun_path);
+      }
       return Status::kSystem;
     }
     msgwire::EncodeHandle(h, handle);
@@ -182,10 +238,23 @@ class ShmMessageTransport final : public msg::Transport {
       SLIP_LOG(kWarn, "NCCL connect: the handle is not one of Slipstream's shm listeners");
       return Status::kBadArgument;
     }
-    if (!(h.host == msgwire::ThisHost())) {
+    const msgwire::HostId here = msgwire::ThisHost();
+    if (!h.host.SameBoot(here)) {
+      SLIP_LOG(kWarn, "NCCL connect: the listener is on another host, which shm cannot reach");
+      return Status::kSystem;
+    }
+    // Its abstract name where we share its network namespace; elsewhere on this host, its
+    // name in the rendezvous directory.
+    const bool same_namespace = h.host == here;
+    sockaddr_un addr;
+    socklen_t len = 0;
+    if (same_namespace) {
+      len = AbstractName(h.pid, h.name_token, &addr);
+    } else if (!(h.flags & msgwire::kHandleInDir) || !g_dir_set.load(std::memory_order_acquire) ||
+               !DirName(h.pid, h.name_token, &addr, &len)) {
       SLIP_LOG(kWarn,
-               "NCCL connect: the listener is on another host or network namespace, which "
-               "shm cannot reach");
+               "NCCL connect: the listener is in another network namespace of this host; shm "
+               "reaches it when both set SLIP_RENDEZVOUS_DIR to a directory they share");
       return Status::kSystem;
     }
     if (h.uid != geteuid()) {
@@ -195,8 +264,6 @@ class ShmMessageTransport final : public msg::Transport {
     }
     const int fd = sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return Status::kSystem;
-    sockaddr_un addr;
-    const socklen_t len = AbstractName(h.pid, h.name_token, &addr);
     if (sys::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
       const int err = errno;
       sys::close(fd);
@@ -205,9 +272,12 @@ class ShmMessageTransport final : public msg::Transport {
                unsigned(h.pid), strerror(err));
       return Status::kSystem;
     }
-    // Abstract names have no owner: the socket must be held by the handle's process.
+    // The socket must be held by the handle's owner: an abstract name has no owner, so by
+    // its process too (a pid in another pid namespace, as from another pod, means nothing
+    // here: in the directory, whose entries only its trusted users can make, the uid).
     ucred cred{};
-    if (!PeerCred(fd, &cred) || cred.uid != h.uid || uint32_t(cred.pid) != h.pid) {
+    if (!PeerCred(fd, &cred) || cred.uid != h.uid ||
+        (same_namespace && uint32_t(cred.pid) != h.pid)) {
       SLIP_LOG(kWarn,
                "NCCL connect over shm: the listener's name is held by pid %d uid %u, not by "
                "the handle's pid %u: refused",
@@ -246,6 +316,14 @@ class ShmMessageTransport final : public msg::Transport {
 msg::Transport* MessageTransport() noexcept {
   static ShmMessageTransport transport;
   return &transport;
+}
+
+void SetMessageRendezvousDir(const char* dir) noexcept {
+  if (dir == nullptr || dir[0] != '/' || strlen(dir) >= sizeof(g_dir) ||
+      g_dir_set.load(std::memory_order_acquire))
+    return;
+  snprintf(g_dir, sizeof(g_dir), "%s", dir);
+  g_dir_set.store(true, std::memory_order_release);
 }
 
 void SetMessageRingSize(uint32_t ring_size) noexcept {

@@ -49,7 +49,7 @@ void EncodeHandle(const Handle& h, uint8_t out[msg::kHandleBytes]) noexcept {
   uint8_t* p = out;
   p = Put(p, kHandleMagic);
   p = Put(p, kVersion);
-  p = Put(p, uint16_t(0));
+  p = Put(p, h.flags);
   std::memcpy(p, h.host.bytes, kHostIdBytes);
   p += kHostIdBytes;
   p = Put(p, h.uid);
@@ -65,8 +65,9 @@ bool ParseHandle(const uint8_t* in, size_t len, Handle* out) noexcept {
   const uint8_t* p = Get(in, &magic);
   p = Get(p, &version);
   p = Get(p, &flags);
-  if (magic != kHandleMagic || version != kVersion || flags != 0) return false;
+  if (magic != kHandleMagic || version != kVersion || (flags & ~kHandleInDir) != 0) return false;
   Handle h;
+  h.flags = flags;
   std::memcpy(h.host.bytes, p, kHostIdBytes);
   p += kHostIdBytes;
   p = Get(p, &h.uid);
@@ -112,6 +113,10 @@ bool ValidCts(const CtsRecord& r, uint32_t expected_seq, uint64_t max_capacity) 
   for (int i = 0; i < r.count; ++i)
     if (r.entries[i].capacity > max_capacity) return false;
   return true;
+}
+
+bool HostId::SameBoot(const HostId& o) const noexcept {
+  return std::memcmp(bytes, o.bytes, 16) == 0;
 }
 
 HostId ThisHost() noexcept {

@@ -33,9 +33,17 @@ constexpr size_t kHostIdBytes = 24;
 struct HostId {
   uint8_t bytes[kHostIdBytes] = {};  // boot id (16) and network namespace inode (8)
   bool operator==(const HostId&) const = default;
+  bool SameBoot(const HostId& o) const noexcept;  // the same running kernel: this host
 };
 
+// Handle flags.
+// The listener also listens in the rendezvous directory (SLIP_RENDEZVOUS_DIR): a sender in
+// another network namespace of this host, which cannot see its abstract name, connects
+// there ("<dir>/nccl-<pid>-<token>").
+constexpr uint16_t kHandleInDir = 1;
+
 struct Handle {
+  uint16_t flags = 0;  // kHandle*
   HostId host;
   uint32_t uid = 0;
   uint32_t pid = 0;

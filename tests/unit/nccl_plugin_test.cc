@@ -634,6 +634,12 @@ TEST_F(NcclPlugin, BadHandlesAreErrorsNotCrashes) {
   slip::shm::msgwire::EncodeHandle(other, reinterpret_cast<uint8_t*>(foreign));
   EXPECT_EQ(a.connect(foreign, &send), ncclSystemError);
   EXPECT_NE(g_last_warning.find("another host"), std::string::npos) << g_last_warning;
+  // From another network namespace of this host, with no rendezvous directory set here.
+  other = h;
+  other.host.bytes[20] ^= 1;
+  slip::shm::msgwire::EncodeHandle(other, reinterpret_cast<uint8_t*>(foreign));
+  EXPECT_EQ(a.connect(foreign, &send), ncclSystemError);
+  EXPECT_NE(g_last_warning.find("SLIP_RENDEZVOUS_DIR"), std::string::npos) << g_last_warning;
   // Another user's listener.
   other = h;
   other.uid += 1;

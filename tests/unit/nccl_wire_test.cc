@@ -45,7 +45,7 @@ TEST(NcclWire, HandleRejectsWhatIsNotOurs) {
   for (size_t byte : {0, 4, 6}) {                              // magic, version, flags
     uint8_t bad[sizeof(buf)];
     std::memcpy(bad, buf, sizeof(buf));
-    bad[byte] ^= 1;
+    bad[byte] ^= byte == 6 ? 2 : 1;  // (flags: bit 0 is kHandleInDir, bit 1 unknown)
     EXPECT_FALSE(ParseHandle(bad, sizeof(bad), &out)) << byte;
   }
   Handle zero_secret = SampleHandle();
@@ -56,6 +56,22 @@ TEST(NcclWire, HandleRejectsWhatIsNotOurs) {
   zero_pid.pid = 0;
   EncodeHandle(zero_pid, buf);
   EXPECT_FALSE(ParseHandle(buf, sizeof(buf), &out));
+}
+
+TEST(NcclWire, HandleSaysWhetherItListensInTheDirectory) {
+  uint8_t buf[slip::msg::kHandleBytes];
+  Handle h = SampleHandle();
+  h.flags = kHandleInDir;
+  EncodeHandle(h, buf);
+  Handle out;
+  ASSERT_TRUE(ParseHandle(buf, sizeof(buf), &out));
+  EXPECT_EQ(out.flags, kHandleInDir);
+  HostId other = h.host;
+  other.bytes[20] ^= 1;  // another network namespace of the same boot
+  EXPECT_TRUE(other.SameBoot(h.host));
+  EXPECT_FALSE(other == h.host);
+  other.bytes[3] ^= 1;
+  EXPECT_FALSE(other.SameBoot(h.host));
 }
 
 TEST(NcclWire, HelloIsExact) {
