@@ -173,8 +173,10 @@ class ShmSendComm final : public msg::SendComm, private CommBase {
     }
     if (r->queued) {
       if (error_ == Status::kOk && PeerGone()) {
-        SLIP_LOG(kWarn, "NCCL comm over shm: the receiver is gone with %u bytes unsent",
-                 unsigned(r->size));
+        SLIP_LOG(kWarn,
+                 "NCCL comm over shm: the receiver closed its end (or died) before a send of "
+                 "%llu bytes was all written",
+                 (unsigned long long)r->size);
         Fail(Status::kRemote);
       }
       if (error_ != Status::kOk) {
