@@ -4,107 +4,36 @@
 
 #include <cstring>
 
+#include "core/byte_codec.h"
+
 namespace slip::wire {
 
 namespace {
 
-// Little-endian field access without alignment assumptions.
-class Writer {
- public:
-  Writer(uint8_t* out, size_t cap) noexcept : out_(out), cap_(cap) {}
-  void U8(uint8_t v) noexcept { Put(&v, 1); }
-  void U16(uint16_t v) noexcept {
-    uint8_t b[2] = {uint8_t(v), uint8_t(v >> 8)};
-    Put(b, 2);
-  }
-  void U32(uint32_t v) noexcept {
-    uint8_t b[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
-    Put(b, 4);
-  }
-  void U64(uint64_t v) noexcept {
-    U32(uint32_t(v));
-    U32(uint32_t(v >> 32));
-  }
-  void Addr(const Endpoint& e) noexcept {
-    U8(e.family);
-    U8(0);
-    U16(e.port);
-    Put(e.addr, 16);
-  }
-  size_t size() const noexcept { return pos_; }
-  bool ok() const noexcept { return ok_; }
+// An endpoint as the wire writes it: family, a zero byte, port, 16 address bytes.
+void PutAddr(ByteWriter* w, const Endpoint& e) noexcept {
+  w->U8(e.family);
+  w->U8(0);
+  w->U16(e.port);
+  w->Bytes(e.addr, 16);
+}
 
- private:
-  void Put(const void* p, size_t n) noexcept {
-    if (pos_ + n > cap_) {
-      ok_ = false;
-      return;
-    }
-    std::memcpy(out_ + pos_, p, n);
-    pos_ += n;
+bool GetAddr(ByteReader* r, Endpoint* e) noexcept {
+  e->family = r->U8();
+  const uint8_t pad = r->U8();
+  e->port = r->U16();
+  r->Bytes(e->addr, 16);
+  if (pad != 0 || (e->family != 4 && e->family != 6)) return false;
+  if (e->family == 4) {
+    for (int i = 4; i < 16; ++i)
+      if (e->addr[i] != 0) return false;
+  } else {
+    // Senders encode v4-mapped addresses as family 4; anything else cannot match.
+    static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (std::memcmp(e->addr, kMapped, 12) == 0) return false;
   }
-  uint8_t* out_;
-  size_t cap_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-};
-
-class Reader {
- public:
-  Reader(const uint8_t* in, size_t len) noexcept : in_(in), len_(len) {}
-  uint8_t U8() noexcept {
-    uint8_t v = 0;
-    Get(&v, 1);
-    return v;
-  }
-  uint16_t U16() noexcept {
-    uint8_t b[2] = {};
-    Get(b, 2);
-    return uint16_t(b[0] | (b[1] << 8));
-  }
-  uint32_t U32() noexcept {
-    uint8_t b[4] = {};
-    Get(b, 4);
-    return uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
-  }
-  uint64_t U64() noexcept {
-    uint64_t lo = U32();
-    return lo | uint64_t(U32()) << 32;
-  }
-  bool Addr(Endpoint* e) noexcept {
-    e->family = U8();
-    uint8_t pad = U8();
-    e->port = U16();
-    Get(e->addr, 16);
-    if (pad != 0 || (e->family != 4 && e->family != 6)) return false;
-    if (e->family == 4) {
-      for (int i = 4; i < 16; ++i)
-        if (e->addr[i] != 0) return false;
-    } else {
-      // Senders encode v4-mapped addresses as family 4; anything else cannot match.
-      static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-      if (std::memcmp(e->addr, kMapped, 12) == 0) return false;
-    }
-    return true;
-  }
-  bool ok() const noexcept { return ok_; }
-  bool at_end() const noexcept { return pos_ == len_; }
-
- private:
-  void Get(void* p, size_t n) noexcept {
-    if (pos_ + n > len_) {
-      ok_ = false;
-      std::memset(p, 0, n);
-      return;
-    }
-    std::memcpy(p, in_ + pos_, n);
-    pos_ += n;
-  }
-  const uint8_t* in_;
-  size_t len_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-};
+  return true;
+}
 
 // Payload length of each type: fixed, so a length field that disagrees is malformed.
 size_t PayloadSize(Type t) noexcept {
@@ -134,13 +63,13 @@ bool ValidRingSize(uint32_t size) noexcept {
   return size >= 4096 && size <= (256u << 20) && (size & (size - 1)) == 0;
 }
 
-bool ParsePayload(Type type, Reader* r, Message* out) noexcept {
+bool ParsePayload(Type type, ByteReader* r, Message* out) noexcept {
   out->type = type;
   switch (type) {
     case Type::kRegister: {
       Register& m = out->reg;
       m = Register();
-      if (!r->Addr(&m.client) || !r->Addr(&m.server)) return false;
+      if (!GetAddr(r, &m.client) || !GetAddr(r, &m.server)) return false;
       m.nonce = r->U64();
       m.ring_size = r->U32();
       m.fd_count = r->U32();
@@ -151,7 +80,7 @@ bool ParsePayload(Type type, Reader* r, Message* out) noexcept {
     case Type::kCancel: {
       Cancel& m = out->cancel;
       m = Cancel();
-      if (!r->Addr(&m.client) || !r->Addr(&m.server)) return false;
+      if (!GetAddr(r, &m.client) || !GetAddr(r, &m.server)) return false;
       m.nonce = r->U64();
       return true;
     }
@@ -279,7 +208,7 @@ ParseStatus ParseMessage(const uint8_t* data, size_t len, Message* out, size_t* 
     return ParseStatus::kNotSlipstream;
   if (len < kHeaderSize) return ParseStatus::kNeedMore;
 
-  Reader hdr(data, kHeaderSize);
+  ByteReader hdr(data, kHeaderSize);
   hdr.U32();  // magic, checked above
   uint8_t version = hdr.U8();
   uint8_t type = hdr.U8();
@@ -298,7 +227,7 @@ ParseStatus ParseMessage(const uint8_t* data, size_t len, Message* out, size_t* 
   std::memset(copy + 12, 0, 4);
   if (Crc32c(copy, length) != checksum) return ParseStatus::kBadChecksum;
 
-  Reader body(data + kHeaderSize, length - kHeaderSize);
+  ByteReader body(data + kHeaderSize, length - kHeaderSize);
   if (!ParsePayload(t, &body, out) || !body.ok() || !body.at_end()) return ParseStatus::kBadField;
   *consumed = length;
   return ParseStatus::kOk;
@@ -308,7 +237,7 @@ size_t EncodeMessage(const Message& msg, uint8_t* out, size_t cap) noexcept {
   size_t length = kHeaderSize + PayloadSize(msg.type);
   if (length > cap || length > kMaxMessageSize || !KnownType(static_cast<uint8_t>(msg.type)))
     return 0;
-  Writer w(out, cap);
+  ByteWriter w(out, cap);
   w.U32(kMagic);
   w.U8(kVersion);
   w.U8(static_cast<uint8_t>(msg.type));
@@ -317,16 +246,16 @@ size_t EncodeMessage(const Message& msg, uint8_t* out, size_t cap) noexcept {
   w.U32(0);  // checksum, filled below
   switch (msg.type) {
     case Type::kRegister:
-      w.Addr(msg.reg.client);
-      w.Addr(msg.reg.server);
+      PutAddr(&w, msg.reg.client);
+      PutAddr(&w, msg.reg.server);
       w.U64(msg.reg.nonce);
       w.U32(msg.reg.ring_size);
       w.U32(msg.reg.fd_count);
       w.U64(msg.reg.region_size);
       break;
     case Type::kCancel:
-      w.Addr(msg.cancel.client);
-      w.Addr(msg.cancel.server);
+      PutAddr(&w, msg.cancel.client);
+      PutAddr(&w, msg.cancel.server);
       w.U64(msg.cancel.nonce);
       break;
     case Type::kConfirm:

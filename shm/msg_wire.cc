@@ -5,22 +5,12 @@
 
 #include <cstring>
 
+#include "core/byte_codec.h"
 #include "core/sys.h"
 
 namespace slip::shm::msgwire {
 
 namespace {
-
-template <typename T>
-uint8_t* Put(uint8_t* p, T v) noexcept {
-  std::memcpy(p, &v, sizeof(v));
-  return p + sizeof(v);
-}
-template <typename T>
-const uint8_t* Get(const uint8_t* p, T* v) noexcept {
-  std::memcpy(v, p, sizeof(*v));
-  return p + sizeof(*v);
-}
 
 // Parses 32 hex digits with or without dashes (/proc/sys/kernel/random/boot_id).
 bool ParseUuid(const char* text, size_t len, uint8_t out[16]) noexcept {
@@ -46,64 +36,60 @@ bool ParseUuid(const char* text, size_t len, uint8_t out[16]) noexcept {
 
 void EncodeHandle(const Handle& h, uint8_t out[msg::kHandleBytes]) noexcept {
   std::memset(out, 0, msg::kHandleBytes);
-  uint8_t* p = out;
-  p = Put(p, kHandleMagic);
-  p = Put(p, kVersion);
-  p = Put(p, h.flags);
-  std::memcpy(p, h.host.bytes, kHostIdBytes);
-  p += kHostIdBytes;
-  p = Put(p, h.uid);
-  p = Put(p, h.pid);
-  p = Put(p, h.name_token);
-  Put(p, h.secret);
+  ByteWriter w(out, msg::kHandleBytes);
+  w.U32(kHandleMagic);
+  w.U16(kVersion);
+  w.U16(h.flags);
+  w.Bytes(h.host.bytes, kHostIdBytes);
+  w.U32(h.uid);
+  w.U32(h.pid);
+  w.U64(h.name_token);
+  w.U64(h.secret);
 }
 
 bool ParseHandle(const uint8_t* in, size_t len, Handle* out) noexcept {
   if (len < kHandleWireBytes) return false;
-  uint32_t magic;
-  uint16_t version, flags;
-  const uint8_t* p = Get(in, &magic);
-  p = Get(p, &version);
-  p = Get(p, &flags);
-  if (magic != kHandleMagic || version != kVersion || (flags & ~kHandleInDir) != 0) return false;
+  ByteReader r(in, kHandleWireBytes);
+  const uint32_t magic = r.U32();
+  const uint16_t version = r.U16();
   Handle h;
-  h.flags = flags;
-  std::memcpy(h.host.bytes, p, kHostIdBytes);
-  p += kHostIdBytes;
-  p = Get(p, &h.uid);
-  p = Get(p, &h.pid);
-  p = Get(p, &h.name_token);
-  Get(p, &h.secret);
-  if (h.secret == 0 || h.pid == 0) return false;
+  h.flags = r.U16();
+  if (magic != kHandleMagic || version != kVersion || (h.flags & ~kHandleInDir) != 0) return false;
+  r.Bytes(h.host.bytes, kHostIdBytes);
+  h.uid = r.U32();
+  h.pid = r.U32();
+  h.name_token = r.U64();
+  h.secret = r.U64();
+  if (!r.ok() || h.secret == 0 || h.pid == 0) return false;
   *out = h;
   return true;
 }
 
 void EncodeHello(const Hello& h, uint8_t out[kHelloBytes]) noexcept {
-  uint8_t* p = out;
-  p = Put(p, kHelloMagic);
-  p = Put(p, kVersion);
-  p = Put(p, uint16_t(0));
-  p = Put(p, h.secret);
-  p = Put(p, h.region_nonce);
-  p = Put(p, h.ring_size);
-  Put(p, uint32_t(0));
+  ByteWriter w(out, kHelloBytes);
+  w.U32(kHelloMagic);
+  w.U16(kVersion);
+  w.U16(0);  // flags
+  w.U64(h.secret);
+  w.U64(h.region_nonce);
+  w.U32(h.ring_size);
+  w.U32(0);  // reserved
 }
 
 bool ParseHello(const uint8_t* in, size_t len, Hello* out) noexcept {
   if (len != kHelloBytes) return false;
-  uint32_t magic, pad;
-  uint16_t version, flags;
-  const uint8_t* p = Get(in, &magic);
-  p = Get(p, &version);
-  p = Get(p, &flags);
-  if (magic != kHelloMagic || version != kVersion || flags != 0) return false;
+  ByteReader r(in, len);
+  const uint32_t magic = r.U32();
+  const uint16_t version = r.U16();
+  const uint16_t flags = r.U16();
   Hello h;
-  p = Get(p, &h.secret);
-  p = Get(p, &h.region_nonce);
-  p = Get(p, &h.ring_size);
-  Get(p, &pad);
-  if (pad != 0 || h.secret == 0 || h.region_nonce == 0) return false;
+  h.secret = r.U64();
+  h.region_nonce = r.U64();
+  h.ring_size = r.U32();
+  const uint32_t reserved = r.U32();
+  if (!r.ok() || magic != kHelloMagic || version != kVersion || flags != 0 || reserved != 0 ||
+      h.secret == 0 || h.region_nonce == 0)
+    return false;
   *out = h;
   return true;
 }

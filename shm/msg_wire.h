@@ -14,8 +14,9 @@
 //            kCtsBytes, one per posted receive (its sequence number and each buffer's tag
 //            and capacity), in the ring's first CtsWindow bytes
 //
-// Every parser here reads bytes a peer wrote and returns false on anything out of range;
-// fields are little-endian on every host we run on (x86-64, aarch64), written as is.
+// Every parser here reads bytes a peer wrote and returns false on anything out of range.
+// The handle and HELLO are little-endian fields (core/byte_codec.h); what goes through the
+// rings (frame headers, CTS records) is in the host's order, both ends being one host.
 #pragma once
 
 #include <cstddef>

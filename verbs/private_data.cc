@@ -2,52 +2,11 @@
 
 #include <cstring>
 
+#include "core/byte_codec.h"
+
 namespace slip::verbs {
 
 namespace {
-
-// Little-endian cursor over a fixed buffer; the callers check sizes first.
-struct Writer {
-  uint8_t* p;
-  void U8(uint8_t v) noexcept { *p++ = v; }
-  void U16(uint16_t v) noexcept {
-    for (int i = 0; i < 2; ++i) *p++ = uint8_t(v >> (8 * i));
-  }
-  void U32(uint32_t v) noexcept {
-    for (int i = 0; i < 4; ++i) *p++ = uint8_t(v >> (8 * i));
-  }
-  void U64(uint64_t v) noexcept {
-    for (int i = 0; i < 8; ++i) *p++ = uint8_t(v >> (8 * i));
-  }
-  void Bytes(const uint8_t* b, size_t n) noexcept {
-    std::memcpy(p, b, n);
-    p += n;
-  }
-};
-
-struct Reader {
-  const uint8_t* p;
-  uint8_t U8() noexcept { return *p++; }
-  uint16_t U16() noexcept {
-    uint16_t v = 0;
-    for (int i = 0; i < 2; ++i) v = uint16_t(v | uint16_t(*p++) << (8 * i));
-    return v;
-  }
-  uint32_t U32() noexcept {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= uint32_t(*p++) << (8 * i);
-    return v;
-  }
-  uint64_t U64() noexcept {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t(*p++) << (8 * i);
-    return v;
-  }
-  void Bytes(uint8_t* b, size_t n) noexcept {
-    std::memcpy(b, p, n);
-    p += n;
-  }
-};
 
 bool RingLog2Valid(uint8_t v) noexcept {
   return v >= kMinRingLog2 && v <= kMaxRingLog2;
@@ -63,7 +22,7 @@ bool AddressValid(uint8_t family, const uint8_t addr[16]) noexcept {
   return true;
 }
 
-ParseResult Header(Reader* r, size_t len, size_t need, uint32_t magic) noexcept {
+ParseResult Header(ByteReader* r, size_t len, size_t need, uint32_t magic) noexcept {
   if (len < 5) return ParseResult::kShort;
   if (r->U32() != magic) return ParseResult::kBadMagic;
   if (r->U8() != kVersion) return ParseResult::kBadVersion;
@@ -91,7 +50,7 @@ const char* ParseResultName(ParseResult r) noexcept {
 
 size_t EncodeReq(const Req& req, uint8_t* out, size_t cap) noexcept {
   if (cap < kReqSize || req.client.family != req.server.family) return 0;
-  Writer w{out};
+  ByteWriter w(out, cap);
   w.U32(kReqMagic);
   w.U8(kVersion);
   w.U8(req.flags);
@@ -107,7 +66,7 @@ size_t EncodeReq(const Req& req, uint8_t* out, size_t cap) noexcept {
 
 ParseResult ParseReq(const uint8_t* data, size_t len, Req* out) noexcept {
   if (!data) return ParseResult::kShort;
-  Reader r{data};
+  ByteReader r(data, len);
   if (ParseResult h = Header(&r, len, kReqSize, kReqMagic); h != ParseResult::kOk) return h;
   Req req;
   req.flags = r.U8();
@@ -129,7 +88,7 @@ ParseResult ParseReq(const uint8_t* data, size_t len, Req* out) noexcept {
 
 size_t EncodeRep(const Rep& rep, uint8_t* out, size_t cap) noexcept {
   if (cap < kRepSize) return 0;
-  Writer w{out};
+  ByteWriter w(out, cap);
   w.U32(kRepMagic);
   w.U8(kVersion);
   w.U8(rep.flags);
@@ -143,7 +102,7 @@ size_t EncodeRep(const Rep& rep, uint8_t* out, size_t cap) noexcept {
 
 ParseResult ParseRep(const uint8_t* data, size_t len, Rep* out) noexcept {
   if (!data) return ParseResult::kShort;
-  Reader r{data};
+  ByteReader r(data, len);
   if (ParseResult h = Header(&r, len, kRepSize, kRepMagic); h != ParseResult::kOk) return h;
   Rep rep;
   rep.flags = r.U8();
@@ -160,7 +119,7 @@ ParseResult ParseRep(const uint8_t* data, size_t len, Rep* out) noexcept {
 
 size_t EncodeHello(const Hello& hello, uint8_t* out, size_t cap) noexcept {
   if (cap < kHelloSize) return 0;
-  Writer w{out};
+  ByteWriter w(out, cap);
   w.U32(kHelloMagic);
   w.U8(kVersion);
   w.U8(hello.ring_log2);
@@ -173,7 +132,7 @@ size_t EncodeHello(const Hello& hello, uint8_t* out, size_t cap) noexcept {
 
 ParseResult ParseHello(const uint8_t* data, size_t len, Hello* out) noexcept {
   if (!data) return ParseResult::kShort;
-  Reader r{data};
+  ByteReader r(data, len);
   if (ParseResult h = Header(&r, len, kHelloSize, kHelloMagic); h != ParseResult::kOk) return h;
   Hello hello;
   hello.ring_log2 = r.U8();
@@ -188,7 +147,7 @@ ParseResult ParseHello(const uint8_t* data, size_t len, Hello* out) noexcept {
 
 size_t EncodeRej(const Rej& rej, uint8_t* out, size_t cap) noexcept {
   if (cap < kRejSize) return 0;
-  Writer w{out};
+  ByteWriter w(out, cap);
   w.U32(kRejMagic);
   w.U8(kVersion);
   w.U8(uint8_t(rej.code));
@@ -198,7 +157,7 @@ size_t EncodeRej(const Rej& rej, uint8_t* out, size_t cap) noexcept {
 
 ParseResult ParseRej(const uint8_t* data, size_t len, Rej* out) noexcept {
   if (!data) return ParseResult::kShort;
-  Reader r{data};
+  ByteReader r(data, len);
   if (ParseResult h = Header(&r, len, kRejSize, kRejMagic); h != ParseResult::kOk) return h;
   const uint8_t code = r.U8();
   const uint16_t port = r.U16();
@@ -212,7 +171,7 @@ ParseResult ParseRej(const uint8_t* data, size_t len, Rej* out) noexcept {
 
 size_t EncodeLink(const LinkMsg& msg, uint8_t* out, size_t cap) noexcept {
   if (cap < kLinkSize) return 0;
-  Writer w{out};
+  ByteWriter w(out, cap);
   w.U32(kLinkMagic);
   w.U8(kVersion);
   w.U8(uint8_t(msg.kind));
@@ -226,7 +185,7 @@ size_t EncodeLink(const LinkMsg& msg, uint8_t* out, size_t cap) noexcept {
 
 ParseResult ParseLink(const uint8_t* data, size_t len, LinkMsg* out) noexcept {
   if (!data) return ParseResult::kShort;
-  Reader r{data};
+  ByteReader r(data, len);
   if (ParseResult h = Header(&r, len, kLinkSize, kLinkMagic); h != ParseResult::kOk) return h;
   LinkMsg msg;
   const uint8_t kind = r.U8();
