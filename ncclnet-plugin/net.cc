@@ -43,13 +43,12 @@ struct RecvComm final : FaceComm {
   std::unique_ptr<msg::RecvComm> comm;
 };
 
-// A registration: shm moves bytes with the CPU, so there is nothing to pin; what is kept
-// is what NCCL registered, to check it is host memory and to refuse what is not.
+// A registration: shm moves bytes with the CPU, so there is nothing to pin or keep (the
+// memory was checked to be host memory at regMr); the magic lets deregMr refuse what is
+// not one of ours.
 struct MemoryRegion {
   static constexpr uint32_t kMagic = 0x534c4d52;  // "SLMR"
   uint32_t magic = kMagic;
-  void* data = nullptr;
-  size_t size = 0;
 };
 
 // A device as NCCL sees it: one transport device, or several merged (makeVDevice).
@@ -63,7 +62,6 @@ constexpr int kPhysicalDevices = 1;  // shm; verbs and fabric devices join here
 struct State {
   std::mutex mu;
   bool initialised = false;
-  ncclDebugLogger_t logger = nullptr;
   Config config;
   std::unordered_set<const void*> live;  // comms NCCL holds
   VirtualDevice vdevs[kMaxVirtualDevices];
@@ -154,7 +152,6 @@ ncclResult_t Init(ncclDebugLogger_t logger) noexcept {
   State& s = S();
   std::lock_guard lock(s.mu);
   if (logger != nullptr) {
-    s.logger = logger;
     g_logger.store(logger, std::memory_order_release);
     LogSetSink(SinkToNccl);
   }
@@ -166,7 +163,8 @@ ncclResult_t Init(ncclDebugLogger_t logger) noexcept {
   }
   // Into NCCL's logger, NCCL's own filter (NCCL_DEBUG, NCCL_DEBUG_SUBSYS) decides what
   // shows; without one (a harness), SLIP_LOG does.
-  const bool nccl_filters = s.logger != nullptr && s.config.log_level < LogLevel::kInfo;
+  const bool nccl_filters =
+      g_logger.load(std::memory_order_relaxed) != nullptr && s.config.log_level < LogLevel::kInfo;
   LogInit(nccl_filters ? LogLevel::kInfo : s.config.log_level, nullptr);
   if (!s.config.enabled || !s.config.Allows(TransportKind::kShm)) {
     SLIP_LOG(kWarn, "SLIP_ENABLE=0 or SLIP_TRANSPORTS without shm: the plugin offers no network");
@@ -316,8 +314,6 @@ ncclResult_t RegMr(void* comm, void* data, size_t size, int type, void** mhandle
   }
   auto* mr = new (std::nothrow) MemoryRegion();
   if (mr == nullptr) return ncclSystemError;
-  mr->data = data;
-  mr->size = size;
   *mhandle = mr;
   return ncclSuccess;
 }

@@ -71,15 +71,13 @@ ncclResult_t InitV10(ncclDebugLogger_t logger, ncclProfilerCallback_t) noexcept 
 struct Context {
   static constexpr uint32_t kMagic = 0x534c4358;  // "SLCX"
   uint32_t magic = kMagic;
-  uint64_t comm_id = 0;
 };
-ncclResult_t InitV11(void** ctx, uint64_t comm_id, ncclNetCommConfig_v10_t*,
-                     ncclDebugLogger_t logger, ncclProfilerCallback_t) noexcept {
+ncclResult_t InitV11(void** ctx, uint64_t, ncclNetCommConfig_v10_t*, ncclDebugLogger_t logger,
+                     ncclProfilerCallback_t) noexcept {
   if (ctx == nullptr) return ncclInvalidArgument;
   if (ncclResult_t rc = Init(logger); rc != ncclSuccess) return rc;
   auto* c = new (std::nothrow) Context();
   if (c == nullptr) return ncclSystemError;
-  c->comm_id = comm_id;
   *ctx = c;
   return ncclSuccess;
 }
