@@ -24,7 +24,7 @@
 #include "core/proxy.h"
 #include "core/sys.h"
 #include "verbs/conn_internal.h"
-#include "verbs/gid.h"
+#include "verbs/qp.h"
 
 namespace slip::verbs {
 
@@ -96,33 +96,17 @@ int Conn::Init(bool send_notify) noexcept {
     if (sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_ADD, own_.channel->fd, &ev) != 0)
       return -(errno ? errno : EIO);
   }
-  ibv_qp_init_attr attr{};
-  attr.send_cq = cq_;
-  attr.recv_cq = cq_;
-  attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = kSendDepth;
-  attr.cap.max_recv_wr = kRecvDepth;
-  attr.cap.max_send_sge = 1;
-  attr.cap.max_recv_sge = 1;
-  // Devices differ in how much they inline; ask for plenty, settle for what they give.
-  for (uint32_t want : {kInlineWanted, 64u, 16u}) {
-    attr.cap.max_inline_data = want;
-    attr.cap.max_send_wr = kSendDepth;
-    attr.cap.max_recv_wr = kRecvDepth;
-    qp_ = ibv_create_qp(slot_.pd, &attr);  // the slot's own: only this queue pair reaches it
-    if (qp_) break;
-  }
+  QueuePairCaps caps;
+  caps.send_depth = kSendDepth;
+  caps.recv_depth = kRecvDepth;
+  caps.inline_wanted = kInlineWanted;
+  // In the slot's own protection domain: only this queue pair reaches the slot.
+  qp_ = CreateQueuePair(slot_.pd, cq_, caps, &max_inline_, &sq_depth_);
   if (!qp_) return -(errno ? errno : EINVAL);
   qp_num_ = qp_->qp_num;
   // The queue pair is ours, not rdma_cm's (rdma_create_qp would move it through its states
   // itself): so that Connect can choose the source GID. INIT now, for the receives.
-  ibv_qp_attr init{};
-  int mask = 0;
-  init.qp_state = IBV_QPS_INIT;
-  if (rdma_init_qp_attr(id_, &init, &mask) != 0) return -(errno ? errno : EINVAL);
-  if (ibv_modify_qp(qp_, &init, mask) != 0) return -(errno ? errno : EINVAL);
-  max_inline_ = attr.cap.max_inline_data;
-  sq_depth_ = attr.cap.max_send_wr < kSendDepth ? attr.cap.max_send_wr : kSendDepth;
+  if (int rc = InitQueuePair(id_, qp_); rc < 0) return rc;
   for (uint32_t i = 0; i < kRecvDepth; ++i) {
     if (!PostRecv(i)) return -(errno ? errno : EIO);
   }
@@ -276,47 +260,8 @@ bool Conn::CloseStream(bool may_linger) noexcept {
 }
 
 int Conn::Connect(int gid_override) noexcept {
-  // INIT again, now with what the connection exchange settled (access rights: before it,
-  // rdma_cm grants none), as librdmacm does for the queue pairs it manages. The peer
-  // writes into our ring: remote write always.
-  ibv_qp_attr attr{};
-  int mask = 0;
-  attr.qp_state = IBV_QPS_INIT;
-  if (rdma_init_qp_attr(id_, &attr, &mask) != 0) return -(errno ? errno : EINVAL);
-  attr.qp_access_flags |= IBV_ACCESS_REMOTE_WRITE;
-  mask |= IBV_QP_ACCESS_FLAGS;
-  if (ibv_modify_qp(qp_, &attr, mask) != 0) return -(errno ? errno : EINVAL);
-  attr = ibv_qp_attr{};
-  mask = 0;
-  attr.qp_state = IBV_QPS_RTR;
-  if (rdma_init_qp_attr(id_, &attr, &mask) != 0) return -(errno ? errno : EINVAL);
-  if (attr.ah_attr.is_global) {
-    const uint8_t port = attr.ah_attr.port_num ? attr.ah_attr.port_num : id_->port_num;
-    int index =
-        ChooseSourceGid(device_->context(), port, attr.ah_attr.grh.sgid_index, gid_override);
-    if (index < 0) return index;
-    if (index != attr.ah_attr.grh.sgid_index)
-      SLIP_LOG(kDebug, "verbs: source GID index %d instead of rdma_cm's %u", index,
-               unsigned(attr.ah_attr.grh.sgid_index));
-    attr.ah_attr.grh.sgid_index = uint8_t(index);
-    SLIP_LOG(kDebug, "verbs: queue pair %u: source GID index %d (%s)", qp_->qp_num, index,
-             GidTypeName(device_->context(), port, uint8_t(index)));
-  }
-  if (ibv_modify_qp(qp_, &attr, mask) != 0) return -(errno ? errno : EINVAL);
-  attr = ibv_qp_attr{};
-  mask = 0;
-  attr.qp_state = IBV_QPS_RTS;
-  if (rdma_init_qp_attr(id_, &attr, &mask) != 0) return -(errno ? errno : EINVAL);
-  // A peer queue pair that stops answering must end in a completion error (retry
-  // exceeded), never in an endless wait: the transport timeout is never "infinite" (0).
-  if (!(mask & IBV_QP_TIMEOUT) || attr.timeout == 0) {
-    attr.timeout = kTransportTimeout;
-    mask |= IBV_QP_TIMEOUT;
-  }
-  SLIP_LOG(kDebug, "verbs: queue pair %u: transport timeout %u, retries %u, rnr retries %u",
-           qp_->qp_num, unsigned(attr.timeout), unsigned(attr.retry_cnt), unsigned(attr.rnr_retry));
-  if (ibv_modify_qp(qp_, &attr, mask) != 0) return -(errno ? errno : EINVAL);
-  return 0;
+  // The peer writes into our ring: remote write always.
+  return ReadyQueuePair(id_, qp_, gid_override, IBV_ACCESS_REMOTE_WRITE);
 }
 
 void Conn::SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept {

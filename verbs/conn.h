@@ -238,8 +238,6 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   // completion error, which fails over as any other).
   void CheckLiveness(uint64_t now_ms) noexcept;
   static constexpr uint64_t kQuietMs = 2000;
-  // 4.096 us << 18: about a second per try, as NCCL's default order of magnitude.
-  static constexpr uint8_t kTransportTimeout = 18;
 
  private:
   Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept;

@@ -32,6 +32,7 @@
 #include "verbs/device.h"
 #include "verbs/options.h"
 #include "verbs/private_data.h"
+#include "verbs/qp.h"
 #include "verbs/verbs.h"
 
 namespace slip::verbs {
@@ -101,19 +102,6 @@ inline bool IsDirectoryKey(uint64_t key) noexcept {
 }
 inline int DirectoryFd(uint64_t key) noexcept {
   return int(uint32_t(key >> 2));
-}
-
-// The rdma_cm parameters of our REQ and REP: `data` (`len` bytes, 0 when it did not encode)
-// as private data, our own queue pair (not rdma_cm's), the transport's retries at their
-// maximum (a lost packet is retried by the device, not noticed by the stream).
-inline rdma_conn_param ConnParam(const uint8_t* data, size_t len, uint32_t qp_num) noexcept {
-  rdma_conn_param param{};
-  param.private_data = data;
-  param.private_data_len = uint8_t(len);
-  param.retry_count = 7;
-  param.rnr_retry_count = 7;
-  param.qp_num = qp_num;
-  return param;
 }
 
 }  // namespace module_internal

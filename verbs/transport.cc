@@ -21,6 +21,7 @@
 #include "core/proxy.h"
 #include "core/sys.h"
 #include "core/transport.h"
+#include "verbs/loader.h"
 #include "verbs/options.h"
 #include "verbs/verbs.h"
 
@@ -28,34 +29,19 @@ namespace slip::verbs {
 
 namespace {
 
-std::string ModulePath() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&TheTransport), &info) == 0 || !info.dli_fname) return {};
-  std::string path = info.dli_fname;
-  size_t slash = path.rfind('/');
-  path = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
-  return path + "libslipstream-verbs.so";
-}
-
 Module* Load(const Config* config, const Options* options) noexcept {
-  std::string path;
-  try {
-    path = ModulePath();
-  } catch (...) {
-    return nullptr;
-  }
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  char error[256] = "";
+  void* handle = OpenModule(reinterpret_cast<const void*>(&TheTransport), error, sizeof(error));
   if (!handle) {
-    SLIP_LOG(kInfo, "verbs transport unavailable: %s", dlerror());
+    SLIP_LOG(kInfo, "verbs transport unavailable: %s", error);
     return nullptr;
   }
   using Entry = Module* (*)(const Config*, const Options*, int, char*, size_t);
   auto entry = reinterpret_cast<Entry>(dlsym(handle, "slip_verbs_module"));
   if (!entry) {
-    SLIP_LOG(kWarn, "verbs transport unavailable: %s has no entry point", path.c_str());
+    SLIP_LOG(kWarn, "verbs transport unavailable: libslipstream-verbs.so has no entry point");
     return nullptr;  // never dlclose: keep the loader simple and the state stable
   }
-  char error[256] = "";
   Module* m = entry(config, options, sys::HiddenFdFloor(), error, sizeof(error));
   if (!m) SLIP_LOG(kInfo, "verbs transport unavailable: %s", error);
   return m;

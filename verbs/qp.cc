@@ -1,0 +1,82 @@
+#include "verbs/qp.h"
+
+#include <cerrno>
+
+#include "core/log.h"
+#include "verbs/gid.h"
+
+namespace slip::verbs {
+
+ibv_qp* CreateQueuePair(ibv_pd* pd, ibv_cq* cq, const QueuePairCaps& caps, uint32_t* max_inline,
+                        uint32_t* send_depth) noexcept {
+  ibv_qp_init_attr attr{};
+  attr.send_cq = cq;
+  attr.recv_cq = cq;
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_sge = 1;
+  // Devices differ in how much they inline; ask for plenty, settle for what they give.
+  for (uint32_t want : {caps.inline_wanted, 64u, 16u, 0u}) {
+    if (want > caps.inline_wanted) continue;
+    attr.cap.max_inline_data = want;
+    attr.cap.max_send_wr = caps.send_depth;
+    attr.cap.max_recv_wr = caps.recv_depth;
+    if (ibv_qp* qp = ibv_create_qp(pd, &attr)) {
+      *max_inline = attr.cap.max_inline_data;
+      *send_depth = attr.cap.max_send_wr < caps.send_depth ? attr.cap.max_send_wr : caps.send_depth;
+      return qp;
+    }
+  }
+  return nullptr;
+}
+
+int InitQueuePair(rdma_cm_id* id, ibv_qp* qp) noexcept {
+  ibv_qp_attr init{};
+  int mask = 0;
+  init.qp_state = IBV_QPS_INIT;
+  if (rdma_init_qp_attr(id, &init, &mask) != 0) return -(errno ? errno : EINVAL);
+  if (ibv_modify_qp(qp, &init, mask) != 0) return -(errno ? errno : EINVAL);
+  return 0;
+}
+
+int ReadyQueuePair(rdma_cm_id* id, ibv_qp* qp, int gid_override, int access) noexcept {
+  // INIT again, now with what the connection exchange settled (access rights: before it,
+  // rdma_cm grants none), as librdmacm does for the queue pairs it manages.
+  ibv_qp_attr attr{};
+  int mask = 0;
+  attr.qp_state = IBV_QPS_INIT;
+  if (rdma_init_qp_attr(id, &attr, &mask) != 0) return -(errno ? errno : EINVAL);
+  attr.qp_access_flags |= unsigned(access);
+  mask |= IBV_QP_ACCESS_FLAGS;
+  if (ibv_modify_qp(qp, &attr, mask) != 0) return -(errno ? errno : EINVAL);
+  attr = ibv_qp_attr{};
+  mask = 0;
+  attr.qp_state = IBV_QPS_RTR;
+  if (rdma_init_qp_attr(id, &attr, &mask) != 0) return -(errno ? errno : EINVAL);
+  if (attr.ah_attr.is_global) {
+    const uint8_t port = attr.ah_attr.port_num ? attr.ah_attr.port_num : id->port_num;
+    int index = ChooseSourceGid(id->verbs, port, attr.ah_attr.grh.sgid_index, gid_override);
+    if (index < 0) return index;
+    if (index != attr.ah_attr.grh.sgid_index)
+      SLIP_LOG(kDebug, "verbs: source GID index %d instead of rdma_cm's %u", index,
+               unsigned(attr.ah_attr.grh.sgid_index));
+    attr.ah_attr.grh.sgid_index = uint8_t(index);
+    SLIP_LOG(kDebug, "verbs: queue pair %u: source GID index %d (%s)", qp->qp_num, index,
+             GidTypeName(id->verbs, port, uint8_t(index)));
+  }
+  if (ibv_modify_qp(qp, &attr, mask) != 0) return -(errno ? errno : EINVAL);
+  attr = ibv_qp_attr{};
+  mask = 0;
+  attr.qp_state = IBV_QPS_RTS;
+  if (rdma_init_qp_attr(id, &attr, &mask) != 0) return -(errno ? errno : EINVAL);
+  if (!(mask & IBV_QP_TIMEOUT) || attr.timeout == 0) {
+    attr.timeout = kTransportTimeout;
+    mask |= IBV_QP_TIMEOUT;
+  }
+  SLIP_LOG(kDebug, "verbs: queue pair %u: transport timeout %u, retries %u, rnr retries %u",
+           qp->qp_num, unsigned(attr.timeout), unsigned(attr.retry_cnt), unsigned(attr.rnr_retry));
+  if (ibv_modify_qp(qp, &attr, mask) != 0) return -(errno ? errno : EINVAL);
+  return 0;
+}
+
+}  // namespace slip::verbs
