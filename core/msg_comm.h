@@ -11,6 +11,10 @@
 // that cannot go on now says kAgain (NCCL calls it again). Requests complete through Test,
 // which also moves the comm's bytes: NCCL's proxy thread is the progress engine.
 //
+// Memory: an RDMA transport moves bytes between registered buffers only, so a face
+// registers each buffer with the comm that will carry it (NCCL's regMr) and names the
+// registration in Send and Recv; a transport that copies with the CPU registers nothing.
+//
 // Thread safety: a comm and its requests are driven by one thread at a time (NCCL's proxy
 // thread); different comms may be driven concurrently. A Transport may be called from any
 // thread.
@@ -37,35 +41,54 @@ enum class Status : uint8_t {
 
 // One send or one (grouped) receive in flight, owned by its comm.
 class Request;
+// A buffer registered with a comm (Comm::Register), owned by the comm: each transport
+// that registers derives from this.
+class Memory {
+ protected:
+  Memory() = default;
+  ~Memory() = default;
+};
 
-// The sending end of a comm.
-class SendComm {
+// What both ends of a comm offer.
+class Comm {
  public:
-  virtual ~SendComm() = default;
-  SendComm(const SendComm&) = delete;
-  SendComm& operator=(const SendComm&) = delete;
-  // Sends `size` bytes of `data` (which must stay untouched until the request is done) to
-  // the receive posted with `tag`. kAgain: no such receive is posted yet, or kMaxRequests
-  // are in flight.
-  virtual Status Send(const void* data, size_t size, int tag, Request** out) noexcept = 0;
+  virtual ~Comm() = default;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  // Registers [data, data + size) for this comm's transfers. A transport that needs no
+  // registration says kOk with *out null. Closing the comm drops what is still registered.
+  virtual Status Register(void* data, size_t size, Memory** out) noexcept {
+    (void)data;
+    (void)size;
+    *out = nullptr;
+    return Status::kOk;
+  }
+  // kBadArgument for a registration that is not this comm's.
+  virtual Status Deregister(Memory* memory) noexcept {
+    return memory == nullptr ? Status::kOk : Status::kBadArgument;
+  }
 
  protected:
-  SendComm() = default;
+  Comm() = default;
+};
+
+// The sending end of a comm.
+class SendComm : public Comm {
+ public:
+  // Sends `size` bytes of `data` (which must stay untouched until the request is done, and
+  // lie in `memory` where the transport registers) to the receive posted with `tag`.
+  // kAgain: no such receive is posted yet, or kMaxRequests are in flight.
+  virtual Status Send(const void* data, size_t size, int tag, Memory* memory,
+                      Request** out) noexcept = 0;
 };
 
 // The receiving end of a comm.
-class RecvComm {
+class RecvComm : public Comm {
  public:
-  virtual ~RecvComm() = default;
-  RecvComm(const RecvComm&) = delete;
-  RecvComm& operator=(const RecvComm&) = delete;
-  // Posts `n` (1..kMaxGroup) buffers, data[i] of capacity sizes[i] for the send tagged
-  // tags[i]. kAgain: kMaxRequests are in flight.
+  // Posts `n` (1..kMaxGroup) buffers, data[i] of capacity sizes[i] (in memory[i]) for the
+  // send tagged tags[i]. kAgain: kMaxRequests are in flight.
   virtual Status Recv(int n, void* const* data, const size_t* sizes, const int* tags,
-                      Request** out) noexcept = 0;
-
- protected:
-  RecvComm() = default;
+                      Memory* const* memory, Request** out) noexcept = 0;
 };
 
 // Moves the request's comm on, and says whether the request is done; a done request is
@@ -88,11 +111,22 @@ class Listener {
   Listener() = default;
 };
 
-// A transport's message face.
+// What a face tells its users about the device a transport's comms go through.
+struct DeviceInfo {
+  char name[64] = {};       // "shm", "rxe0", ...
+  char pci_path[256] = {};  // the PCI device's sysfs path; empty: none (shared memory)
+  uint64_t guid = 0;
+  int speed_mbps = 0;
+  float latency_us = 0;
+  bool registers = false;  // Send and Recv need registered memory (Comm::Register)
+};
+
+// A transport's message face: one per device.
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const noexcept = 0;
+  virtual const DeviceInfo& device() const noexcept = 0;
   // Writes the handle a sender needs (kHandleBytes at most; the rest of `handle` is left
   // zero) and the listener.
   virtual Status Listen(uint8_t* handle, std::unique_ptr<Listener>* out) noexcept = 0;

@@ -1,8 +1,11 @@
 // The NCCL face over the transports' message comms (net.h).
 #include "ncclnet-plugin/net.h"
 
+#include <dlfcn.h>
+
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -15,6 +18,9 @@
 #include "core/msg_comm.h"
 #include "gpudirect/gpudirect.h"
 #include "shm/msg.h"
+#include "verbs/loader.h"
+#include "verbs/msg.h"
+#include "verbs/options.h"
 
 namespace slip::nccl {
 
@@ -43,27 +49,37 @@ struct RecvComm final : FaceComm {
   std::unique_ptr<msg::RecvComm> comm;
 };
 
-// A registration: shm moves bytes with the CPU, so there is nothing to pin or keep (the
-// memory was checked to be host memory at regMr); the magic lets deregMr refuse what is
-// not one of ours.
+// A registration as NCCL holds it: the transport's (null for one that copies with the CPU:
+// shm) and the comm it was made with; the magic lets deregMr refuse what is not ours.
 struct MemoryRegion {
   static constexpr uint32_t kMagic = 0x534c4d52;  // "SLMR"
   uint32_t magic = kMagic;
+  msg::Comm* comm = nullptr;
+  msg::Memory* memory = nullptr;
 };
+
+msg::Memory* MemoryOf(void* mhandle) noexcept {
+  auto* mr = static_cast<MemoryRegion*>(mhandle);
+  return mr != nullptr && mr->magic == MemoryRegion::kMagic ? mr->memory : nullptr;
+}
 
 // A device as NCCL sees it: one transport device, or several merged (makeVDevice).
 struct VirtualDevice {
   ncclNetVDeviceProps_v9_t props{};
-  char name[64] = {};
+  char name[80] = {};
 };
 constexpr int kMaxVirtualDevices = 16;
-constexpr int kPhysicalDevices = 1;  // shm; verbs and fabric devices join here
+constexpr int kMaxPhysicalDevices = 8;
+// NCCL calls connect/accept again until they complete; past this they fail.
+constexpr uint32_t kConnectTimeoutMs = 20000;
 
 struct State {
   std::mutex mu;
   bool initialised = false;
   Config config;
   std::unordered_set<const void*> live;  // comms NCCL holds
+  msg::Transport* physical[kMaxPhysicalDevices] = {};
+  int physical_count = 0;
   VirtualDevice vdevs[kMaxVirtualDevices];
   int vdev_count = 0;
 };
@@ -104,9 +120,45 @@ ncclResult_t ToNccl(Status s) noexcept {
   return ncclInternalError;
 }
 
+// A virtual device's comms go through its first device (merged devices are not striped).
 msg::Transport* TransportOf(int dev) noexcept {
-  (void)dev;  // every device is shm's for now
-  return shm::MessageTransport();
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  return s.physical[s.vdevs[dev].props.devs[0]];
+}
+
+verbs::Options g_verbs_options;  // the module keeps a pointer to it
+
+// The verbs module's devices, into s.physical: 0 when verbs is not allowed, not built, or
+// finds no usable device (said once).
+int LoadVerbs(State& s, LogLevel level) noexcept {
+  if (!s.config.Allows(TransportKind::kVerbs)) return 0;
+  std::string error;
+  auto lookup = [](const char* name, void*) -> const char* { return getenv(name); };
+  if (!verbs::ParseOptions(lookup, nullptr, &g_verbs_options, &error)) {
+    SLIP_LOG(kError, "%s: no verbs devices", error.c_str());
+    return 0;
+  }
+  char why[256] = "";
+  void* module = verbs::OpenModule(reinterpret_cast<const void*>(&Init), why, sizeof(why));
+  using Entry = int (*)(const verbs::MessageSetup*, msg::Transport**, int, char*, size_t);
+  auto entry =
+      module ? reinterpret_cast<Entry>(dlsym(module, "slip_verbs_message_transports")) : nullptr;
+  if (module && !entry) snprintf(why, sizeof(why), "the verbs module has no message face");
+  int n = 0;
+  if (entry) {
+    verbs::MessageSetup setup;
+    setup.options = &g_verbs_options;
+    setup.log_level = level;
+    setup.log_sink = g_logger.load(std::memory_order_relaxed) ? SinkToNccl : nullptr;
+    setup.connect_timeout_ms = kConnectTimeoutMs;
+    n = entry(&setup, s.physical, kMaxPhysicalDevices, why, sizeof(why));
+  }
+  if (n <= 0) {
+    SLIP_LOG(kInfo, "no verbs devices: %s", why);
+    return 0;
+  }
+  return n;
 }
 
 bool Track(const FaceComm* comm) noexcept {
@@ -165,30 +217,45 @@ ncclResult_t Init(ncclDebugLogger_t logger) noexcept {
   // shows; without one (a harness), SLIP_LOG does.
   const bool nccl_filters =
       g_logger.load(std::memory_order_relaxed) != nullptr && s.config.log_level < LogLevel::kInfo;
-  LogInit(nccl_filters ? LogLevel::kInfo : s.config.log_level, nullptr);
-  if (!s.config.enabled || !s.config.Allows(TransportKind::kShm)) {
-    SLIP_LOG(kWarn, "SLIP_ENABLE=0 or SLIP_TRANSPORTS without shm: the plugin offers no network");
+  const LogLevel level = nccl_filters ? LogLevel::kInfo : s.config.log_level;
+  LogInit(level, nullptr);
+  if (!s.config.enabled) {
+    SLIP_LOG(kWarn, "SLIP_ENABLE=0: the plugin offers no network");
     return ncclInternalError;
   }
-  shm::SetMessageRingSize(s.config.ring_size);
-  if (!s.config.rendezvous_dir.empty())
-    shm::SetMessageRendezvousDir(s.config.rendezvous_dir.c_str());
-  for (int d = 0; d < kPhysicalDevices; ++d) {
+  // RDMA devices when there are any: NCCL's network is for traffic between hosts, which
+  // shm cannot carry. Without one, shm: ranks of one host made to look like several
+  // (containers, NCCL_HOSTID), and every machine can run the plugin.
+  s.physical_count = LoadVerbs(s, level);
+  if (s.physical_count == 0) {
+    if (!s.config.Allows(TransportKind::kShm)) {
+      SLIP_LOG(kWarn,
+               "no verbs devices and SLIP_TRANSPORTS without shm: the plugin offers no "
+               "network");
+      return ncclInternalError;
+    }
+    shm::SetMessageRingSize(s.config.ring_size);
+    if (!s.config.rendezvous_dir.empty())
+      shm::SetMessageRendezvousDir(s.config.rendezvous_dir.c_str());
+    s.physical[0] = shm::MessageTransport();
+    s.physical_count = 1;
+    SLIP_LOG(kInfo, "shm message comms, ring %u KiB per comm", unsigned(s.config.ring_size >> 10));
+  }
+  for (int d = 0; d < s.physical_count; ++d) {
     VirtualDevice& v = s.vdevs[s.vdev_count++];
     v.props.ndevs = 1;
     v.props.devs[0] = d;
-    snprintf(v.name, sizeof(v.name), "slipstream-%s", TransportOf(d)->name());
+    snprintf(v.name, sizeof(v.name), "slipstream-%s", s.physical[d]->device().name);
   }
   const gpudirect::DriverInfo& cuda = gpudirect::Driver();
   if (cuda.loaded && cuda.devices > 0) {
     SLIP_LOG(kInfo,
-             "CUDA driver %d, %d device(s), DMA-BUF %s; shm copies with the CPU, so NCCL "
-             "stages device memory through host buffers (ptrSupport HOST)",
+             "CUDA driver %d, %d device(s), DMA-BUF %s; registrations of device memory are "
+             "not offered yet, so NCCL stages it through host buffers (ptrSupport HOST)",
              cuda.version, cuda.devices, cuda.dmabuf ? "supported" : "not supported");
   } else {
     SLIP_LOG(kInfo, "GPUDirect off: %s; host memory only (ptrSupport HOST)", cuda.why);
   }
-  SLIP_LOG(kInfo, "shm message comms, ring %u KiB per comm", unsigned(s.config.ring_size >> 10));
   s.initialised = true;
   return ncclSuccess;
 }
@@ -205,15 +272,18 @@ ncclResult_t GetProperties(int dev, Properties* props) noexcept {
   std::lock_guard lock(s.mu);
   if (dev < 0 || dev >= s.vdev_count) return ncclInvalidArgument;
   const VirtualDevice& v = s.vdevs[dev];
+  const msg::DeviceInfo& info = s.physical[v.props.devs[0]]->device();
   *props = Properties{};
   props->name = v.name;
-  props->pci_path = nullptr;  // shared memory has no PCI device: NCCL places it at the CPU
-  props->guid = 0x534c495000000000ull | uint64_t(dev);
+  // None (shared memory, a virtual RDMA device): NCCL places the device at the CPU.
+  props->pci_path = info.pci_path[0] ? info.pci_path : nullptr;
+  props->guid = info.guid | uint64_t(dev);
   props->ptr_support = NCCL_PTR_HOST;
-  props->reg_is_global = 1;  // a registration is nothing but a note: valid for any comm
-  // The order of one core's copies through a ring (make bench: shm tcp_bw ~110 Gbit/s).
-  props->speed_mbps = 100000;
-  props->latency_us = 0;
+  // shm's registration is nothing but a note, valid for any comm; an RDMA transport's is
+  // made in one comm's protection domain (its peer reaches nothing else).
+  props->reg_is_global = info.registers ? 0 : 1;
+  props->speed_mbps = info.speed_mbps;
+  props->latency_us = info.latency_us;
   props->max_comms = 65536;
   props->max_recvs = msg::kMaxGroup;
   props->vprops = v.props;
@@ -229,7 +299,7 @@ ncclResult_t MakeVDevice(int* dev, ncclNetVDeviceProps_v9_t* props) noexcept {
   if (props == nullptr || props->ndevs < 1 || props->ndevs > NCCL_NET_MAX_DEVS_PER_NIC)
     return ncclInvalidArgument;
   for (int i = 0; i < props->ndevs; ++i) {
-    if (props->devs[i] < 0 || props->devs[i] >= kPhysicalDevices) return ncclInvalidArgument;
+    if (props->devs[i] < 0 || props->devs[i] >= s.physical_count) return ncclInvalidArgument;
     for (int j = 0; j < i; ++j)
       if (props->devs[j] == props->devs[i]) return ncclInvalidArgument;
   }
@@ -314,6 +384,16 @@ ncclResult_t RegMr(void* comm, void* data, size_t size, int type, void** mhandle
   }
   auto* mr = new (std::nothrow) MemoryRegion();
   if (mr == nullptr) return ncclSystemError;
+  auto* face = static_cast<FaceComm*>(comm);
+  if (face->kind != CommKind::kListen) {
+    mr->comm = face->kind == CommKind::kSend
+                   ? static_cast<msg::Comm*>(static_cast<SendComm*>(face)->comm.get())
+                   : static_cast<msg::Comm*>(static_cast<RecvComm*>(face)->comm.get());
+    if (Status st = mr->comm->Register(data, size, &mr->memory); st != Status::kOk) {
+      delete mr;
+      return ToNccl(st) == ncclSuccess ? ncclSystemError : ToNccl(st);
+    }
+  }
   *mhandle = mr;
   return ncclSuccess;
 }
@@ -331,9 +411,12 @@ ncclResult_t RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t
 }
 
 ncclResult_t DeregMr(void* comm, void* mhandle) noexcept {
-  (void)comm;
   auto* mr = static_cast<MemoryRegion*>(mhandle);
   if (mr == nullptr || mr->magic != MemoryRegion::kMagic) return ncclInvalidArgument;
+  // A comm closed first took its registrations with it.
+  if (mr->memory != nullptr && comm != nullptr && IsLive(comm) &&
+      mr->comm->Deregister(mr->memory) != Status::kOk)
+    return ncclInvalidArgument;
   mr->magic = 0;
   delete mr;
   return ncclSuccess;
@@ -341,26 +424,27 @@ ncclResult_t DeregMr(void* comm, void* mhandle) noexcept {
 
 ncclResult_t Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                    void** request) noexcept {
-  (void)mhandle;
   *request = nullptr;
   auto* comm = static_cast<SendComm*>(send_comm);
   if (comm == nullptr || comm->kind != CommKind::kSend) return ncclInvalidArgument;
   msg::Request* r = nullptr;
-  const Status st = comm->comm->Send(data, size, tag, &r);
+  const Status st = comm->comm->Send(data, size, tag, MemoryOf(mhandle), &r);
   *request = r;
   return ToNccl(st);
 }
 
 ncclResult_t Irecv(void* recv_comm, int n, void** data, const size_t* sizes, int* tags,
                    void** mhandles, void** request) noexcept {
-  (void)mhandles;
   // (*request may hold NCCL_NET_OPTIONAL_RECV_COMPLETION: a hint we need not take; the
   // receive completes through test() either way.)
   *request = nullptr;
   auto* comm = static_cast<RecvComm*>(recv_comm);
   if (comm == nullptr || comm->kind != CommKind::kRecv) return ncclInvalidArgument;
+  if (n < 1 || n > msg::kMaxGroup) return ncclInvalidArgument;
+  msg::Memory* memory[msg::kMaxGroup] = {};
+  for (int i = 0; i < n; ++i) memory[i] = mhandles ? MemoryOf(mhandles[i]) : nullptr;
   msg::Request* r = nullptr;
-  const Status st = comm->comm->Recv(n, data, sizes, tags, &r);
+  const Status st = comm->comm->Recv(n, data, sizes, tags, memory, &r);
   *request = r;
   return ToNccl(st);
 }

@@ -123,7 +123,8 @@ class ShmSendComm final : public msg::SendComm, private CommBase {
     for (auto& r : requests_) r.comm = this;
   }
 
-  Status Send(const void* data, size_t size, int tag, msg::Request** out) noexcept override {
+  Status Send(const void* data, size_t size, int tag, msg::Memory* /*copied by the CPU*/,
+              msg::Request** out) noexcept override {
     *out = nullptr;
     if (error_ != Status::kOk) return error_;
     if (Status s = PullCts(); s != Status::kOk) return s;
@@ -339,7 +340,7 @@ class ShmRecvComm final : public msg::RecvComm, private CommBase {
   }
 
   Status Recv(int n, void* const* data, const size_t* sizes, const int* tags,
-              msg::Request** out) noexcept override {
+              msg::Memory* const* /*copied by the CPU*/, msg::Request** out) noexcept override {
     *out = nullptr;
     if (error_ != Status::kOk) return error_;
     if (n < 1 || n > msg::kMaxGroup) return Status::kBadArgument;

@@ -188,7 +188,14 @@ class ShmListener final : public msg::Listener {
 
 class ShmMessageTransport final : public msg::Transport {
  public:
+  ShmMessageTransport() noexcept {
+    std::strcpy(device_.name, "shm");
+    device_.guid = 0x534c495000000000ull;  // "SLIP"
+    // The order of one core's copies through a ring (make bench: shm tcp_bw ~110 Gbit/s).
+    device_.speed_mbps = 100000;
+  }
   const char* name() const noexcept override { return "shm"; }
+  const msg::DeviceInfo& device() const noexcept override { return device_; }
 
   Status Listen(uint8_t* handle, std::unique_ptr<msg::Listener>* out) noexcept override {
     msgwire::Handle h;
@@ -309,6 +316,9 @@ class ShmMessageTransport final : public msg::Transport {
     *out = std::move(comm);
     return Status::kOk;
   }
+
+ private:
+  msg::DeviceInfo device_;
 };
 
 }  // namespace

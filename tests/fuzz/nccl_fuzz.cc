@@ -76,7 +76,7 @@ void FuzzReceiver(Script* in, void* region, int sock) {
           data[i] = buffers.back().data();
           tags[i] = in->U8();
         }
-        if (comm->Recv(n, data, p.caps, tags, &p.req) == msg::Status::kOk && p.req)
+        if (comm->Recv(n, data, p.caps, tags, nullptr, &p.req) == msg::Status::kOk && p.req)
           posted.push_back(p);
         break;
       }
@@ -123,7 +123,7 @@ void FuzzSender(Script* in, void* region, int sock) {
       case 0: {  // the victim sends
         msg::Request* req = nullptr;
         const size_t size = in->U16() % payload.size();
-        if (comm->Send(payload.data(), size, in->U8(), &req) == msg::Status::kOk && req)
+        if (comm->Send(payload.data(), size, in->U8(), nullptr, &req) == msg::Status::kOk && req)
           sends.push_back(req);
         break;
       }

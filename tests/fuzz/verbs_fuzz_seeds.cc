@@ -1,11 +1,15 @@
 // Writes the seed corpus of verbs_fuzz into the directory given: valid REQs (IPv4 and IPv6),
 // REPs, HELLOs, link messages and a REJECT's data at their field limits, so that mutation starts
 // past the magic and version.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "core/wire.h"
+#include "verbs/msg_wire.h"
 #include "verbs/private_data.h"
 
 namespace {
@@ -75,6 +79,42 @@ std::vector<std::vector<uint8_t>> Seeds() {
   redirect.code = RejCode::kRedirect;
   redirect.port = 18515;
   add(EncodeRej(redirect, buf, sizeof buf), buf);
+  // verbs' message comms: handles (IPv4, IPv6), a REQ's and a REP's data, CTS entries.
+  namespace mw = msgwire;
+  for (int family : {AF_INET, AF_INET6}) {
+    mw::Handle h;
+    h.address.ss_family = sa_family_t(family);
+    if (family == AF_INET) {
+      auto* in = reinterpret_cast<sockaddr_in*>(&h.address);
+      in->sin_port = htons(18515);
+      in->sin_addr.s_addr = htonl(0x0a4d0001);
+    } else {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&h.address);
+      in6->sin6_port = htons(65535);
+      in6->sin6_addr.s6_addr[0] = 0xfd;
+    }
+    for (size_t i = 0; i < sizeof(h.secret); ++i) h.secret[i] = uint8_t(i * 7 + 1);
+    uint8_t handle[slip::msg::kHandleBytes] = {};
+    mw::EncodeHandle(h, handle);
+    add(mw::kHandleWireBytes, handle);
+  }
+  for (uint32_t magic : {mw::kReqMagic, mw::kRepMagic}) {
+    mw::ConnectData d;
+    for (size_t i = 0; i < sizeof(d.proof); ++i) d.proof[i] = uint8_t(0xa0 + i);
+    d.area = {0x00007f1234560000ull, 0x1234};
+    add(mw::EncodeConnectData(magic, d, buf, sizeof buf), buf);
+  }
+  for (uint8_t group : {uint8_t(1), uint8_t(8)}) {
+    mw::CtsEntry e;
+    e.addr = 0x00007f0000001000ull;
+    e.rkey = 0x4321;
+    e.capacity = group == 1 ? 0 : 0x7fffffffu;
+    e.tag = group == 1 ? -1 : 7;
+    e.group = group;
+    e.stamp = mw::StampFor(group == 1 ? 0 : 0xfffffffeu);
+    mw::EncodeCts(e, buf);
+    add(mw::kCtsEntryBytes, buf);
+  }
   return out;
 }
 

@@ -23,12 +23,15 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ncclnet-plugin/nccl_abi.h"
 #include "shm/msg_wire.h"
+#include "verbs/msg_wire.h"
 
 #ifndef SLIP_NCCL_PLUGIN_PATH
 #error "SLIP_NCCL_PLUGIN_PATH must name the built plugin"
@@ -37,6 +40,13 @@
 namespace {
 
 std::string g_last_warning;
+
+// tests/vm/verbs-suite.sh runs this harness in the Soft-RoCE guest, where the plugin
+// offers rxe0 (verbs) instead of shm.
+bool OverVerbs() {
+  const char* t = getenv("SLIP_NCCL_TEST_TRANSPORT");
+  return t != nullptr && std::strcmp(t, "verbs") == 0;
+}
 
 void Logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
             const char* fmt, ...) {
@@ -47,6 +57,7 @@ void Logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int 
   vsnprintf(buf, sizeof(buf), fmt, args);
   va_end(args);
   g_last_warning = buf;
+  if (getenv("SLIP_NCCL_TEST_VERBOSE")) fprintf(stderr, "[%d] %s\n", int(getpid()), buf);
   EXPECT_TRUE(flags & NCCL_NET) << buf;
 }
 
@@ -74,7 +85,10 @@ Plugin& P() {
   return p;
 }
 
-// One version's calls, in v11's terms (sizes as size_t).
+// One version's calls, in v11's terms (sizes as size_t). isend and irecv register their
+// buffers with the comm first (regMr) and name the registrations, as NCCL does (an RDMA
+// transport moves registered memory only); test() deregisters them once the request is
+// done, and a close deregisters what its comm still has, as NCCL does before it closes.
 struct Api {
   int version;
   std::function<ncclResult_t(void*, void**)> listen;  // handle, listen comm
@@ -84,17 +98,105 @@ struct Api {
   std::function<ncclResult_t(void*, int, void**, size_t*, int*, void**)> irecv;
   std::function<ncclResult_t(void*, int*, int*)> test;
   std::function<ncclResult_t(void*)> close_send, close_recv, close_listen;
+  // The version's own calls, with registrations.
+  std::function<ncclResult_t(void*, void*, size_t, int, void*, void**)> raw_isend;
+  std::function<ncclResult_t(void*, int, void**, size_t*, int*, void**, void**)> raw_irecv;
+  std::function<ncclResult_t(void*, void*, size_t, void**)> reg;
+  std::function<ncclResult_t(void*, void*)> dereg;
 };
+
+// The registrations of requests in flight: request -> (comm, its registrations).
+struct InFlight {
+  void* comm;
+  std::vector<void*> mhandles;
+};
+std::mutex g_flight_mu;
+std::map<void*, InFlight> g_flight;
+
+void Remember(void* req, void* comm, std::vector<void*> mhandles) {
+  std::lock_guard lock(g_flight_mu);
+  g_flight[req] = {comm, std::move(mhandles)};
+}
 
 template <typename T>
 Api MakeApi(int version, const T* t) {
   Api a;
   a.version = version;
   a.accept = [t](void* l, void** r) { return t->accept(l, r, nullptr); };
-  a.test = [t](void* r, int* d, int* s) { return t->test(r, d, s); };
-  a.close_send = t->closeSend;
-  a.close_recv = t->closeRecv;
   a.close_listen = t->closeListen;
+  a.dereg = t->deregMr;
+  return a;
+}
+
+// The calls every version shares, over its raw ones.
+Api Complete(Api a, const std::function<ncclResult_t(void*, int*, int*)>& test,
+             const std::function<ncclResult_t(void*)>& close_send,
+             const std::function<ncclResult_t(void*)>& close_recv) {
+  auto dereg = a.dereg;
+  a.isend = [a](void* c, void* d, size_t n, int tag, void** r) {
+    void* mh = nullptr;
+    *r = nullptr;
+    if (ncclResult_t rc = a.reg(c, d, n, &mh); rc != ncclSuccess) return rc;
+    const ncclResult_t rc = a.raw_isend(c, d, n, tag, mh, r);
+    if (rc != ncclSuccess || *r == nullptr)
+      a.dereg(c, mh);
+    else
+      Remember(*r, c, {mh});
+    return rc;
+  };
+  a.irecv = [a](void* c, int n, void** d, size_t* s, int* tags, void** r) {
+    std::vector<void*> mh(size_t(n > 0 ? n : 0), nullptr);
+    *r = nullptr;
+    for (int i = 0; i < n; ++i) {
+      if (ncclResult_t rc = a.reg(c, d[i], s[i], &mh[size_t(i)]); rc != ncclSuccess) {
+        for (int k = 0; k < i; ++k) a.dereg(c, mh[size_t(k)]);
+        return rc;
+      }
+    }
+    const ncclResult_t rc = a.raw_irecv(c, n, d, s, tags, mh.data(), r);
+    if (rc != ncclSuccess || *r == nullptr) {
+      for (void* m : mh) a.dereg(c, m);
+    } else {
+      Remember(*r, c, std::move(mh));
+    }
+    return rc;
+  };
+  a.test = [test, dereg](void* r, int* d, int* s) {
+    const ncclResult_t rc = test(r, d, s);
+    if (rc == ncclSuccess && *d) {
+      InFlight f;
+      {
+        std::lock_guard lock(g_flight_mu);
+        auto it = g_flight.find(r);
+        if (it == g_flight.end()) return rc;
+        f = std::move(it->second);
+        g_flight.erase(it);
+      }
+      for (void* m : f.mhandles) EXPECT_EQ(dereg(f.comm, m), ncclSuccess);
+    }
+    return rc;
+  };
+  auto closer = [dereg](const std::function<ncclResult_t(void*)>& close) {
+    return [dereg, close](void* c) {
+      std::vector<InFlight> left;
+      {
+        std::lock_guard lock(g_flight_mu);
+        for (auto it = g_flight.begin(); it != g_flight.end();) {
+          if (it->second.comm == c) {
+            left.push_back(std::move(it->second));
+            it = g_flight.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      for (auto& f : left)
+        for (void* m : f.mhandles) dereg(c, m);
+      return close(c);
+    };
+  };
+  a.close_send = closer(close_send);
+  a.close_recv = closer(close_recv);
   return a;
 }
 
@@ -104,56 +206,64 @@ Api ApiV(int version) {
     Api a = MakeApi(8, p.v8);
     a.listen = [t = p.v8](void* h, void** l) { return t->listen(0, h, l); };
     a.connect = [t = p.v8](void* h, void** s) { return t->connect(0, h, s, nullptr); };
-    a.isend = [t = p.v8](void* c, void* d, size_t n, int tag, void** r) {
-      return t->isend(c, d, int(n), tag, nullptr, r);
+    a.reg = [t = p.v8](void* c, void* d, size_t n, void** mh) {
+      return t->regMr(c, d, int(n), NCCL_PTR_HOST, mh);
     };
-    a.irecv = [t = p.v8](void* c, int n, void** d, size_t* s, int* tags, void** r) {
+    a.raw_isend = [t = p.v8](void* c, void* d, size_t n, int tag, void* mh, void** r) {
+      return t->isend(c, d, int(n), tag, mh, r);
+    };
+    a.raw_irecv = [t = p.v8](void* c, int n, void** d, size_t* s, int* tags, void** mh, void** r) {
       int sizes[8];
-      for (int i = 0; i < n; ++i) sizes[i] = int(s[i]);
-      void* mh[8] = {};
+      for (int i = 0; i < n && i < 8; ++i) sizes[i] = int(s[i]);
       return t->irecv(c, n, d, sizes, tags, mh, r);
     };
-    return a;
+    return Complete(a, p.v8->test, p.v8->closeSend, p.v8->closeRecv);
   }
   if (version == 9) {
     Api a = MakeApi(9, p.v9);
     a.listen = [t = p.v9](void* h, void** l) { return t->listen(0, h, l); };
     a.connect = [t = p.v9](void* h, void** s) { return t->connect(0, h, s, nullptr); };
-    a.isend = [t = p.v9](void* c, void* d, size_t n, int tag, void** r) {
-      return t->isend(c, d, n, tag, nullptr, r);
+    a.reg = [t = p.v9](void* c, void* d, size_t n, void** mh) {
+      return t->regMr(c, d, n, NCCL_PTR_HOST, mh);
     };
-    a.irecv = [t = p.v9](void* c, int n, void** d, size_t* s, int* tags, void** r) {
-      void* mh[8] = {};
+    a.raw_isend = [t = p.v9](void* c, void* d, size_t n, int tag, void* mh, void** r) {
+      return t->isend(c, d, n, tag, mh, r);
+    };
+    a.raw_irecv = [t = p.v9](void* c, int n, void** d, size_t* s, int* tags, void** mh, void** r) {
       return t->irecv(c, n, d, s, tags, mh, r);
     };
-    return a;
+    return Complete(a, p.v9->test, p.v9->closeSend, p.v9->closeRecv);
   }
   if (version == 10) {
     Api a = MakeApi(10, p.v10);
     a.listen = [t = p.v10](void* h, void** l) { return t->listen(0, h, l); };
     a.connect = [t = p.v10](void* h, void** s) { return t->connect(0, nullptr, h, s, nullptr); };
-    a.isend = [t = p.v10](void* c, void* d, size_t n, int tag, void** r) {
-      return t->isend(c, d, n, tag, nullptr, nullptr, r);
+    a.reg = [t = p.v10](void* c, void* d, size_t n, void** mh) {
+      return t->regMr(c, d, n, NCCL_PTR_HOST, mh);
     };
-    a.irecv = [t = p.v10](void* c, int n, void** d, size_t* s, int* tags, void** r) {
-      void* mh[8] = {};
+    a.raw_isend = [t = p.v10](void* c, void* d, size_t n, int tag, void* mh, void** r) {
+      return t->isend(c, d, n, tag, mh, nullptr, r);
+    };
+    a.raw_irecv = [t = p.v10](void* c, int n, void** d, size_t* s, int* tags, void** mh, void** r) {
       void* ph[8] = {};
       return t->irecv(c, n, d, s, tags, mh, ph, r);
     };
-    return a;
+    return Complete(a, p.v10->test, p.v10->closeSend, p.v10->closeRecv);
   }
   Api a = MakeApi(11, p.v11);
   a.listen = [t = p.v11](void* h, void** l) { return t->listen(P().ctx, 0, h, l); };
   a.connect = [t = p.v11](void* h, void** s) { return t->connect(P().ctx, 0, h, s, nullptr); };
-  a.isend = [t = p.v11](void* c, void* d, size_t n, int tag, void** r) {
-    return t->isend(c, d, n, tag, nullptr, nullptr, r);
+  a.reg = [t = p.v11](void* c, void* d, size_t n, void** mh) {
+    return t->regMr(c, d, n, NCCL_PTR_HOST, mh);
   };
-  a.irecv = [t = p.v11](void* c, int n, void** d, size_t* s, int* tags, void** r) {
-    void* mh[8] = {};
+  a.raw_isend = [t = p.v11](void* c, void* d, size_t n, int tag, void* mh, void** r) {
+    return t->isend(c, d, n, tag, mh, nullptr, r);
+  };
+  a.raw_irecv = [t = p.v11](void* c, int n, void** d, size_t* s, int* tags, void** mh, void** r) {
     void* ph[8] = {};
     return t->irecv(c, n, d, s, tags, mh, ph, r);
   };
-  return a;
+  return Complete(a, p.v11->test, p.v11->closeSend, p.v11->closeRecv);
 }
 
 using Clock = std::chrono::steady_clock;
@@ -289,6 +399,79 @@ int RecvPlan(const Api& a, void* recv, const std::vector<Message>& plan, uint64_
       });
 }
 
+// A sender in a process of its own, as NCCL's ranks are: connects to `handle` and sends
+// the plan Plan(plan_seed, count, max_size) keyed from `key`, or (die_mid) posts a send of
+// 32 MiB and is killed while it is under way.
+struct SenderRole {
+  uint64_t plan_seed;
+  int count;
+  size_t max_size;
+  uint64_t key;
+  bool die_mid;
+};
+
+int RunSender(const char* handle, const SenderRole& role) {
+  Api a = ApiV(11);
+  void* send = nullptr;
+  char h[NCCL_NET_HANDLE_MAXSIZE];
+  std::memcpy(h, handle, sizeof(h));
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (send == nullptr && Clock::now() < deadline)
+    if (a.connect(h, &send) != ncclSuccess) return 2;
+  if (send == nullptr) return 3;
+  if (role.die_mid) {
+    std::vector<uint8_t> in(32 << 20, 1);
+    void* req = nullptr;
+    while (req == nullptr)
+      if (a.isend(send, in.data(), in.size(), 0, &req) != ncclSuccess) return 3;
+    // (the send is under way; the rest of it never comes.)
+    raise(SIGKILL);
+  }
+  const int rc = SendPlan(a, send, Plan(role.plan_seed, role.count, role.max_size), role.key);
+  return rc != 0 ? rc : a.close_send(send) == ncclSuccess ? 0 : 4;
+}
+
+// Over shm a forked child runs the sender; over verbs the child executes this binary
+// again (NcclPluginChild.Sender), so that it opens the RDMA device itself: a device
+// opened before fork() is not the child's (uverbs refuses a process other than its opener).
+pid_t SpawnSender(const char* handle, const SenderRole& role) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  if (!OverVerbs()) _exit(RunSender(handle, role));
+  char hex[2 * NCCL_NET_HANDLE_MAXSIZE + 1];
+  for (int i = 0; i < NCCL_NET_HANDLE_MAXSIZE; ++i)
+    snprintf(hex + 2 * i, 3, "%02x", unsigned(uint8_t(handle[i])));
+  char spec[160];
+  snprintf(spec, sizeof(spec), "%" PRIu64 ",%d,%zu,%" PRIu64 ",%d", role.plan_seed, role.count,
+           role.max_size, role.key, int(role.die_mid));
+  setenv("SLIP_NCCL_CHILD_HANDLE", hex, 1);
+  setenv("SLIP_NCCL_CHILD_ROLE", spec, 1);
+  execl("/proc/self/exe", "slip_unit_tests", "--gtest_filter=NcclPluginChild.Sender",
+        static_cast<char*>(nullptr));
+  _exit(127);
+}
+
+// The exec'd sender of SpawnSender; skipped when run on its own.
+TEST(NcclPluginChild, Sender) {
+  const char* hex = getenv("SLIP_NCCL_CHILD_HANDLE");
+  const char* spec = getenv("SLIP_NCCL_CHILD_ROLE");
+  if (hex == nullptr || spec == nullptr) GTEST_SKIP() << "SpawnSender's child only";
+  char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  for (int i = 0; i < NCCL_NET_HANDLE_MAXSIZE && hex[2 * i] && hex[2 * i + 1]; ++i) {
+    unsigned byte = 0;
+    sscanf(hex + 2 * i, "%2x", &byte);
+    handle[i] = char(byte);
+  }
+  SenderRole role{};
+  int die = 0;
+  ASSERT_EQ(sscanf(spec, "%" SCNu64 ",%d,%zu,%" SCNu64 ",%d", &role.plan_seed, &role.count,
+                   &role.max_size, &role.key, &die),
+            5);
+  role.die_mid = die != 0;
+  ASSERT_NE(P().lib, nullptr);
+  _exit(RunSender(handle, role));
+}
+
 // Each test starts with v11's calls and a listen comm of its own.
 class NcclPlugin : public ::testing::Test {
  protected:
@@ -330,9 +513,12 @@ TEST_F(NcclPlugin, PropertiesAreHonest) {
   std::memset(&all, 0x5a, sizeof(all));
   ASSERT_EQ(P().v11->getProperties(0, &all), ncclSuccess);
   const ncclNetProperties_v9_t& props = all.v9;
-  EXPECT_STREQ(props.name, "slipstream-shm");
+  // rxe (the Soft-RoCE guest) is a virtual device: no PCI path either.
+  EXPECT_STREQ(props.name, OverVerbs() ? "slipstream-rxe0" : "slipstream-shm");
   EXPECT_EQ(props.pciPath, nullptr);
-  EXPECT_EQ(props.ptrSupport, NCCL_PTR_HOST);  // shm copies with the CPU
+  EXPECT_EQ(props.ptrSupport, NCCL_PTR_HOST);  // no device memory registration yet
+  // verbs registers per comm (its protection domain); shm's registrations are notes.
+  EXPECT_EQ(props.regIsGlobal, OverVerbs() ? 0 : 1);
   EXPECT_EQ(props.maxRecvs, 8);
   EXPECT_GT(props.speed, 0);
   EXPECT_GT(props.maxComms, 0);
@@ -377,14 +563,12 @@ TEST_F(NcclPlugin, EachVersionCarriesMessagesExactly) {
     void *send, *recv;
     ASSERT_TRUE(Pair(a, handle, listen, &send, &recv));
     const auto plan = Plan(version, 40, 300000);
-    // Interleave both ends' loops: the receiver posts, the sender matches.
-    int rc_send = -1, rc_recv = -1;
-    const pid_t pid = fork();
-    if (pid == 0) _exit(SendPlan(a, send, plan, 1000 * version));
-    rc_recv = RecvPlan(a, recv, plan, 1000 * version);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    rc_send = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    // Both ends' loops at once: the receiver posts, the sender matches. (Threads: an RDMA
+    // comm cannot cross fork.)
+    int rc_send = -1;
+    std::thread sender([&] { rc_send = SendPlan(a, send, plan, 1000 * version); });
+    const int rc_recv = RecvPlan(a, recv, plan, 1000 * version);
+    sender.join();
     EXPECT_EQ(rc_recv, 0);
     EXPECT_EQ(rc_send, 0);
     EXPECT_EQ(a.close_send(send), ncclSuccess);
@@ -397,16 +581,8 @@ TEST_F(NcclPlugin, EachVersionCarriesMessagesExactly) {
 // ring), 32 in flight each way, receives larger than their sends.
 TEST_F(NcclPlugin, SeparateProcessesRandomSizes) {
   const auto plan = Plan(91, 300, 4 << 20);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    void* send = nullptr;
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
-    while (send == nullptr && Clock::now() < deadline)
-      if (a.connect(handle, &send) != ncclSuccess) _exit(2);
-    if (send == nullptr) _exit(3);
-    const int rc = SendPlan(a, send, plan, 7000);
-    _exit(rc != 0 ? rc : a.close_send(send) == ncclSuccess ? 0 : 4);
-  }
+  const pid_t pid = SpawnSender(handle, {91, 300, 4 << 20, 7000, false});
+  ASSERT_GT(pid, 0);
   void* recv = nullptr;
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   while (recv == nullptr && Clock::now() < deadline)
@@ -511,62 +687,77 @@ TEST_F(NcclPlugin, RingAllReduceOfFourRanks) {
   ASSERT_NE(shared, MAP_FAILED);
   new (shared) Shared();
   auto value = [](int rank, size_t i) { return int32_t((i * 2654435761u + rank * 97) % 100000); };
+  // One rank: its own comms (a listen comm, a send comm to the next rank, the receive comm
+  // of the previous one's), a reduce-scatter and an all-gather; 0 when its sum is exact.
+  auto rank_main = [&](int rank) -> int {
+    Api a = ApiV(11);
+    void* listen = nullptr;
+    if (a.listen(shared->handles[rank], &listen) != ncclSuccess) return 2;
+    shared->ready.fetch_add(1);
+    while (shared->ready.load() < kRanks) usleep(100);
+    void *send = nullptr, *recv = nullptr;
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while ((send == nullptr || recv == nullptr) && Clock::now() < deadline) {
+      if (!send && a.connect(shared->handles[(rank + 1) % kRanks], &send) != ncclSuccess) return 3;
+      if (!recv && a.accept(listen, &recv) != ncclSuccess) return 4;
+    }
+    if (!send || !recv) return 5;
+    std::vector<int32_t> data(kCount), tmp(kCount);
+    for (size_t i = 0; i < kCount; ++i) data[i] = value(rank, i);
+    auto chunk_begin = [&](int c) { return kCount * size_t(c) / kRanks; };
+    auto step = [&](int send_chunk, int recv_chunk, bool reduce) -> int {
+      const size_t sb = chunk_begin(send_chunk), se = chunk_begin(send_chunk + 1);
+      const size_t rb = chunk_begin(recv_chunk), re = chunk_begin(recv_chunk + 1);
+      void* rdata = tmp.data() + rb;
+      size_t rcap = (re - rb) * 4;
+      int tag = 7;
+      void *rreq = nullptr, *sreq = nullptr;
+      if (a.irecv(recv, 1, &rdata, &rcap, &tag, &rreq) != ncclSuccess || !rreq) return 6;
+      int sdone = 0, rdone = 0, size = 0, sent = 0;
+      const auto limit = Clock::now() + std::chrono::seconds(20);
+      while ((!sdone || !rdone) && Clock::now() < limit) {
+        if (!sreq && a.isend(send, data.data() + sb, (se - sb) * 4, 7, &sreq) != ncclSuccess)
+          return 7;
+        if (sreq && !sdone && a.test(sreq, &sdone, &sent) != ncclSuccess) return 8;
+        if (!rdone && a.test(rreq, &rdone, &size) != ncclSuccess) return 9;
+      }
+      if (!sdone || !rdone || size_t(size) != rcap) return 10;
+      for (size_t i = rb; i < re; ++i) data[i] = reduce ? data[i] + tmp[i] : tmp[i];
+      return 0;
+    };
+    for (int s = 0; s < kRanks - 1; ++s)
+      if (int rc = step((rank - s + kRanks) % kRanks, (rank - s - 1 + kRanks) % kRanks, true))
+        return rc;
+    for (int s = 0; s < kRanks - 1; ++s)
+      if (int rc = step((rank + 1 - s + kRanks) % kRanks, (rank - s + kRanks) % kRanks, false))
+        return rc;
+    for (size_t i = 0; i < kCount; ++i) {
+      int32_t want = 0;
+      for (int r = 0; r < kRanks; ++r) want += value(r, i);
+      if (data[i] != want) return 11;
+    }
+    a.close_send(send);
+    a.close_recv(recv);
+    a.close_listen(listen);
+    return 0;
+  };
+  if (OverVerbs()) {
+    // An RDMA device opened before fork() is not the child's (uverbs refuses a process
+    // other than its opener), so over verbs the ranks are threads: each with its own comms,
+    // protection domains and queue pairs, through the device as between processes.
+    std::vector<std::thread> ranks;
+    std::vector<int> rcs(kRanks, -1);
+    for (int rank = 0; rank < kRanks; ++rank)
+      ranks.emplace_back([&, rank] { rcs[size_t(rank)] = rank_main(rank); });
+    for (auto& t : ranks) t.join();
+    for (int rank = 0; rank < kRanks; ++rank) EXPECT_EQ(rcs[size_t(rank)], 0) << "rank " << rank;
+    munmap(shared, sizeof(Shared));
+    return;
+  }
   std::vector<pid_t> pids;
   for (int rank = 0; rank < kRanks; ++rank) {
     const pid_t pid = fork();
-    if (pid == 0) {
-      Api a = ApiV(11);
-      void* listen = nullptr;
-      if (a.listen(shared->handles[rank], &listen) != ncclSuccess) _exit(2);
-      shared->ready.fetch_add(1);
-      while (shared->ready.load() < kRanks) usleep(100);
-      void *send = nullptr, *recv = nullptr;
-      const auto deadline = Clock::now() + std::chrono::seconds(10);
-      while ((send == nullptr || recv == nullptr) && Clock::now() < deadline) {
-        if (!send && a.connect(shared->handles[(rank + 1) % kRanks], &send) != ncclSuccess)
-          _exit(3);
-        if (!recv && a.accept(listen, &recv) != ncclSuccess) _exit(4);
-      }
-      if (!send || !recv) _exit(5);
-      std::vector<int32_t> data(kCount), tmp(kCount);
-      for (size_t i = 0; i < kCount; ++i) data[i] = value(rank, i);
-      auto chunk_begin = [](int c) { return kCount * size_t(c) / kRanks; };
-      auto step = [&](int send_chunk, int recv_chunk, bool reduce) -> int {
-        const size_t sb = chunk_begin(send_chunk), se = chunk_begin(send_chunk + 1);
-        const size_t rb = chunk_begin(recv_chunk), re = chunk_begin(recv_chunk + 1);
-        void* rdata = tmp.data() + rb;
-        size_t rcap = (re - rb) * 4;
-        int tag = 7;
-        void *rreq = nullptr, *sreq = nullptr;
-        if (a.irecv(recv, 1, &rdata, &rcap, &tag, &rreq) != ncclSuccess || !rreq) return 6;
-        int sdone = 0, rdone = 0, size = 0, sent = 0;
-        const auto limit = Clock::now() + std::chrono::seconds(20);
-        while ((!sdone || !rdone) && Clock::now() < limit) {
-          if (!sreq && a.isend(send, data.data() + sb, (se - sb) * 4, 7, &sreq) != ncclSuccess)
-            return 7;
-          if (sreq && !sdone && a.test(sreq, &sdone, &sent) != ncclSuccess) return 8;
-          if (!rdone && a.test(rreq, &rdone, &size) != ncclSuccess) return 9;
-        }
-        if (!sdone || !rdone || size_t(size) != rcap) return 10;
-        for (size_t i = rb; i < re; ++i) data[i] = reduce ? data[i] + tmp[i] : tmp[i];
-        return 0;
-      };
-      for (int s = 0; s < kRanks - 1; ++s)
-        if (int rc = step((rank - s + kRanks) % kRanks, (rank - s - 1 + kRanks) % kRanks, true))
-          _exit(rc);
-      for (int s = 0; s < kRanks - 1; ++s)
-        if (int rc = step((rank + 1 - s + kRanks) % kRanks, (rank - s + kRanks) % kRanks, false))
-          _exit(rc);
-      for (size_t i = 0; i < kCount; ++i) {
-        int32_t want = 0;
-        for (int r = 0; r < kRanks; ++r) want += value(r, i);
-        if (data[i] != want) _exit(11);
-      }
-      a.close_send(send);
-      a.close_recv(recv);
-      a.close_listen(listen);
-      _exit(0);
-    }
+    if (pid == 0) _exit(rank_main(rank));
     pids.push_back(pid);
   }
   for (pid_t pid : pids) {
@@ -616,13 +807,21 @@ TEST_F(NcclPlugin, ListenCommIsReused) {
   for (void* r : {r1, r2}) EXPECT_EQ(a.close_recv(r), ncclSuccess);
 }
 
-TEST_F(NcclPlugin, BadHandlesAreErrorsNotCrashes) {
+// Zeros and noise are nobody's handle.
+void ExpectNotHandles(const Api& a) {
   void* send = nullptr;
   char zeros[NCCL_NET_HANDLE_MAXSIZE] = {};
   EXPECT_EQ(a.connect(zeros, &send), ncclInvalidArgument);
   char noise[NCCL_NET_HANDLE_MAXSIZE];
   for (size_t i = 0; i < sizeof(noise); ++i) noise[i] = char(i * 37 + 11);
   EXPECT_EQ(a.connect(noise, &send), ncclInvalidArgument);
+  EXPECT_EQ(send, nullptr);
+}
+
+TEST_F(NcclPlugin, BadHandlesAreErrorsNotCrashes) {
+  if (OverVerbs()) GTEST_SKIP() << "shm's handles (BadVerbsHandlesAreErrors: verbs')";
+  void* send = nullptr;
+  ExpectNotHandles(a);
 
   slip::shm::msgwire::Handle h;
   ASSERT_TRUE(
@@ -673,9 +872,64 @@ TEST_F(NcclPlugin, BadHandlesAreErrorsNotCrashes) {
   EXPECT_EQ(send, nullptr);
 }
 
+// Connects with `h` until the connect fails or returns a comm (the listener driven
+// meanwhile); the result.
+ncclResult_t ConnectUntilDecided(const Api& a, void* listen, char* h, void** send) {
+  ncclResult_t rc = ncclSuccess;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (rc == ncclSuccess && *send == nullptr && Clock::now() < deadline) {
+    rc = a.connect(h, send);
+    void* recv = nullptr;
+    if (listen != nullptr) {
+      EXPECT_EQ(a.accept(listen, &recv), ncclSuccess);
+    }
+    EXPECT_EQ(recv, nullptr);  // nobody with a bad handle is accepted
+  }
+  return rc;
+}
+
+// verbs' handles: what is not one, a sender without the listener's secret (refused by the
+// listener), a listener without the handle's secret (an impostor at the address: refused
+// by the sender), a listener that is gone; each an error in bounded time, and the
+// listener serves its real senders after all of them.
+TEST_F(NcclPlugin, BadVerbsHandlesAreErrors) {
+  if (!OverVerbs()) GTEST_SKIP() << "the Soft-RoCE guest's (tests/vm/verbs-suite.sh)";
+  void* send = nullptr;
+  ExpectNotHandles(a);
+  namespace vw = slip::verbs::msgwire;
+  vw::Handle h;
+  ASSERT_TRUE(vw::ParseHandle(reinterpret_cast<uint8_t*>(handle), sizeof(handle), &h));
+  char forged[NCCL_NET_HANDLE_MAXSIZE] = {};
+  for (size_t flip : {size_t(0), vw::kSecretHalf}) {
+    SCOPED_TRACE(flip);
+    vw::Handle other = h;
+    other.secret[flip] ^= 0x5a;
+    vw::EncodeHandle(other, reinterpret_cast<uint8_t*>(forged));
+    send = nullptr;
+    // The listener rejects the first; the sender refuses the impostor's answer.
+    EXPECT_EQ(ConnectUntilDecided(a, listen, forged, &send),
+              flip == 0 ? ncclSystemError : ncclRemoteError);
+    EXPECT_EQ(send, nullptr);
+    EXPECT_NE(g_last_warning.find(flip == 0 ? "REJECTED" : "does not carry the handle's secret"),
+              std::string::npos)
+        << g_last_warning;
+  }
+  void *good_send = nullptr, *good_recv = nullptr;
+  ASSERT_TRUE(Pair(a, handle, listen, &good_send, &good_recv));
+  EXPECT_EQ(a.close_send(good_send), ncclSuccess);
+  EXPECT_EQ(a.close_recv(good_recv), ncclSuccess);
+  // A listener that is gone.
+  EXPECT_EQ(a.close_listen(listen), ncclSuccess);
+  listen = nullptr;
+  send = nullptr;
+  EXPECT_EQ(ConnectUntilDecided(a, nullptr, handle, &send), ncclSystemError);
+  EXPECT_EQ(send, nullptr);
+}
+
 // Whoever connects to a listener's abstract name (listed in /proc/net/unix) and sends
 // garbage is dropped; the listener goes on serving its real senders.
 TEST_F(NcclPlugin, ForeignHelloIsDroppedAndListenerGoesOn) {
+  if (OverVerbs()) GTEST_SKIP() << "shm's rendezvous (BadVerbsHandlesAreErrors: verbs')";
   slip::shm::msgwire::Handle h;
   ASSERT_TRUE(
       slip::shm::msgwire::ParseHandle(reinterpret_cast<uint8_t*>(handle), sizeof(handle), &h));
@@ -796,18 +1050,8 @@ TEST_F(NcclPlugin, CloseWithRequestsInFlightFailsThePeer) {
 // A sender killed in the middle of a message: the receiver's test returns an error within
 // a bounded time.
 TEST_F(NcclPlugin, PeerKilledMidTransferIsAnError) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    void* send = nullptr;
-    while (send == nullptr)
-      if (a.connect(handle, &send) != ncclSuccess) _exit(2);
-    std::vector<uint8_t> in(32 << 20, 1);
-    void* req = nullptr;
-    while (req == nullptr)
-      if (a.isend(send, in.data(), in.size(), 0, &req) != ncclSuccess) _exit(3);
-    // (isend wrote the first ring's worth; the other 31 MiB never come.)
-    raise(SIGKILL);
-  }
+  const pid_t pid = SpawnSender(handle, {0, 0, 0, 0, true});
+  ASSERT_GT(pid, 0);
   void* recv = nullptr;
   while (recv == nullptr) ASSERT_EQ(a.accept(listen, &recv), ncclSuccess);
   std::vector<uint8_t> out(32 << 20);

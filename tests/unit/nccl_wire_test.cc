@@ -1,12 +1,16 @@
-// The wire the NCCL face adds (shm/msg_wire.h) and the ABI layouts it declares
-// (ncclnet-plugin/nccl_abi.h).
+// The wire the NCCL face adds (shm/msg_wire.h, verbs/msg_wire.h) and the ABI layouts it
+// declares (ncclnet-plugin/nccl_abi.h).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "ncclnet-plugin/nccl_abi.h"
 #include "shm/msg_wire.h"
+#include "verbs/msg_wire.h"
 
 namespace {
 
@@ -150,3 +154,110 @@ TEST(NcclAbi, LayoutsMatchNcclsHeaders) {
 }
 
 }  // namespace
+
+// verbs' message comms (verbs/msg_wire.h).
+namespace vw = slip::verbs::msgwire;
+
+TEST(VerbsMsgWire, HandleRoundTripsBothFamilies) {
+  for (int family : {AF_INET, AF_INET6}) {
+    SCOPED_TRACE(family);
+    vw::Handle h;
+    h.address.ss_family = sa_family_t(family);
+    if (family == AF_INET) {
+      auto* in = reinterpret_cast<sockaddr_in*>(&h.address);
+      in->sin_port = htons(40001);
+      in->sin_addr.s_addr = htonl(0x0a4d0001);
+    } else {
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&h.address);
+      in6->sin6_port = htons(40002);
+      for (int i = 0; i < 16; ++i) in6->sin6_addr.s6_addr[i] = uint8_t(0xf0 + i);
+    }
+    for (size_t i = 0; i < sizeof(h.secret); ++i) h.secret[i] = uint8_t(i * 13);
+    uint8_t wire[slip::msg::kHandleBytes] = {};
+    vw::EncodeHandle(h, wire);
+    vw::Handle back;
+    ASSERT_TRUE(vw::ParseHandle(wire, sizeof(wire), &back));
+    EXPECT_EQ(std::memcmp(&back.address, &h.address, sizeof(h.address)), 0);
+    EXPECT_EQ(std::memcmp(back.secret, h.secret, sizeof(h.secret)), 0);
+    // Short, or another magic, version or family: not a handle.
+    EXPECT_FALSE(vw::ParseHandle(wire, vw::kHandleWireBytes - 1, &back));
+    for (size_t at : {size_t(0), size_t(4), size_t(5)}) {
+      uint8_t bad[sizeof(wire)];
+      std::memcpy(bad, wire, sizeof(wire));
+      bad[at] ^= 0x40;
+      EXPECT_FALSE(vw::ParseHandle(bad, sizeof(bad), &back)) << at;
+    }
+  }
+}
+
+TEST(VerbsMsgWire, HandleRefusesPortZeroAndIpv4Tails) {
+  vw::Handle h;
+  auto* in = reinterpret_cast<sockaddr_in*>(&h.address);
+  in->sin_family = AF_INET;
+  in->sin_port = htons(1);
+  uint8_t wire[slip::msg::kHandleBytes] = {};
+  vw::EncodeHandle(h, wire);
+  vw::Handle back;
+  ASSERT_TRUE(vw::ParseHandle(wire, sizeof(wire), &back));
+  wire[8 + 5] = 1;  // an IPv4 handle's address byte past the fourth
+  EXPECT_FALSE(vw::ParseHandle(wire, sizeof(wire), &back));
+  in->sin_port = 0;
+  vw::EncodeHandle(h, wire);
+  EXPECT_FALSE(vw::ParseHandle(wire, sizeof(wire), &back));
+}
+
+TEST(VerbsMsgWire, ConnectDataIsExactAndKindChecked) {
+  vw::ConnectData d;
+  for (size_t i = 0; i < sizeof(d.proof); ++i) d.proof[i] = uint8_t(i + 1);
+  d.area = {0x00007f0012340000ull, 0xabcd};
+  uint8_t wire[56] = {};  // rdma_cm pads private data with zeros
+  ASSERT_EQ(vw::EncodeConnectData(vw::kReqMagic, d, wire, sizeof(wire)), vw::kConnectDataBytes);
+  vw::ConnectData back;
+  ASSERT_TRUE(vw::ParseConnectData(vw::kReqMagic, wire, sizeof(wire), &back));
+  EXPECT_EQ(std::memcmp(back.proof, d.proof, sizeof(d.proof)), 0);
+  EXPECT_EQ(back.area.addr, d.area.addr);
+  EXPECT_EQ(back.area.rkey, d.area.rkey);
+  EXPECT_FALSE(vw::ParseConnectData(vw::kRepMagic, wire, sizeof(wire), &back));  // a REQ
+  EXPECT_FALSE(vw::ParseConnectData(vw::kReqMagic, wire, vw::kConnectDataBytes - 1, &back));
+  EXPECT_FALSE(vw::ParseConnectData(vw::kReqMagic, nullptr, 0, &back));
+  wire[6] = 1;  // padding
+  EXPECT_FALSE(vw::ParseConnectData(vw::kReqMagic, wire, sizeof(wire), &back));
+  EXPECT_EQ(vw::EncodeConnectData(vw::kReqMagic, d, wire, vw::kConnectDataBytes - 1), 0u);
+}
+
+TEST(VerbsMsgWire, CtsEntriesCarryTheirReceivesStamp) {
+  vw::CtsEntry e;
+  e.addr = 0x1000;
+  e.rkey = 7;
+  e.capacity = 4096;
+  e.tag = -3;
+  e.group = 8;
+  e.stamp = vw::StampFor(41);
+  uint8_t wire[vw::kCtsEntryBytes];
+  vw::EncodeCts(e, wire);
+  EXPECT_EQ(vw::CtsStamp(wire), e.stamp);
+  vw::CtsEntry back;
+  ASSERT_TRUE(vw::ParseCts(wire, vw::StampFor(41), &back));
+  EXPECT_EQ(back.tag, -3);
+  EXPECT_EQ(back.group, 8);
+  EXPECT_FALSE(vw::ParseCts(wire, vw::StampFor(40), &back));  // the receive before's slot
+  const uint8_t fresh[vw::kCtsEntryBytes] = {};
+  EXPECT_FALSE(vw::ParseCts(fresh, vw::CtsStamp(fresh), &back));  // never written
+  for (auto [group, capacity] : {std::pair<int, uint32_t>{0, 1}, {9, 1}, {1, 0x80000000u}}) {
+    e.group = uint8_t(group);
+    e.capacity = capacity;
+    vw::EncodeCts(e, wire);
+    EXPECT_FALSE(vw::ParseCts(wire, e.stamp, &back)) << group << " " << capacity;
+  }
+  EXPECT_NE(vw::StampFor(0xffffffffu), 0u);  // wrapped: still never a fresh slot's
+}
+
+TEST(VerbsMsgWire, ImmediateNamesReceiveAndBuffer) {
+  for (uint32_t seq : {0u, 31u, vw::kImmSeqMask}) {
+    for (uint32_t index : {0u, 7u}) {
+      const uint32_t imm = vw::EncodeImm(seq, index);
+      EXPECT_EQ(vw::ImmSeq(imm), seq);
+      EXPECT_EQ(vw::ImmIndex(imm), index);
+    }
+  }
+}

@@ -64,7 +64,7 @@ TEST(ShmMessageComms, ReachAnotherNetworkNamespaceThroughTheDirectory) {
     msg::Request* req = nullptr;
     while (req == nullptr && Clock::now() < deadline) {
       // (kAgain until the receiver has posted its receive.)
-      const msg::Status sent = send->Send(data.data(), data.size(), 5, &req);
+      const msg::Status sent = send->Send(data.data(), data.size(), 5, nullptr, &req);
       if (sent != msg::Status::kOk && sent != msg::Status::kAgain) _exit(3);
     }
     if (req == nullptr || !WaitDone(req, nullptr)) _exit(4);
@@ -85,7 +85,7 @@ TEST(ShmMessageComms, ReachAnotherNetworkNamespaceThroughTheDirectory) {
   const size_t cap = out.size();
   const int tag = 5;
   msg::Request* req = nullptr;
-  ASSERT_EQ(recv->Recv(1, &data, &cap, &tag, &req), msg::Status::kOk);
+  ASSERT_EQ(recv->Recv(1, &data, &cap, &tag, nullptr, &req), msg::Status::kOk);
   size_t got = 0;
   ASSERT_TRUE(WaitDone(req, &got));
   ASSERT_EQ(got, size_t(3) << 20);

@@ -13,6 +13,7 @@
 #    SO_REUSEPORT listeners (gRPC's default) and the groups they form,
 #    non-blocking connects that never block on detection, and
 #    failover to TCP when the RDMA device is deleted mid-stream (last: it re-creates rxe0).
+# 3. The NCCL plugin's harness over verbs (SLIP_VERBS_NCCL=0 leaves it out).
 #
 # Prints one line per test and ends with "N passed, N failed"; exit status 1 if any failed
 # twice in a row (each is run again once, below).
@@ -90,6 +91,13 @@ done
 for c in $VERBS_ONLY; do
   run "verbs.$c" /usr/bin/python3 tests/vm/verbs_cases.py --build-dir "$BUILD" "${c%%.*}" "${c#*.}"
 done
+
+# 3. The NCCL plugin's harness (tests/unit/nccl_plugin_test.cc) over verbs: the plugin
+#    offers rxe0, and every comm is an RC queue pair through it (about 15 s).
+if [ "${SLIP_VERBS_NCCL-1}" = 1 ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
+  run "verbs.nccl_plugin" env SLIP_NCCL_TEST_TRANSPORT=verbs \
+    "$BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
+fi
 
 [ -n "$flaky" ] && echo "flaky (failed, then passed):$flaky"
 [ -n "$failures" ] && echo "failed:$failures"

@@ -1,0 +1,184 @@
+// One end of a verbs message comm: its verbs objects and registrations (msg_internal.h).
+#include <fcntl.h>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "verbs/msg_internal.h"
+#include "verbs/qp.h"
+
+namespace slip::verbs::msgimpl {
+
+namespace {
+
+// How often a comm looks for rdma_cm events (a disconnect) while it is driven.
+constexpr uint64_t kEventCheckMs = 2;
+
+void LogRegistrationFailure(size_t size, int err) noexcept {
+  rlimit rl{};
+  if (err == ENOMEM && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    SLIP_LOG(kWarn,
+             "verbs: cannot register %zu KiB for an NCCL comm: RLIMIT_MEMLOCK is %lu KiB "
+             "(raise it: ulimit -l unlimited)",
+             size / 1024, (unsigned long)(rl.rlim_cur / 1024));
+  } else {
+    SLIP_LOG(kWarn, "verbs: cannot register %zu KiB for an NCCL comm: %s", size / 1024,
+             strerror(err));
+  }
+}
+
+}  // namespace
+
+Endpoint::~Endpoint() {
+  // A disconnect tells the peer at once (its requests fail) rather than by retries.
+  if (id_ && connected_) rdma_disconnect(id_);
+  if (qp_) ibv_destroy_qp(qp_);
+  for (VerbsMemory* m : memory_) {
+    if (m->mr) ibv_dereg_mr(m->mr);
+    m->magic = 0;
+    delete m;
+  }
+  if (control_mr_) ibv_dereg_mr(control_mr_);
+  if (cq_) ibv_destroy_cq(cq_);
+  if (pd_) ibv_dealloc_pd(pd_);
+  if (id_) rdma_destroy_id(id_);  // every event of it was acknowledged as it was taken
+  if (channel_) rdma_destroy_event_channel(channel_);
+  free(control_);
+}
+
+int Endpoint::OpenChannel() noexcept {
+  channel_ = rdma_create_event_channel();
+  if (!channel_) return -(errno ? errno : ENOMEM);
+  const int flags = fcntl(channel_->fd, F_GETFL);
+  if (flags < 0 || fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) != 0)
+    return -(errno ? errno : EINVAL);
+  return 0;
+}
+
+int Endpoint::Build() noexcept {
+  if (!id_ || !id_->verbs) return -ENODEV;
+  pd_ = ibv_alloc_pd(id_->verbs);
+  if (!pd_) return -(errno ? errno : ENOMEM);
+  cq_ = ibv_create_cq(id_->verbs, int(kSendDepth + kRecvDepth), nullptr, nullptr, 0);
+  if (!cq_) return -(errno ? errno : ENOMEM);
+  QueuePairCaps caps;
+  caps.send_depth = kSendDepth;
+  caps.recv_depth = receiver_ ? kRecvDepth : 1;
+  caps.inline_wanted = 64;  // a size word; a CTS entry or two
+  qp_ = CreateQueuePair(pd_, cq_, caps, &max_inline_, &send_depth_);
+  if (!qp_) return -(errno ? errno : EINVAL);
+  if (send_depth_ < kSendDepth) return -ENOSPC;
+  if (int rc = InitQueuePair(id_, qp_); rc < 0) return rc;
+  constexpr size_t kPage = 4096;
+  control_ =
+      static_cast<uint8_t*>(aligned_alloc(kPage, (kControlBytes + kPage - 1) & ~(kPage - 1)));
+  if (!control_) return -ENOMEM;
+  std::memset(control_, 0, kControlBytes);
+  control_mr_ =
+      ibv_reg_mr(pd_, control_, kControlBytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!control_mr_) {
+    const int err = errno ? errno : ENOMEM;
+    LogRegistrationFailure(kControlBytes, err);
+    return -err;
+  }
+  if (receiver_) {
+    for (uint32_t i = 0; i < kRecvDepth; ++i)
+      if (!PostRecv()) return -(errno ? errno : EIO);
+  }
+  return 0;
+}
+
+int Endpoint::Ready() noexcept {
+  return ReadyQueuePair(id_, qp_, Setup().options->gid_index, IBV_ACCESS_REMOTE_WRITE);
+}
+
+bool Endpoint::PostRecv() noexcept {
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.num_sge = 0;  // a WRITE WITH IMMEDIATE consumes a receive and places nothing in it
+  return ibv_post_recv(qp_, &wr, &bad) == 0;
+}
+
+Status Endpoint::Register(void* data, size_t size, msg::Memory** out) noexcept {
+  *out = nullptr;
+  auto* m = new (std::nothrow) VerbsMemory();
+  if (!m) return Status::kSystem;
+  m->owner = this;
+  m->begin = uintptr_t(data);
+  m->end = m->begin + size;
+  if (size > 0) {
+    // A receiver's buffers are written by its peer; a sender's are only read locally.
+    const int access = IBV_ACCESS_LOCAL_WRITE | (receiver_ ? IBV_ACCESS_REMOTE_WRITE : 0);
+    m->mr = ibv_reg_mr(pd_, data, size, access);
+    if (!m->mr) {
+      const int err = errno ? errno : ENOMEM;
+      LogRegistrationFailure(size, err);
+      delete m;
+      return Status::kSystem;
+    }
+  }
+  try {
+    memory_.push_back(m);
+  } catch (...) {
+    if (m->mr) ibv_dereg_mr(m->mr);
+    delete m;
+    return Status::kSystem;
+  }
+  *out = m;
+  return Status::kOk;
+}
+
+Status Endpoint::Deregister(msg::Memory* memory) noexcept {
+  for (size_t i = 0; i < memory_.size(); ++i) {
+    if (memory_[i] != memory) continue;
+    VerbsMemory* m = memory_[i];
+    memory_.erase(memory_.begin() + long(i));
+    if (m->mr) ibv_dereg_mr(m->mr);
+    m->magic = 0;
+    delete m;
+    return Status::kOk;
+  }
+  return Status::kBadArgument;
+}
+
+const VerbsMemory* Endpoint::Find(msg::Memory* memory, const void* data,
+                                  size_t size) const noexcept {
+  // What the face hands back is what Register gave it (NCCL's mhandle): its magic and
+  // owner say it is one of ours, for this comm.
+  const auto* m = static_cast<const VerbsMemory*>(memory);
+  if (m == nullptr || m->magic != VerbsMemory::kMagic || m->owner != this) return nullptr;
+  return m->Covers(data, size) && (size == 0 || m->mr) ? m : nullptr;
+}
+
+Status Endpoint::CheckEvents() noexcept {
+  if (error_ != Status::kOk) return error_;
+  const uint64_t now = sys::MonotonicMs();
+  if (now < next_event_check_ms_) return Status::kOk;
+  next_event_check_ms_ = now + kEventCheckMs;
+  rdma_cm_event* event = nullptr;
+  while (channel_ && rdma_get_cm_event(channel_, &event) == 0) {
+    const rdma_cm_event_type type = event->event;
+    rdma_ack_cm_event(event);
+    if (type == RDMA_CM_EVENT_DISCONNECTED)
+      return Fail(Status::kRemote, receiver_
+                                       ? "the sender closed its end (or died): disconnected"
+                                       : "the receiver closed its end (or died): disconnected");
+    if (type == RDMA_CM_EVENT_DEVICE_REMOVAL)
+      return Fail(Status::kRemote, "the RDMA device was removed");
+  }
+  return Status::kOk;
+}
+
+Status Endpoint::Fail(Status status, const char* what) noexcept {
+  if (error_ != Status::kOk) return error_;
+  error_ = status;
+  SLIP_LOG(kWarn, "verbs: NCCL comm on queue pair %u failed: %s", qp_ ? qp_->qp_num : 0u, what);
+  return error_;
+}
+
+}  // namespace slip::verbs::msgimpl

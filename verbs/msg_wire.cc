@@ -1,0 +1,130 @@
+#include "verbs/msg_wire.h"
+
+#include <netinet/in.h>
+
+#include <climits>
+#include <cstring>
+
+#include "core/byte_codec.h"
+
+namespace slip::verbs::msgwire {
+
+void EncodeHandle(const Handle& h, uint8_t out[msg::kHandleBytes]) noexcept {
+  ByteWriter w(out, msg::kHandleBytes);
+  w.U32(kHandleMagic);
+  w.U8(kVersion);
+  uint8_t addr[16] = {};
+  uint16_t port = 0;
+  if (h.address.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&h.address);
+    std::memcpy(addr, &in->sin_addr, 4);
+    port = ntohs(in->sin_port);
+    w.U8(4);
+  } else {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&h.address);
+    std::memcpy(addr, &in6->sin6_addr, 16);
+    port = ntohs(in6->sin6_port);
+    w.U8(6);
+  }
+  w.U16(port);
+  w.Bytes(addr, sizeof(addr));
+  w.Bytes(h.secret, kSecretBytes);
+}
+
+bool ParseHandle(const uint8_t* in, size_t len, Handle* out) noexcept {
+  ByteReader r(in, len);
+  if (r.U32() != kHandleMagic || r.U8() != kVersion) return false;
+  const uint8_t family = r.U8();
+  const uint16_t port = r.U16();
+  uint8_t addr[16];
+  r.Bytes(addr, sizeof(addr));
+  Handle h;
+  r.Bytes(h.secret, kSecretBytes);
+  if (!r.ok() || port == 0) return false;
+  if (family == 4) {
+    // An IPv4 handle's address bytes past the fourth are zero: nothing else parses.
+    for (int i = 4; i < 16; ++i)
+      if (addr[i] != 0) return false;
+    auto* sin = reinterpret_cast<sockaddr_in*>(&h.address);
+    sin->sin_family = AF_INET;
+    sin->sin_port = htons(port);
+    std::memcpy(&sin->sin_addr, addr, 4);
+  } else if (family == 6) {
+    auto* sin6 = reinterpret_cast<sockaddr_in6*>(&h.address);
+    sin6->sin6_family = AF_INET6;
+    sin6->sin6_port = htons(port);
+    std::memcpy(&sin6->sin6_addr, addr, 16);
+  } else {
+    return false;
+  }
+  *out = h;
+  return true;
+}
+
+size_t EncodeConnectData(uint32_t magic, const ConnectData& d, uint8_t* out, size_t cap) noexcept {
+  ByteWriter w(out, cap);
+  w.U32(magic);
+  w.U8(kVersion);
+  const uint8_t pad[3] = {};
+  w.Bytes(pad, sizeof(pad));
+  w.Bytes(d.proof, kSecretHalf);
+  w.U64(d.area.addr);
+  w.U32(d.area.rkey);
+  return w.ok() ? w.size() : 0;
+}
+
+bool ParseConnectData(uint32_t magic, const uint8_t* in, size_t len, ConnectData* out) noexcept {
+  // rdma_cm pads private data with zeros to the message's size: longer is fine.
+  if (in == nullptr || len < kConnectDataBytes) return false;
+  ByteReader r(in, len);
+  if (r.U32() != magic || r.U8() != kVersion) return false;
+  uint8_t pad[3];
+  r.Bytes(pad, sizeof(pad));
+  ConnectData d;
+  r.Bytes(d.proof, kSecretHalf);
+  d.area.addr = r.U64();
+  d.area.rkey = r.U32();
+  // Padding is zero, so that a message parses from exactly one encoding.
+  if (!r.ok() || d.area.addr == 0 || (pad[0] | pad[1] | pad[2]) != 0) return false;
+  *out = d;
+  return true;
+}
+
+void EncodeCts(const CtsEntry& e, uint8_t out[kCtsEntryBytes]) noexcept {
+  ByteWriter w(out, kCtsEntryBytes);
+  w.U64(e.addr);
+  w.U32(e.rkey);
+  w.U32(e.capacity);
+  w.U32(uint32_t(e.tag));
+  w.U8(e.group);
+  const uint8_t pad[7] = {};
+  w.Bytes(pad, sizeof(pad));
+  w.U32(e.stamp);
+}
+
+uint32_t CtsStamp(const uint8_t in[kCtsEntryBytes]) noexcept {
+  ByteReader r(in + kCtsEntryBytes - 4, 4);
+  return r.U32();
+}
+
+bool ParseCts(const uint8_t in[kCtsEntryBytes], uint32_t stamp, CtsEntry* out) noexcept {
+  ByteReader r(in, kCtsEntryBytes);
+  CtsEntry e;
+  e.addr = r.U64();
+  e.rkey = r.U32();
+  e.capacity = r.U32();
+  e.tag = int32_t(r.U32());
+  e.group = r.U8();
+  uint8_t pad[7];
+  r.Bytes(pad, sizeof(pad));
+  e.stamp = r.U32();
+  uint8_t any = 0;
+  for (uint8_t b : pad) any |= b;
+  if (!r.ok() || any != 0 || e.stamp != stamp || e.group < 1 || e.group > msg::kMaxGroup ||
+      e.capacity > uint32_t(INT_MAX))
+    return false;
+  *out = e;
+  return true;
+}
+
+}  // namespace slip::verbs::msgwire
