@@ -104,12 +104,26 @@ class VerbsSendComm final : public EndpointComm<msg::SendComm> {
     SendRequest* r = FreeRequest();
     if (r == nullptr) return Status::kAgain;
 
-    const size_t word_offset = msgwire::kFifoBytes + SizeWordOffset(seq_, uint32_t(index));
-    auto* word = reinterpret_cast<uint32_t*>(ep_->control() + word_offset);
-    *word = uint32_t(size);
     ibv_sge sge[2]{};
     ibv_send_wr wr[2]{};
     ibv_send_wr* first = &wr[1];
+    if (group_ == 1) {
+      // One write: the bytes, with their count in the immediate.
+      sge[1] = {uint64_t(uintptr_t(data)), uint32_t(size), size > 0 ? m->mr->lkey : 0};
+      wr[1].wr_id = uint64_t(r - requests_);
+      wr[1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr[1].sg_list = &sge[1];
+      wr[1].num_sge = size > 0 ? 1 : 0;
+      wr[1].send_flags =
+          IBV_SEND_SIGNALED | (size > 0 && size <= ep_->max_inline() ? IBV_SEND_INLINE : 0);
+      wr[1].imm_data = htonl(msgwire::kImmSingle | uint32_t(size));
+      wr[1].wr.rdma.remote_addr = e.addr;
+      wr[1].wr.rdma.rkey = e.rkey;
+      return Post(first, r, index, size, out);
+    }
+    const size_t word_offset = msgwire::kFifoBytes + SizeWordOffset(seq_, uint32_t(index));
+    auto* word = reinterpret_cast<uint32_t*>(ep_->control() + word_offset);
+    *word = uint32_t(size);
     if (size > 0) {
       sge[0] = {uint64_t(uintptr_t(data)), uint32_t(size), m->mr->lkey};
       wr[0].opcode = IBV_WR_RDMA_WRITE;
@@ -126,9 +140,14 @@ class VerbsSendComm final : public EndpointComm<msg::SendComm> {
     wr[1].sg_list = &sge[1];
     wr[1].num_sge = 1;
     wr[1].send_flags = IBV_SEND_SIGNALED | (ep_->max_inline() >= 4 ? IBV_SEND_INLINE : 0);
-    wr[1].imm_data = htonl(msgwire::EncodeImm(seq_ & msgwire::kImmSeqMask, uint32_t(index)));
+    wr[1].imm_data = htonl(msgwire::EncodeImm(seq_, uint32_t(index)));
     wr[1].wr.rdma.remote_addr = sizes_.addr + SizeWordOffset(seq_, uint32_t(index));
     wr[1].wr.rdma.rkey = sizes_.rkey;
+    return Post(first, r, index, size, out);
+  }
+
+  Status Post(ibv_send_wr* first, SendRequest* r, int index, size_t size,
+              msg::Request** out) noexcept {
     ibv_send_wr* bad = nullptr;
     if (int rc = ibv_post_send(ep_->qp(), first, &bad); rc != 0) {
       char what[96];
@@ -332,26 +351,38 @@ class VerbsRecvComm final : public EndpointComm<msg::RecvComm> {
     return Status::kOk;
   }
 
-  // The sender says buffer `index` of receive `seq` is written: everything in it (the
-  // immediate, the size word) is the peer's, checked against what we posted.
+  // The sender says a buffer of the oldest receive not yet complete is written (sends
+  // arrive in the order their receives were posted): everything in it (the immediate, the
+  // size word) is the peer's, checked against what we posted.
   Status OnSendDone(uint32_t imm) noexcept {
-    const uint32_t seq = msgwire::ImmSeq(imm);
-    const uint32_t index = msgwire::ImmIndex(imm);
-    RecvRequest& r = requests_[SlotOf(seq)];
-    if (!r.in_use || (r.seq & msgwire::kImmSeqMask) != seq || index >= uint32_t(r.n) ||
-        (r.done_mask & (1u << index)))
+    RecvRequest& r = requests_[SlotOf(arriving_)];
+    if (!r.in_use || r.seq != arriving_)
       return ep_->Fail(Status::kRemote, "the sender completed a send for no posted receive");
-    const auto* words = reinterpret_cast<const volatile uint32_t*>(ep_->control());
-    const uint32_t size = words[SizeWordOffset(seq, index) / 4];
+    uint32_t index = 0;
+    uint32_t size = 0;
+    if (imm & msgwire::kImmSingle) {
+      size = imm & ~msgwire::kImmSingle;
+      if (r.n != 1)
+        return ep_->Fail(Status::kRemote, "the sender completed a grouped receive as a single");
+    } else {
+      index = msgwire::ImmIndex(imm);
+      if (msgwire::ImmSeq(imm) != (arriving_ & msgwire::kImmSeqMask) || index >= uint32_t(r.n) ||
+          (r.done_mask & (1u << index)))
+        return ep_->Fail(Status::kRemote, "the sender completed a send for no posted buffer");
+      const auto* words = reinterpret_cast<const volatile uint32_t*>(ep_->control());
+      size = words[SizeWordOffset(arriving_, index) / 4];
+    }
     if (size > r.capacity[index])
       return ep_->Fail(Status::kRemote, "the sender wrote more than the receive's buffer holds");
     r.sizes[index] = size;
     r.done_mask |= 1u << index;
+    if (r.done_mask == (1u << r.n) - 1) ++arriving_;
     return Status::kOk;
   }
 
   const RemoteArea fifo_;
-  uint32_t seq_ = 0;                         // the next receive's
+  uint32_t seq_ = 0;       // the next receive's
+  uint32_t arriving_ = 0;  // the oldest receive whose buffers are not all written yet
   RecvRequest requests_[msg::kMaxRequests];  // receive seq's at [seq % kMaxRequests]
 };
 

@@ -13,10 +13,13 @@
 //   CTS      receiver -> sender, by RDMA WRITE into FIFO slot seq % kMaxRequests: one entry
 //            per buffer of a posted receive (address, remote key, capacity, tag, the
 //            group's size) stamped with seq + 1 in its last word
-//   send     sender -> receiver: an RDMA WRITE of the bytes into the posted buffer, then an
-//            RDMA WRITE WITH IMMEDIATE of the byte count into the receive's size slot, the
-//            immediate naming the receive (seq) and the buffer (index): RC executes them in
-//            order, so the receiver sees the bytes before it sees the count.
+//   send     sender -> receiver, for a receive of one buffer: one RDMA WRITE WITH IMMEDIATE
+//            of the bytes into the posted buffer, the immediate carrying the byte count
+//            (kImmSingle); for a buffer of a grouped receive: an RDMA WRITE of the bytes, then
+//            an RDMA WRITE WITH IMMEDIATE of the byte count into the receive's size slot, the
+//            immediate naming the receive (seq) and the buffer (index). RC executes a queue
+//            pair's writes in order, so the receiver sees the bytes before it sees the count,
+//            and the receives' arrivals in the order they were posted.
 //
 // Every parser here reads bytes a peer wrote and returns false on anything out of range;
 // all fields are little-endian (core/byte_codec.h), the immediate in network order.
@@ -86,18 +89,20 @@ void EncodeCts(const CtsEntry& e, uint8_t out[kCtsEntryBytes]) noexcept;
 uint32_t CtsStamp(const uint8_t in[kCtsEntryBytes]) noexcept;
 bool ParseCts(const uint8_t in[kCtsEntryBytes], uint32_t stamp, CtsEntry* out) noexcept;
 
-// The immediate of a send's completing write: the receive's seq (its low 29 bits) and the
-// buffer's index in the group.
+// The immediate of a send's completing write. A receive of one buffer: kImmSingle and the
+// byte count (at most INT_MAX). A buffer of a grouped receive: the receive's seq (its low
+// 28 bits) and the buffer's index.
+constexpr uint32_t kImmSingle = 1u << 31;
+constexpr uint32_t kImmSeqMask = (1u << 28) - 1;
 inline uint32_t EncodeImm(uint32_t seq, uint32_t index) noexcept {
-  return (seq << 3) | (index & 7u);
+  return ((seq & kImmSeqMask) << 3) | (index & 7u);
 }
 inline uint32_t ImmSeq(uint32_t imm) noexcept {
-  return imm >> 3;
+  return (imm >> 3) & kImmSeqMask;
 }
 inline uint32_t ImmIndex(uint32_t imm) noexcept {
   return imm & 7u;
 }
-constexpr uint32_t kImmSeqMask = (1u << 29) - 1;
 static_assert(msg::kMaxGroup <= 8);
 
 }  // namespace slip::verbs::msgwire

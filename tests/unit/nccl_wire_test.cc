@@ -260,4 +260,7 @@ TEST(VerbsMsgWire, ImmediateNamesReceiveAndBuffer) {
       EXPECT_EQ(vw::ImmIndex(imm), index);
     }
   }
+  // A grouped receive's immediate is never a single's, and its seq wraps within its field.
+  EXPECT_EQ(vw::EncodeImm(0xffffffffu, 7) & vw::kImmSingle, 0u);
+  EXPECT_EQ(vw::ImmSeq(vw::EncodeImm(vw::kImmSeqMask + 1, 0)), 0u);
 }
