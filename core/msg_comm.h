@@ -49,17 +49,27 @@ class Memory {
   ~Memory() = default;
 };
 
+// A buffer to register: host memory, or device (GPU) memory, by address (a peer-memory
+// client such as nvidia-peermem resolves it) or as a DMA-BUF (`dmabuf_fd`, the buffer at
+// `dmabuf_offset` in it).
+struct Region {
+  void* data = nullptr;
+  size_t size = 0;
+  bool device = false;
+  int dmabuf_fd = -1;
+  uint64_t dmabuf_offset = 0;
+};
+
 // What both ends of a comm offer.
 class Comm {
  public:
   virtual ~Comm() = default;
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
-  // Registers [data, data + size) for this comm's transfers. A transport that needs no
-  // registration says kOk with *out null. Closing the comm drops what is still registered.
-  virtual Status Register(void* data, size_t size, Memory** out) noexcept {
-    (void)data;
-    (void)size;
+  // Registers the region for this comm's transfers. A transport that needs no registration
+  // says kOk with *out null. Closing the comm drops what is still registered.
+  virtual Status Register(const Region& region, Memory** out) noexcept {
+    (void)region;
     *out = nullptr;
     return Status::kOk;
   }
@@ -89,6 +99,18 @@ class RecvComm : public Comm {
   // send tagged tags[i]. kAgain: kMaxRequests are in flight.
   virtual Status Recv(int n, void* const* data, const size_t* sizes, const int* tags,
                       Memory* const* memory, Request** out) noexcept = 0;
+  // Makes the bytes of a completed receive visible to the device that will read them (a
+  // NIC's writes into GPU memory are not ordered before a GPU kernel's reads: a read from
+  // the NIC flushes them). *out null: nothing to wait for.
+  virtual Status Flush(int n, void* const* data, const size_t* sizes, Memory* const* memory,
+                       Request** out) noexcept {
+    (void)n;
+    (void)data;
+    (void)sizes;
+    (void)memory;
+    *out = nullptr;
+    return Status::kOk;
+  }
 };
 
 // Moves the request's comm on, and says whether the request is done; a done request is
@@ -118,7 +140,9 @@ struct DeviceInfo {
   uint64_t guid = 0;
   int speed_mbps = 0;
   float latency_us = 0;
-  bool registers = false;  // Send and Recv need registered memory (Comm::Register)
+  bool registers = false;    // Send and Recv need registered memory (Comm::Register)
+  bool dmabuf = false;       // the device registers DMA-BUF memory (GPU memory by DMA-BUF)
+  bool peer_memory = false;  // a peer-memory client lets it register GPU memory by address
 };
 
 // A transport's message face: one per device.

@@ -2,6 +2,7 @@
 // use are declared, with the types of the driver's documented ABI (cuda.h), so that the
 // build needs no CUDA headers either.
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <mutex>
@@ -30,7 +31,11 @@ struct Api {
   CUresult (*device_get)(CUdevice*, int) = nullptr;
   CUresult (*device_get_attribute)(int*, int, CUdevice) = nullptr;
   CUresult (*pointer_get_attribute)(void*, int, CUdeviceptr) = nullptr;
+  // CUDA 11.7 on: absent from older drivers, and then nothing is exported as a DMA-BUF.
+  CUresult (*mem_get_handle_for_address_range)(void*, CUdeviceptr, size_t, int,
+                                               unsigned long long) = nullptr;
 };
+constexpr int kRangeHandleDmaBufFd = 1;  // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
 
 Api g_api;
 DriverInfo g_info;
@@ -59,6 +64,7 @@ void Load() noexcept {
     dlclose(lib);
     return;
   }
+  Find(lib, "cuMemGetHandleForAddressRange", &api.mem_get_handle_for_address_range);
   if (CUresult rc = api.init(0); rc != kCudaSuccess) {
     snprintf(g_info.why, sizeof(g_info.why), "cuInit failed (CUresult %d): no usable GPU", rc);
     return;  // (the library stays loaded: unloading a driver that started is not safe)
@@ -78,7 +84,7 @@ void Load() noexcept {
         !supported)
       dmabuf = false;
   }
-  g_info.dmabuf = dmabuf;
+  g_info.dmabuf = dmabuf && api.mem_get_handle_for_address_range != nullptr;
   g_api = api;
   g_info.loaded = true;
 }
@@ -119,6 +125,20 @@ MemoryKind Classify(const void* p) noexcept {
   if (type == kMemoryTypeUnified) return MemoryKind::kManaged;
   if (type == kMemoryTypeHost) return MemoryKind::kPinnedHost;
   return MemoryKind::kHost;
+}
+
+int DmaBufOf(const void* p, size_t size, uint64_t* offset) noexcept {
+  if (!Driver().dmabuf || size == 0) return -1;
+  // The range handed to the driver is whole host pages; the buffer is `offset` into it.
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = uintptr_t(p) & ~(page - 1);
+  const uintptr_t end = (uintptr_t(p) + size + page - 1) & ~(page - 1);
+  int fd = -1;
+  if (g_api.mem_get_handle_for_address_range(&fd, CUdeviceptr(begin), size_t(end - begin),
+                                             kRangeHandleDmaBufFd, 0) != kCudaSuccess)
+    return -1;
+  *offset = uint64_t(uintptr_t(p) - begin);
+  return fd;
 }
 
 }  // namespace slip::gpudirect

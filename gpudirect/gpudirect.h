@@ -35,4 +35,8 @@ const DriverInfo& Driver() noexcept;
 // What kind of memory `p` is. kHost when there is no driver.
 MemoryKind Classify(const void* p) noexcept;
 
+// A DMA-BUF descriptor (the caller's to close) for device memory [p, p + size), with
+// *offset where p lies in it, or -1 (no driver, no DMA-BUF support, not device memory).
+int DmaBufOf(const void* p, size_t size, uint64_t* offset) noexcept;
+
 }  // namespace slip::gpudirect

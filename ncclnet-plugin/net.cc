@@ -2,6 +2,7 @@
 #include "ncclnet-plugin/net.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <climits>
 #include <cstdio>
@@ -35,6 +36,7 @@ struct FaceComm {
   explicit FaceComm(CommKind k) noexcept : kind(k) {}
   virtual ~FaceComm() = default;
   const CommKind kind;
+  int dev = 0;  // the (virtual) device it was made on
 };
 struct ListenComm final : FaceComm {
   ListenComm() noexcept : FaceComm(CommKind::kListen) {}
@@ -54,9 +56,23 @@ struct RecvComm final : FaceComm {
 struct MemoryRegion {
   static constexpr uint32_t kMagic = 0x534c4d52;  // "SLMR"
   uint32_t magic = kMagic;
-  msg::Comm* comm = nullptr;
+  const FaceComm* face = nullptr;
   msg::Memory* memory = nullptr;
+  bool device = false;  // GPU memory: receives into it are flushed
 };
+
+// The transport comm under a send or receive comm NCCL holds (null for a listen comm).
+msg::Comm* CommOf(FaceComm* face) noexcept {
+  switch (face->kind) {
+    case CommKind::kSend:
+      return static_cast<SendComm*>(face)->comm.get();
+    case CommKind::kRecv:
+      return static_cast<RecvComm*>(face)->comm.get();
+    case CommKind::kListen:
+      break;
+  }
+  return nullptr;
+}
 
 msg::Memory* MemoryOf(void* mhandle) noexcept {
   auto* mr = static_cast<MemoryRegion*>(mhandle);
@@ -127,6 +143,19 @@ msg::Transport* TransportOf(int dev) noexcept {
   return s.physical[s.vdevs[dev].props.devs[0]];
 }
 
+// HOST always; CUDA where the device registers GPU memory (by DMA-BUF the driver exports,
+// or by address through a peer-memory client) and the CUDA driver sees a GPU; DMABUF where
+// both the device and the driver do DMA-BUF.
+int PtrSupportOf(const msg::DeviceInfo& info) noexcept {
+  const gpudirect::DriverInfo& cuda = gpudirect::Driver();
+  if (!info.registers || !cuda.loaded || cuda.devices == 0) return NCCL_PTR_HOST;
+  const bool dmabuf = info.dmabuf && cuda.dmabuf;
+  if (!dmabuf && !info.peer_memory) return NCCL_PTR_HOST;
+  return NCCL_PTR_HOST | NCCL_PTR_CUDA | (dmabuf ? NCCL_PTR_DMABUF : 0);
+}
+
+bool g_flush_host = false;  // SLIP_NCCL_FLUSH=1
+
 verbs::Options g_verbs_options;  // the module keeps a pointer to it
 
 // The verbs module's devices, into s.physical: 0 when verbs is not allowed, not built, or
@@ -152,6 +181,7 @@ int LoadVerbs(State& s, LogLevel level) noexcept {
     setup.log_level = level;
     setup.log_sink = g_logger.load(std::memory_order_relaxed) ? SinkToNccl : nullptr;
     setup.connect_timeout_ms = kConnectTimeoutMs;
+    setup.flush_host_memory = g_flush_host;
     n = entry(&setup, s.physical, kMaxPhysicalDevices, why, sizeof(why));
   }
   if (n <= 0) {
@@ -226,6 +256,8 @@ ncclResult_t Init(ncclDebugLogger_t logger) noexcept {
   // RDMA devices when there are any: NCCL's network is for traffic between hosts, which
   // shm cannot carry. Without one, shm: ranks of one host made to look like several
   // (containers, NCCL_HOSTID), and every machine can run the plugin.
+  const char* flush = getenv("SLIP_NCCL_FLUSH");
+  g_flush_host = flush != nullptr && std::strcmp(flush, "1") == 0;
   s.physical_count = LoadVerbs(s, level);
   if (s.physical_count == 0) {
     if (!s.config.Allows(TransportKind::kShm)) {
@@ -278,7 +310,7 @@ ncclResult_t GetProperties(int dev, Properties* props) noexcept {
   // None (shared memory, a virtual RDMA device): NCCL places the device at the CPU.
   props->pci_path = info.pci_path[0] ? info.pci_path : nullptr;
   props->guid = info.guid | uint64_t(dev);
-  props->ptr_support = NCCL_PTR_HOST;
+  props->ptr_support = PtrSupportOf(info);
   // shm's registration is nothing but a note, valid for any comm; an RDMA transport's is
   // made in one comm's protection domain (its peer reaches nothing else).
   props->reg_is_global = info.registers ? 0 : 1;
@@ -319,6 +351,7 @@ ncclResult_t Listen(int dev, void* handle, void** listen_comm) noexcept {
   auto comm = std::unique_ptr<ListenComm>(new (std::nothrow) ListenComm());
   if (!comm) return ncclSystemError;
   std::memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
+  comm->dev = dev;
   if (Status st = TransportOf(dev)->Listen(static_cast<uint8_t*>(handle), &comm->listener);
       st != Status::kOk)
     return ToNccl(st) == ncclSuccess ? ncclSystemError : ToNccl(st);
@@ -341,6 +374,7 @@ ncclResult_t Connect(int dev, void* handle, void** send_comm,
   auto comm = std::unique_ptr<SendComm>(new (std::nothrow) SendComm());
   if (!comm) return ncclSystemError;
   comm->comm = std::move(conn);
+  comm->dev = dev;
   if (!Track(comm.get())) return ncclSystemError;
   *send_comm = comm.release();
   return ncclSuccess;
@@ -360,19 +394,65 @@ ncclResult_t Accept(void* listen_comm, void** recv_comm,
   auto comm = std::unique_ptr<RecvComm>(new (std::nothrow) RecvComm());
   if (!comm) return ncclSystemError;
   comm->comm = std::move(conn);
+  comm->dev = static_cast<ListenComm*>(listen_comm)->dev;
   if (!Track(comm.get())) return ncclSystemError;
   *recv_comm = comm.release();
   return ncclSuccess;
 }
 
+namespace {
+
+// Registers `region` with the comm NCCL names, as the handle NCCL keeps.
+ncclResult_t Register(void* comm, const msg::Region& region, void** mhandle) noexcept {
+  auto* mr = new (std::nothrow) MemoryRegion();
+  if (mr == nullptr) return ncclSystemError;
+  auto* face = static_cast<FaceComm*>(comm);
+  mr->face = face;
+  mr->device = region.device;
+  if (msg::Comm* c = CommOf(face)) {
+    if (Status st = c->Register(region, &mr->memory); st != Status::kOk) {
+      delete mr;
+      return ToNccl(st) == ncclSuccess ? ncclSystemError : ToNccl(st);
+    }
+  }
+  *mhandle = mr;
+  return ncclSuccess;
+}
+
+// GPU memory, for a device that registers it (ptrSupport CUDA): by address through a
+// peer-memory client, else as a DMA-BUF the driver exports (`fd` < 0: we ask for one).
+ncclResult_t RegisterDevice(void* comm, void* data, size_t size, uint64_t offset, int fd,
+                            void** mhandle) noexcept {
+  const auto* face = static_cast<const FaceComm*>(comm);
+  if (!(PtrSupportOf(TransportOf(face->dev)->device()) & NCCL_PTR_CUDA)) {
+    SLIP_LOG(kWarn,
+             "regMr of CUDA memory on %s: it cannot register GPU memory (ptrSupport HOST): "
+             "refused",
+             TransportOf(face->dev)->device().name);
+    return ncclInvalidArgument;
+  }
+  msg::Region region{data, size, true, fd, offset};
+  int own_fd = -1;
+  if (fd < 0 && !TransportOf(face->dev)->device().peer_memory) {
+    own_fd = region.dmabuf_fd = gpudirect::DmaBufOf(data, size, &region.dmabuf_offset);
+    if (own_fd < 0) {
+      SLIP_LOG(kWarn, "regMr: the CUDA driver exports no DMA-BUF for %p (%zu bytes)", data, size);
+      return ncclSystemError;
+    }
+  }
+  const ncclResult_t rc = Register(comm, region, mhandle);
+  if (own_fd >= 0) close(own_fd);  // the registration holds the buffer
+  return rc;
+}
+
+}  // namespace
+
 ncclResult_t RegMr(void* comm, void* data, size_t size, int type, void** mhandle) noexcept {
   *mhandle = nullptr;
   if (comm == nullptr || !IsLive(comm)) return ncclInvalidArgument;
+  if (type == NCCL_PTR_CUDA) return RegisterDevice(comm, data, size, 0, -1, mhandle);
   if (type != NCCL_PTR_HOST) {
-    SLIP_LOG(kWarn,
-             "regMr of %s memory: this plugin's transports move bytes with the CPU and offer "
-             "host memory only (ptrSupport HOST)",
-             type == NCCL_PTR_CUDA ? "CUDA" : "non-host");
+    SLIP_LOG(kWarn, "regMr of memory of type %d: refused", type);
     return ncclInvalidArgument;
   }
   if (size > 0) {
@@ -382,41 +462,32 @@ ncclResult_t RegMr(void* comm, void* data, size_t size, int type, void** mhandle
       return ncclInvalidArgument;
     }
   }
-  auto* mr = new (std::nothrow) MemoryRegion();
-  if (mr == nullptr) return ncclSystemError;
-  auto* face = static_cast<FaceComm*>(comm);
-  if (face->kind != CommKind::kListen) {
-    mr->comm = face->kind == CommKind::kSend
-                   ? static_cast<msg::Comm*>(static_cast<SendComm*>(face)->comm.get())
-                   : static_cast<msg::Comm*>(static_cast<RecvComm*>(face)->comm.get());
-    if (Status st = mr->comm->Register(data, size, &mr->memory); st != Status::kOk) {
-      delete mr;
-      return ToNccl(st) == ncclSuccess ? ncclSystemError : ToNccl(st);
-    }
-  }
-  *mhandle = mr;
-  return ncclSuccess;
+  return Register(comm, msg::Region{data, size}, mhandle);
 }
 
 ncclResult_t RegMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
                          void** mhandle) noexcept {
-  (void)offset;
-  (void)fd;
-  if (type != NCCL_PTR_HOST) {
-    *mhandle = nullptr;
-    SLIP_LOG(kWarn, "regMrDmaBuf: DMA-BUF registration needs an RDMA transport: refused");
+  *mhandle = nullptr;
+  if (comm == nullptr || !IsLive(comm)) return ncclInvalidArgument;
+  if (type != NCCL_PTR_CUDA || fd < 0) return RegMr(comm, data, size, type, mhandle);
+  if (!(PtrSupportOf(TransportOf(static_cast<const FaceComm*>(comm)->dev)->device()) &
+        NCCL_PTR_DMABUF)) {
+    SLIP_LOG(kWarn, "regMrDmaBuf: this device does not register DMA-BUF memory: refused");
     return ncclInvalidArgument;
   }
-  return RegMr(comm, data, size, type, mhandle);
+  return RegisterDevice(comm, data, size, offset, fd, mhandle);
 }
 
 ncclResult_t DeregMr(void* comm, void* mhandle) noexcept {
   auto* mr = static_cast<MemoryRegion*>(mhandle);
   if (mr == nullptr || mr->magic != MemoryRegion::kMagic) return ncclInvalidArgument;
-  // A comm closed first took its registrations with it.
-  if (mr->memory != nullptr && comm != nullptr && IsLive(comm) &&
-      mr->comm->Deregister(mr->memory) != Status::kOk)
-    return ncclInvalidArgument;
+  // A comm closed first took its registrations with it; one that is live must be the one
+  // the registration was made with.
+  if (mr->memory != nullptr && comm != nullptr && IsLive(comm)) {
+    if (comm != mr->face) return ncclInvalidArgument;
+    if (CommOf(static_cast<FaceComm*>(comm))->Deregister(mr->memory) != Status::kOk)
+      return ncclInvalidArgument;
+  }
   mr->magic = 0;
   delete mr;
   return ncclSuccess;
@@ -451,14 +522,22 @@ ncclResult_t Irecv(void* recv_comm, int n, void** data, const size_t* sizes, int
 
 ncclResult_t Iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
                     void** request) noexcept {
-  (void)recv_comm;
-  (void)n;
-  (void)data;
-  (void)sizes;
-  (void)mhandles;
-  // Host memory only, written by this process's own copies: nothing to make visible.
   *request = nullptr;
-  return ncclSuccess;
+  auto* comm = static_cast<RecvComm*>(recv_comm);
+  if (comm == nullptr || comm->kind != CommKind::kRecv || n < 1 || n > msg::kMaxGroup)
+    return ncclInvalidArgument;
+  // Host memory the CPU reads needs nothing (shm's own copies, or a NIC's writes, which
+  // are coherent with the CPU); the transport flushes GPU memory.
+  msg::Memory* memory[msg::kMaxGroup] = {};
+  size_t lengths[msg::kMaxGroup] = {};
+  for (int i = 0; i < n; ++i) {
+    memory[i] = mhandles ? MemoryOf(mhandles[i]) : nullptr;
+    lengths[i] = sizes && sizes[i] > 0 ? size_t(sizes[i]) : 0;
+  }
+  msg::Request* r = nullptr;
+  const Status st = comm->comm->Flush(n, data, lengths, memory, &r);
+  *request = r;
+  return ToNccl(st);
 }
 
 ncclResult_t Test(void* request, int* done, int* sizes) noexcept {

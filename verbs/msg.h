@@ -32,12 +32,15 @@
 namespace slip::verbs {
 
 struct MessageSetup {
-  static constexpr int kAbi = 1;
+  static constexpr int kAbi = 2;
   int abi = kAbi;  // the caller's: a module of another build refuses
   const Options* options = nullptr;
   LogLevel log_level = LogLevel::kWarn;
   LogSink log_sink = nullptr;       // the face's (NCCL's logger); null: stderr
   uint32_t connect_timeout_ms = 0;  // a connect or accept that has not completed by then fails
+  // Flush receives into host memory too (SLIP_NCCL_FLUSH=1): the GPUDirect flush's path,
+  // exercised where there is no GPU (the Soft-RoCE guest's tests).
+  bool flush_host_memory = false;
 };
 
 }  // namespace slip::verbs

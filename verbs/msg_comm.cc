@@ -23,7 +23,8 @@ using msgwire::kCtsSlotBytes;
 using msgwire::RemoteArea;
 
 constexpr int kPollBatch = 16;
-constexpr uint64_t kCtsWrId = uint64_t(1) << 63;  // a receiver's CTS write (nothing waits on it)
+constexpr uint64_t kCtsWrId = uint64_t(1) << 63;    // a receiver's CTS write (nothing waits on it)
+constexpr uint64_t kFlushWrId = uint64_t(1) << 62;  // a receiver's flush (its request waits)
 
 uint32_t SlotOf(uint32_t seq) noexcept {
   return seq % uint32_t(msg::kMaxRequests);
@@ -46,8 +47,8 @@ Status CompletionError(Endpoint* ep, const ibv_wc& wc) noexcept {
 template <typename Base>
 class EndpointComm : public Base {
  public:
-  Status Register(void* data, size_t size, msg::Memory** out) noexcept override {
-    return ep_->Register(data, size, out);
+  Status Register(const msg::Region& region, msg::Memory** out) noexcept override {
+    return ep_->Register(region, out);
   }
   Status Deregister(msg::Memory* memory) noexcept override { return ep_->Deregister(memory); }
 
@@ -247,6 +248,13 @@ Status SendRequest::Test(bool* done_out, size_t sizes[msg::kMaxGroup], int* coun
 
 class VerbsRecvComm;
 
+struct FlushRequest final : msg::Request {
+  VerbsRecvComm* comm = nullptr;
+  bool in_use = false;
+  bool done = false;
+  Status Test(bool* done_out, size_t sizes_out[msg::kMaxGroup], int* count) noexcept override;
+};
+
 struct RecvRequest final : msg::Request {
   VerbsRecvComm* comm = nullptr;
   uint32_t seq = 0;
@@ -263,6 +271,45 @@ class VerbsRecvComm final : public EndpointComm<msg::RecvComm> {
   VerbsRecvComm(std::unique_ptr<Endpoint> ep, const RemoteArea& fifo) noexcept
       : EndpointComm(std::move(ep)), fifo_(fifo) {
     for (auto& r : requests_) r.comm = this;
+    for (auto& f : flushes_) f.comm = this;
+  }
+
+  // One READ from the last non-empty buffer that is GPU memory (or, `force`, any memory):
+  // the NIC wrote the group's buffers in order, so reading the last flushes them all.
+  Status Flush(int n, void* const* data, const size_t* sizes, msg::Memory* const* memory,
+               msg::Request** out) noexcept override {
+    *out = nullptr;
+    if (Status s = ep_->CheckEvents(); s != Status::kOk) return s;
+    if (n < 1 || n > msg::kMaxGroup) return Status::kBadArgument;
+    int last = -1;
+    for (int i = 0; i < n; ++i) {
+      const VerbsMemory* m = sizes[i] > 0 && memory ? ep_->Find(memory[i], data[i], 1) : nullptr;
+      if (m && (m->device || Setup().flush_host_memory)) last = i;
+    }
+    if (last < 0) return Status::kOk;  // host memory the CPU reads: nothing to flush
+    FlushRequest* f = nullptr;
+    for (auto& candidate : flushes_)
+      if (!candidate.in_use) f = &candidate;
+    if (f == nullptr) return Status::kAgain;
+    const auto* m = ep_->Find(memory[last], data[last], 1);
+    if (Status s = ep_->PostFlush(m, data[last], kFlushWrId | uint64_t(f - flushes_));
+        s != Status::kOk)
+      return s;
+    f->in_use = true;
+    f->done = false;
+    *out = f;
+    return Status::kOk;
+  }
+
+  Status TestFlush(FlushRequest* f, bool* done, int* count) noexcept {
+    *done = false;
+    if (!f->in_use) return Status::kBadArgument;
+    if (Status s = Poll(); s != Status::kOk) return s;
+    if (!f->done) return ep_->CheckEvents();
+    f->in_use = false;
+    *count = 0;
+    *done = true;
+    return Status::kOk;
   }
 
   Status Recv(int n, void* const* data, const size_t* sizes, const int* tags,
@@ -344,6 +391,10 @@ class VerbsRecvComm final : public EndpointComm<msg::RecvComm> {
     if (n < 0) return ep_->Fail(Status::kSystem, "cannot poll the completion queue");
     for (int i = 0; i < n; ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) return CompletionError(ep_.get(), wc[i]);
+      if ((wc[i].wr_id & kFlushWrId) && wc[i].opcode == IBV_WC_RDMA_READ) {
+        flushes_[(wc[i].wr_id & ~kFlushWrId) % msg::kMaxRequests].done = true;
+        continue;
+      }
       if (wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM) continue;  // our CTS writes
       if (Status s = OnSendDone(ntohl(wc[i].imm_data)); s != Status::kOk) return s;
       if (!ep_->PostRecv()) return ep_->Fail(Status::kSystem, "cannot post a receive");
@@ -384,7 +435,13 @@ class VerbsRecvComm final : public EndpointComm<msg::RecvComm> {
   uint32_t seq_ = 0;       // the next receive's
   uint32_t arriving_ = 0;  // the oldest receive whose buffers are not all written yet
   RecvRequest requests_[msg::kMaxRequests];  // receive seq's at [seq % kMaxRequests]
+  FlushRequest flushes_[msg::kMaxRequests];
 };
+
+Status FlushRequest::Test(bool* done_out, size_t sizes_out[msg::kMaxGroup], int* count) noexcept {
+  (void)sizes_out;
+  return comm->TestFlush(this, done_out, count);
+}
 
 Status RecvRequest::Test(bool* done_out, size_t sizes_out[msg::kMaxGroup], int* count) noexcept {
   return comm->TestRecv(this, done_out, sizes_out, count);

@@ -7,7 +7,9 @@
 #include <limits.h>
 #include <net/if.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -118,6 +120,27 @@ bool PortAddress(ibv_context* context, uint8_t port, const ibv_port_attr& attr,
   return AddressOf(ifindexes, names, out);
 }
 
+// Does the device register DMA-BUF memory? An fd of -1 is refused as a bad descriptor by a
+// device (and kernel) that could, and as unsupported by one that cannot (NCCL's own test).
+bool DmaBufRegistration(ibv_context* context) noexcept {
+  ibv_pd* pd = ibv_alloc_pd(context);
+  if (!pd) return false;
+  errno = 0;
+  ibv_mr* mr = ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, IBV_ACCESS_LOCAL_WRITE);
+  const bool supported = !mr && errno != EOPNOTSUPP && errno != EPROTONOSUPPORT && errno != 0;
+  if (mr) ibv_dereg_mr(mr);
+  ibv_dealloc_pd(pd);
+  return supported;
+}
+
+// nvidia-peermem (or the older nv_peer_mem) lets ibv_reg_mr take GPU addresses.
+bool PeerMemoryClient() noexcept {
+  for (const char* path : {"/sys/module/nvidia_peermem", "/sys/module/nv_peer_mem",
+                           "/sys/kernel/mm/memory_peers/nv_mem/version"})
+    if (access(path, F_OK) == 0) return true;
+  return false;
+}
+
 void FillInfo(ibv_context* context, const ibv_port_attr& port, msg::DeviceInfo* info) noexcept {
   const char* name = ibv_get_device_name(context->device);
   snprintf(info->name, sizeof(info->name), "%s", name);
@@ -131,6 +154,8 @@ void FillInfo(ibv_context* context, const ibv_port_attr& port, msg::DeviceInfo* 
   info->guid = be64toh(ibv_get_device_guid(context->device));
   info->speed_mbps = PortSpeedMbps(port);
   info->registers = true;
+  info->dmabuf = DmaBufRegistration(context);
+  info->peer_memory = PeerMemoryClient();
 }
 
 struct Found {
@@ -170,8 +195,11 @@ Found Enumerate() {
                 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&d.address)->sin_addr)
                 : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&d.address)->sin6_addr);
         inet_ntop(d.address.ss_family, raw, text, sizeof(text));
-        SLIP_LOG(kInfo, "verbs: NCCL device %s port %u (%s, %d Mbit/s)", name, unsigned(p), text,
-                 d.info.speed_mbps);
+        SLIP_LOG(kInfo,
+                 "verbs: NCCL device %s port %u (%s, %d Mbit/s; GPU memory by DMA-BUF %s, by "
+                 "peer memory %s)",
+                 name, unsigned(p), text, d.info.speed_mbps, d.info.dmabuf ? "yes" : "no",
+                 d.info.peer_memory ? "yes" : "no");
         found.transports.push_back(std::move(t));
         added = true;
       }

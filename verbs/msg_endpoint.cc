@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -38,6 +39,7 @@ Endpoint::~Endpoint() {
   // A disconnect tells the peer at once (its requests fail) rather than by retries.
   if (id_ && connected_) rdma_disconnect(id_);
   if (qp_) ibv_destroy_qp(qp_);
+  if (flush_qp_) ibv_destroy_qp(flush_qp_);
   for (VerbsMemory* m : memory_) {
     if (m->mr) ibv_dereg_mr(m->mr);
     m->magic = 0;
@@ -104,20 +106,26 @@ bool Endpoint::PostRecv() noexcept {
   return ibv_post_recv(qp_, &wr, &bad) == 0;
 }
 
-Status Endpoint::Register(void* data, size_t size, msg::Memory** out) noexcept {
+Status Endpoint::Register(const msg::Region& region, msg::Memory** out) noexcept {
   *out = nullptr;
   auto* m = new (std::nothrow) VerbsMemory();
   if (!m) return Status::kSystem;
   m->owner = this;
-  m->begin = uintptr_t(data);
-  m->end = m->begin + size;
-  if (size > 0) {
-    // A receiver's buffers are written by its peer; a sender's are only read locally.
-    const int access = IBV_ACCESS_LOCAL_WRITE | (receiver_ ? IBV_ACCESS_REMOTE_WRITE : 0);
-    m->mr = ibv_reg_mr(pd_, data, size, access);
+  m->begin = uintptr_t(region.data);
+  m->end = m->begin + region.size;
+  m->device = region.device;
+  if (region.size > 0) {
+    // A receiver's buffers are written by its peer, and read by its own flush queue pair
+    // (the peer's queue pair has no remote read right); a sender's are read locally only.
+    const int access =
+        IBV_ACCESS_LOCAL_WRITE | (receiver_ ? IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ : 0);
+    m->mr = region.dmabuf_fd >= 0
+                ? ibv_reg_dmabuf_mr(pd_, region.dmabuf_offset, region.size,
+                                    uint64_t(uintptr_t(region.data)), region.dmabuf_fd, access)
+                : ibv_reg_mr(pd_, region.data, region.size, access);
     if (!m->mr) {
       const int err = errno ? errno : ENOMEM;
-      LogRegistrationFailure(size, err);
+      LogRegistrationFailure(region.size, err);
       delete m;
       return Status::kSystem;
     }
@@ -130,6 +138,33 @@ Status Endpoint::Register(void* data, size_t size, msg::Memory** out) noexcept {
     return Status::kSystem;
   }
   *out = m;
+  return Status::kOk;
+}
+
+Status Endpoint::PostFlush(const VerbsMemory* memory, const void* at, uint64_t wr_id) noexcept {
+  if (!flush_qp_) {
+    flush_qp_ = CreateLoopbackQueuePair(pd_, cq_, qp_, id_->port_num, msg::kMaxRequests);
+    if (!flush_qp_) {
+      char what[96];
+      snprintf(what, sizeof(what), "cannot make the flush queue pair: %s", strerror(errno));
+      return Fail(Status::kSystem, what);
+    }
+  }
+  ibv_sge sge{uint64_t(uintptr_t(control_ + kFlushScratchOffset)), 1, control_mr_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = uint64_t(uintptr_t(at));
+  wr.wr.rdma.rkey = memory->mr->rkey;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(flush_qp_, &wr, &bad); rc != 0) {
+    char what[96];
+    snprintf(what, sizeof(what), "cannot post a flush: %s", strerror(rc));
+    return Fail(Status::kSystem, what);
+  }
   return Status::kOk;
 }
 

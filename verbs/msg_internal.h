@@ -37,6 +37,7 @@ class VerbsMemory final : public msg::Memory {
   const void* owner = nullptr;  // the Endpoint
   ibv_mr* mr = nullptr;
   uintptr_t begin = 0, end = 0;
+  bool device = false;  // GPU memory: a receive into it is flushed (Endpoint::PostFlush)
   bool Covers(const void* data, size_t size) const noexcept {
     const uintptr_t p = uintptr_t(data);
     return p >= begin && p <= end && size <= end - p;
@@ -51,7 +52,9 @@ class Endpoint {
   // Control memory: the sender's CTS FIFO then the size words it sends from; the
   // receiver's size slots (written by its sender) then the CTS entries it writes from.
   static constexpr size_t kSizeSlotsBytes = msg::kMaxRequests * msg::kMaxGroup * 4;
-  static constexpr size_t kControlBytes = msgwire::kFifoBytes + kSizeSlotsBytes;
+  // Then where flushes read into.
+  static constexpr size_t kFlushScratchOffset = msgwire::kFifoBytes + kSizeSlotsBytes;
+  static constexpr size_t kControlBytes = kFlushScratchOffset + 64;
   static constexpr uint32_t kSendDepth = 2 * msg::kMaxRequests;
   static constexpr uint32_t kRecvDepth = msg::kMaxRequests * msg::kMaxGroup;
 
@@ -71,10 +74,14 @@ class Endpoint {
   // After the exchange: the queue pair to RTS (the peer writes into our control memory).
   int Ready() noexcept;
 
-  Status Register(void* data, size_t size, msg::Memory** out) noexcept;
+  Status Register(const msg::Region& region, msg::Memory** out) noexcept;
   Status Deregister(msg::Memory* memory) noexcept;
   // The registration `memory` of this endpoint holding [data, data + size), or null.
   const VerbsMemory* Find(msg::Memory* memory, const void* data, size_t size) const noexcept;
+
+  // A one-byte RDMA READ of `at` (in `memory`) through a queue pair connected to itself,
+  // made on the first flush; its completion comes with `wr_id` on cq().
+  Status PostFlush(const VerbsMemory* memory, const void* at, uint64_t wr_id) noexcept;
 
   // Takes the events of our id that arrived (non-blocking, at most every 2 ms): a
   // disconnect or a device removal fails the comm.
@@ -103,6 +110,7 @@ class Endpoint {
   ibv_pd* pd_ = nullptr;
   ibv_cq* cq_ = nullptr;
   ibv_qp* qp_ = nullptr;
+  ibv_qp* flush_qp_ = nullptr;
   uint8_t* control_ = nullptr;
   ibv_mr* control_mr_ = nullptr;
   std::vector<VerbsMemory*> memory_;

@@ -79,4 +79,60 @@ int ReadyQueuePair(rdma_cm_id* id, ibv_qp* qp, int gid_override, int access) noe
   return 0;
 }
 
+ibv_qp* CreateLoopbackQueuePair(ibv_pd* pd, ibv_cq* cq, ibv_qp* path, uint8_t port,
+                                uint32_t depth) noexcept {
+  ibv_qp_attr like{};
+  ibv_qp_init_attr like_init{};
+  if (ibv_query_qp(path, &like, IBV_QP_AV | IBV_QP_PATH_MTU, &like_init) != 0) return nullptr;
+  ibv_port_attr port_attr{};
+  if (ibv_query_port(pd->context, port, &port_attr) != 0) return nullptr;
+  QueuePairCaps caps;
+  caps.send_depth = depth;
+  caps.recv_depth = 1;
+  uint32_t max_inline = 0, send_depth = 0;
+  ibv_qp* qp = CreateQueuePair(pd, cq, caps, &max_inline, &send_depth);
+  if (!qp) return nullptr;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = port;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+  bool ok = ibv_modify_qp(
+                qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0;
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = like.path_mtu;
+  a.dest_qp_num = qp->qp_num;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr = like.ah_attr;  // the route out, turned back to ourselves
+  a.ah_attr.port_num = port;
+  a.ah_attr.dlid = port_attr.lid;
+  if (like.ah_attr.is_global &&
+      ibv_query_gid(pd->context, port, like.ah_attr.grh.sgid_index, &a.ah_attr.grh.dgid) != 0)
+    ok = false;
+  ok = ok &&
+       ibv_modify_qp(qp, &a,
+                     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0;
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = kTransportTimeout;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.sq_psn = 0;
+  a.max_rd_atomic = 1;
+  ok = ok && ibv_modify_qp(qp, &a,
+                           IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                               IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0;
+  if (!ok) {
+    const int err = errno;
+    ibv_destroy_qp(qp);
+    errno = err;
+    return nullptr;
+  }
+  return qp;
+}
+
 }  // namespace slip::verbs

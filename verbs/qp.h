@@ -35,6 +35,13 @@ int InitQueuePair(rdma_cm_id* id, ibv_qp* qp) noexcept;
 // and RTS with a bounded transport timeout. 0 or -errno.
 int ReadyQueuePair(rdma_cm_id* id, ibv_qp* qp, int gid_override, int access) noexcept;
 
+// A queue pair connected to itself along `path`'s route (its port, MTU and source GID),
+// for RDMA READs of our own memory: a NIC's writes into GPU memory are flushed by a read
+// through the NIC (NCCL's GPUDirect flush). Remote reads allowed, nothing else. nullptr with
+// errno.
+ibv_qp* CreateLoopbackQueuePair(ibv_pd* pd, ibv_cq* cq, ibv_qp* path, uint8_t port,
+                                uint32_t depth) noexcept;
+
 // The rdma_cm parameters of a REQ or REP: `data` (`len` bytes, 0 when it did not encode)
 // as private data, our own queue pair, the transport's retries at their maximum (a lost
 // packet is retried by the device, not noticed above it).

@@ -3,6 +3,7 @@
 // Allocates through the driver API it looks up the same way gpudirect does, so it needs no
 // CUDA to build. Exit status: 0 all right, 1 a wrong answer, 77 no GPU (skipped).
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -72,5 +73,17 @@ int main() {
   Expect(slip::gpudirect::Classify(reinterpret_cast<void*>(managed)), MemoryKind::kManaged,
          "cuMemAllocManaged");
   Expect(slip::gpudirect::Classify(pageable.data()), MemoryKind::kHost, "malloc");
+  // What the NCCL face registers GPU memory by where the NIC takes DMA-BUF.
+  if (slip::gpudirect::Driver().dmabuf) {
+    uint64_t offset = 1;
+    const int fd = slip::gpudirect::DmaBufOf(reinterpret_cast<void*>(device + 100), 4096, &offset);
+    printf("%s: DMA-BUF of cuMemAlloc + 100: fd %d, offset %llu\n",
+           fd >= 0 && offset == 100 ? "ok" : "FAIL", fd, (unsigned long long)offset);
+    failures += fd >= 0 && offset == 100 ? 0 : 1;
+    if (fd >= 0) close(fd);
+    Expect(slip::gpudirect::DmaBufOf(pageable.data(), 4096, &offset) < 0 ? MemoryKind::kHost
+                                                                         : MemoryKind::kDevice,
+           MemoryKind::kHost, "no DMA-BUF of malloc memory");
+  }
   return failures ? 1 : 0;
 }

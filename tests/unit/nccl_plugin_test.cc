@@ -998,6 +998,64 @@ TEST_F(NcclPlugin, RegistrationsAreHostOnly) {
   EXPECT_EQ(a.close_recv(recv), ncclSuccess);
 }
 
+// iflush: nothing to wait for where the CPU reads what arrived (host memory: a null
+// request); with SLIP_NCCL_FLUSH=1 over verbs (the guest's run), the GPUDirect flush's path
+// for real: a one-byte RDMA READ through a queue pair connected to itself, done through
+// test(), more times than there are requests (each flush's storage comes back).
+TEST_F(NcclPlugin, FlushIsAReadWhereItMatters) {
+  const char* forced_env = getenv("SLIP_NCCL_FLUSH");
+  const bool forced = OverVerbs() && forced_env && std::strcmp(forced_env, "1") == 0;
+  const ncclNet_v11_t* net = P().v11;
+  void *send, *recv;
+  ASSERT_TRUE(Pair(a, handle, listen, &send, &recv));
+  std::vector<uint8_t> in(3000), out(4096, 0xee);
+  Fill(in.data(), in.size(), 77);
+  void *rmh = nullptr, *smh = nullptr;
+  ASSERT_EQ(net->regMr(recv, out.data(), out.size(), NCCL_PTR_HOST, &rmh), ncclSuccess);
+  ASSERT_EQ(net->regMr(send, in.data(), in.size(), NCCL_PTR_HOST, &smh), ncclSuccess);
+  void* data = out.data();
+  size_t cap = out.size();
+  int tag = 3;
+  void* ph = nullptr;
+  void *rreq = nullptr, *sreq = nullptr;
+  ASSERT_EQ(net->irecv(recv, 1, &data, &cap, &tag, &rmh, &ph, &rreq), ncclSuccess);
+  ASSERT_NE(rreq, nullptr);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (sreq == nullptr && Clock::now() < deadline)
+    ASSERT_EQ(net->isend(send, in.data(), in.size(), 3, smh, nullptr, &sreq), ncclSuccess);
+  ASSERT_NE(sreq, nullptr);
+  int sdone = 0, rdone = 0, got = 0;
+  while ((!sdone || !rdone) && Clock::now() < deadline) {
+    if (!sdone) {
+      ASSERT_EQ(net->test(sreq, &sdone, nullptr), ncclSuccess);
+    }
+    if (!rdone) {
+      ASSERT_EQ(net->test(rreq, &rdone, &got), ncclSuccess);
+    }
+  }
+  ASSERT_TRUE(sdone && rdone);
+  ASSERT_EQ(got, int(in.size()));
+  int size = got;
+  for (int round = 0; round < 2 * NCCL_NET_MAX_REQUESTS; ++round) {
+    void* flush = reinterpret_cast<void*>(1);
+    ASSERT_EQ(net->iflush(recv, 1, &data, &size, &rmh, &flush), ncclSuccess);
+    if (!forced) {
+      EXPECT_EQ(flush, nullptr);
+      break;
+    }
+    ASSERT_NE(flush, nullptr);
+    int done = 0;
+    while (!done && Clock::now() < deadline)
+      ASSERT_EQ(net->test(flush, &done, nullptr), ncclSuccess);
+    ASSERT_TRUE(done) << round;
+  }
+  EXPECT_TRUE(Matches(out.data(), in.size(), 77));
+  EXPECT_EQ(net->deregMr(recv, rmh), ncclSuccess);
+  EXPECT_EQ(net->deregMr(send, smh), ncclSuccess);
+  EXPECT_EQ(a.close_send(send), ncclSuccess);
+  EXPECT_EQ(a.close_recv(recv), ncclSuccess);
+}
+
 // Closing a comm with requests in flight releases them; the other end's requests fail
 // with an NCCL error instead of waiting for ever.
 TEST_F(NcclPlugin, CloseWithRequestsInFlightFailsThePeer) {
