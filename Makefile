@@ -9,6 +9,7 @@
 #   make bench-pods     shm between two network namespaces (pods) against TCP over veth
 #   make bench-short    short connections: churn, pgbench -C, tcp_crr, against TCP
 #   make bench-nccl     the NCCL plugin's message path against kernel TCP on loopback
+#   make bench-nccl-rdma  the plugin over verbs against perftest, in the Soft-RoCE guest
 #   make demo     install, build, and show the side-by-side comparison
 #   make install  the tools and libraries under PREFIX (default /usr/local): bin/, lib/
 BUILD ?= build
@@ -18,7 +19,7 @@ JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
 
 .PHONY: all deps build test test-long test-asan test-tsan test-sanitize-suite test-workloads bench \
-        bench-servers bench-pods bench-short bench-nccl bench-rdma demo install clean format
+        bench-servers bench-pods bench-short bench-nccl bench-nccl-rdma bench-rdma demo install clean format
 
 all: build
 
@@ -127,6 +128,10 @@ bench-short: build
 # (tests/bench/nccl_bench.cc; about a minute). A GPU run is tests/gpu/run.sh.
 bench-nccl: build
 	@$(BUILD)/bin/slip-nccl-bench $(BUILD)/lib/libnccl-net-slipstream.so 2
+
+# The plugin over verbs against perftest on one rxe link (tests/vm/bench-nccl.sh).
+bench-nccl-rdma: build
+	@tests/vm/bench-nccl.sh $(BUILD)
 
 demo: deps build
 	@scripts/demo.sh $(BUILD)

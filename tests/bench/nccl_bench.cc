@@ -178,108 +178,169 @@ void* Wait(void* req) {
   return nullptr;
 }
 
-void* Send(void* comm, void* data, size_t size) {
+void* Send(void* comm, void* data, size_t size, void* mh) {
   void* req = nullptr;
-  while (req == nullptr) Check(g_net->isend(comm, data, size, 1, nullptr, nullptr, &req), "isend");
+  while (req == nullptr) Check(g_net->isend(comm, data, size, 1, mh, nullptr, &req), "isend");
   return req;
 }
-void* Recv(void* comm, void* data, size_t size) {
+void* Recv(void* comm, void* data, size_t size, void* mh) {
   void* req = nullptr;
   int tag = 1;
-  void* mh = nullptr;
   void* ph = nullptr;
   while (req == nullptr) Check(g_net->irecv(comm, 1, &data, &size, &tag, &mh, &ph, &req), "irecv");
   return req;
 }
 
-// Two comms between this process and a child: parent->child (send) and child->parent.
+// The buffers of one side of a point, registered with its comms as NCCL registers its own
+// (an RDMA transport moves registered memory only).
+struct Buffers {
+  std::vector<uint8_t> one;
+  std::vector<std::vector<uint8_t>> window;
+  void* one_send = nullptr;  // registrations: `one` with the send and the receive comm,
+  void* one_recv = nullptr;  // the window with the comm that streams through it
+  void* window_mh[kWindow] = {};
+
+  Buffers(size_t size) : one(size, 0x5a), window(kWindow, std::vector<uint8_t>(size, 0x5a)) {}
+  void Register(void* send, void* recv, void* window_comm) {
+    Check(g_net->regMr(send, one.data(), one.size(), NCCL_PTR_HOST, &one_send), "regMr");
+    Check(g_net->regMr(recv, one.data(), one.size(), NCCL_PTR_HOST, &one_recv), "regMr");
+    for (int k = 0; k < kWindow; ++k)
+      Check(g_net->regMr(window_comm, window[size_t(k)].data(), window[size_t(k)].size(),
+                         NCCL_PTR_HOST, &window_mh[k]),
+            "regMr");
+  }
+  void Deregister(void* send, void* recv, void* window_comm) {
+    g_net->deregMr(send, one_send);
+    g_net->deregMr(recv, one_recv);
+    for (void* mh : window_mh) g_net->deregMr(window_comm, mh);
+  }
+};
+
+// Two comms between this process and the peer: to it (send) and from it (recv).
 struct Comms {
   void* send = nullptr;
   void* recv = nullptr;
 };
 
-Comms Connect(const char* theirs, void* listen) {
+// Listens, swaps handles with the peer over its pipes, connects and accepts.
+Comms Connect(int to, int from) {
+  char mine[NCCL_NET_HANDLE_MAXSIZE], theirs[NCCL_NET_HANDLE_MAXSIZE];
+  void* listen = nullptr;
+  Check(g_net->listen(g_ctx, 0, mine, &listen), "listen");
+  WriteAll(to, mine, sizeof(mine));
+  ReadAll(from, theirs, sizeof(theirs));
   Comms c;
   while (!c.send || !c.recv) {
-    if (!c.send)
-      Check(g_net->connect(g_ctx, 0, const_cast<char*>(theirs), &c.send, nullptr), "connect");
+    if (!c.send) Check(g_net->connect(g_ctx, 0, theirs, &c.send, nullptr), "connect");
     if (!c.recv) Check(g_net->accept(listen, &c.recv, nullptr), "accept");
   }
+  g_net->closeListen(listen);
   return c;
 }
 
-Point PluginPoint(size_t size, double seconds) {
+int Rounds(size_t size) {
+  return size <= 65536 ? 20000 : 500;
+}
+
+// The peer's side of one point: the echo of the latency phase, then it streams for
+// `seconds`; it closes its comms when the measuring side says so.
+void PeerPoint(size_t size, double seconds, int to, int from) {
+  Comms c = Connect(to, from);
+  Buffers b(size);
+  b.Register(c.send, c.recv, c.send);
+  // The next receive is posted before the pong goes, as NCCL's proxy posts receives ahead:
+  // its clear-to-send travels while the ping is on its way.
+  void* next = Recv(c.recv, b.one.data(), size, b.one_recv);
+  for (int i = 0; i < Rounds(size); ++i) {
+    Wait(next);
+    next = i + 1 < Rounds(size) ? Recv(c.recv, b.one.data(), size, b.one_recv) : nullptr;
+    Wait(Send(c.send, b.one.data(), size, b.one_send));
+  }
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  void* reqs[kWindow] = {};
+  uint64_t sent = 0;
+  while (Clock::now() < end) {
+    const int k = int(sent++ % kWindow);
+    if (reqs[k]) Wait(reqs[k]);
+    reqs[k] = Send(c.send, b.window[size_t(k)].data(), size, b.window_mh[k]);
+  }
+  for (void* r : reqs)
+    if (r) Wait(r);
+  Wait(Send(c.send, b.one.data(), 0, b.one_send));  // the end
+  char done;
+  ReadAll(from, &done, 1);
+  b.Deregister(c.send, c.recv, c.send);
+  g_net->closeSend(c.send);
+  g_net->closeRecv(c.recv);
+}
+
+Point PluginPoint(size_t size, int to, int from) {
   Point p;
-  std::vector<uint8_t> buf(size, 0x5a);
-  std::vector<std::vector<uint8_t>> window(kWindow, std::vector<uint8_t>(size, 0x5a));
-  char parent_handle[NCCL_NET_HANDLE_MAXSIZE], child_handle[NCCL_NET_HANDLE_MAXSIZE];
-  void* parent_listen = nullptr;
-  Check(g_net->listen(g_ctx, 0, parent_handle, &parent_listen), "listen");
-  int pipefd[2];
-  if (pipe(pipefd)) Die("pipe");
-  const int rounds = size <= 65536 ? 20000 : 500;
-  // One child does both phases: latency (ping-pong), then it streams for `seconds`.
-  Clock::time_point t0;
+  Comms c = Connect(to, from);
+  Buffers b(size);
+  b.Register(c.send, c.recv, c.recv);
   std::vector<double> rtt;
+  for (int i = 0; i < Rounds(size); ++i) {
+    const auto s = Clock::now();
+    void* pong = Recv(c.recv, b.one.data(), size, b.one_recv);
+    Wait(Send(c.send, b.one.data(), size, b.one_send));
+    Wait(pong);
+    rtt.push_back(Seconds(s, Clock::now()));
+  }
+  // Receive with kWindow posted until the zero-length end.
+  void* reqs[kWindow];
+  for (int k = 0; k < kWindow; ++k)
+    reqs[k] = Recv(c.recv, b.window[size_t(k)].data(), size, b.window_mh[k]);
+  const auto t0 = Clock::now();
   uint64_t bytes = 0;
-  double stream_s = 0;
-  Fork(
-      [&] {
-        void* listen = nullptr;
-        Check(g_net->listen(g_ctx, 0, child_handle, &listen), "listen");
-        WriteAll(pipefd[1], child_handle, sizeof(child_handle));
-        Comms c = Connect(parent_handle, listen);
-        for (int i = 0; i < rounds; ++i) {
-          Wait(Recv(c.recv, buf.data(), size));
-          Wait(Send(c.send, buf.data(), size));
-        }
-        const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-        void* reqs[kWindow] = {};
-        uint64_t sent = 0;
-        while (Clock::now() < end) {
-          const int k = int(sent++ % kWindow);
-          if (reqs[k]) Wait(reqs[k]);
-          reqs[k] = Send(c.send, window[k].data(), size);
-        }
-        for (void* r : reqs)
-          if (r) Wait(r);
-        Wait(Send(c.send, buf.data(), 0));  // the end
-        // (The parent closes first; our comms go with the process.)
-      },
-      [&] {
-        ReadAll(pipefd[0], child_handle, sizeof(child_handle));
-        Comms c = Connect(child_handle, parent_listen);
-        for (int i = 0; i < rounds; ++i) {
-          const auto s = Clock::now();
-          Wait(Send(c.send, buf.data(), size));
-          Wait(Recv(c.recv, buf.data(), size));
-          rtt.push_back(Seconds(s, Clock::now()));
-        }
-        // Receive with kWindow posted until the zero-length end.
-        void* reqs[kWindow];
-        for (int k = 0; k < kWindow; ++k) reqs[k] = Recv(c.recv, window[k].data(), size);
-        t0 = Clock::now();
-        for (uint64_t i = 0;; ++i) {
-          const int k = int(i % kWindow);
-          int done = 0, got = 0;
-          while (!done) Check(g_net->test(reqs[k], &done, &got), "test");
-          if (got == 0) break;
-          if (window[k][0] != 0x5a || window[k][size_t(got) - 1] != 0x5a) Die("plugin content");
-          bytes += size_t(got);
-          reqs[k] = Recv(c.recv, window[k].data(), size);
-        }
-        stream_s = Seconds(t0, Clock::now());
-        g_net->closeSend(c.send);
-        g_net->closeRecv(c.recv);  // (with receives still posted: released)
-        return 0.0;
-      });
-  g_net->closeListen(parent_listen);
-  close(pipefd[0]);
-  close(pipefd[1]);
+  for (uint64_t i = 0;; ++i) {
+    const int k = int(i % kWindow);
+    int done = 0, got = 0;
+    while (!done) Check(g_net->test(reqs[k], &done, &got), "test");
+    if (got == 0) break;
+    const std::vector<uint8_t>& w = b.window[size_t(k)];
+    if (w[0] != 0x5a || w[size_t(got) - 1] != 0x5a) Die("plugin content");
+    bytes += size_t(got);
+    reqs[k] = Recv(c.recv, b.window[size_t(k)].data(), size, b.window_mh[k]);
+  }
+  const double stream_s = Seconds(t0, Clock::now());
+  b.Deregister(c.send, c.recv, c.recv);
+  g_net->closeSend(c.send);
+  g_net->closeRecv(c.recv);  // (with receives still posted: released)
+  WriteAll(to, "x", 1);
   std::nth_element(rtt.begin(), rtt.begin() + rtt.size() / 2, rtt.end());
   p.lat_us = rtt[rtt.size() / 2] / 2 * 1e6;
   p.gbps = double(bytes) / stream_s / 1e9;
   return p;
+}
+
+// GB/s of one core copying `size` bytes from one buffer into another (the shm transport's
+// physical limit: every byte it carries is copied twice, into the ring and out of it).
+double MemcpyGBps(size_t size, double seconds) {
+  std::vector<uint8_t> from(size, 0x5a), to(size);
+  uint64_t bytes = 0;
+  const auto t0 = Clock::now();
+  const auto end = t0 + std::chrono::duration<double>(seconds);
+  while (Clock::now() < end) {
+    std::memcpy(to.data(), from.data(), size);
+    __asm__ __volatile__("" : : "r"(to.data()) : "memory");
+    bytes += size;
+  }
+  return double(bytes) / Seconds(t0, Clock::now()) / 1e9;
+}
+
+bool LoadPlugin(const char* path) {
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    fprintf(stderr, "%s\n", dlerror());
+    return false;
+  }
+  g_net = static_cast<const ncclNet_v11_t*>(dlsym(lib, "ncclNetPlugin_v11"));
+  if (g_net == nullptr || g_net->init(&g_ctx, 1, nullptr, nullptr, nullptr) != ncclSuccess) {
+    fprintf(stderr, "no usable ncclNetPlugin_v11 in %s\n", path);
+    return false;
+  }
+  return true;
 }
 
 const char* Human(size_t n, char (&out)[32]) {
@@ -300,29 +361,47 @@ int main(int argc, char** argv) {
     return 2;
   }
   const double seconds = argc > 2 ? atof(argv[2]) : 2.0;
-  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    fprintf(stderr, "%s\n", dlerror());
-    return 2;
+  // The plugin's peer is a process of its own from the start, which loads the plugin
+  // itself: an RDMA device opened before fork() is not the child's.
+  int down[2], up[2];
+  if (pipe(down) || pipe(up)) Die("pipe");
+  const pid_t peer = fork();
+  if (peer == 0) {
+    if (!LoadPlugin(argv[1])) _exit(2);
+    for (size_t size : kSizes) PeerPoint(size, seconds, up[1], down[0]);
+    g_net->finalize(g_ctx);
+    _exit(0);
   }
-  g_net = static_cast<const ncclNet_v11_t*>(dlsym(lib, "ncclNetPlugin_v11"));
-  if (g_net == nullptr || g_net->init(&g_ctx, 1, nullptr, nullptr, nullptr) != ncclSuccess) {
-    fprintf(stderr, "no usable ncclNetPlugin_v11 in %s\n", argv[1]);
-    return 2;
-  }
+  if (!LoadPlugin(argv[1])) return 2;
+  ncclNetProperties_v11_t props{};
+  g_net->getProperties(0, &props);
+  printf("plugin device: %s\n\n", props.v9.name);
   printf(
       "| message | TCP latency (us) | plugin latency (us) | TCP/plugin | TCP GB/s | plugin GB/s | "
       "plugin/TCP |\n");
   printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  double last_gbps = 0;
   for (size_t size : kSizes) {
     const Point tcp = TcpPoint(size, seconds);
-    const Point plugin = PluginPoint(size, seconds);
+    const Point plugin = PluginPoint(size, down[1], up[0]);
     char h[32];
     printf("| %s | %.2f | %.2f | %.2fx | %.3f | %.3f | %.2fx |\n", Human(size, h), tcp.lat_us,
            plugin.lat_us, tcp.lat_us / plugin.lat_us, tcp.gbps, plugin.gbps,
            plugin.gbps / tcp.gbps);
     fflush(stdout);
+    last_gbps = plugin.gbps;
   }
+  const size_t largest = kSizes[sizeof(kSizes) / sizeof(kSizes[0]) - 1];
+  const double copy = MemcpyGBps(largest, seconds / 2);
+  char h[32];
+  printf("\nmemcpy %s: %.3f GB/s; the plugin's %s bandwidth is %.0f%% of it\n", Human(largest, h),
+         copy, h, 100 * last_gbps / copy);
   g_net->finalize(g_ctx);
+  int status = 0;
+  waitpid(peer, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "the plugin's peer failed (status %d)\n", status);
+    return 1;
+  }
   return 0;
 }
