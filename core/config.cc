@@ -270,6 +270,8 @@ std::vector<std::string> UnknownSlipVariables(char** envp,
       if (name.substr(0, 5) != "SLIP_") continue;
       // Reserved for the project's own test tooling (tests/vm, tests/integration).
       if (name.substr(0, 8) == "SLIP_VM_" || name.substr(0, 10) == "SLIP_TEST_") continue;
+      // The NCCL face's own (ncclnet-plugin/net.cc): a job may set them for its plugin.
+      if (name.substr(0, 10) == "SLIP_NCCL_") continue;
       bool known = false;
       for (const Option& opt : kOptions) known |= name == opt.name;
       for (const char* other : also_known) known |= name == other;

@@ -155,6 +155,28 @@ int PtrSupportOf(const msg::DeviceInfo& info) noexcept {
 }
 
 bool g_flush_host = false;  // SLIP_NCCL_FLUSH=1
+int g_queue_pairs = 1;      // SLIP_NCCL_QPS
+
+// The face's own variables: SLIP_NCCL_QPS (1..4, queue pairs per verbs comm) and
+// SLIP_NCCL_FLUSH (0 or 1: flush receives into host memory too). False, with a line, on a
+// bad value.
+bool ReadFaceVariables() noexcept {
+  if (const char* qps = getenv("SLIP_NCCL_QPS")) {
+    if (qps[0] < '1' || qps[0] > '4' || qps[1] != '\0') {
+      SLIP_LOG(kError, "SLIP_NCCL_QPS=%s: expected 1 to 4 (queue pairs per comm)", qps);
+      return false;
+    }
+    g_queue_pairs = qps[0] - '0';
+  }
+  if (const char* flush = getenv("SLIP_NCCL_FLUSH")) {
+    if ((flush[0] != '0' && flush[0] != '1') || flush[1] != '\0') {
+      SLIP_LOG(kError, "SLIP_NCCL_FLUSH=%s: expected 0 or 1", flush);
+      return false;
+    }
+    g_flush_host = flush[0] == '1';
+  }
+  return true;
+}
 
 verbs::Options g_verbs_options;  // the module keeps a pointer to it
 
@@ -182,6 +204,7 @@ int LoadVerbs(State& s, LogLevel level) noexcept {
     setup.log_sink = g_logger.load(std::memory_order_relaxed) ? SinkToNccl : nullptr;
     setup.connect_timeout_ms = kConnectTimeoutMs;
     setup.flush_host_memory = g_flush_host;
+    setup.queue_pairs = g_queue_pairs;
     n = entry(&setup, s.physical, kMaxPhysicalDevices, why, sizeof(why));
   }
   if (n <= 0) {
@@ -256,8 +279,7 @@ ncclResult_t Init(ncclDebugLogger_t logger) noexcept {
   // RDMA devices when there are any: NCCL's network is for traffic between hosts, which
   // shm cannot carry. Without one, shm: ranks of one host made to look like several
   // (containers, NCCL_HOSTID), and every machine can run the plugin.
-  const char* flush = getenv("SLIP_NCCL_FLUSH");
-  g_flush_host = flush != nullptr && std::strcmp(flush, "1") == 0;
+  if (!ReadFaceVariables()) return ncclInvalidArgument;
   s.physical_count = LoadVerbs(s, level);
   if (s.physical_count == 0) {
     if (!s.config.Allows(TransportKind::kShm)) {

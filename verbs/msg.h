@@ -32,7 +32,7 @@
 namespace slip::verbs {
 
 struct MessageSetup {
-  static constexpr int kAbi = 2;
+  static constexpr int kAbi = 3;
   int abi = kAbi;  // the caller's: a module of another build refuses
   const Options* options = nullptr;
   LogLevel log_level = LogLevel::kWarn;
@@ -41,6 +41,9 @@ struct MessageSetup {
   // Flush receives into host memory too (SLIP_NCCL_FLUSH=1): the GPUDirect flush's path,
   // exercised where there is no GPU (the Soft-RoCE guest's tests).
   bool flush_host_memory = false;
+  // Queue pairs per comm this process connects with (SLIP_NCCL_QPS, 1..4): a send to a
+  // receive of one buffer is split across them in 128-byte aligned parts.
+  int queue_pairs = 1;
 };
 
 }  // namespace slip::verbs

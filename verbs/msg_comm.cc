@@ -4,6 +4,7 @@
 // poll: requests live in fixed arrays, a receive's storage is indexed by its seq.
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdio>
@@ -63,7 +64,7 @@ struct SendRequest final : msg::Request {
   VerbsSendComm* comm = nullptr;
   size_t size = 0;
   bool in_use = false;
-  bool done = false;
+  int pending = 0;  // completions still to come, one per queue pair it went through
   Status Test(bool* done_out, size_t sizes[msg::kMaxGroup], int* count) noexcept override;
 };
 
@@ -105,26 +106,42 @@ class VerbsSendComm final : public EndpointComm<msg::SendComm> {
     SendRequest* r = FreeRequest();
     if (r == nullptr) return Status::kAgain;
 
-    ibv_sge sge[2]{};
-    ibv_send_wr wr[2]{};
-    ibv_send_wr* first = &wr[1];
+    const uint64_t wr_id = uint64_t(r - requests_);
+    const int qps = ep_->queue_pairs();
     if (group_ == 1) {
-      // One write: the bytes, with their count in the immediate.
-      sge[1] = {uint64_t(uintptr_t(data)), uint32_t(size), size > 0 ? m->mr->lkey : 0};
-      wr[1].wr_id = uint64_t(r - requests_);
-      wr[1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-      wr[1].sg_list = &sge[1];
-      wr[1].num_sge = size > 0 ? 1 : 0;
-      wr[1].send_flags =
-          IBV_SEND_SIGNALED | (size > 0 && size <= ep_->max_inline() ? IBV_SEND_INLINE : 0);
-      wr[1].imm_data = htonl(msgwire::kImmSingle | uint32_t(size));
-      wr[1].wr.rdma.remote_addr = e.addr;
-      wr[1].wr.rdma.rkey = e.rkey;
-      return Post(first, r, index, size, out);
+      // The bytes with their count in the immediate: one write per queue pair, each a
+      // 128-byte aligned part; a queue pair past the bytes writes nothing, so that every
+      // queue pair completes every receive (the receiver counts on it).
+      const size_t part =
+          qps == 1 ? size : ((size + size_t(qps) - 1) / size_t(qps) + 127) & ~size_t(127);
+      for (int q = 0; q < qps; ++q) {
+        const size_t offset = std::min(size, size_t(q) * part);
+        const size_t length = std::min(part, size - offset);
+        ibv_sge sge{uint64_t(uintptr_t(data)) + offset, uint32_t(length),
+                    length > 0 ? m->mr->lkey : 0};
+        ibv_send_wr wr{};
+        wr.wr_id = wr_id;
+        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.sg_list = &sge;
+        wr.num_sge = length > 0 ? 1 : 0;
+        wr.send_flags =
+            IBV_SEND_SIGNALED | (length > 0 && length <= ep_->max_inline() ? IBV_SEND_INLINE : 0);
+        wr.imm_data = htonl(msgwire::kImmSingle | uint32_t(size));
+        wr.wr.rdma.remote_addr = e.addr + offset;
+        wr.wr.rdma.rkey = e.rkey;
+        if (Status st = Post(q, &wr); st != Status::kOk) return st;
+      }
+      return Posted(r, index, size, qps, out);
     }
+    // A buffer of a grouped receive, on the first queue pair: the bytes, then their count
+    // into the receive's size slot, with the immediate naming receive and buffer; the other
+    // queue pairs each complete it with a zero-length write of the same immediate.
     const size_t word_offset = msgwire::kFifoBytes + SizeWordOffset(seq_, uint32_t(index));
     auto* word = reinterpret_cast<uint32_t*>(ep_->control() + word_offset);
     *word = uint32_t(size);
+    ibv_sge sge[2]{};
+    ibv_send_wr wr[2]{};
+    ibv_send_wr* first = &wr[1];
     if (size > 0) {
       sge[0] = {uint64_t(uintptr_t(data)), uint32_t(size), m->mr->lkey};
       wr[0].opcode = IBV_WR_RDMA_WRITE;
@@ -136,7 +153,7 @@ class VerbsSendComm final : public EndpointComm<msg::SendComm> {
       first = &wr[0];
     }
     sge[1] = {uint64_t(uintptr_t(word)), 4, ep_->control_lkey()};
-    wr[1].wr_id = uint64_t(r - requests_);
+    wr[1].wr_id = wr_id;
     wr[1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr[1].sg_list = &sge[1];
     wr[1].num_sge = 1;
@@ -144,19 +161,35 @@ class VerbsSendComm final : public EndpointComm<msg::SendComm> {
     wr[1].imm_data = htonl(msgwire::EncodeImm(seq_, uint32_t(index)));
     wr[1].wr.rdma.remote_addr = sizes_.addr + SizeWordOffset(seq_, uint32_t(index));
     wr[1].wr.rdma.rkey = sizes_.rkey;
-    return Post(first, r, index, size, out);
+    if (Status st = Post(0, first); st != Status::kOk) return st;
+    for (int q = 1; q < qps; ++q) {
+      ibv_send_wr mark{};
+      mark.wr_id = wr_id;
+      mark.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      mark.send_flags = IBV_SEND_SIGNALED;
+      mark.imm_data = wr[1].imm_data;
+      mark.wr.rdma.remote_addr = sizes_.addr;
+      mark.wr.rdma.rkey = sizes_.rkey;
+      if (Status st = Post(q, &mark); st != Status::kOk) return st;
+    }
+    return Posted(r, index, size, qps, out);
   }
 
-  Status Post(ibv_send_wr* first, SendRequest* r, int index, size_t size,
-              msg::Request** out) noexcept {
+  Status Post(int q, ibv_send_wr* first) noexcept {
     ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(ep_->qp(), first, &bad); rc != 0) {
+    if (int rc = ibv_post_send(ep_->qp(q), first, &bad); rc != 0) {
       char what[96];
       snprintf(what, sizeof(what), "cannot post a send: %s", strerror(rc));
       return ep_->Fail(Status::kSystem, what);
     }
+    return Status::kOk;
+  }
+
+  // The request is under way: `completions` to wait for, one per queue pair.
+  Status Posted(SendRequest* r, int index, size_t size, int completions,
+                msg::Request** out) noexcept {
     r->in_use = true;
-    r->done = false;
+    r->pending = completions;
     r->size = size;
     matched_ |= 1u << index;
     if (matched_ == (1u << group_) - 1) {  // the receive's last buffer: the next one's turn
@@ -171,7 +204,7 @@ class VerbsSendComm final : public EndpointComm<msg::SendComm> {
     *done = false;
     if (!r->in_use) return Status::kBadArgument;
     if (Status s = Poll(); s != Status::kOk) return s;
-    if (r->done) {
+    if (r->pending == 0) {
       sizes[0] = r->size;
       *count = 1;
       r->in_use = false;
@@ -228,7 +261,8 @@ class VerbsSendComm final : public EndpointComm<msg::SendComm> {
     if (n < 0) return ep_->Fail(Status::kSystem, "cannot poll the completion queue");
     for (int i = 0; i < n; ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) return CompletionError(ep_.get(), wc[i]);
-      if (wc[i].wr_id < uint64_t(msg::kMaxRequests)) requests_[wc[i].wr_id].done = true;
+      if (wc[i].wr_id < uint64_t(msg::kMaxRequests) && requests_[wc[i].wr_id].pending > 0)
+        --requests_[wc[i].wr_id].pending;
     }
     return Status::kOk;
   }
@@ -259,7 +293,8 @@ struct RecvRequest final : msg::Request {
   VerbsRecvComm* comm = nullptr;
   uint32_t seq = 0;
   int n = 0;
-  uint32_t done_mask = 0;
+  int arrived = 0;  // completions so far: n from each queue pair make it whole
+  uint32_t marks[msgwire::kMaxQueuePairs] = {};  // a group's: the buffers each queue pair completed
   uint32_t capacity[msg::kMaxGroup] = {};
   size_t sizes[msg::kMaxGroup] = {};
   bool in_use = false;
@@ -362,7 +397,8 @@ class VerbsRecvComm final : public EndpointComm<msg::RecvComm> {
     }
     r.seq = seq_;
     r.n = n;
-    r.done_mask = 0;
+    r.arrived = 0;
+    for (uint32_t& m : r.marks) m = 0;
     r.in_use = true;
     ++seq_;
     *out = &r;
@@ -373,7 +409,7 @@ class VerbsRecvComm final : public EndpointComm<msg::RecvComm> {
     *done = false;
     if (!r->in_use) return Status::kBadArgument;
     if (Status s = Poll(); s != Status::kOk) return s;
-    if (r->done_mask == (1u << r->n) - 1) {
+    if (r->arrived == r->n * ep_->queue_pairs()) {
       for (int i = 0; i < r->n; ++i) sizes[i] = r->sizes[i];
       *count = r->n;
       r->in_use = false;
@@ -396,44 +432,58 @@ class VerbsRecvComm final : public EndpointComm<msg::RecvComm> {
         continue;
       }
       if (wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM) continue;  // our CTS writes
-      if (Status s = OnSendDone(ntohl(wc[i].imm_data)); s != Status::kOk) return s;
-      if (!ep_->PostRecv()) return ep_->Fail(Status::kSystem, "cannot post a receive");
+      const int q = ep_->QueuePairIndex(wc[i].qp_num);
+      if (q < 0) return ep_->Fail(Status::kInternal, "a completion of no queue pair of ours");
+      if (Status s = OnSendDone(q, ntohl(wc[i].imm_data)); s != Status::kOk) return s;
+      if (!ep_->PostRecv(q)) return ep_->Fail(Status::kSystem, "cannot post a receive");
     }
     return Status::kOk;
   }
 
-  // The sender says a buffer of the oldest receive not yet complete is written (sends
-  // arrive in the order their receives were posted): everything in it (the immediate, the
-  // size word) is the peer's, checked against what we posted.
-  Status OnSendDone(uint32_t imm) noexcept {
-    RecvRequest& r = requests_[SlotOf(arriving_)];
-    if (!r.in_use || r.seq != arriving_)
+  // Queue pair `q` says its part of a buffer of the oldest receive it has not completed
+  // is written (a queue pair delivers in the order the receives were posted, and every one
+  // completes every buffer: a receive of one buffer once, a group's buffers once each):
+  // everything in it (the immediate, the size word) is the peer's, checked against what
+  // we posted.
+  Status OnSendDone(int q, uint32_t imm) noexcept {
+    uint32_t& cursor = arriving_[q];
+    RecvRequest& r = requests_[SlotOf(cursor)];
+    if (!r.in_use || r.seq != cursor)
       return ep_->Fail(Status::kRemote, "the sender completed a send for no posted receive");
-    uint32_t index = 0;
-    uint32_t size = 0;
     if (imm & msgwire::kImmSingle) {
-      size = imm & ~msgwire::kImmSingle;
+      const uint32_t size = imm & ~msgwire::kImmSingle;
       if (r.n != 1)
         return ep_->Fail(Status::kRemote, "the sender completed a grouped receive as a single");
-    } else {
-      index = msgwire::ImmIndex(imm);
-      if (msgwire::ImmSeq(imm) != (arriving_ & msgwire::kImmSeqMask) || index >= uint32_t(r.n) ||
-          (r.done_mask & (1u << index)))
-        return ep_->Fail(Status::kRemote, "the sender completed a send for no posted buffer");
-      const auto* words = reinterpret_cast<const volatile uint32_t*>(ep_->control());
-      size = words[SizeWordOffset(arriving_, index) / 4];
+      if (size > r.capacity[0])
+        return ep_->Fail(Status::kRemote, "the sender wrote more than the receive's buffer holds");
+      if (r.arrived > 0 && r.sizes[0] != size)
+        return ep_->Fail(Status::kRemote, "the queue pairs disagree on the size of a send");
+      r.sizes[0] = size;
+      ++r.arrived;
+      ++cursor;
+      return Status::kOk;
     }
-    if (size > r.capacity[index])
-      return ep_->Fail(Status::kRemote, "the sender wrote more than the receive's buffer holds");
-    r.sizes[index] = size;
-    r.done_mask |= 1u << index;
-    if (r.done_mask == (1u << r.n) - 1) ++arriving_;
+    const uint32_t index = msgwire::ImmIndex(imm);
+    if (msgwire::ImmSeq(imm) != (cursor & msgwire::kImmSeqMask) || index >= uint32_t(r.n) ||
+        (r.marks[q] & (1u << index)))
+      return ep_->Fail(Status::kRemote, "the sender completed a send for no posted buffer");
+    if (q == 0) {  // the first queue pair carried the bytes and their count
+      const auto* words = reinterpret_cast<const volatile uint32_t*>(ep_->control());
+      const uint32_t size = words[SizeWordOffset(cursor, index) / 4];
+      if (size > r.capacity[index])
+        return ep_->Fail(Status::kRemote, "the sender wrote more than the receive's buffer holds");
+      r.sizes[index] = size;
+    }
+    r.marks[q] |= 1u << index;
+    ++r.arrived;
+    if (r.marks[q] == (1u << r.n) - 1) ++cursor;
     return Status::kOk;
   }
 
   const RemoteArea fifo_;
-  uint32_t seq_ = 0;       // the next receive's
-  uint32_t arriving_ = 0;  // the oldest receive whose buffers are not all written yet
+  uint32_t seq_ = 0;  // the next receive's
+  // Per queue pair, the oldest receive it has not completed yet.
+  uint32_t arriving_[msgwire::kMaxQueuePairs] = {};
   RecvRequest requests_[msg::kMaxRequests];  // receive seq's at [seq % kMaxRequests]
   FlushRequest flushes_[msg::kMaxRequests];
 };

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <vector>
 
 #include "core/log.h"
 #include "core/sys.h"
@@ -26,6 +27,7 @@ using msgwire::kSecretHalf;
 constexpr int kListenBacklog = 64;
 constexpr int kMaxPendingAccepts = 8;
 constexpr int kResolveTimeoutMs = 2000;
+constexpr uint64_t kAbandonedMs = 10000;
 
 bool SameBytes(const uint8_t* a, const uint8_t* b, size_t n) noexcept {
   uint8_t diff = 0;  // in constant time: the secret is compared with what a stranger sent
@@ -157,13 +159,16 @@ class VerbsListener final : public msg::Listener {
       return;
     }
     ep->Adopt(id);
-    if (rc = ep->Build(); rc == 0) rc = ep->Ready();
-    ConnectData rep;
-    std::memcpy(rep.proof, secret_ + kSecretHalf, kSecretHalf);
-    rep.area = ep->control_area(0);  // the size slots
-    uint8_t data[msgwire::kConnectDataBytes];
-    const size_t len = msgwire::EncodeConnectData(msgwire::kRepMagic, rep, data, sizeof(data));
+    // As many queue pairs as the sender asked for (1 to kMaxQueuePairs: the parser's bound).
+    if (rc = ep->Build(1 + req.extra); rc == 0) rc = ep->Ready(req.extra_qpn);
     if (rc == 0) {
+      ConnectData rep;
+      std::memcpy(rep.proof, secret_ + kSecretHalf, kSecretHalf);
+      rep.area = ep->control_area(0);  // the size slots
+      rep.extra = req.extra;
+      for (int i = 0; i < req.extra; ++i) rep.extra_qpn[i] = ep->qp(i + 1)->qp_num;
+      uint8_t data[msgwire::kConnectDataBytes];
+      const size_t len = msgwire::EncodeConnectData(msgwire::kRepMagic, rep, data, sizeof(data));
       rdma_conn_param param = ConnParam(data, len, ep->qp()->qp_num);
       if (rdma_accept(id, &param) != 0) rc = -(errno ? errno : EINVAL);
     }
@@ -244,10 +249,13 @@ Status Begin(Connecting* c) noexcept {
 
 Status SendRequest(Connecting* c) noexcept {
   Endpoint* ep = c->ep.get();
-  if (int rc = ep->Build(); rc < 0) return Fail(*c, Status::kSystem, strerror(-rc));
+  if (int rc = ep->Build(Setup().queue_pairs); rc < 0)
+    return Fail(*c, Status::kSystem, strerror(-rc));
   ConnectData req;
   std::memcpy(req.proof, c->handle.secret, kSecretHalf);
   req.area = ep->control_area(0);  // the CTS FIFO
+  req.extra = uint8_t(ep->queue_pairs() - 1);
+  for (int i = 0; i < req.extra; ++i) req.extra_qpn[i] = ep->qp(i + 1)->qp_num;
   uint8_t data[msgwire::kConnectDataBytes];
   const size_t len = msgwire::EncodeConnectData(msgwire::kReqMagic, req, data, sizeof(data));
   rdma_conn_param param = ConnParam(data, len, ep->qp()->qp_num);
@@ -270,9 +278,16 @@ Status Step(Connecting* c, std::unique_ptr<msg::SendComm>* out) noexcept {
       rdma_ack_cm_event(event);
       if (!theirs)
         return Fail(*c, Status::kRemote, "the answer does not carry the handle's secret");
-      if (int rc = ep->Ready(); rc < 0) return Fail(*c, Status::kSystem, strerror(-rc));
+      if (rep.extra != ep->queue_pairs() - 1)
+        return Fail(*c, Status::kRemote, "the answer has another number of queue pairs");
+      if (int rc = ep->Ready(rep.extra_qpn); rc < 0)
+        return Fail(*c, Status::kSystem, strerror(-rc));
       if (rdma_establish(ep->id()) != 0) return Fail(*c, Status::kSystem, strerror(errno));
       ep->SetConnected();
+      char text[96];
+      SLIP_LOG(kDebug, "verbs: NCCL comm to %s: %d queue pair(s) from %u",
+               AddressText(c->handle.address, text, sizeof(text)), ep->queue_pairs(),
+               ep->qp()->qp_num);
       *out = MakeSendComm(std::move(c->ep), rep.area);
       return *out ? Status::kOk : Status::kSystem;
     }
@@ -326,6 +341,7 @@ class VerbsTransport final : public msg::Transport {
     ConnectKey key;
     std::memcpy(key.data(), h.secret, key.size());
     std::unique_ptr<Connecting> c;
+    std::vector<std::unique_ptr<Connecting>> abandoned;  // go when we return, unlocked
     {
       std::lock_guard lock(g_connecting_mu);
       if (g_connecting) {
@@ -333,6 +349,20 @@ class VerbsTransport final : public msg::Transport {
         if (it != g_connecting->end()) {
           c = std::move(it->second);
           g_connecting->erase(it);
+        }
+        // Connects NCCL stopped calling (an aborted communicator) go once well past their
+        // deadline, rather than hold their queue pairs for the process's life.
+        const uint64_t now = sys::MonotonicMs();
+        for (auto at = g_connecting->begin(); at != g_connecting->end();) {
+          if (now > at->second->deadline_ms + kAbandonedMs) {
+            try {
+              abandoned.push_back(std::move(at->second));
+            } catch (...) {
+            }
+            at = g_connecting->erase(at);
+          } else {
+            ++at;
+          }
         }
       }
     }

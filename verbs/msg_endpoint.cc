@@ -39,6 +39,8 @@ Endpoint::~Endpoint() {
   // A disconnect tells the peer at once (its requests fail) rather than by retries.
   if (id_ && connected_) rdma_disconnect(id_);
   if (qp_) ibv_destroy_qp(qp_);
+  for (ibv_qp* extra : extra_)
+    if (extra) ibv_destroy_qp(extra);
   if (flush_qp_) ibv_destroy_qp(flush_qp_);
   for (VerbsMemory* m : memory_) {
     if (m->mr) ibv_dereg_mr(m->mr);
@@ -62,20 +64,29 @@ int Endpoint::OpenChannel() noexcept {
   return 0;
 }
 
-int Endpoint::Build() noexcept {
+int Endpoint::Build(int queue_pairs) noexcept {
   if (!id_ || !id_->verbs) return -ENODEV;
+  if (queue_pairs < 1 || queue_pairs > msgwire::kMaxQueuePairs) return -EINVAL;
+  queue_pairs_ = queue_pairs;
   pd_ = ibv_alloc_pd(id_->verbs);
   if (!pd_) return -(errno ? errno : ENOMEM);
-  cq_ = ibv_create_cq(id_->verbs, int(kSendDepth + kRecvDepth), nullptr, nullptr, 0);
+  // Every queue pair's sends and receives, and the flush queue pair's reads.
+  const int cqe = int(uint32_t(queue_pairs) * (kSendDepth + kRecvDepth) + msg::kMaxRequests);
+  cq_ = ibv_create_cq(id_->verbs, cqe, nullptr, nullptr, 0);
   if (!cq_) return -(errno ? errno : ENOMEM);
   QueuePairCaps caps;
   caps.send_depth = kSendDepth;
   caps.recv_depth = receiver_ ? kRecvDepth : 1;
   caps.inline_wanted = 64;  // a size word; a CTS entry or two
-  qp_ = CreateQueuePair(pd_, cq_, caps, &max_inline_, &send_depth_);
-  if (!qp_) return -(errno ? errno : EINVAL);
-  if (send_depth_ < kSendDepth) return -ENOSPC;
-  if (int rc = InitQueuePair(id_, qp_); rc < 0) return rc;
+  for (int i = 0; i < queue_pairs; ++i) {
+    uint32_t max_inline = 0, send_depth = 0;
+    ibv_qp* qp = CreateQueuePair(pd_, cq_, caps, &max_inline, &send_depth);
+    if (!qp) return -(errno ? errno : EINVAL);
+    (i == 0 ? qp_ : extra_[i - 1]) = qp;
+    if (send_depth < kSendDepth) return -ENOSPC;
+    if (int rc = InitQueuePair(id_, qp); rc < 0) return rc;
+    max_inline_ = i == 0 || max_inline < max_inline_ ? max_inline : max_inline_;
+  }
   constexpr size_t kPage = 4096;
   control_ =
       static_cast<uint8_t*>(aligned_alloc(kPage, (kControlBytes + kPage - 1) & ~(kPage - 1)));
@@ -89,21 +100,30 @@ int Endpoint::Build() noexcept {
     return -err;
   }
   if (receiver_) {
-    for (uint32_t i = 0; i < kRecvDepth; ++i)
-      if (!PostRecv()) return -(errno ? errno : EIO);
+    for (int q = 0; q < queue_pairs; ++q)
+      for (uint32_t i = 0; i < kRecvDepth; ++i)
+        if (!PostRecv(q)) return -(errno ? errno : EIO);
   }
   return 0;
 }
 
-int Endpoint::Ready() noexcept {
-  return ReadyQueuePair(id_, qp_, Setup().options->gid_index, IBV_ACCESS_REMOTE_WRITE);
+int Endpoint::Ready(const uint32_t* extra_qpn) noexcept {
+  if (int rc = ReadyQueuePair(id_, qp_, Setup().options->gid_index, IBV_ACCESS_REMOTE_WRITE);
+      rc < 0)
+    return rc;
+  for (int i = 1; i < queue_pairs_; ++i)
+    if (int rc =
+            ReadyExtraQueuePair(id_, extra_[i - 1], qp_, extra_qpn[i - 1], IBV_ACCESS_REMOTE_WRITE);
+        rc < 0)
+      return rc;
+  return 0;
 }
 
-bool Endpoint::PostRecv() noexcept {
+bool Endpoint::PostRecv(int index) noexcept {
   ibv_recv_wr wr{};
   ibv_recv_wr* bad = nullptr;
   wr.num_sge = 0;  // a WRITE WITH IMMEDIATE consumes a receive and places nothing in it
-  return ibv_post_recv(qp_, &wr, &bad) == 0;
+  return ibv_post_recv(qp(index), &wr, &bad) == 0;
 }
 
 Status Endpoint::Register(const msg::Region& region, msg::Memory** out) noexcept {

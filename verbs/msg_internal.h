@@ -68,11 +68,12 @@ class Endpoint {
   int OpenChannel() noexcept;
   // `id` is ours from here on (made in, or migrated to, channel()).
   void Adopt(rdma_cm_id* id) noexcept { id_ = id; }
-  // The verbs objects on the id's device: the queue pair in INIT with its receives
-  // posted. 0 or -errno.
-  int Build() noexcept;
+  // The verbs objects on the id's device: `queue_pairs` (1..kMaxQueuePairs) queue pairs in
+  // INIT with their receives posted. 0 or -errno.
+  int Build(int queue_pairs) noexcept;
   // After the exchange: the queue pair to RTS (the peer writes into our control memory).
-  int Ready() noexcept;
+  // The extra queue pairs connect to the peer's `extra_qpn` (as many as ours).
+  int Ready(const uint32_t* extra_qpn) noexcept;
 
   Status Register(const msg::Region& region, msg::Memory** out) noexcept;
   Status Deregister(msg::Memory* memory) noexcept;
@@ -92,7 +93,15 @@ class Endpoint {
 
   rdma_event_channel* channel() const noexcept { return channel_; }
   rdma_cm_id* id() const noexcept { return id_; }
-  ibv_qp* qp() const noexcept { return qp_; }
+  ibv_qp* qp() const noexcept { return qp_; }  // rdma_cm's: the clear-to-send, the groups
+  ibv_qp* qp(int index) const noexcept { return index == 0 ? qp_ : extra_[index - 1]; }
+  int queue_pairs() const noexcept { return queue_pairs_; }
+  // Which of ours `qp_num` is (0..queue_pairs()-1), -1 for none (the flush queue pair).
+  int QueuePairIndex(uint32_t qp_num) const noexcept {
+    for (int i = 0; i < queue_pairs_; ++i)
+      if (qp(i)->qp_num == qp_num) return i;
+    return -1;
+  }
   ibv_cq* cq() const noexcept { return cq_; }
   uint8_t* control() const noexcept { return control_; }
   uint32_t control_lkey() const noexcept { return control_mr_->lkey; }
@@ -100,7 +109,7 @@ class Endpoint {
     return {uint64_t(uintptr_t(control_ + offset)), control_mr_->rkey};
   }
   uint32_t max_inline() const noexcept { return max_inline_; }
-  bool PostRecv() noexcept;  // one zero-length receive, for a WRITE WITH IMMEDIATE
+  bool PostRecv(int index) noexcept;  // a zero-length receive, for a WRITE WITH IMMEDIATE
   void SetConnected() noexcept { connected_ = true; }
 
  private:
@@ -110,6 +119,8 @@ class Endpoint {
   ibv_pd* pd_ = nullptr;
   ibv_cq* cq_ = nullptr;
   ibv_qp* qp_ = nullptr;
+  ibv_qp* extra_[msgwire::kMaxQueuePairs - 1] = {};
+  int queue_pairs_ = 1;
   ibv_qp* flush_qp_ = nullptr;
   uint8_t* control_ = nullptr;
   ibv_mr* control_mr_ = nullptr;

@@ -65,11 +65,12 @@ size_t EncodeConnectData(uint32_t magic, const ConnectData& d, uint8_t* out, siz
   ByteWriter w(out, cap);
   w.U32(magic);
   w.U8(kVersion);
-  const uint8_t pad[3] = {};
-  w.Bytes(pad, sizeof(pad));
+  w.U8(d.extra);
+  w.U16(0);
   w.Bytes(d.proof, kSecretHalf);
   w.U64(d.area.addr);
   w.U32(d.area.rkey);
+  for (uint32_t qpn : d.extra_qpn) w.U32(qpn);
   return w.ok() ? w.size() : 0;
 }
 
@@ -78,14 +79,20 @@ bool ParseConnectData(uint32_t magic, const uint8_t* in, size_t len, ConnectData
   if (in == nullptr || len < kConnectDataBytes) return false;
   ByteReader r(in, len);
   if (r.U32() != magic || r.U8() != kVersion) return false;
-  uint8_t pad[3];
-  r.Bytes(pad, sizeof(pad));
   ConnectData d;
+  d.extra = r.U8();
+  const uint16_t pad = r.U16();
   r.Bytes(d.proof, kSecretHalf);
   d.area.addr = r.U64();
   d.area.rkey = r.U32();
-  // Padding is zero, so that a message parses from exactly one encoding.
-  if (!r.ok() || d.area.addr == 0 || (pad[0] | pad[1] | pad[2]) != 0) return false;
+  for (uint32_t& qpn : d.extra_qpn) qpn = r.U32();
+  // Padding and unused numbers are zero, so that a message parses from exactly one
+  // encoding; a queue pair number has 24 bits.
+  if (!r.ok() || d.area.addr == 0 || pad != 0 || d.extra >= kMaxQueuePairs) return false;
+  for (int i = 0; i < kMaxQueuePairs - 1; ++i) {
+    const bool used = i < d.extra;
+    if (used != (d.extra_qpn[i] != 0) || d.extra_qpn[i] >= (1u << 24)) return false;
+  }
   *out = d;
   return true;
 }

@@ -7,9 +7,11 @@
 //            secret's first half (in its REQ); the listener proves it made the handle with
 //            the second half (in its REP): an rdma_cm address can be listened on by anybody
 //            on the fabric once its listener is gone.
-//   REQ      sender -> listener: the first half of the secret, and where the sender's
-//            clear-to-send FIFO is (address and remote key, its own protection domain)
-//   REP      listener -> sender: the second half, and where the receiver's size slots are
+//   REQ      sender -> listener: the first half of the secret, where the sender's
+//            clear-to-send FIFO is (address and remote key, its own protection domain), and
+//            the numbers of its extra queue pairs
+//   REP      listener -> sender: the second half, where the receiver's size slots are, and
+//            the numbers of as many extra queue pairs of its own
 //   CTS      receiver -> sender, by RDMA WRITE into FIFO slot seq % kMaxRequests: one entry
 //            per buffer of a posted receive (address, remote key, capacity, tag, the
 //            group's size) stamped with seq + 1 in its last word
@@ -56,11 +58,17 @@ struct RemoteArea {
   uint32_t rkey = 0;
 };
 
+// Queue pairs per comm: the one rdma_cm connects, and up to three more on the same path
+// whose numbers the exchange carries (SLIP_NCCL_QPS), over which large sends are split.
+constexpr int kMaxQueuePairs = 4;
+
 struct ConnectData {
   uint8_t proof[kSecretHalf] = {};  // the REQ's: the secret's first half; the REP's: second
   RemoteArea area;                  // the REQ's: the CTS FIFO; the REP's: the size slots
+  uint8_t extra = 0;                // queue pairs besides rdma_cm's: 0..kMaxQueuePairs-1
+  uint32_t extra_qpn[kMaxQueuePairs - 1] = {};  // theirs (24 bits); 0 past `extra`
 };
-constexpr size_t kConnectDataBytes = 4 + 1 + 3 + kSecretHalf + 8 + 4;
+constexpr size_t kConnectDataBytes = 4 + 1 + 1 + 2 + kSecretHalf + 8 + 4 + 4 * (kMaxQueuePairs - 1);
 // 56 bytes of private data fit an rdma_cm REQ on RDMA_PS_TCP.
 static_assert(kConnectDataBytes <= 56);
 size_t EncodeConnectData(uint32_t magic, const ConnectData& d, uint8_t* out, size_t cap) noexcept;

@@ -39,7 +39,13 @@ int InitQueuePair(rdma_cm_id* id, ibv_qp* qp) noexcept {
   return 0;
 }
 
-int ReadyQueuePair(rdma_cm_id* id, ibv_qp* qp, int gid_override, int access) noexcept {
+namespace {
+
+// INIT with the exchange's rights plus `access`, RTR, RTS, with what rdma_cm settled for
+// `id`; `like` (another queue pair of the id, already ready) gives the source GID and
+// `dest_qpn` the peer's queue pair, for a second queue pair on the same path.
+int Ready(rdma_cm_id* id, ibv_qp* qp, int gid_override, int access, ibv_qp* like,
+          uint32_t dest_qpn) noexcept {
   // INIT again, now with what the connection exchange settled (access rights: before it,
   // rdma_cm grants none), as librdmacm does for the queue pairs it manages.
   ibv_qp_attr attr{};
@@ -53,7 +59,15 @@ int ReadyQueuePair(rdma_cm_id* id, ibv_qp* qp, int gid_override, int access) noe
   mask = 0;
   attr.qp_state = IBV_QPS_RTR;
   if (rdma_init_qp_attr(id, &attr, &mask) != 0) return -(errno ? errno : EINVAL);
-  if (attr.ah_attr.is_global) {
+  if (like != nullptr) {
+    attr.dest_qp_num = dest_qpn;
+    ibv_qp_attr path{};
+    ibv_qp_init_attr unused{};
+    if (attr.ah_attr.is_global) {
+      if (ibv_query_qp(like, &path, IBV_QP_AV, &unused) != 0) return -(errno ? errno : EINVAL);
+      attr.ah_attr.grh.sgid_index = path.ah_attr.grh.sgid_index;
+    }
+  } else if (attr.ah_attr.is_global) {
     const uint8_t port = attr.ah_attr.port_num ? attr.ah_attr.port_num : id->port_num;
     int index = ChooseSourceGid(id->verbs, port, attr.ah_attr.grh.sgid_index, gid_override);
     if (index < 0) return index;
@@ -77,6 +91,17 @@ int ReadyQueuePair(rdma_cm_id* id, ibv_qp* qp, int gid_override, int access) noe
            qp->qp_num, unsigned(attr.timeout), unsigned(attr.retry_cnt), unsigned(attr.rnr_retry));
   if (ibv_modify_qp(qp, &attr, mask) != 0) return -(errno ? errno : EINVAL);
   return 0;
+}
+
+}  // namespace
+
+int ReadyQueuePair(rdma_cm_id* id, ibv_qp* qp, int gid_override, int access) noexcept {
+  return Ready(id, qp, gid_override, access, nullptr, 0);
+}
+
+int ReadyExtraQueuePair(rdma_cm_id* id, ibv_qp* qp, ibv_qp* like, uint32_t dest_qpn,
+                        int access) noexcept {
+  return Ready(id, qp, -1, access, like, dest_qpn);
 }
 
 ibv_qp* CreateLoopbackQueuePair(ibv_pd* pd, ibv_cq* cq, ibv_qp* path, uint8_t port,

@@ -35,6 +35,13 @@ int InitQueuePair(rdma_cm_id* id, ibv_qp* qp) noexcept;
 // and RTS with a bounded transport timeout. 0 or -errno.
 int ReadyQueuePair(rdma_cm_id* id, ibv_qp* qp, int gid_override, int access) noexcept;
 
+// The same for another queue pair on `id`'s path (its INIT done with InitQueuePair): the
+// source GID of `like` (the id's own queue pair, ready), the peer's queue pair `dest_qpn`,
+// the starting sequence numbers rdma_cm settled for the id (both ends use the id's for
+// their extra queue pairs, so they agree). 0 or -errno.
+int ReadyExtraQueuePair(rdma_cm_id* id, ibv_qp* qp, ibv_qp* like, uint32_t dest_qpn,
+                        int access) noexcept;
+
 // A queue pair connected to itself along `path`'s route (its port, MTU and source GID),
 // for RDMA READs of our own memory: a NIC's writes into GPU memory are flushed by a read
 // through the NIC (NCCL's GPUDirect flush). Remote reads allowed, nothing else. nullptr with

@@ -102,6 +102,8 @@ std::vector<std::vector<uint8_t>> Seeds() {
     mw::ConnectData d;
     for (size_t i = 0; i < sizeof(d.proof); ++i) d.proof[i] = uint8_t(0xa0 + i);
     d.area = {0x00007f1234560000ull, 0x1234};
+    d.extra = magic == mw::kReqMagic ? 3 : 1;
+    for (int i = 0; i < d.extra; ++i) d.extra_qpn[i] = 0x100 + uint32_t(i);
     add(mw::EncodeConnectData(magic, d, buf, sizeof buf), buf);
   }
   for (uint8_t group : {uint8_t(1), uint8_t(8)}) {

@@ -306,6 +306,7 @@ TEST(Config, UnknownSlipVariables) {
                            "SLIP_FAILOVER=1",
                            "SLIP_VM_NODE=1",
                            "SLIP_TEST_PLAIN=1",
+                           "SLIP_NCCL_QPS=2",  // the NCCL plugin's
                            "SLIP_RINGSIZE=1M",
                            "SLIP_log=info",
                            "PATH=/bin",

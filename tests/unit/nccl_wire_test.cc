@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include "ncclnet-plugin/nccl_abi.h"
@@ -210,6 +211,9 @@ TEST(VerbsMsgWire, ConnectDataIsExactAndKindChecked) {
   vw::ConnectData d;
   for (size_t i = 0; i < sizeof(d.proof); ++i) d.proof[i] = uint8_t(i + 1);
   d.area = {0x00007f0012340000ull, 0xabcd};
+  d.extra = 2;
+  d.extra_qpn[0] = 0x12;
+  d.extra_qpn[1] = 0xffffff;
   uint8_t wire[56] = {};  // rdma_cm pads private data with zeros
   ASSERT_EQ(vw::EncodeConnectData(vw::kReqMagic, d, wire, sizeof(wire)), vw::kConnectDataBytes);
   vw::ConnectData back;
@@ -217,6 +221,23 @@ TEST(VerbsMsgWire, ConnectDataIsExactAndKindChecked) {
   EXPECT_EQ(std::memcmp(back.proof, d.proof, sizeof(d.proof)), 0);
   EXPECT_EQ(back.area.addr, d.area.addr);
   EXPECT_EQ(back.area.rkey, d.area.rkey);
+  EXPECT_EQ(back.extra, 2);
+  EXPECT_EQ(back.extra_qpn[1], 0xffffffu);
+  EXPECT_EQ(back.extra_qpn[2], 0u);
+  // More queue pairs than a comm has, a number where none is said, one missing, or wider
+  // than 24 bits: refused.
+  for (auto [extra, qpn1, qpn2] : {std::tuple<uint8_t, uint32_t, uint32_t>{4, 1, 1},
+                                   {2, 0x12, 0},
+                                   {1, 0x12, 5},
+                                   {2, 0x1000000, 1}}) {
+    vw::ConnectData bad = d;
+    bad.extra = extra;
+    bad.extra_qpn[0] = qpn1;
+    bad.extra_qpn[1] = qpn2;
+    uint8_t w[56] = {};
+    ASSERT_EQ(vw::EncodeConnectData(vw::kReqMagic, bad, w, sizeof(w)), vw::kConnectDataBytes);
+    EXPECT_FALSE(vw::ParseConnectData(vw::kReqMagic, w, sizeof(w), &back)) << int(extra);
+  }
   EXPECT_FALSE(vw::ParseConnectData(vw::kRepMagic, wire, sizeof(wire), &back));  // a REQ
   EXPECT_FALSE(vw::ParseConnectData(vw::kReqMagic, wire, vw::kConnectDataBytes - 1, &back));
   EXPECT_FALSE(vw::ParseConnectData(vw::kReqMagic, nullptr, 0, &back));

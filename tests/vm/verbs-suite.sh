@@ -94,9 +94,14 @@ done
 
 # 3. The NCCL plugin's harness (tests/unit/nccl_plugin_test.cc) over verbs: the plugin
 #    offers rxe0, and every comm is an RC queue pair through it (about 15 s); flushes
-#    of host memory forced (SLIP_NCCL_FLUSH=1), so that the GPUDirect flush's READ runs.
+#    of host memory forced (SLIP_NCCL_FLUSH=1), so that the GPUDirect flush's READ runs;
+#    then again with three queue pairs per comm (SLIP_NCCL_QPS=3).
 if [ "${SLIP_VERBS_NCCL-1}" = 1 ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
   run "verbs.nccl_plugin" env SLIP_NCCL_TEST_TRANSPORT=verbs SLIP_NCCL_FLUSH=1 \
+    "$BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
+  # Again with three queue pairs per comm: sends split in 128-byte aligned parts (an odd
+  # count, so that parts are uneven and small sends leave queue pairs with nothing).
+  run "verbs.nccl_plugin_qps3" env SLIP_NCCL_TEST_TRANSPORT=verbs SLIP_NCCL_QPS=3 \
     "$BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
 fi
 
