@@ -1108,7 +1108,9 @@ TEST_F(NcclPlugin, CloseWithRequestsInFlightFailsThePeer) {
 }
 
 // A sender killed in the middle of a message: the receiver's test returns an error within
-// a bounded time.
+// a bounded time. Over RDMA the send may still complete: its writes were the device's to
+// carry when the process died (seen under ASan, where the process is slower than rxe); then
+// its bytes are all there, and the next receive is the one that fails.
 TEST_F(NcclPlugin, PeerKilledMidTransferIsAnError) {
   const pid_t pid = SpawnSender(handle, {0, 0, 0, 0, true});
   ASSERT_GT(pid, 0);
@@ -1124,6 +1126,16 @@ TEST_F(NcclPlugin, PeerKilledMidTransferIsAnError) {
   ncclResult_t rc = ncclSuccess;
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   while (rc == ncclSuccess && !done && Clock::now() < deadline) rc = a.test(rreq, &done, &size);
+  if (rc == ncclSuccess && done) {
+    EXPECT_TRUE(OverVerbs()) << "over shm the rest of the message never comes";
+    ASSERT_EQ(size, 32 << 20);
+    EXPECT_EQ(std::count(out.begin(), out.end(), uint8_t(1)), long(out.size()));
+    rreq = nullptr;
+    done = 0;
+    rc = a.irecv(recv, 1, &data, &cap, &tag, &rreq);  // (may know already)
+    while (rc == ncclSuccess && rreq && !done && Clock::now() < deadline)
+      rc = a.test(rreq, &done, &size);
+  }
   EXPECT_EQ(rc, ncclRemoteError);
   EXPECT_EQ(done, 0);
   EXPECT_NE(g_last_warning.find("sender closed"), std::string::npos) << g_last_warning;

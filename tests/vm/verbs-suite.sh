@@ -95,7 +95,7 @@ done
 # 3. The NCCL plugin's harness (tests/unit/nccl_plugin_test.cc) over verbs: the plugin
 #    offers rxe0, and every comm is an RC queue pair through it (about 15 s); flushes
 #    of host memory forced (SLIP_NCCL_FLUSH=1), so that the GPUDirect flush's READ runs;
-#    then again with three queue pairs per comm (SLIP_NCCL_QPS=3).
+#    then again with three queue pairs per comm (SLIP_NCCL_QPS=3), and under ASan.
 if [ "${SLIP_VERBS_NCCL-1}" = 1 ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
   run "verbs.nccl_plugin" env SLIP_NCCL_TEST_TRANSPORT=verbs SLIP_NCCL_FLUSH=1 \
     "$BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
@@ -103,6 +103,16 @@ if [ "${SLIP_VERBS_NCCL-1}" = 1 ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
   # count, so that parts are uneven and small sends leave queue pairs with nothing).
   run "verbs.nccl_plugin_qps3" env SLIP_NCCL_TEST_TRANSPORT=verbs SLIP_NCCL_QPS=3 \
     "$BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
+  # And under ASan and UBSan (the host's ASan run never reaches the verbs comms: no RDMA
+  # device there), from the ASan build beside BUILD that make test's test-asan leaves
+  # (SLIP_VERBS_ASAN_BUILD to name another), with the flush and two queue pairs.
+  ASAN_BUILD=${SLIP_VERBS_ASAN_BUILD:-$BUILD/../build-asan}
+  if [ -x "$ASAN_BUILD/bin/slip_unit_tests" ] && [ -e "$ASAN_BUILD/lib/libslipstream-verbs.so" ]; then
+    run "verbs.nccl_plugin_asan" env ASAN_OPTIONS=detect_leaks=1 SLIP_NCCL_TEST_TRANSPORT=verbs \
+      SLIP_NCCL_FLUSH=1 SLIP_NCCL_QPS=2 "$ASAN_BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
+  else
+    echo "SKIP verbs.nccl_plugin_asan: no ASan build with the verbs module at $ASAN_BUILD"
+  fi
 fi
 
 [ -n "$flaky" ] && echo "flaky (failed, then passed):$flaky"
