@@ -255,7 +255,7 @@ class VerbsSendComm final : public EndpointComm<msg::SendComm> {
   }
 
   Status Poll() noexcept {
-    if (ep_->error() != Status::kOk) return ep_->error();
+    if (ep_->error() != Status::kOk && !ep_->peer_gone()) return ep_->error();
     ibv_wc wc[kPollBatch];
     const int n = ibv_poll_cq(ep_->cq(), kPollBatch, wc);
     if (n < 0) return ep_->Fail(Status::kSystem, "cannot poll the completion queue");
@@ -309,25 +309,29 @@ class VerbsRecvComm final : public EndpointComm<msg::RecvComm> {
     for (auto& f : flushes_) f.comm = this;
   }
 
-  // One READ from the last non-empty buffer that is GPU memory (or, `force`, any memory):
-  // the NIC wrote the group's buffers in order, so reading the last flushes them all.
+  // One READ from the last non-empty buffer that is GPU memory (or any, with
+  // SLIP_NCCL_FLUSH=1): the NIC wrote the group's buffers in order, so reading the last
+  // flushes them all.
   Status Flush(int n, void* const* data, const size_t* sizes, msg::Memory* const* memory,
                msg::Request** out) noexcept override {
     *out = nullptr;
     if (Status s = ep_->CheckEvents(); s != Status::kOk) return s;
     if (n < 1 || n > msg::kMaxGroup) return Status::kBadArgument;
     int last = -1;
+    const VerbsMemory* last_memory = nullptr;
     for (int i = 0; i < n; ++i) {
       const VerbsMemory* m = sizes[i] > 0 && memory ? ep_->Find(memory[i], data[i], 1) : nullptr;
-      if (m && (m->device || Setup().flush_host_memory)) last = i;
+      if (m && (m->device || Setup().flush_host_memory)) {
+        last = i;
+        last_memory = m;
+      }
     }
     if (last < 0) return Status::kOk;  // host memory the CPU reads: nothing to flush
     FlushRequest* f = nullptr;
     for (auto& candidate : flushes_)
       if (!candidate.in_use) f = &candidate;
     if (f == nullptr) return Status::kAgain;
-    const auto* m = ep_->Find(memory[last], data[last], 1);
-    if (Status s = ep_->PostFlush(m, data[last], kFlushWrId | uint64_t(f - flushes_));
+    if (Status s = ep_->PostFlush(last_memory, data[last], kFlushWrId | uint64_t(f - flushes_));
         s != Status::kOk)
       return s;
     f->in_use = true;
@@ -421,7 +425,7 @@ class VerbsRecvComm final : public EndpointComm<msg::RecvComm> {
 
  private:
   Status Poll() noexcept {
-    if (ep_->error() != Status::kOk) return ep_->error();
+    if (ep_->error() != Status::kOk && !ep_->peer_gone()) return ep_->error();
     ibv_wc wc[kPollBatch];
     const int n = ibv_poll_cq(ep_->cq(), kPollBatch, wc);
     if (n < 0) return ep_->Fail(Status::kSystem, "cannot poll the completion queue");

@@ -219,10 +219,12 @@ Status Endpoint::CheckEvents() noexcept {
   while (channel_ && rdma_get_cm_event(channel_, &event) == 0) {
     const rdma_cm_event_type type = event->event;
     rdma_ack_cm_event(event);
-    if (type == RDMA_CM_EVENT_DISCONNECTED)
+    if (type == RDMA_CM_EVENT_DISCONNECTED) {
+      peer_gone_ = true;
       return Fail(Status::kRemote, receiver_
                                        ? "the sender closed its end (or died): disconnected"
                                        : "the receiver closed its end (or died): disconnected");
+    }
     if (type == RDMA_CM_EVENT_DEVICE_REMOVAL)
       return Fail(Status::kRemote, "the RDMA device was removed");
   }

@@ -90,6 +90,9 @@ class Endpoint {
   // Fails the comm for good: every request and later call says `status`.
   Status Fail(Status status, const char* what) noexcept;
   Status error() const noexcept { return error_; }
+  // The peer disconnected: no more will come, but what it completed before is still ours
+  // to take from the completion queue (a disconnect fails only what did not arrive).
+  bool peer_gone() const noexcept { return peer_gone_; }
 
   rdma_event_channel* channel() const noexcept { return channel_; }
   rdma_cm_id* id() const noexcept { return id_; }
@@ -129,6 +132,7 @@ class Endpoint {
   uint32_t send_depth_ = 0;
   bool connected_ = false;
   Status error_ = Status::kOk;
+  bool peer_gone_ = false;
   uint64_t next_event_check_ms_ = 0;
 };
 
