@@ -16,10 +16,10 @@
 
 #include "core/config.h"
 #include "core/log.h"
+#include "core/module_loader.h"
 #include "core/msg_comm.h"
 #include "gpudirect/gpudirect.h"
 #include "shm/msg.h"
-#include "verbs/loader.h"
 #include "verbs/msg.h"
 #include "verbs/options.h"
 
@@ -191,7 +191,8 @@ int LoadVerbs(State& s, LogLevel level) noexcept {
     return 0;
   }
   char why[256] = "";
-  void* module = verbs::OpenModule(reinterpret_cast<const void*>(&Init), why, sizeof(why));
+  void* module = OpenModuleBeside(reinterpret_cast<const void*>(&Init), "libslipstream-verbs.so",
+                                  why, sizeof(why));
   using Entry = int (*)(const verbs::MessageSetup*, msg::Transport**, int, char*, size_t);
   auto entry =
       module ? reinterpret_cast<Entry>(dlsym(module, "slip_verbs_message_transports")) : nullptr;

@@ -29,35 +29,6 @@ constexpr int kMaxPendingAccepts = 8;
 constexpr int kResolveTimeoutMs = 2000;
 constexpr uint64_t kAbandonedMs = 10000;
 
-bool SameBytes(const uint8_t* a, const uint8_t* b, size_t n) noexcept {
-  uint8_t diff = 0;  // in constant time: the secret is compared with what a stranger sent
-  for (size_t i = 0; i < n; ++i) diff |= uint8_t(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-void FillRandom(uint8_t* out, size_t n) noexcept {
-  for (size_t i = 0; i < n; i += 8) {
-    const uint64_t v = sys::RandomNonce();
-    std::memcpy(out + i, &v, n - i < 8 ? n - i : 8);
-  }
-}
-
-const char* AddressText(const sockaddr_storage& a, char* buf, size_t len) noexcept {
-  char host[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
-  if (a.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    port = ntohs(in->sin_port);
-  } else if (a.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    port = ntohs(in6->sin6_port);
-  }
-  snprintf(buf, len, "%s port %u", host, unsigned(port));
-  return buf;
-}
-
 // --- the listening side ---
 
 class VerbsListener final : public msg::Listener {
@@ -86,12 +57,12 @@ class VerbsListener final : public msg::Listener {
       reinterpret_cast<sockaddr_in*>(&h.address)->sin_port = port;
     else
       reinterpret_cast<sockaddr_in6*>(&h.address)->sin6_port = port;
-    FillRandom(h.secret, sizeof(h.secret));
+    msg::FillSecret(h.secret, sizeof(h.secret));
     std::memcpy(secret_, h.secret, sizeof(secret_));
     msgwire::EncodeHandle(h, handle);
     char text[96];
-    SLIP_LOG(kDebug, "verbs: NCCL listener on %s (%s)", AddressText(h.address, text, sizeof(text)),
-             device.info.name);
+    SLIP_LOG(kDebug, "verbs: NCCL listener on %s (%s)",
+             msg::AddressText(h.address, text, sizeof(text)), device.info.name);
     return Status::kOk;
   }
 
@@ -132,7 +103,7 @@ class VerbsListener final : public msg::Listener {
         msgwire::ParseConnectData(msgwire::kReqMagic,
                                   static_cast<const uint8_t*>(event->param.conn.private_data),
                                   event->param.conn.private_data_len, &req) &&
-        SameBytes(req.proof, secret_, kSecretHalf);
+        msg::SameSecret(req.proof, secret_, kSecretHalf);
     rdma_ack_cm_event(event);
     Pending* slot = nullptr;
     for (Pending& p : pending_)
@@ -229,7 +200,7 @@ std::map<ConnectKey, std::unique_ptr<Connecting>>* g_connecting = nullptr;
 Status Fail(const Connecting& c, Status status, const char* what) noexcept {
   char text[96];
   SLIP_LOG(kWarn, "verbs: NCCL connect to %s: %s",
-           AddressText(c.handle.address, text, sizeof(text)), what);
+           msg::AddressText(c.handle.address, text, sizeof(text)), what);
   return status;
 }
 
@@ -274,7 +245,7 @@ Status Step(Connecting* c, std::unique_ptr<msg::SendComm>* out) noexcept {
           msgwire::ParseConnectData(msgwire::kRepMagic,
                                     static_cast<const uint8_t*>(event->param.conn.private_data),
                                     event->param.conn.private_data_len, &rep) &&
-          SameBytes(rep.proof, c->handle.secret + kSecretHalf, kSecretHalf);
+          msg::SameSecret(rep.proof, c->handle.secret + kSecretHalf, kSecretHalf);
       rdma_ack_cm_event(event);
       if (!theirs)
         return Fail(*c, Status::kRemote, "the answer does not carry the handle's secret");
@@ -286,7 +257,7 @@ Status Step(Connecting* c, std::unique_ptr<msg::SendComm>* out) noexcept {
       ep->SetConnected();
       char text[96];
       SLIP_LOG(kDebug, "verbs: NCCL comm to %s: %d queue pair(s) from %u",
-               AddressText(c->handle.address, text, sizeof(text)), ep->queue_pairs(),
+               msg::AddressText(c->handle.address, text, sizeof(text)), ep->queue_pairs(),
                ep->qp()->qp_num);
       *out = MakeSendComm(std::move(c->ep), rep.area);
       return *out ? Status::kOk : Status::kSystem;

@@ -10,55 +10,11 @@
 namespace slip::verbs::msgwire {
 
 void EncodeHandle(const Handle& h, uint8_t out[msg::kHandleBytes]) noexcept {
-  ByteWriter w(out, msg::kHandleBytes);
-  w.U32(kHandleMagic);
-  w.U8(kVersion);
-  uint8_t addr[16] = {};
-  uint16_t port = 0;
-  if (h.address.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&h.address);
-    std::memcpy(addr, &in->sin_addr, 4);
-    port = ntohs(in->sin_port);
-    w.U8(4);
-  } else {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&h.address);
-    std::memcpy(addr, &in6->sin6_addr, 16);
-    port = ntohs(in6->sin6_port);
-    w.U8(6);
-  }
-  w.U16(port);
-  w.Bytes(addr, sizeof(addr));
-  w.Bytes(h.secret, kSecretBytes);
+  msg::EncodeAddressHandle(kHandleMagic, kVersion, h, out);
 }
 
 bool ParseHandle(const uint8_t* in, size_t len, Handle* out) noexcept {
-  ByteReader r(in, len);
-  if (r.U32() != kHandleMagic || r.U8() != kVersion) return false;
-  const uint8_t family = r.U8();
-  const uint16_t port = r.U16();
-  uint8_t addr[16];
-  r.Bytes(addr, sizeof(addr));
-  Handle h;
-  r.Bytes(h.secret, kSecretBytes);
-  if (!r.ok() || port == 0) return false;
-  if (family == 4) {
-    // An IPv4 handle's address bytes past the fourth are zero: nothing else parses.
-    for (int i = 4; i < 16; ++i)
-      if (addr[i] != 0) return false;
-    auto* sin = reinterpret_cast<sockaddr_in*>(&h.address);
-    sin->sin_family = AF_INET;
-    sin->sin_port = htons(port);
-    std::memcpy(&sin->sin_addr, addr, 4);
-  } else if (family == 6) {
-    auto* sin6 = reinterpret_cast<sockaddr_in6*>(&h.address);
-    sin6->sin6_family = AF_INET6;
-    sin6->sin6_port = htons(port);
-    std::memcpy(&sin6->sin6_addr, addr, 16);
-  } else {
-    return false;
-  }
-  *out = h;
-  return true;
+  return msg::ParseAddressHandle(kHandleMagic, kVersion, in, len, out);
 }
 
 size_t EncodeConnectData(uint32_t magic, const ConnectData& d, uint8_t* out, size_t cap) noexcept {

@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "core/msg_comm.h"
+#include "core/msg_handle.h"
 
 namespace slip::verbs::msgwire {
 
@@ -40,15 +41,11 @@ constexpr uint32_t kHandleMagic = 0x4d564c53;  // "SLVM"
 constexpr uint32_t kReqMagic = 0x51564c53;     // "SLVQ"
 constexpr uint32_t kRepMagic = 0x50564c53;     // "SLVP"
 constexpr uint8_t kVersion = 1;
-constexpr size_t kSecretBytes = 32;
-constexpr size_t kSecretHalf = kSecretBytes / 2;
+using msg::kSecretBytes;
+using msg::kSecretHalf;
 
-struct Handle {
-  sockaddr_storage address{};  // AF_INET or AF_INET6, with the port
-  uint8_t secret[kSecretBytes] = {};
-};
-constexpr size_t kHandleWireBytes = 4 + 1 + 1 + 2 + 16 + kSecretBytes;
-static_assert(kHandleWireBytes <= msg::kHandleBytes);
+using Handle = msg::AddressHandle;  // core/msg_handle.h
+constexpr size_t kHandleWireBytes = msg::kAddressHandleBytes;
 void EncodeHandle(const Handle& h, uint8_t out[msg::kHandleBytes]) noexcept;
 bool ParseHandle(const uint8_t* in, size_t len, Handle* out) noexcept;
 

@@ -17,11 +17,11 @@
 #include "core/anchor_path.h"
 #include "core/local_address.h"
 #include "core/log.h"
+#include "core/module_loader.h"
 #include "core/no_destructor.h"
 #include "core/proxy.h"
 #include "core/sys.h"
 #include "core/transport.h"
-#include "verbs/loader.h"
 #include "verbs/options.h"
 #include "verbs/verbs.h"
 
@@ -31,7 +31,8 @@ namespace {
 
 Module* Load(const Config* config, const Options* options) noexcept {
   char error[256] = "";
-  void* handle = OpenModule(reinterpret_cast<const void*>(&TheTransport), error, sizeof(error));
+  void* handle = OpenModuleBeside(reinterpret_cast<const void*>(&TheTransport),
+                                  "libslipstream-verbs.so", error, sizeof(error));
   if (!handle) {
     SLIP_LOG(kInfo, "verbs transport unavailable: %s", error);
     return nullptr;

@@ -1,31 +1,32 @@
-#include "verbs/loader.h"
+#include "core/module_loader.h"
 
 #include <dlfcn.h>
 
 #include <cstdio>
 #include <cstring>
 
-namespace slip::verbs {
+namespace slip {
 
-void* OpenModule(const void* anchor, char* error, unsigned long error_len) noexcept {
+void* OpenModuleBeside(const void* anchor, const char* library, char* error,
+                       unsigned long error_len) noexcept {
   Dl_info info{};
   if (dladdr(anchor, &info) == 0 || !info.dli_fname) {
     snprintf(error, error_len, "cannot tell where this library was loaded from");
     return nullptr;
   }
-  constexpr char kModule[] = "libslipstream-verbs.so";
   char path[4096];
   const char* slash = strrchr(info.dli_fname, '/');
   const size_t dir = slash ? size_t(slash - info.dli_fname + 1) : 0;
-  if (dir + sizeof(kModule) > sizeof(path)) {
+  const size_t name = strlen(library) + 1;
+  if (dir + name > sizeof(path)) {
     snprintf(error, error_len, "the library's path is too long");
     return nullptr;
   }
   std::memcpy(path, info.dli_fname, dir);
-  std::memcpy(path + dir, kModule, sizeof(kModule));
+  std::memcpy(path + dir, library, name);
   void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!handle) snprintf(error, error_len, "%s", dlerror());
   return handle;
 }
 
-}  // namespace slip::verbs
+}  // namespace slip

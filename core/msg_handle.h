@@ -1,0 +1,46 @@
+// The handle of a message listener that is reached at an IP address (verbs' rdma_cm
+// listener, fabric's connection listener): magic, version, the address and port, and a
+// 32-byte random secret. The sender proves that it read the handle with the secret's first
+// half; the listener proves that it made the handle with the second half (an address can be
+// listened on by anybody once its listener is gone). NCCL carries the handle between ranks.
+//
+//   offset  0  magic (u32)     4  version (u8)   5  family: 4 or 6 (u8)
+//           6  port (u16)      8  address (16 bytes; an IPv4 one in the first 4, zeros after)
+//          24  secret (32 bytes)                 56  zeros up to msg::kHandleBytes
+//
+// Little-endian (core/byte_codec.h). The parser reads bytes of another process: anything
+// out of range is rejected and leaves its output untouched.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/msg_comm.h"
+
+namespace slip::msg {
+
+constexpr size_t kSecretBytes = 32;
+constexpr size_t kSecretHalf = kSecretBytes / 2;
+
+struct AddressHandle {
+  sockaddr_storage address{};  // AF_INET or AF_INET6, with the port
+  uint8_t secret[kSecretBytes] = {};
+};
+constexpr size_t kAddressHandleBytes = 4 + 1 + 1 + 2 + 16 + kSecretBytes;
+static_assert(kAddressHandleBytes <= kHandleBytes);
+
+void EncodeAddressHandle(uint32_t magic, uint8_t version, const AddressHandle& h,
+                         uint8_t out[kHandleBytes]) noexcept;
+bool ParseAddressHandle(uint32_t magic, uint8_t version, const uint8_t* in, size_t len,
+                        AddressHandle* out) noexcept;
+
+// Compares secrets in time independent of where they differ.
+bool SameSecret(const uint8_t* a, const uint8_t* b, size_t n) noexcept;
+// `n` random bytes (getrandom).
+void FillSecret(uint8_t* out, size_t n) noexcept;
+// "192.0.2.1 port 5000", for log lines.
+const char* AddressText(const sockaddr_storage& a, char* buf, size_t len) noexcept;
+
+}  // namespace slip::msg
