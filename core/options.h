@@ -8,11 +8,14 @@
 // Nothing here allocates except to build that line and the settings' own strings.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace slip {
 
@@ -83,6 +86,31 @@ bool ParseTable(std::span<const Option<S>> table, EnvLookup lookup, void* ctx, S
     return false;
   }
   return true;
+}
+
+// A transport's whole read: ParseTable into fresh settings that replace *out only when
+// every value was good; no exception escapes (out of memory: false, *error empty).
+template <typename S, size_t N>
+bool ParseInto(const Option<S> (&table)[N], EnvLookup lookup, void* ctx, S* out,
+               std::string* error) noexcept {
+  if (lookup == nullptr || out == nullptr) return false;
+  try {
+    S parsed;
+    if (!ParseTable<S>(table, lookup, ctx, &parsed, error)) return false;
+    *out = std::move(parsed);
+    return true;
+  } catch (const std::bad_alloc&) {
+    if (error != nullptr) error->clear();
+    return false;
+  }
+}
+
+// The names of a table's variables (for the list of unknown SLIP_* variables).
+template <typename S, size_t N>
+constexpr std::array<const char*, N> NamesOf(const Option<S> (&table)[N]) {
+  std::array<const char*, N> names{};
+  for (size_t i = 0; i < N; ++i) names[i] = table[i].name;
+  return names;
 }
 
 }  // namespace options

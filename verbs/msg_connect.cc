@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "core/log.h"
+#include "core/msg_pending.h"
+#include "core/no_destructor.h"
 #include "core/sys.h"
 #include "verbs/msg_internal.h"
 #include "verbs/qp.h"
@@ -27,7 +29,6 @@ using msgwire::kSecretHalf;
 constexpr int kListenBacklog = 64;
 constexpr int kMaxPendingAccepts = 8;
 constexpr int kResolveTimeoutMs = 2000;
-constexpr uint64_t kAbandonedMs = 10000;
 
 // --- the listening side ---
 
@@ -192,10 +193,11 @@ struct Connecting {
   Handle handle;
   uint64_t deadline_ms = 0;
 };
-using ConnectKey = std::array<uint8_t, msgwire::kSecretBytes>;
 
-std::mutex g_connecting_mu;
-std::map<ConnectKey, std::unique_ptr<Connecting>>* g_connecting = nullptr;
+msg::PendingConnects<Connecting>& Connects() noexcept {
+  static NoDestructor<msg::PendingConnects<Connecting>> connects;  // (connects during exit)
+  return *connects;
+}
 
 Status Fail(const Connecting& c, Status status, const char* what) noexcept {
   char text[96];
@@ -309,52 +311,8 @@ class VerbsTransport final : public msg::Transport {
       SLIP_LOG(kWarn, "verbs: NCCL connect: the handle is not a verbs listener's");
       return Status::kBadArgument;
     }
-    ConnectKey key;
-    std::memcpy(key.data(), h.secret, key.size());
-    std::unique_ptr<Connecting> c;
-    std::vector<std::unique_ptr<Connecting>> abandoned;  // go when we return, unlocked
-    {
-      std::lock_guard lock(g_connecting_mu);
-      if (g_connecting) {
-        auto it = g_connecting->find(key);
-        if (it != g_connecting->end()) {
-          c = std::move(it->second);
-          g_connecting->erase(it);
-        }
-        // Connects NCCL stopped calling (an aborted communicator) go once well past their
-        // deadline, rather than hold their queue pairs for the process's life.
-        const uint64_t now = sys::MonotonicMs();
-        for (auto at = g_connecting->begin(); at != g_connecting->end();) {
-          if (now > at->second->deadline_ms + kAbandonedMs) {
-            try {
-              abandoned.push_back(std::move(at->second));
-            } catch (...) {
-            }
-            at = g_connecting->erase(at);
-          } else {
-            ++at;
-          }
-        }
-      }
-    }
-    Status st;
-    if (!c) {
-      c.reset(new (std::nothrow) Connecting());
-      if (!c) return Status::kSystem;
-      c->handle = h;
-      st = Begin(c.get());
-    } else {
-      st = Step(c.get(), out);
-    }
-    if (st != Status::kAgain) return st;  // done or failed: c and its endpoint go
-    std::lock_guard lock(g_connecting_mu);
-    try {
-      if (!g_connecting) g_connecting = new std::map<ConnectKey, std::unique_ptr<Connecting>>();
-      g_connecting->emplace(key, std::move(c));
-    } catch (...) {
-      return Status::kSystem;
-    }
-    return Status::kAgain;
+    return Connects().Advance(
+        h, [](Connecting* c) { return Begin(c); }, [out](Connecting* c) { return Step(c, out); });
   }
 
  private:

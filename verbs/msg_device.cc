@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "core/msg_module.h"
 #include "verbs/msg_internal.h"
 
 namespace slip::verbs::msgimpl {
@@ -158,13 +159,8 @@ void FillInfo(ibv_context* context, const ibv_port_attr& port, msg::DeviceInfo* 
   info->peer_memory = PeerMemoryClient();
 }
 
-struct Found {
-  std::vector<std::unique_ptr<msg::Transport>> transports;
-  std::string why;
-};
-
-Found Enumerate() {
-  Found found;
+msg::Found Enumerate() {
+  msg::Found found;
   int n = 0;
   ibv_context** contexts = rdma_get_devices(&n);
   if (!contexts || n == 0) {
@@ -226,30 +222,7 @@ extern "C" __attribute__((visibility("default"))) int slip_verbs_message_transpo
     const slip::verbs::MessageSetup* setup, slip::msg::Transport** out, int max, char* error,
     size_t error_len) {
   using namespace slip::verbs::msgimpl;
-  static std::mutex mu;
-  static Found* found = nullptr;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!found) {
-    if (!setup || setup->abi != slip::verbs::MessageSetup::kAbi || !setup->options) {
-      snprintf(error, error_len, "libslipstream-verbs.so is of another build");
-      return -1;
-    }
-    g_setup = *setup;
-    slip::LogInit(setup->log_level, nullptr);
-    if (setup->log_sink) slip::LogSetSink(setup->log_sink);
-    try {
-      found = new Found(Enumerate());
-    } catch (...) {
-      snprintf(error, error_len, "out of memory");
-      return -1;
-    }
-  }
-  if (found->transports.empty()) {
-    snprintf(error, error_len, "%s", found->why.c_str());
-    return -1;
-  }
-  int n = 0;
-  for (auto& t : found->transports)
-    if (n < max) out[n++] = t.get();
-  return n;
+  return slip::msg::ServeTransports(
+      setup, &g_setup, "libslipstream-verbs.so", [] { return new slip::msg::Found(Enumerate()); },
+      out, max, error, error_len);
 }

@@ -1,9 +1,5 @@
 #include "verbs/options.h"
 
-#include <array>
-#include <new>
-#include <utility>
-
 namespace slip::verbs {
 
 namespace {
@@ -56,25 +52,12 @@ constexpr options::Option<Options> kOptions[] = {
      }},
 };
 
-constexpr auto kNames = [] {
-  std::array<const char*, std::size(kOptions)> names{};
-  for (size_t i = 0; i < names.size(); ++i) names[i] = kOptions[i].name;
-  return names;
-}();
+constexpr auto kNames = options::NamesOf(kOptions);
 
 }  // namespace
 
 bool ParseOptions(EnvLookup lookup, void* ctx, Options* out, std::string* error) noexcept {
-  if (lookup == nullptr || out == nullptr) return false;
-  try {
-    Options parsed;
-    if (!options::ParseTable<Options>(kOptions, lookup, ctx, &parsed, error)) return false;
-    *out = std::move(parsed);
-    return true;
-  } catch (const std::bad_alloc&) {
-    if (error != nullptr) error->clear();
-    return false;
-  }
+  return options::ParseInto(kOptions, lookup, ctx, out, error);
 }
 
 std::span<const char* const> OptionNames() noexcept {

@@ -1,0 +1,61 @@
+// The entry point of a transport module's message face (verbs/msg.h, fabric/msg.h), the
+// same for each: the first call checks that the face was built with this module, keeps the
+// face's setup, starts the module's logging and finds the devices, once; every call then
+// returns the same transports (they live as long as the process), or -1 with the reason.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/log.h"
+#include "core/msg_comm.h"
+
+namespace slip::msg {
+
+// What a module found: its transports, or why there are none. (Never destroyed: a module
+// may derive from it to keep what its transports use.)
+struct Found {
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::string why;
+};
+
+// `Setup` has `abi`, `kAbi`, `options`, `log_level` and `log_sink`; `find` returns a new
+// Found (or one derived from it, holding what the transports use).
+template <typename Setup, typename Find>
+int ServeTransports(const Setup* setup, Setup* keep, const char* library, Find find,
+                    Transport** out, int max, char* error, size_t error_len) noexcept {
+  static std::mutex mu;
+  static Found* found = nullptr;  // never freed: comms may be used while the process exits
+  std::lock_guard<std::mutex> lock(mu);
+  if (!found) {
+    if (!setup || setup->abi != Setup::kAbi || !setup->options) {
+      snprintf(error, error_len, "%s is of another build", library);
+      return -1;
+    }
+    *keep = *setup;
+    LogInit(setup->log_level, nullptr);
+    if (setup->log_sink) LogSetSink(setup->log_sink);
+    try {
+      found = find();
+    } catch (...) {
+      found = nullptr;
+    }
+    if (!found) {
+      snprintf(error, error_len, "out of memory");
+      return -1;
+    }
+  }
+  if (found->transports.empty()) {
+    snprintf(error, error_len, "%s", found->why.c_str());
+    return -1;
+  }
+  int n = 0;
+  for (auto& t : found->transports)
+    if (n < max) out[n++] = t.get();
+  return n;
+}
+
+}  // namespace slip::msg
