@@ -10,6 +10,7 @@
 #   make bench-short    short connections: churn, pgbench -C, tcp_crr, against TCP
 #   make bench-nccl     the NCCL plugin's message path against kernel TCP on loopback
 #   make bench-nccl-rdma  the plugin over verbs against perftest, in the Soft-RoCE guest
+#   make bench-fabric   the plugin over libfabric's tcp and shm providers on this host
 #   make demo     install, build, and show the side-by-side comparison
 #   make install  the tools and libraries under PREFIX (default /usr/local): bin/, lib/
 BUILD ?= build
@@ -19,7 +20,7 @@ JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
 
 .PHONY: all deps build test test-long test-asan test-tsan test-sanitize-suite test-workloads bench \
-        bench-servers bench-pods bench-short bench-nccl bench-nccl-rdma bench-rdma demo install clean format
+        bench-servers bench-pods bench-short bench-nccl bench-nccl-rdma bench-fabric bench-rdma demo install clean format
 
 all: build
 
@@ -41,6 +42,11 @@ test-asan:
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIP_SANITIZE=ON >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target slip_unit_tests
 	@ASAN_OPTIONS=detect_leaks=1 $(ASAN_BUILD)/bin/slip_unit_tests --gtest_brief=1
+	@# The NCCL harness over libfabric's tcp provider too (the module, when built).
+	@if [ -e $(ASAN_BUILD)/lib/libslipstream-fabric.so ]; then \
+	  SLIP_NCCL_TEST_TRANSPORT=fabric SLIP_TRANSPORTS=fabric SLIP_FABRIC_PROVIDER=tcp \
+	  ASAN_OPTIONS=detect_leaks=1 $(ASAN_BUILD)/bin/slip_unit_tests --gtest_brief=1 \
+	    --gtest_filter='NcclPlugin.*:NcclPluginChild.*'; fi
 
 # And under ThreadSanitizer: the rings, proxies and fd table are shared between threads.
 test-tsan:
@@ -128,6 +134,19 @@ bench-short: build
 # (tests/bench/nccl_bench.cc; about a minute). A GPU run is tests/gpu/run.sh.
 bench-nccl: build
 	@$(BUILD)/bin/slip-nccl-bench $(BUILD)/lib/libnccl-net-slipstream.so 2
+
+# The plugin over libfabric on this host, in one run: over the tcp provider (RDM through
+# ofi_rxm) against kernel TCP, over the shm provider against the plugin over Slipstream's
+# own shm (each table has its TCP baseline of the same moment).
+bench-fabric: build
+	@echo "== the plugin over Slipstream's shm"
+	@$(BUILD)/bin/slip-nccl-bench $(BUILD)/lib/libnccl-net-slipstream.so 2
+	@echo "== the plugin over libfabric, provider tcp (tcp;ofi_rxm)"
+	@SLIP_TRANSPORTS=fabric SLIP_FABRIC_PROVIDER=tcp \
+	  $(BUILD)/bin/slip-nccl-bench $(BUILD)/lib/libnccl-net-slipstream.so 2
+	@echo "== the plugin over libfabric, provider shm"
+	@SLIP_TRANSPORTS=fabric SLIP_FABRIC_PROVIDER=shm \
+	  $(BUILD)/bin/slip-nccl-bench $(BUILD)/lib/libnccl-net-slipstream.so 2
 
 # The plugin over verbs against perftest on one rxe link (tests/vm/bench-nccl.sh).
 bench-nccl-rdma: build

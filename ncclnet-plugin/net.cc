@@ -18,6 +18,8 @@
 #include "core/log.h"
 #include "core/module_loader.h"
 #include "core/msg_comm.h"
+#include "fabric/msg.h"
+#include "fabric/options.h"
 #include "gpudirect/gpudirect.h"
 #include "shm/msg.h"
 #include "verbs/msg.h"
@@ -178,41 +180,58 @@ bool ReadFaceVariables() noexcept {
   return true;
 }
 
-verbs::Options g_verbs_options;  // the module keeps a pointer to it
+verbs::Options g_verbs_options;  // the modules keep pointers to them
+fabric::Options g_fabric_options;
 
-// The verbs module's devices, into s.physical: 0 when verbs is not allowed, not built, or
-// finds no usable device (said once).
-int LoadVerbs(State& s, LogLevel level) noexcept {
-  if (!s.config.Allows(TransportKind::kVerbs)) return 0;
+// A transport module's devices, into s.physical: its options read (`parse`), the module
+// loaded from beside the plugin, its entry point `symbol` given `setup` (whose `options`
+// points at `options`). 0 when the transport is not allowed, not built, or finds no
+// usable device (said once).
+template <typename Options, typename Setup>
+int LoadModule(State& s, TransportKind kind, const char* library, const char* symbol,
+               bool (*parse)(EnvLookup, void*, Options*, std::string*), Options* options,
+               Setup setup, LogLevel level) noexcept {
+  const char* name = TransportName(kind);
+  if (!s.config.Allows(kind)) return 0;
   std::string error;
-  auto lookup = [](const char* name, void*) -> const char* { return getenv(name); };
-  if (!verbs::ParseOptions(lookup, nullptr, &g_verbs_options, &error)) {
-    SLIP_LOG(kError, "%s: no verbs devices", error.c_str());
+  auto lookup = [](const char* var, void*) -> const char* { return getenv(var); };
+  if (!parse(lookup, nullptr, options, &error)) {
+    SLIP_LOG(kError, "%s: no %s devices", error.c_str(), name);
     return 0;
   }
   char why[256] = "";
-  void* module = OpenModuleBeside(reinterpret_cast<const void*>(&Init), "libslipstream-verbs.so",
-                                  why, sizeof(why));
-  using Entry = int (*)(const verbs::MessageSetup*, msg::Transport**, int, char*, size_t);
-  auto entry =
-      module ? reinterpret_cast<Entry>(dlsym(module, "slip_verbs_message_transports")) : nullptr;
-  if (module && !entry) snprintf(why, sizeof(why), "the verbs module has no message face");
+  void* module = OpenModuleBeside(reinterpret_cast<const void*>(&Init), library, why, sizeof(why));
+  using Entry = int (*)(const Setup*, msg::Transport**, int, char*, size_t);
+  auto entry = module ? reinterpret_cast<Entry>(dlsym(module, symbol)) : nullptr;
+  if (module && !entry) snprintf(why, sizeof(why), "the %s module has no message face", name);
   int n = 0;
   if (entry) {
-    verbs::MessageSetup setup;
-    setup.options = &g_verbs_options;
+    setup.options = options;
     setup.log_level = level;
     setup.log_sink = g_logger.load(std::memory_order_relaxed) ? SinkToNccl : nullptr;
     setup.connect_timeout_ms = kConnectTimeoutMs;
-    setup.flush_host_memory = g_flush_host;
-    setup.queue_pairs = g_queue_pairs;
     n = entry(&setup, s.physical, kMaxPhysicalDevices, why, sizeof(why));
   }
   if (n <= 0) {
-    SLIP_LOG(kInfo, "no verbs devices: %s", why);
+    SLIP_LOG(kInfo, "no %s devices: %s", name, why);
     return 0;
   }
   return n;
+}
+
+int LoadVerbs(State& s, LogLevel level) noexcept {
+  verbs::MessageSetup setup;
+  setup.flush_host_memory = g_flush_host;
+  setup.queue_pairs = g_queue_pairs;
+  return LoadModule(s, TransportKind::kVerbs, "libslipstream-verbs.so",
+                    "slip_verbs_message_transports", verbs::ParseOptions, &g_verbs_options, setup,
+                    level);
+}
+
+int LoadFabric(State& s, LogLevel level) noexcept {
+  return LoadModule(s, TransportKind::kFabric, "libslipstream-fabric.so",
+                    "slip_fabric_message_transports", fabric::ParseOptions, &g_fabric_options,
+                    fabric::MessageSetup{}, level);
 }
 
 bool Track(const FaceComm* comm) noexcept {
@@ -281,11 +300,16 @@ ncclResult_t Init(ncclDebugLogger_t logger) noexcept {
   // shm cannot carry. Without one, shm: ranks of one host made to look like several
   // (containers, NCCL_HOSTID), and every machine can run the plugin.
   if (!ReadFaceVariables()) return ncclInvalidArgument;
-  s.physical_count = LoadVerbs(s, level);
+  // The network transports in the user's order (SLIP_TRANSPORTS): the first with devices.
+  for (TransportKind kind : s.config.transports) {
+    if (kind == TransportKind::kVerbs) s.physical_count = LoadVerbs(s, level);
+    if (kind == TransportKind::kFabric) s.physical_count = LoadFabric(s, level);
+    if (s.physical_count > 0) break;
+  }
   if (s.physical_count == 0) {
     if (!s.config.Allows(TransportKind::kShm)) {
       SLIP_LOG(kWarn,
-               "no verbs devices and SLIP_TRANSPORTS without shm: the plugin offers no "
+               "no verbs or fabric devices and SLIP_TRANSPORTS without shm: the plugin offers no "
                "network");
       return ncclInternalError;
     }

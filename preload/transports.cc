@@ -1,6 +1,7 @@
 #include "preload/transports.h"
 
 #include "core/no_destructor.h"
+#include "fabric/options.h"
 #include "shm/shm.h"
 #include "verbs/transport.h"
 
@@ -38,6 +39,9 @@ std::vector<const char*> TransportOptionNames() {
   for (size_t i = 0; i < r.known_size(); ++i) {
     for (const char* name : r.known(i)->OptionNames()) names.push_back(name);
   }
+  // fabric's, read by the NCCL plugin (the shim's fabric streams are not built yet): a job
+  // that sets them for both faces is not told they are unknown.
+  for (const char* name : fabric::OptionNames()) names.push_back(name);
   return names;
 }
 

@@ -5,7 +5,7 @@ set -eu
 
 PACKAGES="build-essential cmake ninja-build pkg-config libgtest-dev clang libclang-rt-14-dev \
 python3 iperf3 sockperf socat iproute2 procps libibverbs-dev librdmacm-dev rdma-core \
-ibverbs-providers"
+ibverbs-providers libfabric-dev libfabric-bin"
 # `install-deps.sh workloads`: the training stacks of tests/workloads as well.
 if [ "${1:-}" = "workloads" ]; then
   PACKAGES="$PACKAGES python3-grpcio python3-torch openmpi-bin python3-mpi4py nginx"

@@ -95,7 +95,8 @@ done
 # 3. The NCCL plugin's harness (tests/unit/nccl_plugin_test.cc) over verbs: the plugin
 #    offers rxe0, and every comm is an RC queue pair through it (about 15 s); flushes
 #    of host memory forced (SLIP_NCCL_FLUSH=1), so that the GPUDirect flush's READ runs;
-#    then again with three queue pairs per comm (SLIP_NCCL_QPS=3), and under ASan.
+#    then again with three queue pairs per comm (SLIP_NCCL_QPS=3), under ASan, and over
+#    libfabric's verbs provider.
 if [ "${SLIP_VERBS_NCCL-1}" = 1 ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
   run "verbs.nccl_plugin" env SLIP_NCCL_TEST_TRANSPORT=verbs SLIP_NCCL_FLUSH=1 \
     "$BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
@@ -112,6 +113,16 @@ if [ "${SLIP_VERBS_NCCL-1}" = 1 ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
       SLIP_NCCL_FLUSH=1 SLIP_NCCL_QPS=2 "$ASAN_BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
   else
     echo "SKIP verbs.nccl_plugin_asan: no ASan build with the verbs module at $ASAN_BUILD"
+  fi
+  # Over libfabric's verbs provider (RDM through ofi_rxm) on the same rxe0: the fabric
+  # module's comms. FI_UNIVERSE_SIZE=64: ofi_rxm sizes its verbs completion queues for its
+  # default universe of 256 peers, past rxe's 32767 entries (fi_enable fails otherwise).
+  if [ -e "$BUILD/lib/libslipstream-fabric.so" ]; then
+    run "verbs.nccl_plugin_fabric" env SLIP_NCCL_TEST_TRANSPORT=fabric SLIP_TRANSPORTS=fabric \
+      SLIP_FABRIC_PROVIDER=verbs FI_UNIVERSE_SIZE=64 "$BUILD/bin/slip_unit_tests" \
+      --gtest_filter='NcclPlugin*'
+  else
+    echo "SKIP verbs.nccl_plugin_fabric: no fabric module at $BUILD (libfabric-dev missing)"
   fi
 fi
 

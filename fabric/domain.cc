@@ -1,0 +1,217 @@
+#include "fabric/domain.h"
+
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace slip::fabric {
+
+namespace {
+
+bool IsLoopback(const sockaddr* a) noexcept {
+  if (a->sa_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->sa_family == AF_INET6)
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
+  return false;
+}
+
+// The domain's source address when the provider is addressed by IP, else null.
+const sockaddr* IpSource(const fi_info& info) noexcept {
+  if (!info.src_addr) return nullptr;
+  if (info.addr_format == FI_SOCKADDR_IN && info.src_addrlen >= sizeof(sockaddr_in))
+    return static_cast<const sockaddr*>(info.src_addr);
+  if (info.addr_format == FI_SOCKADDR_IN6 && info.src_addrlen >= sizeof(sockaddr_in6))
+    return static_cast<const sockaddr*>(info.src_addr);
+  return nullptr;
+}
+
+InfoPtr Query(const std::string& provider, bool directed, bool delivery, std::string* why) {
+  InfoPtr hints(fi_allocinfo());
+  if (!hints) {
+    *why = "out of memory";
+    return nullptr;
+  }
+  hints->caps = FI_TAGGED | (directed ? FI_DIRECTED_RECV : 0);
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;  // every operation carries a fi_context2 of ours
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  hints->tx_attr->msg_order = FI_ORDER_SAS;
+  if (delivery) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+  hints->rx_attr->msg_order = FI_ORDER_SAS;
+  if (!provider.empty()) hints->fabric_attr->prov_name = strdup(provider.c_str());
+  fi_info* found = nullptr;
+  const int rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &found);
+  if (rc != 0) {
+    *why = FabricError("fi_getinfo", rc);
+    return nullptr;
+  }
+  return InfoPtr(found);
+}
+
+}  // namespace
+
+std::string FabricError(const char* call, int rc) {
+  char line[160];
+  snprintf(line, sizeof(line), "%s: %s (%d)", call, fi_strerror(rc < 0 ? -rc : rc), rc);
+  return line;
+}
+
+std::vector<InfoPtr> FindDomains(const std::string& provider, std::string* why) {
+  std::vector<InfoPtr> out;
+  // Directed receives where a provider has them (a stranger's message then matches no
+  // receive of ours), and sends that complete once delivered (a sender that closes its comm
+  // after its last completion loses nothing, as over verbs' RC); without where none has.
+  // shm's completions mean delivery already (the bytes are in the receiver's region, or
+  // read from ours by the receiver), and 1.17's shm never completes a send above its inject
+  // size under FI_DELIVERY_COMPLETE (seen here): it is not asked of shm.
+  InfoPtr list;
+  for (int want = 3; want >= 0 && !list; --want) {
+    const bool directed = (want & 2) != 0, delivery = (want & 1) != 0;
+    list = Query(provider, directed, delivery, why);
+    if (list && delivery && strcmp(list->fabric_attr->prov_name, "shm") == 0)
+      list = Query(provider, directed, /*delivery=*/false, why);
+  }
+  if (!list) {
+    if (!provider.empty()) *why = "provider " + provider + ": " + *why;
+    return out;
+  }
+  // The best match's provider, one entry per domain (a domain is listed once per address
+  // family), loopback interfaces only when there is nothing else.
+  const std::string chosen = list->fabric_attr->prov_name;
+  bool other_than_loopback = false;
+  for (const fi_info* i = list.get(); i; i = i->next) {
+    const sockaddr* ip = IpSource(*i);
+    if (chosen == i->fabric_attr->prov_name && !(ip && IsLoopback(ip))) other_than_loopback = true;
+  }
+  for (const fi_info* i = list.get(); i; i = i->next) {
+    if (chosen != i->fabric_attr->prov_name) continue;
+    const sockaddr* ip = IpSource(*i);
+    if (other_than_loopback && ip && IsLoopback(ip)) continue;
+    bool seen = false;
+    for (const InfoPtr& d : out)
+      seen = seen || strcmp(d->domain_attr->name, i->domain_attr->name) == 0;
+    if (seen) continue;
+    InfoPtr one(fi_dupinfo(i));
+    if (!one) {
+      *why = "out of memory";
+      return {};
+    }
+    if (one->next) {
+      fi_freeinfo(one->next);
+      one->next = nullptr;
+    }
+    out.push_back(std::move(one));
+  }
+  return out;
+}
+
+std::unique_ptr<Domain> Domain::Open(InfoPtr info, std::string* why) {
+  std::unique_ptr<Domain> d(new (std::nothrow) Domain);
+  if (!d) {
+    *why = "out of memory";
+    return nullptr;
+  }
+  d->info_ = std::move(info);
+  fid_fabric* fabric = nullptr;
+  int rc = fi_fabric(d->info_->fabric_attr, &fabric, nullptr);
+  if (rc != 0) {
+    *why = FabricError("fi_fabric", rc);
+    return nullptr;
+  }
+  d->fabric_.reset(fabric);
+  fid_domain* domain = nullptr;
+  rc = fi_domain(fabric, d->info_.get(), &domain, nullptr);
+  if (rc != 0) {
+    *why = FabricError("fi_domain", rc);
+    return nullptr;
+  }
+  d->domain_.reset(domain);
+  // The side channel's address.
+  if (const sockaddr* ip = IpSource(*d->info_)) {
+    std::memcpy(&d->ip_address_, ip,
+                ip->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  } else if (strcmp(d->provider(), "shm") == 0) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&d->ip_address_);
+    in->sin_family = AF_INET;
+    in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  } else {
+    ifaddrs* list = nullptr;
+    if (getifaddrs(&list) == 0) {
+      for (const ifaddrs* a = list; a; a = a->ifa_next) {
+        if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || IsLoopback(a->ifa_addr)) continue;
+        std::memcpy(&d->ip_address_, a->ifa_addr, sizeof(sockaddr_in));
+        break;
+      }
+      freeifaddrs(list);
+    }
+    if (d->ip_address_.ss_family == 0) {
+      *why = "no IP address for the domain's connection listener";
+      return nullptr;
+    }
+  }
+  reinterpret_cast<sockaddr_in*>(&d->ip_address_)->sin_port = 0;  // (same place in sockaddr_in6)
+  return d;
+}
+
+bool Endpoint::Open(const Domain& domain, size_t cq_entries, std::string* why) {
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  av_attr.count = 4;
+  fid_av* av = nullptr;
+  int rc = fi_av_open(domain.domain(), &av_attr, &av, nullptr);
+  if (rc != 0) {
+    *why = FabricError("fi_av_open", rc);
+    return false;
+  }
+  av_.reset(av);
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_TAGGED;
+  cq_attr.wait_obj = FI_WAIT_NONE;
+  cq_attr.size = cq_entries;
+  fid_cq* cq = nullptr;
+  rc = fi_cq_open(domain.domain(), &cq_attr, &cq, nullptr);
+  if (rc != 0) {
+    *why = FabricError("fi_cq_open", rc);
+    return false;
+  }
+  cq_.reset(cq);
+  fid_ep* ep = nullptr;
+  rc = fi_endpoint(domain.domain(), const_cast<fi_info*>(&domain.info()), &ep, nullptr);
+  if (rc != 0) {
+    *why = FabricError("fi_endpoint", rc);
+    return false;
+  }
+  ep_.reset(ep);
+  if ((rc = fi_ep_bind(ep, &av->fid, 0)) != 0 ||
+      (rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0) {
+    *why = FabricError("fi_ep_bind", rc);
+    return false;
+  }
+  if ((rc = fi_enable(ep)) != 0) {
+    *why = FabricError("fi_enable", rc);
+    return false;
+  }
+  return true;
+}
+
+bool Endpoint::Name(uint8_t* out, size_t* len) const noexcept {
+  return ep_ && fi_getname(&ep_->fid, out, len) == 0;
+}
+
+bool Endpoint::Insert(const uint8_t* address, size_t len, fi_addr_t* out) noexcept {
+  (void)len;  // the provider knows its addresses' length; the wire bounded it
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  if (!av_ || fi_av_insert(av_.get(), address, 1, &addr, 0, nullptr) != 1 ||
+      addr == FI_ADDR_NOTAVAIL)
+    return false;
+  *out = addr;
+  return true;
+}
+
+}  // namespace slip::fabric

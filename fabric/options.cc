@@ -1,0 +1,40 @@
+#include "fabric/options.h"
+
+namespace slip::fabric {
+
+namespace {
+
+// A provider name: what fi_info prints, letters, digits, '_', '-' and the ';' that joins a
+// utility provider to its core provider; nothing a log line or a path could trip on.
+bool IsProviderName(std::string_view v) noexcept {
+  if (v.empty() || v.size() > 63) return false;
+  for (char c : v) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == ';';
+    if (!ok) return false;
+  }
+  return v.front() != ';' && v.back() != ';';
+}
+
+constexpr options::Option<Options> kOptions[] = {
+    {"SLIP_FABRIC_PROVIDER", "expected a libfabric provider name (e.g. tcp;ofi_rxm, shm, efa)",
+     [](std::string_view v, Options* o, std::string*) {
+       if (!IsProviderName(v)) return false;
+       o->provider = v;
+       return true;
+     }},
+};
+
+constexpr auto kNames = options::NamesOf(kOptions);
+
+}  // namespace
+
+bool ParseOptions(EnvLookup lookup, void* ctx, Options* out, std::string* error) noexcept {
+  return options::ParseInto(kOptions, lookup, ctx, out, error);
+}
+
+std::span<const char* const> OptionNames() noexcept {
+  return kNames;
+}
+
+}  // namespace slip::fabric

@@ -1,0 +1,29 @@
+// The fabric transport's options: SLIP_FABRIC_PROVIDER.
+//
+// Read with core's grammar (core/options.h) by whoever starts the transport (a face, at
+// start-up), and handed to the module (fabric/msg.h). Built into a small library of its
+// own (slipfabricopts), so that a face reads them without libfabric.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "core/options.h"
+
+namespace slip::fabric {
+
+struct Options {
+  // SLIP_FABRIC_PROVIDER: a libfabric provider name as fi_info prints it ("tcp;ofi_rxm",
+  // "shm", "verbs;ofi_rxm", "efa"); a core provider alone ("tcp", "verbs") is taken with
+  // the utility provider libfabric layers over it. Empty (the default): fi_getinfo's best
+  // match among those that have what the transport needs.
+  std::string provider;
+};
+
+// Reads the variables above (the unset ones keep their defaults). False on a bad value,
+// with *error (when non-null) one line naming it; *out is then untouched.
+bool ParseOptions(EnvLookup lookup, void* ctx, Options* out, std::string* error) noexcept;
+// The variables' names (for the list of unknown SLIP_* variables).
+std::span<const char* const> OptionNames() noexcept;
+
+}  // namespace slip::fabric
