@@ -1,0 +1,52 @@
+// Unit tests for fabric/options: the fabric transport's SLIP_* variables.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "fabric/options.h"
+#include "tests/unit/fake_env.h"
+
+namespace slip::fabric {
+namespace {
+
+using testing_env::Env;
+using testing_env::Lookup;
+
+TEST(FabricOptions, DefaultIsTheBestMatch) {
+  Env env;
+  Options o;
+  ASSERT_TRUE(ParseOptions(Lookup, &env, &o, nullptr));
+  EXPECT_TRUE(o.provider.empty());
+}
+
+TEST(FabricOptions, ProviderNamesAsFiInfoPrintsThem) {
+  for (const char* name : {"tcp", "shm", "efa", "verbs;ofi_rxm", "tcp;ofi_rxm", "udp;ofi_rxd"}) {
+    Env env{{"SLIP_FABRIC_PROVIDER", name}};
+    Options o;
+    std::string error;
+    ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << name << ": " << error;
+    EXPECT_EQ(o.provider, name);
+  }
+}
+
+// A bad value fails on one line naming it, and leaves the output untouched.
+TEST(FabricOptions, BadProviderNames) {
+  for (const std::string& bad :
+       {std::string(""), std::string(";tcp"), std::string("tcp;"), std::string("tcp ofi_rxm"),
+        std::string("shm\n"), std::string("../x"), std::string(64, 'a')}) {
+    Env env{{"SLIP_FABRIC_PROVIDER", bad}};
+    Options o;
+    o.provider = "sentinel";
+    std::string error;
+    EXPECT_FALSE(ParseOptions(Lookup, &env, &o, &error)) << bad;
+    EXPECT_EQ(error.rfind("SLIP_FABRIC_PROVIDER=\"", 0), 0u) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+    EXPECT_EQ(o.provider, "sentinel");
+  }
+  const auto names = OptionNames();
+  ASSERT_EQ(names.size(), 1u);
+  EXPECT_STREQ(names[0], "SLIP_FABRIC_PROVIDER");
+}
+
+}  // namespace
+}  // namespace slip::fabric
