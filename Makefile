@@ -135,9 +135,10 @@ bench-short: build
 bench-nccl: build
 	@$(BUILD)/bin/slip-nccl-bench $(BUILD)/lib/libnccl-net-slipstream.so 2
 
-# The plugin over libfabric on this host, in one run: over the tcp provider (RDM through
+# The plugin over libfabric, in one run: on this host over the tcp provider (RDM through
 # ofi_rxm) against kernel TCP, over the shm provider against the plugin over Slipstream's
-# own shm (each table has its TCP baseline of the same moment).
+# own shm (each table has its TCP baseline of the same moment); then in the Soft-RoCE
+# guest over the verbs provider against the plugin over verbs and perftest (about 9 min).
 bench-fabric: build
 	@echo "== the plugin over Slipstream's shm"
 	@$(BUILD)/bin/slip-nccl-bench $(BUILD)/lib/libnccl-net-slipstream.so 2
@@ -147,6 +148,8 @@ bench-fabric: build
 	@echo "== the plugin over libfabric, provider shm"
 	@SLIP_TRANSPORTS=fabric SLIP_FABRIC_PROVIDER=shm \
 	  $(BUILD)/bin/slip-nccl-bench $(BUILD)/lib/libnccl-net-slipstream.so 2
+	@echo "== in the Soft-RoCE guest: perftest, the plugin over verbs, over libfabric's verbs"
+	@SLIP_BENCH_NCCL_FABRIC=1 tests/vm/bench-nccl.sh $(BUILD)
 
 # The plugin over verbs against perftest on one rxe link (tests/vm/bench-nccl.sh).
 bench-nccl-rdma: build
