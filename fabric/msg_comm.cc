@@ -160,7 +160,6 @@ Status Link::Register(const msg::Region& region, msg::Memory** out) noexcept {
   }
   m->mr.reset(mr);
   m->desc = mr ? fi_mr_desc(mr) : nullptr;
-  m->owner = this;
   m->begin = uintptr_t(region.data);
   m->end = m->begin + region.size;
   memory_.push_back(m.get());
@@ -302,14 +301,23 @@ Status FabricRequest::Test(bool* done, size_t out_sizes[msg::kMaxGroup], int* co
 
 namespace {
 
-class FabricSendComm final : public msg::SendComm {
+// Either end of a comm: its link, which holds the registrations.
+template <typename End>
+class OnLink : public End {
  public:
-  explicit FabricSendComm(std::unique_ptr<Link> comm) noexcept : comm_(std::move(comm)) {}
-
+  explicit OnLink(std::unique_ptr<Link> comm) noexcept : comm_(std::move(comm)) {}
   Status Register(const msg::Region& region, msg::Memory** out) noexcept override {
     return comm_->Register(region, out);
   }
   Status Deregister(msg::Memory* memory) noexcept override { return comm_->Deregister(memory); }
+
+ protected:
+  std::unique_ptr<Link> comm_;
+};
+
+class FabricSendComm final : public OnLink<msg::SendComm> {
+ public:
+  using OnLink::OnLink;
 
   Status Send(const void* data, size_t size, int tag, msg::Memory* memory,
               msg::Request** out) noexcept override {
@@ -333,19 +341,11 @@ class FabricSendComm final : public msg::SendComm {
     }
     return comm_->Fail(Status::kRemote, FabricError("fi_tsend", int(rc)).c_str());
   }
-
- private:
-  std::unique_ptr<Link> comm_;
 };
 
-class FabricRecvComm final : public msg::RecvComm {
+class FabricRecvComm final : public OnLink<msg::RecvComm> {
  public:
-  explicit FabricRecvComm(std::unique_ptr<Link> comm) noexcept : comm_(std::move(comm)) {}
-
-  Status Register(const msg::Region& region, msg::Memory** out) noexcept override {
-    return comm_->Register(region, out);
-  }
-  Status Deregister(msg::Memory* memory) noexcept override { return comm_->Deregister(memory); }
+  using OnLink::OnLink;
 
   Status Recv(int n, void* const* data, const size_t* sizes, const int* tags,
               msg::Memory* const* memory, msg::Request** out) noexcept override {
@@ -387,8 +387,6 @@ class FabricRecvComm final : public msg::RecvComm {
     comm_->Release(r);
     return comm_->Fail(Status::kRemote, what);
   }
-
-  std::unique_ptr<Link> comm_;
 };
 
 }  // namespace

@@ -28,12 +28,10 @@ struct Device {
   size_t address_len = 0;  // the length of this provider's endpoint addresses (0: varies)
 };
 
-// A registration of the caller's buffer in the comm's domain, owned by the comm.
+// A registration of the caller's buffer in the comm's domain, owned by the comm (which
+// knows its own by its list: a pointer the caller hands back is looked up, never trusted).
 class FabricMemory final : public msg::Memory {
  public:
-  static constexpr uint32_t kMagic = 0x524d4653;  // "SFMR"
-  uint32_t magic = kMagic;
-  const void* owner = nullptr;  // the Comm
   MrPtr mr;
   void* desc = nullptr;  // fi_mr_desc: what a send or receive names
   uintptr_t begin = 0, end = 0;
