@@ -5,6 +5,9 @@
 // system libraries (rdma-core, libfabric): a host without them runs the face plain.
 #pragma once
 
+#include <atomic>
+#include <mutex>
+
 namespace slip {
 
 // dlopen()s `library` (a file name) beside the shared object that holds `anchor` (a
@@ -12,5 +15,28 @@ namespace slip {
 // cannot. Modules are never closed: their state lives as long as the process.
 void* OpenModuleBeside(const void* anchor, const char* library, char* error,
                        unsigned long error_len) noexcept;
+
+// A face's handle on one module, loaded by the first caller that needs it (thread-safe)
+// and never again, whatever came of it.
+template <typename Module>
+class LoadedOnce {
+ public:
+  // The module, loaded with `load()` (a Module*, null when it cannot) on the first call.
+  template <typename Load>
+  Module* Get(Load&& load) noexcept {
+    try {
+      std::call_once(once_, [&] { module_.store(load(), std::memory_order_release); });
+    } catch (...) {
+      return nullptr;
+    }
+    return Loaded();
+  }
+  // The module if it is already loaded (fork and exit handlers must not load it).
+  Module* Loaded() const noexcept { return module_.load(std::memory_order_acquire); }
+
+ private:
+  std::once_flag once_;
+  std::atomic<Module*> module_{nullptr};
+};
 
 }  // namespace slip

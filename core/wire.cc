@@ -8,17 +8,14 @@
 
 namespace slip::wire {
 
-namespace {
-
-// An endpoint as the wire writes it: family, a zero byte, port, 16 address bytes.
-void PutAddr(ByteWriter* w, const Endpoint& e) noexcept {
+void PutEndpoint(ByteWriter* w, const Endpoint& e) noexcept {
   w->U8(e.family);
   w->U8(0);
   w->U16(e.port);
   w->Bytes(e.addr, 16);
 }
 
-bool GetAddr(ByteReader* r, Endpoint* e) noexcept {
+bool GetEndpoint(ByteReader* r, Endpoint* e) noexcept {
   e->family = r->U8();
   const uint8_t pad = r->U8();
   e->port = r->U16();
@@ -35,9 +32,11 @@ bool GetAddr(ByteReader* r, Endpoint* e) noexcept {
   return true;
 }
 
+namespace {
+
 // Payload length of each type: fixed, so a length field that disagrees is malformed.
 size_t PayloadSize(Type t) noexcept {
-  constexpr size_t kAddr = 20;
+  constexpr size_t kAddr = kEndpointBytes;
   switch (t) {
     case Type::kRegister:
       return 2 * kAddr + 8 + 4 + 4 + 8;
@@ -69,7 +68,7 @@ bool ParsePayload(Type type, ByteReader* r, Message* out) noexcept {
     case Type::kRegister: {
       Register& m = out->reg;
       m = Register();
-      if (!GetAddr(r, &m.client) || !GetAddr(r, &m.server)) return false;
+      if (!GetEndpoint(r, &m.client) || !GetEndpoint(r, &m.server)) return false;
       m.nonce = r->U64();
       m.ring_size = r->U32();
       m.fd_count = r->U32();
@@ -80,7 +79,7 @@ bool ParsePayload(Type type, ByteReader* r, Message* out) noexcept {
     case Type::kCancel: {
       Cancel& m = out->cancel;
       m = Cancel();
-      if (!GetAddr(r, &m.client) || !GetAddr(r, &m.server)) return false;
+      if (!GetEndpoint(r, &m.client) || !GetEndpoint(r, &m.server)) return false;
       m.nonce = r->U64();
       return true;
     }
@@ -246,16 +245,16 @@ size_t EncodeMessage(const Message& msg, uint8_t* out, size_t cap) noexcept {
   w.U32(0);  // checksum, filled below
   switch (msg.type) {
     case Type::kRegister:
-      PutAddr(&w, msg.reg.client);
-      PutAddr(&w, msg.reg.server);
+      PutEndpoint(&w, msg.reg.client);
+      PutEndpoint(&w, msg.reg.server);
       w.U64(msg.reg.nonce);
       w.U32(msg.reg.ring_size);
       w.U32(msg.reg.fd_count);
       w.U64(msg.reg.region_size);
       break;
     case Type::kCancel:
-      PutAddr(&w, msg.cancel.client);
-      PutAddr(&w, msg.cancel.server);
+      PutEndpoint(&w, msg.cancel.client);
+      PutEndpoint(&w, msg.cancel.server);
       w.U64(msg.cancel.nonce);
       break;
     case Type::kConfirm:

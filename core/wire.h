@@ -23,6 +23,11 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace slip {
+class ByteWriter;
+class ByteReader;
+}  // namespace slip
+
 namespace slip::wire {
 
 constexpr uint32_t kMagic = 0x50494c53;  // "SLIP" in little-endian byte order
@@ -66,6 +71,11 @@ struct Endpoint {
 bool EndpointFromSockaddr(const sockaddr* sa, Endpoint* out) noexcept;
 // The socket address of `ep` (AF_INET or AF_INET6); false for another family.
 bool SockaddrFromEndpoint(const Endpoint& ep, sockaddr_storage* out) noexcept;
+// An endpoint as every Slipstream message writes it (20 bytes: family, a zero byte, port,
+// 16 address bytes), for transports' own messages. Get rejects what no sender writes.
+constexpr size_t kEndpointBytes = 20;
+void PutEndpoint(ByteWriter* w, const Endpoint& e) noexcept;
+bool GetEndpoint(ByteReader* r, Endpoint* e) noexcept;
 
 struct Register {
   Endpoint client;

@@ -46,6 +46,7 @@
 #include "core/channel.h"
 #include "core/channel_control.h"
 #include "core/failover.h"
+#include "core/settle_gate.h"
 #include "core/wire.h"
 #include "verbs/device.h"
 #include "verbs/private_data.h"
@@ -382,8 +383,7 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   uint64_t deadline_ms_ = 0;
   std::atomic<bool> rx_close_wanted_{false};  // CloseRx while held
   std::atomic<bool> eof_posted_{false};       // CloseTx's EOF note went (once)
-  mutable std::atomic<bool> gate_up_{false};  // PassGate has not seen the first bytes yet
-  mutable std::atomic<bool> gate_tripped_{false};
+  SettleGate gate_;                           // PassGate has not seen the first bytes yet
   // A group's client: expecting the TAKEN (from the REP on), its nonce, whether it came,
   // how long Settle waits before it looks at the completion queue again, and since when.
   std::atomic<bool> expect_taken_{false};

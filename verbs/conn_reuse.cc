@@ -126,8 +126,7 @@ void Conn::ResetStream() noexcept {
   eof_posted_.store(false);
   rx_close_wanted_.store(false);
   held_broken_.store(false);
-  gate_up_.store(false);
-  gate_tripped_.store(false);
+  gate_.Lower();
   closed_sent_.store(false);
   closing_.store(false);
   aborting_ = false;

@@ -54,8 +54,7 @@ void Conn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
   // A request whose queue pair failed before the accept is broken from the start; the
   // failure is the request's, not the connection's (which may yet be plain).
   held_broken_.store(error_.exchange(0) != 0, std::memory_order_relaxed);
-  gate_up_.store(false, std::memory_order_relaxed);
-  gate_tripped_.store(false, std::memory_order_relaxed);
+  gate_.Lower();
   failover_.Hold();
   settle_at_.store(deadline_ms, std::memory_order_release);
 }
@@ -152,7 +151,7 @@ ChannelControl::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
                  "verbs: the client's CONFIRM does not match this connection's request (%s); "
                  "resetting it",
                  ours ? "no HELLO on its queue pair" : "another request's nonce");
-        gate_tripped_.store(true, std::memory_order_relaxed);
+        gate_.Trip();
         SettlePlainLocked(/*gated=*/true);
         Fail(ECONNRESET);
         return Settlement::kReset;
@@ -219,7 +218,7 @@ void Conn::SettlePlainLocked(bool gated) noexcept {
   HaltRdmaLocked();
   // The request's peer learns it at once (a client that gave up, or a forger).
   if (id_ && !rdma_released_.load(std::memory_order_acquire)) rdma_disconnect(id_);
-  if (gated) gate_up_.store(true, std::memory_order_release);
+  if (gated) gate_.Raise();
   // A failure that raced with Hold was the request's, never this connection's.
   error_.store(0, std::memory_order_release);
   settle_at_.store(0, std::memory_order_release);
@@ -227,29 +226,10 @@ void Conn::SettlePlainLocked(bool gated) noexcept {
 }
 
 bool Conn::PassGate() const noexcept {
-  if (!gate_up_.load(std::memory_order_acquire)) return true;
-  if (gate_tripped_.load(std::memory_order_acquire)) return false;  // (being reset)
-  const int anchor = failover_.anchor();
-  const AnchorPeek peek = PeekAnchor(anchor);
-  // Nothing yet, or our magic so far: nothing to deliver until the rest says what it is.
-  if (peek.kind == AnchorPeek::Kind::kNone || peek.kind == AnchorPeek::Kind::kPartial) return false;
-  if (peek.Is(wire::Type::kConfirm)) {
-    if (!gate_tripped_.exchange(true)) {
-      SLIP_LOG(kWarn,
-               "verbs: a CONFIRM arrived after the connection went on as plain TCP (its "
-               "client was too late); resetting the connection rather than passing it on as "
-               "data");
-      // The application gets ECONNRESET now, and its close resets the TCP connection (no
-      // FIN first: the client must not take it for an orderly end).
-      linger lg{1, 0};
-      sys::setsockopt(anchor, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-      auto* self = const_cast<Conn*>(this);
-      self->Fail(ECONNRESET);
-    }
-    return false;
-  }
-  gate_up_.store(false, std::memory_order_release);  // the application's bytes (or EOF)
-  return true;
+  bool reset = false;
+  const bool pass = gate_.Pass(failover_.anchor(), "verbs", &reset);
+  if (reset) const_cast<Conn*>(this)->Fail(ECONNRESET);
+  return pass;
 }
 
 }  // namespace slip::verbs

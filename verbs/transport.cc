@@ -19,7 +19,7 @@
 #include "core/log.h"
 #include "core/module_loader.h"
 #include "core/no_destructor.h"
-#include "core/proxy.h"
+#include "core/offer_steps.h"
 #include "core/sys.h"
 #include "core/transport.h"
 #include "verbs/options.h"
@@ -46,49 +46,6 @@ Module* Load(const Config* config, const Options* options) noexcept {
   Module* m = entry(config, options, sys::HiddenFdFloor(), error, sizeof(error));
   if (!m) SLIP_LOG(kInfo, "verbs transport unavailable: %s", error);
   return m;
-}
-
-// Binds the TCP socket to the RDMA route's source address; *client is then its endpoint.
-// An IPv6 socket reaching an IPv4 peer binds to the v4-mapped source.
-bool BindToRdmaSource(int family, int fd, const sockaddr_storage& source,
-                      wire::Endpoint* client) noexcept {
-  sockaddr_storage bind_to = source;
-  socklen_t bind_len = source.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-  if (family == AF_INET6 && source.ss_family == AF_INET) {
-    sockaddr_in6 mapped{};
-    mapped.sin6_family = AF_INET6;
-    mapped.sin6_addr.s6_addr[10] = mapped.sin6_addr.s6_addr[11] = 0xff;
-    std::memcpy(&mapped.sin6_addr.s6_addr[12],
-                &reinterpret_cast<const sockaddr_in*>(&source)->sin_addr, 4);
-    std::memcpy(&bind_to, &mapped, sizeof(mapped));
-    bind_len = sizeof(mapped);
-  }
-  return sys::bind(fd, reinterpret_cast<sockaddr*>(&bind_to), bind_len) == 0 &&
-         LocalEndpoint(fd, client);
-}
-
-// A proxy pair above the hidden-descriptor floor.
-bool MakeProxies(int* a, int* b) noexcept {
-  int pair[2];
-  if (proxy::CreatePair(pair) != 0) return false;
-  *a = sys::MoveHigh(pair[0], sys::HiddenFdFloor());
-  *b = sys::MoveHigh(pair[1], sys::HiddenFdFloor());
-  return true;
-}
-
-void CloseProxies(int* a, int* b) noexcept {
-  if (*a >= 0) sys::close(*a);
-  if (*b >= 0) sys::close(*b);
-  *a = *b = -1;
-}
-
-std::unique_ptr<Stream> MakeStream(std::unique_ptr<Channel> channel, int* a, int* b,
-                                   const Config& config) noexcept {
-  StreamOptions options;
-  options.spin_us = config.spin_us;
-  std::unique_ptr<Stream> stream(new (std::nothrow) Stream(std::move(channel), *a, *b, options));
-  if (stream) *a = *b = -1;  // the stream's
-  return stream;
 }
 
 class VerbsClientOffer final : public ClientOffer {
@@ -156,7 +113,7 @@ class VerbsClientOffer final : public ClientOffer {
   // parked queue pair's CLAIM) for the now known 4-tuple.
   Reason SendRequest(int tcp, const sockaddr_storage& source) noexcept {
     wire::Endpoint client;
-    if (!BindToRdmaSource(req_.family, tcp, source, &client)) return Reason::kUnsupported;
+    if (!BindToSource(req_.family, tcp, source, &client)) return Reason::kUnsupported;
     nonce_ = sys::RandomNonce();
     SLIP_LOG(kDebug, "fd %d: verbs request from port %u", req_.fd, client.port);
     Reason why = Reason::kNone;
@@ -172,35 +129,6 @@ class VerbsClientOffer final : public ClientOffer {
   int proxy_a_ = -1, proxy_b_ = -1;
 };
 
-class VerbsServerOffer final : public ServerOffer {
- public:
-  VerbsServerOffer(Module* m, Listener* l, const wire::Endpoint& client,
-                   const wire::Endpoint& server, const Config* config) noexcept
-      : m_(m), l_(l), client_(client), server_(server), config_(config) {}
-
-  // The request's channel, held until its client's CONFIRM settles it (verbs/settle.cc):
-  // accept() never waits, and nothing of ours is written to the connection.
-  bool Open(Carrier* out, Reason* why) noexcept override {
-    int a = -1, b = -1;
-    *why = Reason::kResources;
-    if (!MakeProxies(&a, &b)) return false;
-    auto channel = m_->AcceptPending(l_, client_, server_, b, why, &committed_);
-    if (channel) out->stream = MakeStream(std::move(channel), &a, &b, *config_);
-    CloseProxies(&a, &b);
-    return out->stream != nullptr;
-  }
-  // A client that sent its HELLO may be confirming now: plain would hand its CONFIRM to
-  // the application as data.
-  bool Abandon() noexcept override { return !committed_; }
-
- private:
-  Module* m_;
-  Listener* l_;
-  wire::Endpoint client_, server_;
-  const Config* config_;
-  bool committed_ = false;
-};
-
 class VerbsTwin final : public ListenerTwin {
  public:
   VerbsTwin(Module* m, Listener* l, uint64_t group_member, const Config* config) noexcept
@@ -209,10 +137,7 @@ class VerbsTwin final : public ListenerTwin {
 
   ServerOfferPtr Take(const wire::Endpoint& client, const wire::Endpoint& server,
                       ServerOfferRoom* room) noexcept override {
-    static_assert(sizeof(VerbsServerOffer) <= sizeof(ServerOfferRoom) &&
-                  alignof(VerbsServerOffer) <= alignof(ServerOfferRoom));
-    if (!m_->HasPending(l_, client, server)) return nullptr;
-    return ServerOfferPtr(new (room->bytes) VerbsServerOffer(m_, l_, client, server, config_));
+    return PendingServerOffer<Module, Listener>::TakeFrom(m_, l_, client, server, config_, room);
   }
   void Drop(const wire::Endpoint& client, const wire::Endpoint& server) noexcept override {
     m_->DropPending(l_, client, server);
@@ -294,24 +219,16 @@ class VerbsTransport final : public Transport {
     if (Module* m = Loaded()) m->FlushAll(timeout_ms);
   }
 
-  Module* Loaded() const noexcept { return module_.load(std::memory_order_acquire); }
+  Module* Loaded() const noexcept { return module_.Loaded(); }
 
  private:
-  // Loads the module on the first call (thread-safe); the configuration must outlive it.
+  // Loads the module on the first call; the configuration must outlive it.
   Module* Get(const Config* config) noexcept {
-    try {
-      std::call_once(once_, [this, config] {
-        module_.store(Load(config, &options_), std::memory_order_release);
-      });
-    } catch (...) {
-      return nullptr;
-    }
-    return Loaded();
+    return module_.Get([&] { return Load(config, &options_); });
   }
 
   Options options_;
-  std::once_flag once_;
-  std::atomic<Module*> module_{nullptr};
+  LoadedOnce<Module> module_;
 };
 
 VerbsTransport* Instance() noexcept {
