@@ -10,7 +10,7 @@
 #   make bench-short    short connections: churn, pgbench -C, tcp_crr, against TCP
 #   make bench-nccl     the NCCL plugin's message path against kernel TCP on loopback
 #   make bench-nccl-rdma  the plugin over verbs against perftest, in the Soft-RoCE guest
-#   make bench-fabric   the plugin over libfabric's tcp and shm providers on this host
+#   make bench-fabric   the plugin and the shim's streams over libfabric's tcp and shm providers
 #   make demo     install, build, and show the side-by-side comparison
 #   make install  the tools and libraries under PREFIX (default /usr/local): bin/, lib/
 BUILD ?= build
@@ -148,6 +148,8 @@ bench-fabric: build
 	@echo "== the plugin over libfabric, provider shm"
 	@SLIP_TRANSPORTS=fabric SLIP_FABRIC_PROVIDER=shm \
 	  $(BUILD)/bin/slip-nccl-bench $(BUILD)/lib/libnccl-net-slipstream.so 2
+	@echo "== the shim's streams: kernel TCP, Slipstream's shm, fabric over tcp and shm"
+	@tests/bench/fabric_streams.sh $(BUILD)
 	@echo "== in the Soft-RoCE guest: perftest, the plugin over verbs, over libfabric's verbs"
 	@SLIP_BENCH_NCCL_FABRIC=1 tests/vm/bench-nccl.sh $(BUILD)
 

@@ -32,6 +32,9 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
   virtual TransportKind kind() const noexcept = 0;
+  // What carries the transport, for the stats, where it has a choice (fabric: the
+  // libfabric provider, "tcp;ofi_rxm"); null for the others.
+  virtual const char* provider() const noexcept { return nullptr; }
   uint32_t ring_size() const noexcept { return ring_size_; }
 
   // --- receive side: the local ring that the peer writes ---

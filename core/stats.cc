@@ -286,6 +286,9 @@ void AppendConnection(std::string* out, ConnSlot& slot) {
   AppendField(out, "remote", slot.remote, strnlen(slot.remote, sizeof(slot.remote)));
   AppendField(out, "transport", transport, strlen(transport));
   AppendField(out, "reason", reason_name, strlen(reason_name));
+  // (Only where a transport has one: records of other connections stay as they were.)
+  const size_t provider_len = strnlen(slot.provider, sizeof(slot.provider));
+  if (provider_len != 0) AppendField(out, "provider", slot.provider, provider_len);
   AppendField(out, "bytes_sent", slot.bytes_sent.load(std::memory_order_relaxed));
   AppendField(out, "bytes_received", slot.bytes_received.load(std::memory_order_relaxed));
   *out += '}';
@@ -379,17 +382,17 @@ void StatsReinitAfterFork() noexcept {
 }
 
 ConnSlot* StatsOpen(TransportKind transport, Reason reason, int role, const sockaddr* local,
-                    const sockaddr* remote) noexcept {
+                    const sockaddr* remote, const char* provider) noexcept {
   KeepErrno keep;
   if (!g_armed.load(std::memory_order_relaxed)) return nullptr;
   char local_text[sizeof(ConnSlot::local)], remote_text[sizeof(ConnSlot::remote)];
   FormatSockaddr(local, local_text, sizeof(local_text));
   FormatSockaddr(remote, remote_text, sizeof(remote_text));
-  return StatsOpenText(transport, reason, role, local_text, remote_text);
+  return StatsOpenText(transport, reason, role, local_text, remote_text, provider);
 }
 
 ConnSlot* StatsOpenText(TransportKind transport, Reason reason, int role, const char* local,
-                        const char* remote) noexcept {
+                        const char* remote, const char* provider) noexcept {
   KeepErrno keep;
   if (!g_armed.load(std::memory_order_relaxed)) return nullptr;
   Lock lock;
@@ -405,6 +408,7 @@ ConnSlot* StatsOpenText(TransportKind transport, Reason reason, int role, const 
   slot->role = role == 0 ? 0 : 1;
   snprintf(slot->local, sizeof(slot->local), "%s", local);
   snprintf(slot->remote, sizeof(slot->remote), "%s", remote);
+  snprintf(slot->provider, sizeof(slot->provider), "%s", provider ? provider : "");
   for (auto* counter : {&slot->bytes_sent, &slot->bytes_received, &slot->msgs_sent,
                         &slot->msgs_received, &slot->closed_ns}) {
     counter->store(0, std::memory_order_relaxed);
@@ -418,6 +422,7 @@ ConnSlot* StatsOpenText(TransportKind transport, Reason reason, int role, const 
 void StatsSetTransport(ConnSlot* slot, TransportKind transport, Reason reason) noexcept {
   if (slot == nullptr) return;
   StoreByte(slot->transport, static_cast<uint8_t>(transport));
+  if (transport == TransportKind::kTcp) slot->provider[0] = '\0';  // (nothing carries TCP)
   if (LoadByte(slot->reason) == static_cast<uint8_t>(reason)) return;
   StoreByte(slot->reason, static_cast<uint8_t>(reason));
   // Slots inherited across fork belong to the parent's table: not ours to count.

@@ -49,8 +49,8 @@ const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
 enum class SlotState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
 
 constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
-constexpr uint32_t kStatsVersion = 7;  // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit;
-                                       // 6: kAcceptedElsewhere; 7: kShortLived
+constexpr uint32_t kStatsVersion = 8;  // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit;
+                                       // 6: kAcceptedElsewhere; 7: kShortLived; 8: provider
 constexpr uint32_t kStatsSlots = 8192;
 
 struct alignas(64) ConnSlot {
@@ -61,6 +61,7 @@ struct alignas(64) ConnSlot {
   uint8_t pad0;
   char local[48];  // "127.0.0.1:5201" or "[::1]:5201"
   char remote[48];
+  char provider[24];  // the transport's provider where it has one ("tcp;ofi_rxm"), else ""
   std::atomic<uint64_t> bytes_sent;
   std::atomic<uint64_t> bytes_received;
   std::atomic<uint64_t> msgs_sent;
@@ -93,12 +94,14 @@ void StatsInit() noexcept;
 void StatsReinitAfterFork() noexcept;
 
 // Claims a slot; returns nullptr when stats are disabled or full (counted as dropped).
+// `provider`: what carries the transport where it says (fabric: the libfabric provider),
+// or null.
 ConnSlot* StatsOpen(TransportKind transport, Reason reason, int role, const sockaddr* local,
-                    const sockaddr* remote) noexcept;
+                    const sockaddr* remote, const char* provider = nullptr) noexcept;
 // The same, with the addresses already formatted (a forked child re-registers the
 // connections it inherited this way).
 ConnSlot* StatsOpenText(TransportKind transport, Reason reason, int role, const char* local,
-                        const char* remote) noexcept;
+                        const char* remote, const char* provider = nullptr) noexcept;
 // Changes transport/reason (e.g. failover, decline after an optimistic start).
 void StatsSetTransport(ConnSlot* slot, TransportKind transport, Reason reason) noexcept;
 void StatsClose(ConnSlot* slot) noexcept;

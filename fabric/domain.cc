@@ -30,20 +30,34 @@ const sockaddr* IpSource(const fi_info& info) noexcept {
   return nullptr;
 }
 
-InfoPtr Query(const std::string& provider, bool directed, bool delivery, std::string* why) {
+InfoPtr Query(const std::string& provider, Use use, bool directed, bool delivery,
+              std::string* why) {
   InfoPtr hints(fi_allocinfo());
   if (!hints) {
     *why = "out of memory";
     return nullptr;
   }
-  hints->caps = FI_TAGGED | (directed ? FI_DIRECTED_RECV : 0);
-  hints->mode = FI_CONTEXT | FI_CONTEXT2;  // every operation carries a fi_context2 of ours
+  // Messages: every operation carries a fi_context2 of ours. Streams: an operation's
+  // context is only the number of its connection (a provider that needs room there cannot
+  // serve them).
+  hints->mode = use == Use::kTaggedMessages ? FI_CONTEXT | FI_CONTEXT2 : 0;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
-  hints->domain_attr->threading = FI_THREAD_SAFE;
-  hints->tx_attr->msg_order = FI_ORDER_SAS;
+  // Streams serialise their calls themselves (StreamFabric holds one lock around every
+  // call into the provider), so the provider need lock nothing.
+  hints->domain_attr->threading = use == Use::kTaggedMessages ? FI_THREAD_SAFE : FI_THREAD_DOMAIN;
+  if (use == Use::kTaggedMessages) {
+    hints->caps = FI_TAGGED | (directed ? FI_DIRECTED_RECV : 0);
+    hints->tx_attr->msg_order = FI_ORDER_SAS;
+    hints->rx_attr->msg_order = FI_ORDER_SAS;
+  } else {
+    // A note's completion says its bytes and every earlier write's have landed.
+    hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+    hints->tx_attr->msg_order = FI_ORDER_WAW;
+    hints->rx_attr->msg_order = FI_ORDER_WAW;
+    hints->domain_attr->cq_data_size = 8;
+  }
   if (delivery) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
-  hints->rx_attr->msg_order = FI_ORDER_SAS;
   if (!provider.empty()) hints->fabric_attr->prov_name = strdup(provider.c_str());
   fi_info* found = nullptr;
   const int rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &found);
@@ -62,7 +76,7 @@ std::string FabricError(const char* call, int rc) {
   return line;
 }
 
-std::vector<InfoPtr> FindDomains(const std::string& provider, std::string* why) {
+std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::string* why) {
   std::vector<InfoPtr> out;
   // Directed receives where a provider has them (a stranger's message then matches no
   // receive of ours), and sends that complete once delivered (a sender that closes its comm
@@ -71,11 +85,14 @@ std::vector<InfoPtr> FindDomains(const std::string& provider, std::string* why) 
   // read from ours by the receiver), and 1.17's shm never completes a send above its inject
   // size under FI_DELIVERY_COMPLETE (seen here): it is not asked of shm.
   InfoPtr list;
-  for (int want = 3; want >= 0 && !list; --want) {
+  // Streams need neither: their notes name their connection, and ring space is freed by
+  // the peer's credit, not by a completion.
+  const int first = use == Use::kTaggedMessages ? 3 : 0;
+  for (int want = first; want >= 0 && !list; --want) {
     const bool directed = (want & 2) != 0, delivery = (want & 1) != 0;
-    list = Query(provider, directed, delivery, why);
+    list = Query(provider, use, directed, delivery, why);
     if (list && delivery && strcmp(list->fabric_attr->prov_name, "shm") == 0)
-      list = Query(provider, directed, /*delivery=*/false, why);
+      list = Query(provider, use, directed, /*delivery=*/false, why);
   }
   if (!list) {
     if (!provider.empty()) *why = "provider " + provider + ": " + *why;
@@ -159,7 +176,8 @@ std::unique_ptr<Domain> Domain::Open(InfoPtr info, std::string* why) {
   return d;
 }
 
-bool Endpoint::Open(const Domain& domain, size_t cq_entries, std::string* why) {
+bool Endpoint::Open(const Domain& domain, size_t cq_entries, fi_cq_format format, bool waitable,
+                    std::string* why) {
   fi_av_attr av_attr{};
   av_attr.type = FI_AV_TABLE;
   av_attr.count = 4;
@@ -171,11 +189,19 @@ bool Endpoint::Open(const Domain& domain, size_t cq_entries, std::string* why) {
   }
   av_.reset(av);
   fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_TAGGED;
-  cq_attr.wait_obj = FI_WAIT_NONE;
+  cq_attr.format = format;
+  cq_attr.wait_obj = waitable ? FI_WAIT_FD : FI_WAIT_NONE;
   cq_attr.size = cq_entries;
   fid_cq* cq = nullptr;
   rc = fi_cq_open(domain.domain(), &cq_attr, &cq, nullptr);
+  if (rc != 0 && waitable) {
+    // A provider without wait objects: polled (the progress thread naps instead).
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    waitable = false;
+    rc = fi_cq_open(domain.domain(), &cq_attr, &cq, nullptr);
+  }
+  if (rc == 0 && waitable && fi_control(&cq->fid, FI_GETWAIT, &wait_fd_) != 0) wait_fd_ = -1;
+  waitable_ = waitable && wait_fd_ >= 0;
   if (rc != 0) {
     *why = FabricError("fi_cq_open", rc);
     return false;

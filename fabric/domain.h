@@ -44,10 +44,19 @@ using MrPtr = std::unique_ptr<fid_mr, FidCloser<fid_mr>>;
 // "fi_tsend: Connection refused (-111)": libfabric's text for a negative return.
 std::string FabricError(const char* call, int rc);
 
-// The providers' domains that can carry tagged messages, in order, between RDM endpoints
-// (FI_TAGGED, FI_ORDER_SAS, thread safe, memory registration modes we handle).
-// `provider` empty: every provider's, best first. Empty with *why when none.
-std::vector<InfoPtr> FindDomains(const std::string& provider, std::string* why);
+// What a domain is for, which decides what is asked of its provider.
+enum class Use : uint8_t {
+  // The NCCL face's comms: tagged messages (FI_TAGGED, FI_ORDER_SAS).
+  kTaggedMessages,
+  // The shim's streams: one-sided writes into the peer's ring with remote CQ data (FI_RMA,
+  // writes landing in order: FI_ORDER_WAW), at least 8 bytes of CQ data.
+  kStreamRings,
+};
+
+// The providers' domains that can serve `use`, in order, between RDM endpoints (thread
+// safe, memory registration modes we handle). `provider` empty: every provider's, best
+// first. Empty with *why when none.
+std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::string* why);
 
 // One domain, opened: shared by the endpoints and registrations made in it.
 class Domain {
@@ -59,6 +68,7 @@ class Domain {
 
   const fi_info& info() const noexcept { return *info_; }
   fid_domain* domain() const noexcept { return domain_.get(); }
+  fid_fabric* fabric() const noexcept { return fabric_.get(); }
   // "tcp;ofi_rxm", "shm", ...
   const char* provider() const noexcept { return info_->fabric_attr->prov_name; }
   const char* name() const noexcept { return info_->domain_attr->name; }
@@ -83,8 +93,9 @@ class Domain {
   sockaddr_storage ip_address_{};
 };
 
-// A reliable-datagram endpoint with an address vector and completion queue of its own
-// (tagged completions, polled: FI_WAIT_NONE).
+// A reliable-datagram endpoint with an address vector and completion queue of its own.
+// Its completions are tagged entries, polled (the NCCL face's comms), or data entries with
+// a wait object that a progress thread may sleep on where the provider has one (streams).
 class Endpoint {
  public:
   Endpoint() = default;
@@ -92,7 +103,14 @@ class Endpoint {
   Endpoint& operator=(const Endpoint&) = delete;
 
   // False with *why when the provider refuses any of it.
-  bool Open(const Domain& domain, size_t cq_entries, std::string* why);
+  bool Open(const Domain& domain, size_t cq_entries, std::string* why) {
+    return Open(domain, cq_entries, FI_CQ_FORMAT_TAGGED, /*waitable=*/false, why);
+  }
+  bool Open(const Domain& domain, size_t cq_entries, fi_cq_format format, bool waitable,
+            std::string* why);
+  // The completion queue has a descriptor to wait on (after fi_trywait says so).
+  bool waitable() const noexcept { return waitable_; }
+  int wait_fd() const noexcept { return wait_fd_; }
   // The endpoint's address (fi_getname): false when it is longer than `*len`.
   bool Name(uint8_t* out, size_t* len) const noexcept;
   // A peer's address into the address vector. False when the provider rejects it.
@@ -105,6 +123,13 @@ class Endpoint {
     cq_.reset();
   }
 
+  // A fork child's copy: forgotten without closing (the objects are the parent's).
+  void Forget() noexcept {
+    (void)ep_.release();
+    (void)av_.release();
+    (void)cq_.release();
+  }
+
   fid_ep* ep() const noexcept { return ep_.get(); }
   fid_cq* cq() const noexcept { return cq_.get(); }
 
@@ -113,6 +138,8 @@ class Endpoint {
   CqPtr cq_;
   AvPtr av_;
   EndpointPtr ep_;
+  bool waitable_ = false;
+  int wait_fd_ = -1;  // the provider's
 };
 
 }  // namespace slip::fabric

@@ -54,7 +54,8 @@ struct Found : msg::Found {
 
 Found* Enumerate() {
   auto* found = new Found();
-  std::vector<InfoPtr> domains = FindDomains(g_setup.options->provider, &found->why);
+  std::vector<InfoPtr> domains =
+      FindDomains(g_setup.options->provider, Use::kTaggedMessages, &found->why);
   found->devices.reserve(kMaxDevices);  // (transports keep references to the devices)
   for (InfoPtr& info : domains) {
     if (found->devices.size() == kMaxDevices) break;

@@ -23,6 +23,11 @@ constexpr options::Option<Options> kOptions[] = {
        o->provider = v;
        return true;
      }},
+    // (verbs reads it too: one cache lifetime for every transport that crosses hosts)
+    {"SLIP_NEGATIVE_TTL_MS", "expected a decimal integer between 0 and 3600000",
+     [](std::string_view v, Options* o, std::string*) {
+       return options::ParseRange(v, 0, 3600000, &o->negative_ttl_ms);
+     }},
 };
 
 constexpr auto kNames = options::NamesOf(kOptions);

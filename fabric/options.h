@@ -1,4 +1,4 @@
-// The fabric transport's options: SLIP_FABRIC_PROVIDER.
+// The fabric transport's options: SLIP_FABRIC_PROVIDER, SLIP_NEGATIVE_TTL_MS.
 //
 // Read with core's grammar (core/options.h) by whoever starts the transport (a face, at
 // start-up), and handed to the module (fabric/msg.h). Built into a small library of its
@@ -18,6 +18,9 @@ struct Options {
   // the utility provider libfabric layers over it. Empty (the default): fi_getinfo's best
   // match among those that have what the transport needs.
   std::string provider;
+  // SLIP_NEGATIVE_TTL_MS (shared with verbs): how long a destination that answered a REQ
+  // with "no Slipstream here" (ICMP port unreachable, silence) goes plain at once.
+  uint32_t negative_ttl_ms = 10000;
 };
 
 // Reads the variables above (the unset ones keep their defaults). False on a bad value,

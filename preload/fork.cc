@@ -27,6 +27,7 @@ struct InheritedSlot {
   uint8_t transport, reason, role;
   char local[sizeof(ConnSlot::local)];
   char remote[sizeof(ConnSlot::remote)];
+  char provider[sizeof(ConnSlot::provider)];
 };
 
 // Connections are settled within the handshake timeout, or twice it for a server whose
@@ -103,7 +104,9 @@ void CollectSlot(SlipSocket* s, void* ctx) {
   InheritedSlot slot{s, s->stats->transport, s->stats->reason, s->stats->role, {}, {}};
   std::memcpy(slot.local, s->stats->local, sizeof(slot.local));
   std::memcpy(slot.remote, s->stats->remote, sizeof(slot.remote));
+  std::memcpy(slot.provider, s->stats->provider, sizeof(slot.provider));
   slot.local[sizeof(slot.local) - 1] = slot.remote[sizeof(slot.remote) - 1] = '\0';
+  slot.provider[sizeof(slot.provider) - 1] = '\0';
   try {
     out->push_back(slot);
   } catch (...) {
@@ -141,7 +144,7 @@ void Child() {
   for (const InheritedSlot& slot : inherited) {
     slot.socket->stats =
         StatsOpenText(static_cast<TransportKind>(slot.transport), static_cast<Reason>(slot.reason),
-                      slot.role, slot.local, slot.remote);
+                      slot.role, slot.local, slot.remote, slot.provider);
   }
   ForEachLiveSocket(ResetUnsettled, nullptr);
   // A peer dying must wake the child's sleepers too: the child needs its own watcher.

@@ -142,9 +142,9 @@ bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int an
   s->anchor_fd = anchor;
   if (GetRuntime().config.failover) s->stream->control()->SetAnchor(anchor);
   s->nonblocking.store(fl_flags & O_NONBLOCK, std::memory_order_relaxed);
-  s->stats = StatsOpen(s->stream->channel()->kind(), Reason::kNone, role,
-                       reinterpret_cast<const sockaddr*>(&local),
-                       reinterpret_cast<const sockaddr*>(&remote));
+  s->stats = StatsOpen(
+      s->stream->channel()->kind(), Reason::kNone, role, reinterpret_cast<const sockaddr*>(&local),
+      reinterpret_cast<const sockaddr*>(&remote), s->stream->channel()->provider());
   s->kind = SockKind::kAccel;
   ControlWatch(s);
   SLIP_LOG(kDebug, "fd %d accelerated (%s), anchor fd %d", fd,

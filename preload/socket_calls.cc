@@ -17,6 +17,7 @@
 #include "preload/handshake.h"
 #include "preload/libc.h"
 #include "preload/runtime.h"
+#include "preload/transports.h"
 
 using namespace slip;
 using namespace slip::preload;
@@ -106,6 +107,10 @@ void TrackDup(int oldfd, int newfd, bool cloexec = false) noexcept {
 SLIP_EXPORT int socket(int domain, int type, int protocol) {
   int fd = Libc().socket(domain, type, protocol);
   if (fd < 0 || !IsTcpSocket(domain, type, protocol) || !Enabled()) return fd;
+  // A transport library's own sockets (libfabric's tcp provider connects and listens on
+  // TCP) are never ours to carry: its listen() would load the transport from inside its
+  // own loading, and its connections would be offered to itself.
+  if (TransportLibraryCall(__builtin_return_address(0))) return fd;
   if (SlipSocket* s = NewSocket(SockKind::kTcp, domain)) {
     s->nonblocking.store(type & SOCK_NONBLOCK, std::memory_order_relaxed);
     Install(fd, s);

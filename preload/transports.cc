@@ -1,7 +1,7 @@
 #include "preload/transports.h"
 
 #include "core/no_destructor.h"
-#include "fabric/options.h"
+#include "fabric/transport.h"
 #include "shm/shm.h"
 #include "verbs/transport.h"
 
@@ -21,6 +21,7 @@ bool SetUpTransports(const Config& config, std::string* error) {
   if (r.known_size() == 0) {
     r.Add(shm::TheTransport());
     r.Add(verbs::TheTransport());
+    r.Add(fabric::TheTransport());
   }
   for (size_t i = 0; i < r.known_size(); ++i) {
     if (!r.known(i)->ReadOptions(ProcessEnv, nullptr, error)) return false;
@@ -39,10 +40,11 @@ std::vector<const char*> TransportOptionNames() {
   for (size_t i = 0; i < r.known_size(); ++i) {
     for (const char* name : r.known(i)->OptionNames()) names.push_back(name);
   }
-  // fabric's, read by the NCCL plugin (the shim's fabric streams are not built yet): a job
-  // that sets them for both faces is not told they are unknown.
-  for (const char* name : fabric::OptionNames()) names.push_back(name);
   return names;
+}
+
+bool TransportLibraryCall(const void* code) noexcept {
+  return fabric::ModuleInUse() && fabric::IsLibfabricCaller(code);
 }
 
 }  // namespace slip::preload

@@ -15,5 +15,9 @@ bool SetUpTransports(const Config& config, std::string* error);
 const TransportRegistry& Transports() noexcept;
 // Every listed transport's variable names (for the list of unknown SLIP_* variables).
 std::vector<const char*> TransportOptionNames();
+// Whether `code`, the return address of an interposed call, lies in a transport library's
+// own code: such calls go to libc untouched (libfabric's tcp provider makes, polls and
+// waits on sockets of its own, from inside our calls into it).
+bool TransportLibraryCall(const void* code) noexcept;
 
 }  // namespace slip::preload

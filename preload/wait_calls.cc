@@ -18,6 +18,7 @@
 #include "preload/fd_table.h"
 #include "preload/libc.h"
 #include "preload/runtime.h"
+#include "preload/transports.h"
 
 using namespace slip;
 using namespace slip::preload;
@@ -114,6 +115,8 @@ SLIP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
 }
 
 SLIP_EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) {
+  if (TransportLibraryCall(__builtin_return_address(0)))
+    return Libc().epoll_wait(epfd, events, max, timeout);
   return SleepAware(timeout != 0, [&](bool probe) {
     return Libc().epoll_wait(epfd, events, max, probe ? 0 : timeout);
   });
@@ -121,6 +124,8 @@ SLIP_EXPORT int epoll_wait(int epfd, epoll_event* events, int max, int timeout) 
 
 SLIP_EXPORT int epoll_pwait(int epfd, epoll_event* events, int max, int timeout,
                             const sigset_t* mask) {
+  if (TransportLibraryCall(__builtin_return_address(0)))
+    return Libc().epoll_pwait(epfd, events, max, timeout, mask);
   return SleepAware(timeout != 0, [&](bool probe) {
     return Libc().epoll_pwait(epfd, events, max, probe ? 0 : timeout, mask);
   });
@@ -128,22 +133,27 @@ SLIP_EXPORT int epoll_pwait(int epfd, epoll_event* events, int max, int timeout,
 
 SLIP_EXPORT int epoll_pwait2(int epfd, epoll_event* events, int max, const timespec* timeout,
                              const sigset_t* mask) {
+  if (TransportLibraryCall(__builtin_return_address(0)))
+    return Libc().epoll_pwait2(epfd, events, max, timeout, mask);
   return SleepAware(MaySleep(timeout), [&](bool probe) {
     return Libc().epoll_pwait2(epfd, events, max, probe ? &kZeroTs : timeout, mask);
   });
 }
 
 SLIP_EXPORT int poll(pollfd* fds, nfds_t n, int timeout) {
+  if (TransportLibraryCall(__builtin_return_address(0))) return Libc().poll(fds, n, timeout);
   return SleepAware(timeout != 0,
                     [&](bool probe) { return Libc().poll(fds, n, probe ? 0 : timeout); });
 }
 
 SLIP_EXPORT int __poll_chk(pollfd* fds, nfds_t n, int timeout, size_t fdslen) {
   if (fdslen / sizeof(*fds) < n) __builtin_trap();
+  if (TransportLibraryCall(__builtin_return_address(0))) return Libc().poll(fds, n, timeout);
   return poll(fds, n, timeout);
 }
 
 SLIP_EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* timeout, const sigset_t* mask) {
+  if (TransportLibraryCall(__builtin_return_address(0))) return Libc().ppoll(fds, n, timeout, mask);
   return SleepAware(MaySleep(timeout), [&](bool probe) {
     return Libc().ppoll(fds, n, probe ? &kZeroTs : timeout, mask);
   });
@@ -152,10 +162,13 @@ SLIP_EXPORT int ppoll(pollfd* fds, nfds_t n, const timespec* timeout, const sigs
 SLIP_EXPORT int __ppoll_chk(pollfd* fds, nfds_t n, const timespec* timeout, const sigset_t* mask,
                             size_t fdslen) {
   if (fdslen / sizeof(*fds) < n) __builtin_trap();
+  if (TransportLibraryCall(__builtin_return_address(0))) return Libc().ppoll(fds, n, timeout, mask);
   return ppoll(fds, n, timeout, mask);
 }
 
 SLIP_EXPORT int select(int nfds, fd_set* rs, fd_set* ws, fd_set* es, timeval* timeout) {
+  if (TransportLibraryCall(__builtin_return_address(0)))
+    return Libc().select(nfds, rs, ws, es, timeout);
   return SleepAware(MaySleep(timeout), [&](bool probe) {
     if (!probe) return Libc().select(nfds, rs, ws, es, timeout);
     FdSets copy;
@@ -174,6 +187,8 @@ SLIP_EXPORT int select(int nfds, fd_set* rs, fd_set* ws, fd_set* es, timeval* ti
 
 SLIP_EXPORT int pselect(int nfds, fd_set* rs, fd_set* ws, fd_set* es, const timespec* timeout,
                         const sigset_t* mask) {
+  if (TransportLibraryCall(__builtin_return_address(0)))
+    return Libc().pselect(nfds, rs, ws, es, timeout, mask);
   return SleepAware(MaySleep(timeout), [&](bool probe) {
     if (!probe) return Libc().pselect(nfds, rs, ws, es, timeout, mask);
     FdSets copy;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "fabric/options.h"
 #include "tools/slip-stat/exit_records.h"
 #include "tools/slip-stat/summary.h"
 #include "verbs/options.h"
@@ -41,6 +42,7 @@ using slip::Config;
 struct Defaults {
   Config core;
   slip::verbs::Options verbs;
+  slip::fabric::Options fabric;
 };
 
 // By slip::LogLevel, the names SLIP_LOG takes.
@@ -126,6 +128,10 @@ const Option kOptions[] = {
     {"--negative-ttl-ms", "N", "SLIP_NEGATIVE_TTL_MS",
      "how long a destination that answered 'no RDMA' is tried plainly (0..3600000)",
      [](const Defaults& d) { return std::to_string(d.verbs.negative_ttl_ms); }},
+    {"--fabric-provider", "NAME", "SLIP_FABRIC_PROVIDER",
+     "the libfabric provider for the fabric transport (tcp, shm, verbs, efa, or as fi_info "
+     "names it)",
+     [](const Defaults& d) { return PathText(d.fabric.provider, "the best match"); }},
     {"--verbs-reuse", "N", "SLIP_VERBS_REUSE",
      "queue pairs kept after their connections closed, for the next ones (0..1024; 0: none)",
      [](const Defaults& d) { return std::to_string(d.verbs.reuse); }},

@@ -1,6 +1,7 @@
-// libFuzzer target for what the other end of a fabric message comm controls before the
-// comm exists (fabric/msg_wire.h): the handle NCCL carries, and the REQ and REP on the
-// comm's TCP connection. Each input goes through every parser, as it is and with the
+// libFuzzer target for what the other end of a fabric connection controls before it exists:
+// the NCCL face's handle and the REQ and REP on a comm's TCP connection (fabric/msg_wire.h),
+// and the shim's REQ, REP and REFUSE datagrams (fabric/stream_wire.h), which anybody who can
+// send UDP to a listener's port writes. Each input goes through every parser, as it is and with the
 // kind's magic and version written over its first 5 bytes (so that mutation explores the
 // fields behind the header). Besides the sanitizers' checks it traps when a parser breaks
 // an invariant:
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "fabric/msg_wire.h"
+#include "fabric/stream_wire.h"
 
 namespace slip::fabric::msgwire {
 namespace {
@@ -52,7 +54,30 @@ void FuzzHandle(const uint8_t* data, size_t size) {
   Require(std::memcmp(again, data, msg::kAddressHandleBytes) == 0);
 }
 
+void FuzzStreamMessage(const uint8_t* data, size_t size) {
+  using namespace streamwire;
+  Message sentinel;
+  std::memset(&sentinel, 0xee, sizeof(sentinel));
+  Message m = sentinel;
+  if (!Parse(data, size, &m)) {
+    Require(std::memcmp(&m, &sentinel, sizeof(m)) == 0);
+    return;
+  }
+  Require(size == kBytes);
+  if (m.type == Type::kRefuse) {
+    Require(m.address_len == 0 && m.ring_log2 == 0 && m.note_tag == 0);
+  } else {
+    Require(m.address_len >= 1 && m.address_len <= kMaxAddressBytes);
+    Require(m.ring_log2 >= kMinRingLog2 && m.ring_log2 <= kMaxRingLog2);
+    Require(m.note_tag >= 1 && m.note_tag <= kMaxNoteTag);
+  }
+  uint8_t again[kBytes];
+  Require(Encode(m, again));
+  Require(std::memcmp(again, data, kBytes) == 0);
+}
+
 void FuzzAll(const uint8_t* data, size_t size) {
+  FuzzStreamMessage(data, size);
   FuzzHandle(data, size);
   FuzzHello(kReqMagic, data, size);
   FuzzHello(kRepMagic, data, size);
@@ -67,9 +92,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // With each kind's header written over the first bytes.
   std::vector<uint8_t> copy(data, data + size);
   if (copy.size() >= 5) {
-    for (uint32_t magic : {kHandleMagic, kReqMagic, kRepMagic}) {
+    for (uint32_t magic : {kHandleMagic, kReqMagic, kRepMagic, slip::fabric::streamwire::kMagic}) {
       for (int i = 0; i < 4; ++i) copy[size_t(i)] = uint8_t(magic >> (8 * i));
-      copy[4] = kVersion;
+      copy[4] =
+          magic == slip::fabric::streamwire::kMagic ? slip::fabric::streamwire::kVersion : kVersion;
       FuzzAll(copy.data(), copy.size());
     }
   }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fabric/msg_wire.h"
+#include "fabric/stream_wire.h"
 
 namespace {
 
@@ -32,6 +33,32 @@ std::vector<std::vector<uint8_t>> Seeds() {
       hello.tag_key = magic == kRepMagic ? (len == 1 ? 1 : kMaxTagKey) : 0;
       uint8_t buf[kHelloBytes];
       if (!EncodeHello(magic, hello, buf)) return {};
+      out.emplace_back(buf, buf + sizeof(buf));
+    }
+  }
+  // The shim's datagrams: a REQ and a REP at both ends of their ranges, and a REFUSE.
+  namespace sw = slip::fabric::streamwire;
+  for (sw::Type type : {sw::Type::kReq, sw::Type::kRep, sw::Type::kRefuse}) {
+    for (bool high : {false, true}) {
+      sw::Message m;
+      m.type = type;
+      m.nonce = 0x0123456789abcdefull;
+      m.client.family = 4;
+      m.client.port = 40000;
+      m.client.addr[0] = 10;
+      m.server.family = high ? 6 : 4;
+      m.server.port = 5201;
+      m.server.addr[0] = high ? 0xfd : 10;
+      if (type != sw::Type::kRefuse) {
+        m.ring_log2 = high ? sw::kMaxRingLog2 : sw::kMinRingLog2;
+        m.address_len = high ? uint8_t(sw::kMaxAddressBytes) : 1;
+        for (size_t i = 0; i < m.address_len; ++i) m.address[i] = uint8_t(0x50 + i);
+        m.ring_key = 0xfeedfacecafebeefull;
+        m.ring_addr = high ? 0x7f0000001000ull : 0;
+        m.note_tag = high ? sw::kMaxNoteTag : 1;
+      }
+      uint8_t buf[sw::kBytes];
+      if (!sw::Encode(m, buf)) return {};
       out.emplace_back(buf, buf + sizeof(buf));
     }
   }

@@ -129,6 +129,9 @@ def _child_env(extra):
            if not k.startswith("SLIP_") or k.startswith("SLIP_TEST_")}
     if os.environ.get("SLIP_TEST_TRANSPORTS"):
         env["SLIP_TRANSPORTS"] = os.environ["SLIP_TEST_TRANSPORTS"]
+    # SLIP_TEST_FABRIC_PROVIDER (the fabric runs) becomes the programs' provider.
+    if os.environ.get("SLIP_TEST_FABRIC_PROVIDER"):
+        env["SLIP_FABRIC_PROVIDER"] = os.environ["SLIP_TEST_FABRIC_PROVIDER"]
     if os.environ.get("SLIP_TEST_LOG"):  # debugging: the programs' SLIP_LOG(_FILE)
         env["SLIP_LOG"] = os.environ["SLIP_TEST_LOG"]
     if os.environ.get("SLIP_TEST_LOG_FILE"):
@@ -335,6 +338,17 @@ class Test:
                        f"{proc.name}: connection {c.get('local')} -> {c.get('remote')} has "
                        f"transport={c.get('transport')!r} reason={c.get('reason')!r}, expected "
                        f"transport={transport!r} reason={reason!r}")
+            # A fabric connection names its libfabric provider (the one forced, "tcp" being
+            # "tcp;ofi_rxm"); no other connection names one.
+            wanted = os.environ.get("SLIP_TEST_FABRIC_PROVIDER", "")
+            provider = c.get("provider", "")
+            if transport == "fabric":
+                self.check(provider.split(";")[0] == wanted if wanted else provider != "",
+                           f"{proc.name}: connection {c.get('local')} has provider "
+                           f"{provider!r}, expected {wanted or 'one'!r}")
+            else:
+                self.check(provider == "", f"{proc.name}: a {transport} connection names "
+                                           f"provider {provider!r}")
         if traffic is not None:
             counted = (sum(c.get("bytes_sent", -1) for c in ours),
                        sum(c.get("bytes_received", -1) for c in ours))

@@ -28,7 +28,8 @@ bool ToConnection(const JsonValue& v, Connection* c) {
   return v.type == JsonValue::Type::kObject && StringField(v, "local", &c->local) &&
          StringField(v, "remote", &c->remote) && StringField(v, "transport", &c->transport) &&
          StringField(v, "reason", &c->reason) && UintField(v, "bytes_sent", &c->bytes_sent) &&
-         UintField(v, "bytes_received", &c->bytes_received);
+         UintField(v, "bytes_received", &c->bytes_received) &&
+         (v.Find("provider") == nullptr || StringField(v, "provider", &c->provider));
 }
 
 // Appends everything in fd from `offset` on to *out.

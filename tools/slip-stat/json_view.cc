@@ -47,6 +47,7 @@ void AppendConnection(std::string* out, const Process& p, const Connection& c) {
   o.Field("local", c.local);
   o.Field("remote", c.remote);
   o.Field("transport", c.transport);
+  if (!c.provider.empty()) o.Field("provider", c.provider);
   o.Field("reason", c.reason);
   o.Field("state", c.open ? "open" : "closed");
   o.Field("role", c.role == 0 ? "client" : c.role == 1 ? "server" : "");

@@ -15,6 +15,7 @@ namespace slipstat {
 struct Connection {
   bool open = false;      // false: closed, still in the table (or the process has exited)
   std::string transport;  // slip::TransportName(): "shm", "tcp", ...
+  std::string provider;   // what carries the transport where it says ("tcp;ofi_rxm"), else ""
   std::string reason;     // slip::ReasonName() of a plain connection; "" when accelerated
   std::string local;      // "127.0.0.1:5201", "[::1]:5201"
   std::string remote;

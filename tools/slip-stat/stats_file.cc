@@ -72,6 +72,7 @@ struct SlotCopy {
   uint8_t transport, reason, role;
   char local[sizeof(ConnSlot::local)];
   char remote[sizeof(ConnSlot::remote)];
+  char provider[sizeof(ConnSlot::provider)];
   uint64_t bytes_sent, bytes_received, msgs_sent, msgs_received, opened_ns, closed_ns;
 };
 
@@ -114,6 +115,7 @@ void CopySlot(const ConnSlot& s, SlotCopy* out) {
   out->role = Load(s.role);
   memcpy(out->local, s.local, sizeof(out->local));
   memcpy(out->remote, s.remote, sizeof(out->remote));
+  memcpy(out->provider, s.provider, sizeof(out->provider));
   out->bytes_sent = s.bytes_sent.load(std::memory_order_relaxed);
   out->bytes_received = s.bytes_received.load(std::memory_order_relaxed);
   out->msgs_sent = s.msgs_sent.load(std::memory_order_relaxed);
@@ -144,6 +146,7 @@ Connection ToConnection(const SlotCopy& s) {
   c.reason = reason == slip::Reason::kNone ? "" : slip::ReasonName(reason);
   c.local = Bounded(s.local, sizeof(s.local));
   c.remote = Bounded(s.remote, sizeof(s.remote));
+  c.provider = Bounded(s.provider, sizeof(s.provider));
   c.role = s.role <= 1 ? s.role : -1;
   c.bytes_sent = s.bytes_sent;
   c.bytes_received = s.bytes_received;

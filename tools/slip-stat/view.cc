@@ -57,7 +57,10 @@ std::string RenderConnections(const std::vector<Process>& processes, const ViewO
     for (const Connection& c : p.connections) {
       if (!Listed(c, options)) continue;
       tally.Add(c);
-      table.AddRow({std::to_string(p.pid), ProgramName(p.exe), c.local, c.remote, c.transport,
+      // (fabric names its provider: "fabric/tcp;ofi_rxm")
+      const std::string transport =
+          c.provider.empty() ? c.transport : c.transport + "/" + c.provider;
+      table.AddRow({std::to_string(p.pid), ProgramName(p.exe), c.local, c.remote, transport,
                     c.open ? "open" : "closed", FormatBytes(c.bytes_sent, options.human),
                     FormatBytes(c.bytes_received, options.human), std::to_string(c.msgs_sent),
                     std::to_string(c.msgs_received), c.reason.empty() ? "-" : c.reason});

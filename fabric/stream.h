@@ -1,0 +1,106 @@
+// The shim's byte streams over libfabric: the boundary between the face's side of the
+// transport (fabric/transport.cc, core's Transport) and libslipstream-fabric.so, which the
+// face loads with dlopen() the first time a connection or listener could use it.
+//
+// Detection (docs/DESIGN.md "Detection across hosts (fabric)"): a listener's twin binds a
+// UDP socket to the TCP listener's address and port. A client sends a REQ datagram
+// (fabric/stream_wire.h) naming the TCP 4-tuple it is about to connect, its nonce, its RDM
+// endpoint's address and its receive ring; the twin answers with its own (REP) and keeps
+// the request pending under the 4-tuple. Only then does the SYN leave; accept() finds the
+// request race-free and installs the connection held, and the client's in-band CONFIRM
+// (the nonce) settles it. A plain peer answers the REQ with ICMP port unreachable, which the
+// negative cache remembers.
+//
+// Data (fabric/stream_conn.h): each end writes into the other's registered ring with
+// fi_write/fi_writedata; the last write of a publish carries the new cursor in its remote
+// CQ data, as credits and the ends of the stream do.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "core/channel.h"
+#include "core/config.h"
+#include "core/stats.h"
+#include "core/wire.h"
+#include "fabric/options.h"
+
+namespace slip::fabric {
+
+struct StreamListener;  // a UDP twin of one TCP listener
+struct StreamClient;    // a client connection from its REQ to its channel
+
+class StreamModule {
+ public:
+  virtual ~StreamModule() = default;
+
+  // The provider and domain every connection of this process uses ("tcp;ofi_rxm", "shm").
+  virtual const char* provider() const noexcept = 0;
+
+  // --- listening side ---
+  // Binds the UDP twin of the TCP listener bound to `local`. nullptr with *why when it
+  // cannot (the UDP port is another program's, ...).
+  virtual StreamListener* Listen(const sockaddr* local, bool v6only, Reason* why) noexcept = 0;
+  virtual void Unlisten(StreamListener* listener) noexcept = 0;
+  // Readable when REQs wait; Service answers them (within a budget: true when more wait).
+  virtual int ServiceFd(StreamListener* listener) noexcept = 0;
+  virtual bool Service(StreamListener* listener) noexcept = 0;
+  // The listening socket is shared by processes (fork): REQs are refused from now on, since
+  // the process that answers one may not be the one whose accept() takes its SYN.
+  virtual void Share(StreamListener* listener) noexcept = 0;
+  virtual bool HasPending(StreamListener* listener, const wire::Endpoint& client,
+                          const wire::Endpoint& server) noexcept = 0;
+  virtual void DropPending(StreamListener* listener, const wire::Endpoint& client,
+                           const wire::Endpoint& server) noexcept = 0;
+  // The pending request's channel, *held* until its client's CONFIRM settles it. nullptr
+  // with *why; *committed when its client had our REP (its CONFIRM may be on its way).
+  virtual std::unique_ptr<Channel> AcceptPending(StreamListener* listener,
+                                                 const wire::Endpoint& client,
+                                                 const wire::Endpoint& server, int proxy_b,
+                                                 Reason* why, bool* committed) noexcept = 0;
+
+  // --- connecting side ---
+  // A client for `dest` (the negative cache answers here, before anything is sent): its
+  // UDP socket, connected, names the source address the TCP socket binds to (*source).
+  virtual StreamClient* Start(const sockaddr* dest, sockaddr_storage* source,
+                              Reason* why) noexcept = 0;
+  // Sends the REQ for the now known 4-tuple (the TCP socket is bound).
+  virtual bool Request(StreamClient* client, const wire::Endpoint& from, const wire::Endpoint& to,
+                       uint64_t nonce, uint32_t ring_size, Reason* why) noexcept = 0;
+  enum class Step : uint8_t {
+    kWaiting,   // wait for EventFd or Deadline
+    kAccepted,  // the REP came: the SYN may go
+    kFailed,    // *why (the negative cache remembers it where it should)
+  };
+  virtual Step Advance(StreamClient* client, Reason* why) noexcept = 0;
+  virtual int EventFd(StreamClient* client) noexcept = 0;
+  virtual uint64_t Deadline(StreamClient* client) noexcept = 0;
+  // The TCP connection is up and the CONFIRM sent: the channel. Consumes `client`.
+  virtual std::unique_ptr<Channel> Finish(StreamClient* client, int proxy_b) noexcept = 0;
+  // Gives up; the listener's pending request expires. Consumes `client`.
+  virtual void Abort(StreamClient* client) noexcept = 0;
+
+  // fork(): in the child every inherited connection fails (the endpoint is the parent's),
+  // and no new one is made.
+  virtual void ForkPrepare() noexcept = 0;
+  virtual void ForkParent() noexcept = 0;
+  virtual void ForkChild() noexcept = 0;
+  // At exit: waits (bounded) until every connection's writes completed.
+  virtual void FlushAll(int timeout_ms) noexcept = 0;
+};
+
+}  // namespace slip::fabric
+
+extern "C" {
+// The process's stream module, or nullptr with a one-line reason in `error` (no provider
+// can serve). `config` and `options` must outlive it; descriptors it keeps go at or above
+// `hidden_fd_floor`.
+slip::fabric::StreamModule* slip_fabric_stream_module(const slip::Config* config,
+                                                      const slip::fabric::Options* options,
+                                                      int hidden_fd_floor, char* error,
+                                                      size_t error_len);
+}

@@ -1,0 +1,370 @@
+// StreamConn's set-up, data path and close: the Channel functions the stream calls, the
+// notes the completion queue hands in, and the writes that carry bytes and notes.
+#include "fabric/stream_conn.h"
+
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <sched.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "core/log.h"
+#include "core/proxy.h"
+#include "core/sys.h"
+#include "fabric/stream_fabric.h"
+
+namespace slip::fabric {
+
+namespace {
+constexpr size_t kPage = 4096;
+// How long a close waits for its writes to complete before it leaves their memory behind.
+constexpr int kCloseFlushMs = 5000;
+// The same when the peer's TCP connection has ended (its writes' completions, if any, are
+// already on their way).
+constexpr int kEndedFlushMs = 100;
+}  // namespace
+
+StreamConn::StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept
+    : Channel(ring_size), fabric_(fabric), failover_("fabric", this, ring_size) {}
+
+StreamConn* StreamConn::Create(StreamFabric* fabric, uint32_t ring_size, Reason* why) noexcept {
+  std::unique_ptr<StreamConn> c(new (std::nothrow) StreamConn(fabric, ring_size));
+  *why = Reason::kResources;
+  if (!c || !c->Init(why)) return nullptr;
+  return c.release();
+}
+
+bool StreamConn::Init(Reason* why) noexcept {
+  const size_t size = 2 * size_t(ring_size());
+  memory_.reset(new (std::nothrow) uint8_t[size + kPage]);
+  if (!memory_) return false;
+  auto at = (uintptr_t(memory_.get()) + kPage - 1) & ~uintptr_t(kPage - 1);
+  auto* rx = reinterpret_cast<uint8_t*>(at);
+  rx_ring_.store(rx, std::memory_order_release);
+  tx_ring_ = rx + ring_size();
+  uint64_t unused_key = 0;
+  void* unused_desc = nullptr;
+  // The peer writes our receive ring; we write from our send ring.
+  if (!fabric_->Register(rx, ring_size(), FI_REMOTE_WRITE, &rx_mr_, &rx_key_, &unused_desc, why) ||
+      !fabric_->Register(tx_ring_, ring_size(), FI_WRITE, &tx_mr_, &unused_key, &tx_desc_, why))
+    return false;
+  rx_base_ = fabric_->RmaBase(rx);
+  failover_.SetRings(rx, tx_ring_);
+  tag_ = fabric_->AddConn(this);
+  if (tag_ == 0) {
+    SLIP_LOG(kWarn, "fabric: the process has as many connections as notes can name");
+    *why = Reason::kResources;
+    return false;
+  }
+  return true;
+}
+
+StreamConn::~StreamConn() {
+  if (orphaned_.load(std::memory_order_acquire)) {
+    // A fork child: the registrations and the table are the parent's.
+    (void)rx_mr_.release();
+    (void)tx_mr_.release();
+    if (proxy_b_ >= 0) sys::close(proxy_b_);
+    return;
+  }
+  // A peer whose TCP connection ended (it closed, or died) takes no notes: its own close
+  // said what it had to, and a dead one never completes our writes.
+  const bool peer_ended = PeerEnded();
+  if (proxy_b_ >= 0 && peer_.addr != FI_ADDR_NOTAVAIL && !held() && on_fabric() && !aborting_ &&
+      !peer_ended && error_.load(std::memory_order_acquire) == 0) {
+    // The last holder closes (fabric connections do not cross fork): as TCP's close, a
+    // final exact credit (the peer tells "our bytes were unread" from it), EOF for the
+    // peer's reader and CLOSED for its writer, then every write completed.
+    const uint64_t consumed = failover_.consumed();
+    if (consumed != credit_sent_ && PostNote(note::Kind::kCredit, consumed))
+      credit_sent_ = consumed;
+    if (!eof_posted_.exchange(true)) PostNote(note::Kind::kEof, tx_posted_);
+    if (!closed_posted_.exchange(true)) PostNote(note::Kind::kClosed, consumed);
+  }
+  bool flushed = true;
+  if (tag_ != 0) {
+    flushed = Flush(peer_ended ? kEndedFlushMs : kCloseFlushMs);
+    if (!on_fabric() && !aborting_ && failover_.on_tcp()) failover_.FinishOnClose(kCloseFlushMs);
+    fabric_->RemoveConn(tag_);
+  }
+  // Writes still in flight may read our send ring, and the peer's may still land in our
+  // receive ring: both stay registered until the provider is surely done with them. Not
+  // when every write of ours completed and the peer said its last (its CLOSED follows
+  // everything it wrote).
+  const bool peer_done = rx_eof_.load() && peer_closed_.load();
+  if (flushed && peer_done) {
+    rx_mr_.reset();
+    tx_mr_.reset();
+  } else if (rx_mr_ || tx_mr_) {
+    fabric_->Retire(std::move(rx_mr_), std::move(tx_mr_), std::move(memory_), 2 * ring_size());
+  }
+  if (peer_.addr != FI_ADDR_NOTAVAIL) fabric_->RemovePeer(peer_.addr);
+  if (proxy_b_ >= 0) sys::close(proxy_b_);
+}
+
+bool StreamConn::PeerEnded() const noexcept {
+  const int fd = failover_.anchor();
+  if (fd < 0) return false;
+  uint8_t byte;
+  const ssize_t n = sys::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+const char* StreamConn::provider() const noexcept {
+  return fabric_->provider();
+}
+
+void StreamConn::SetProxy(int proxy_b) noexcept {
+  proxy_b_ = proxy_b;
+  failover_.SetOwnProxy(proxy_b);
+}
+
+void StreamConn::Orphan() noexcept {
+  orphaned_.store(true, std::memory_order_release);
+  error_.store(ECONNRESET, std::memory_order_release);
+}
+
+bool StreamConn::Flush(int timeout_ms) noexcept {
+  if (failover_.on_tcp()) return failover_.PushAll(timeout_ms);
+  const uint64_t until = sys::MonotonicMs() + uint64_t(timeout_ms);
+  uint64_t next_look = 0;
+  while (tx_completed_.load(std::memory_order_acquire) !=
+         tx_writes_.load(std::memory_order_acquire)) {
+    if (fabric_->Poll() != 0) continue;
+    const uint64_t now = sys::MonotonicMs();
+    if (now >= until) return false;
+    // A peer that is gone never completes them.
+    if (now >= next_look) {
+      if (PeerEnded() && now + kEndedFlushMs < until) return Flush(kEndedFlushMs);
+      next_look = now + 10;
+    }
+    sched_yield();
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------------ notes
+
+void StreamConn::OnNote(uint64_t data) noexcept {
+  if (halted_.load(std::memory_order_acquire) || orphaned_.load(std::memory_order_relaxed)) return;
+  // Two pollers may hand us notes out of order, so each says where its stream stands: the
+  // end of the stream carries the last `produced` (it must not overtake the bytes before
+  // it), and CLOSED the last `consumed`.
+  switch (note::KindOf(data)) {
+    case note::Kind::kData:
+      if (TakeProduced(data)) WakeReaderNow();
+      break;
+    case note::Kind::kCredit:
+      if (TakeCredit(data)) WakeWriterNow();
+      break;
+    case note::Kind::kEof:
+      if (!TakeProduced(data)) break;
+      rx_eof_.store(true, std::memory_order_release);
+      WakeReaderNow();
+      if (proxy_b_ >= 0 && !held()) sys::shutdown(proxy_b_, SHUT_WR);
+      break;
+    case note::Kind::kClosed:
+      if (!TakeCredit(data)) break;
+      peer_closed_.store(true, std::memory_order_release);
+      WakeWriterNow();
+      break;
+    default:
+      SLIP_LOG(kWarn, "fabric: a note of unknown kind from the peer; resetting");
+      Fail(EPROTO);
+      break;
+  }
+}
+
+bool StreamConn::TakeProduced(uint64_t data) noexcept {
+  uint64_t known = rx_produced_.load(std::memory_order_acquire);
+  const uint64_t ahead = note::Ahead(data, known);
+  if (note::Stale(ahead)) return true;  // (a later note said more already)
+  const uint64_t produced = known + ahead;
+  // A peer that claims more than the ring holds would make us read garbage.
+  if (produced - failover_.consumed() > ring_size()) {
+    SLIP_LOG(kWarn, "fabric: the peer overran the ring (produced %llu, consumed %llu); resetting",
+             (unsigned long long)produced, (unsigned long long)failover_.consumed());
+    Fail(EPROTO);
+    return false;
+  }
+  while (produced > known &&
+         !rx_produced_.compare_exchange_weak(known, produced, std::memory_order_acq_rel)) {
+  }
+  return true;
+}
+
+bool StreamConn::TakeCredit(uint64_t data) noexcept {
+  uint64_t known = tx_credit_.load(std::memory_order_acquire);
+  const uint64_t ahead = note::Ahead(data, known);
+  if (note::Stale(ahead)) return true;
+  const uint64_t credit = known + ahead;
+  if (credit > failover_.published()) {
+    SLIP_LOG(kWarn, "fabric: the peer credited bytes never sent; resetting");
+    Fail(EPROTO);
+    return false;
+  }
+  while (credit > known &&
+         !tx_credit_.compare_exchange_weak(known, credit, std::memory_order_acq_rel)) {
+  }
+  return true;
+}
+
+void StreamConn::OnWriteFailed(int error) noexcept {
+  tx_completed_.fetch_add(1, std::memory_order_acq_rel);
+  // After the peer's orderly close its ring may be gone: the end, not a failure.
+  if (peer_closed_.load(std::memory_order_acquire) || !on_fabric()) return;
+  SLIP_LOG(kInfo, "fabric: a write failed (%s)", fi_strerror(error));
+  TransportFailed(wire::FailoverCause::kTransportError);
+}
+
+void StreamConn::WakeReaderNow() const noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (proxy_b_ >= 0 && proxy::TakeReaderAsk(&rx_wake_)) proxy::WriteToken(&rx_wake_, proxy_b_);
+}
+
+void StreamConn::WakeWriterNow() const noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (proxy_b_ >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
+      tx_wake_.writer_waiting.exchange(0))
+    proxy::Unfill(proxy_b_);
+}
+
+void StreamConn::Fail(int error) noexcept {
+  if (held()) {
+    held_broken_.store(true, std::memory_order_seq_cst);  // settling decides
+    return;
+  }
+  int expected = 0;
+  if (!error_.compare_exchange_strong(expected, error)) return;
+  if (proxy_b_ >= 0) {
+    sys::shutdown(proxy_b_, SHUT_WR);
+    proxy::Unfill(proxy_b_);
+  }
+}
+
+// ------------------------------------------------------------------------ Channel
+
+uint64_t StreamConn::RxProduced() const noexcept {
+  switch (failover_.carriage()) {
+    case Carriage::kHeld:
+      return 0;
+    case Carriage::kTcp:
+      return failover_.Pull();  // (nothing is delivered before the gate opens)
+    case Carriage::kTransport:
+    case Carriage::kFailing:
+      break;
+  }
+  fabric_->Poll();
+  return rx_produced_.load(std::memory_order_acquire);
+}
+
+bool StreamConn::RxEof() const noexcept {
+  if (held()) return false;
+  if (rx_eof_.load(std::memory_order_acquire)) return true;
+  if (failover_.on_tcp()) return failover_.eof();
+  return false;
+}
+
+int StreamConn::Error() const noexcept {
+  if (held()) return 0;
+  int error = error_.load(std::memory_order_acquire);
+  if (error == 0 && failover_.on_tcp()) error = failover_.error();
+  return error;
+}
+
+void StreamConn::RxConsumed(uint64_t consumed) noexcept {
+  failover_.SetConsumed(consumed);
+  if (failover_.carriage() != Carriage::kTransport) return;  // TCP has its own window
+  // A sender waits only on a full ring, and a reader that wants more must first empty it:
+  // a credit every quarter ring never leaves the two waiting on each other.
+  if (consumed - credit_sent_ >= ring_size() / 4 && PostNote(note::Kind::kCredit, consumed))
+    credit_sent_ = consumed;
+}
+
+uint64_t StreamConn::TxConsumed() const noexcept {
+  switch (failover_.carriage()) {
+    case Carriage::kHeld:
+      return failover_.published() - ring_size();  // a full ring: nothing can be sent
+    case Carriage::kTcp:
+      return failover_.Push();
+    case Carriage::kTransport:
+    case Carriage::kFailing:
+      break;
+  }
+  fabric_->Poll();
+  return tx_credit_.load(std::memory_order_acquire);
+}
+
+void StreamConn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
+  std::memcpy(tx_ring_ + offset, src, len);
+}
+
+void StreamConn::TxPublish(uint64_t produced) noexcept {
+  // (A publish racing with failover is sent by one of the two: AnchorFailover::Publish.)
+  if (failover_.Publish(produced) != Carriage::kTransport || produced == tx_posted_) return;
+  const uint32_t mask = ring_size() - 1;
+  uint64_t from = tx_posted_;
+  while (from < produced) {
+    const uint32_t offset = uint32_t(from & mask);
+    uint64_t len = produced - from;
+    if (len > ring_size() - offset) len = ring_size() - offset;
+    from += len;
+    // The last write of the publish carries its note.
+    const uint64_t data =
+        from == produced ? note::Encode(peer_.note_tag, note::Kind::kData, produced) : 0;
+    if (!Post(offset, uint32_t(len), data)) return;
+  }
+  tx_posted_ = produced;
+}
+
+bool StreamConn::TxPeerClosed() const noexcept {
+  if (held()) return false;
+  if (peer_closed_.load(std::memory_order_acquire)) return true;
+  if (failover_.on_tcp()) return failover_.peer_closed();
+  return false;
+}
+
+void StreamConn::CloseTx() noexcept {
+  // (The same race as TxPublish's.) On TCP the FIN follows the last byte; held, settling
+  // sends the EOF.
+  if (failover_.FinishTx() == Carriage::kTransport && !eof_posted_.exchange(true))
+    PostNote(note::Kind::kEof, tx_posted_);
+}
+
+void StreamConn::CloseRx() noexcept {
+  rx_close_wanted_.store(true, std::memory_order_seq_cst);
+  if (failover_.carriage() == Carriage::kTransport && !closed_posted_.exchange(true))
+    PostNote(note::Kind::kClosed, failover_.consumed());
+}
+
+// ------------------------------------------------------------------------ posting
+
+bool StreamConn::Post(uint32_t offset, uint32_t len, uint64_t data) noexcept {
+  if (peer_.addr == FI_ADDR_NOTAVAIL || error_.load(std::memory_order_acquire) != 0 ||
+      orphaned_.load(std::memory_order_relaxed))
+    return false;
+  void* context = reinterpret_cast<void*>(uintptr_t(tag_));
+  const uint64_t remote = peer_.base + offset;
+  for (;;) {
+    const ssize_t rc = fabric_->Write(tx_ring_ + offset, len, tx_desc_, data, peer_.addr, remote,
+                                      peer_.key, context);
+    if (rc == 0) {
+      tx_writes_.fetch_add(1, std::memory_order_acq_rel);
+      return true;
+    }
+    if (rc != -FI_EAGAIN) {
+      SLIP_LOG(kWarn, "fabric: %s",
+               FabricError(data ? "fi_writedata" : "fi_write", int(rc)).c_str());
+      TransportFailed(wire::FailoverCause::kTransportError);
+      return false;
+    }
+    // The provider's queue is full: completions free it.
+    if (fabric_->Poll() == 0) sched_yield();
+    if (error_.load(std::memory_order_acquire) != 0 || !on_fabric()) return false;
+  }
+}
+
+}  // namespace slip::fabric

@@ -1,0 +1,194 @@
+// StreamConn: one of the shim's connections over libfabric; the fabric Channel.
+//
+// Data: the sender copies into its own registered send ring and writes the same offsets of
+// the peer's registered receive ring (fi_write; the wrap splits a publish in two). The last
+// write of a publish is an fi_writedata whose remote CQ data is a note (fabric/
+// stream_note.h): the new `produced`. Credits go back the same way, as empty writes whose
+// note is the receiver's `consumed` (every quarter ring), and so do the stream's ends (EOF,
+// CLOSED). The endpoint orders writes (FI_ORDER_WAW), so a note's completion at the
+// receiver says that every byte before its cursor has landed.
+//
+// Progress: the process's one completion queue (StreamFabric) hands each note to the
+// connection its tag names. Whoever waits polls it (a spinning reader or writer, the
+// stream's adaptive spin), and the module's progress thread sleeps on it otherwise, so
+// arrivals are taken whether anybody asks or not (ShowsArrivalsWithoutAsk).
+//
+// Failover: a write that fails (the peer's endpoint gone, the provider's connection broken)
+// moves the stream onto its TCP anchor through core's AnchorFailover, from the byte both
+// ends agree on; halting means deregistering the receive ring, so that nothing lands in it
+// after our count. A server's connection is held until its client's CONFIRM (settle in
+// stream_settle.cc), exactly as verbs'.
+//
+// Thread safety: the Channel contract; posting and polling are thread safe (the domain is
+// FI_THREAD_SAFE); the switches of the carriage run under failover_.lock().
+#pragma once
+
+#include <rdma/fabric.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "core/channel.h"
+#include "core/channel_control.h"
+#include "core/failover.h"
+#include "core/settle_gate.h"
+#include "fabric/domain.h"
+#include "fabric/stream_note.h"
+
+namespace slip::fabric {
+
+class StreamFabric;
+
+// Where a peer's receive ring is, as its REQ or REP said.
+struct PeerRing {
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  uint64_t key = 0;
+  uint64_t base = 0;  // the RMA address of its byte 0
+  uint32_t note_tag = 0;
+};
+
+class StreamConn final : public Channel, public ChannelControl, private AnchorFailover::Ends {
+ public:
+  // Rings of `ring_size` bytes, registered; a tag in the fabric's table. nullptr with *why.
+  static StreamConn* Create(StreamFabric* fabric, uint32_t ring_size, Reason* why) noexcept;
+  ~StreamConn() override;
+
+  uint32_t tag() const noexcept { return tag_; }
+  // What the REQ or REP tells the peer about our receive ring.
+  uint64_t rx_key() const noexcept { return rx_key_; }
+  uint64_t rx_base() const noexcept { return rx_base_; }
+  void SetPeer(const PeerRing& peer) noexcept { peer_ = peer; }
+  // The local proxy end that receives tokens and fill drains (owned from now on).
+  void SetProxy(int proxy_b) noexcept;
+  // Server: held until the client proves in band that it made the request (a CONFIRM with
+  // `nonce`); Settle decides by `deadline_ms`.
+  void Hold(uint64_t nonce, uint64_t deadline_ms) noexcept;
+  bool held() const noexcept { return failover_.held(); }
+
+  // The completion queue's news for this connection (any thread that polled it).
+  void OnNote(uint64_t data) noexcept;
+  void OnWriteDone() noexcept { tx_completed_.fetch_add(1, std::memory_order_acq_rel); }
+  void OnWriteFailed(int error) noexcept;
+  // After fork in a child: never touch the parent's fabric objects again.
+  void Orphan() noexcept;
+  // Waits (bounded) until every posted write completed.
+  bool Flush(int timeout_ms) noexcept;
+
+  // --- Channel ---
+  TransportKind kind() const noexcept override { return TransportKind::kFabric; }
+  const char* provider() const noexcept override;
+  uint64_t RxProduced() const noexcept override;
+  const uint8_t* RxData() const noexcept override {
+    return rx_ring_.load(std::memory_order_acquire);
+  }
+  void RxConsumed(uint64_t consumed) noexcept override;
+  bool RxEof() const noexcept override;
+  WakeState* RxWake() noexcept override { return &rx_wake_; }
+  int Error() const noexcept override;
+  uint64_t TxConsumed() const noexcept override;
+  void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
+  void TxPublish(uint64_t produced) noexcept override;
+  bool TxPeerClosed() const noexcept override;
+  WakeState* TxWake() noexcept override { return &tx_wake_; }
+  void CloseTx() noexcept override;
+  void CloseRx() noexcept override;
+  void OnPeerViolation() noexcept override { Fail(EPROTO); }
+  ChannelControl* control() noexcept override { return this; }
+
+  // --- ChannelControl ---
+  void Abort() noexcept override { aborting_ = true; }
+  void SetAnchor(int fd) noexcept override { failover_.SetAnchor(fd); }
+  bool OnPeerFailover(const wire::Failover& peer) noexcept override;
+  bool AnchorCarriesStream() const noexcept override {
+    const Carriage carriage = failover_.carriage();
+    return carriage == Carriage::kTcp || carriage == Carriage::kHeld;
+  }
+  void OnAnchorReady(uint32_t events) noexcept override { failover_.OnAnchorReady(events); }
+  bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
+  // A fork child's copy fails at once (the endpoint is the parent's): never shared.
+  bool SharedWithOtherProcess() const noexcept override { return false; }
+  uint64_t SettleDeadline() const noexcept override {
+    return settle_at_.load(std::memory_order_acquire);
+  }
+  Settlement Settle(uint64_t now_ms, Reason* why) noexcept override;
+
+ private:
+  StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept;
+  bool Init(Reason* why) noexcept;
+
+  // Posts one write of ring bytes [offset, offset + len) (len 0: an empty write) with
+  // `note` as its remote CQ data, or none (note 0). False when the endpoint refuses (the
+  // failover is requested then).
+  bool Post(uint32_t offset, uint32_t len, uint64_t note) noexcept;
+  bool PostNote(note::Kind kind, uint64_t cursor) noexcept {
+    return Post(0, 0, note::Encode(peer_.note_tag, kind, cursor));
+  }
+  void Fail(int error) noexcept;
+  // The anchor says the peer's TCP connection ended (EOF, reset, an error).
+  bool PeerEnded() const noexcept;
+  // A note's cursor into rx_produced_ (data, the end) or tx_credit_ (credit, CLOSED), which
+  // only move forward. False when the peer broke the protocol (the connection failed).
+  bool TakeProduced(uint64_t data) noexcept;
+  bool TakeCredit(uint64_t data) noexcept;
+  void WakeReaderNow() const noexcept override;
+  void WakeWriterNow() const noexcept override;
+  bool MayDeliver() const noexcept override;
+
+  // Failover (stream_settle.cc), under failover_.lock() where it says Locked.
+  bool on_fabric() const noexcept { return failover_.on_transport(); }
+  // Nothing lands in the stream's ring after this (it moves to a copy of the registered
+  // one) and notes are ignored: what arrived so far is what we received.
+  void HaltLocked() noexcept;
+  void TransportFailed(wire::FailoverCause cause) noexcept;
+  void SettlePlainLocked(bool gated) noexcept;
+  void AfterSettled() noexcept;
+
+  StreamFabric* const fabric_;
+  uint32_t tag_ = 0;
+  std::unique_ptr<uint8_t[]> memory_;  // both rings, page aligned inside
+  // The receive ring: the registered one, or its copy once halted (the registered one may
+  // still take the peer's last writes, and retires).
+  std::atomic<uint8_t*> rx_ring_{nullptr};
+  std::unique_ptr<uint8_t[]> rx_copy_;
+  uint8_t* tx_ring_ = nullptr;
+  MrPtr rx_mr_;
+  MrPtr tx_mr_;
+  void* tx_desc_ = nullptr;
+  uint64_t rx_key_ = 0;
+  uint64_t rx_base_ = 0;
+  PeerRing peer_;
+  int proxy_b_ = -1;
+  bool aborting_ = false;
+
+  mutable WakeState rx_wake_{};
+  mutable WakeState tx_wake_{};
+  std::atomic<uint64_t> rx_produced_{0};
+  std::atomic<uint64_t> tx_credit_{0};
+  std::atomic<bool> rx_eof_{false};
+  std::atomic<bool> peer_closed_{false};
+  std::atomic<int> error_{0};
+  std::atomic<bool> halted_{false};  // HaltLocked ran: notes are ignored
+  std::atomic<bool> orphaned_{false};
+
+  // Receiver thread only.
+  uint64_t credit_sent_ = 0;
+  // Sender thread only.
+  uint64_t tx_posted_ = 0;
+  std::atomic<bool> eof_posted_{false};
+  std::atomic<bool> closed_posted_{false};
+  std::atomic<uint64_t> tx_writes_{0};  // posted writes
+  std::atomic<uint64_t> tx_completed_{0};
+
+  // Settling: held until the CONFIRM (settle_at_: when Settle runs next, 0 settled).
+  std::atomic<uint64_t> settle_at_{0};
+  std::atomic<bool> held_broken_{false};
+  std::atomic<bool> rx_close_wanted_{false};
+  uint64_t held_nonce_ = 0;
+  uint64_t deadline_ms_ = 0;
+  SettleGate gate_;
+
+  AnchorFailover failover_;
+};
+
+}  // namespace slip::fabric

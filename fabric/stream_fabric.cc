@@ -1,0 +1,382 @@
+#include "fabric/stream_fabric.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "core/log.h"
+#include "core/sys.h"
+#include "fabric/stream_conn.h"
+#include "fabric/stream_note.h"
+#include "fabric/stream_wire.h"
+
+namespace slip::fabric {
+
+namespace {
+
+// Completion queue entries: every connection's writes in flight and the notes for it.
+constexpr size_t kCqEntries = 16384;
+// How long the progress thread sleeps in the provider's wait, and naps where it has none.
+constexpr int kWaitMs = 100;
+constexpr int kNapMaxUs = 1000;
+// How long a retired receive ring stays registered after its connection let go of it.
+constexpr uint64_t kRetireMs = 2000;
+
+}  // namespace
+
+std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, std::string* why) {
+  std::vector<InfoPtr> domains = FindDomains(options.provider, Use::kStreamRings, why);
+  if (domains.empty()) return nullptr;
+  std::unique_ptr<StreamFabric> f(new (std::nothrow) StreamFabric);
+  if (!f) {
+    *why = "out of memory";
+    return nullptr;
+  }
+  f->slots_.reset(new (std::nothrow) Slot[kSlots]);
+  if (!f->slots_) {
+    *why = "out of memory";
+    return nullptr;
+  }
+  // The first domain that opens: streams go wherever the provider's best interface reaches
+  // (one domain per process; a host with several NICs uses the first).
+  for (InfoPtr& info : domains) {
+    std::string domain_why;
+    f->domain_ = Domain::Open(std::move(info), &domain_why);
+    if (f->domain_ && f->endpoint_.Open(*f->domain_, kCqEntries, FI_CQ_FORMAT_DATA,
+                                        /*waitable=*/true, &domain_why))
+      break;
+    f->endpoint_.Close();
+    f->domain_.reset();
+    *why = domain_why;
+  }
+  if (!f->domain_) return nullptr;
+  f->address_len_ = sizeof(f->address_);
+  if (!f->endpoint_.Name(f->address_, &f->address_len_) ||
+      f->address_len_ > streamwire::kMaxAddressBytes) {
+    *why = "the endpoint's address does not fit a REQ";
+    return nullptr;
+  }
+  const uint64_t mr_mode = f->domain_->info().domain_attr->mr_mode;
+  f->prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
+  f->virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
+  f->local_mr_ = (mr_mode & FI_MR_LOCAL) != 0;
+  SLIP_LOG(kInfo, "fabric: streams over %s (domain %s%s)", f->provider(), f->domain_->name(),
+           f->endpoint_.waitable() ? "" : "; completions polled, no wait object");
+  return f;
+}
+
+StreamFabric::~StreamFabric() {
+  if (abandoned_.load()) {
+    // (A fork child: the parent's objects stay as they are.)
+    endpoint_.Forget();
+    (void)domain_.release();
+    return;
+  }
+  StopProgress();
+}
+
+bool StreamFabric::Register(void* buf, size_t len, uint64_t access, MrPtr* mr, uint64_t* key,
+                            void** desc, Reason* why) noexcept {
+  fid_mr* out = nullptr;
+  int rc = -FI_ENOKEY;
+  for (int attempt = 0; attempt < 8 && rc == -FI_ENOKEY; ++attempt) {
+    // A key a stranger cannot guess, where we choose it (a key names memory others write).
+    uint64_t requested = 0;
+    if (!prov_key_ && getrandom(&requested, sizeof(requested), 0) != sizeof(requested)) break;
+    const size_t key_size = domain_->info().domain_attr->mr_key_size;
+    if (key_size < 8) requested &= (uint64_t(1) << (8 * key_size)) - 1;
+    std::lock_guard<std::mutex> fi(fi_mu_);
+    rc = fi_mr_reg(domain_->domain(), buf, len, access, 0, requested, 0, &out, nullptr);
+  }
+  if (rc != 0) {
+    *why = rc == -FI_ENOMEM || rc == -ENOMEM || rc == -FI_EPERM ? Reason::kMemlock
+                                                                : Reason::kResources;
+    SLIP_LOG(kWarn, "fabric: cannot register a ring of %zu bytes: %s%s", len,
+             FabricError("fi_mr_reg", rc).c_str(),
+             *why == Reason::kMemlock ? " (RLIMIT_MEMLOCK too low?)" : "");
+    return false;
+  }
+  mr->reset(out);
+  *key = fi_mr_key(out);
+  *desc = local_mr_ ? fi_mr_desc(out) : nullptr;
+  return true;
+}
+
+uint64_t StreamFabric::RmaBase(const void* buf) const noexcept {
+  return virt_addr_ ? uint64_t(uintptr_t(buf)) : 0;
+}
+
+fi_addr_t StreamFabric::AddPeer(const uint8_t* address, size_t len) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Peer& p : peers_) {
+    if (p.address.size() == len && std::memcmp(p.address.data(), address, len) == 0) {
+      ++p.users;
+      return p.addr;
+    }
+  }
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  {
+    std::lock_guard<std::mutex> fi(fi_mu_);
+    if (!endpoint_.Insert(address, len, &addr)) return FI_ADDR_NOTAVAIL;
+  }
+  try {
+    peers_.push_back(Peer{std::vector<uint8_t>(address, address + len), addr, 1});
+  } catch (...) {
+    return FI_ADDR_NOTAVAIL;  // (the entry stays in the vector, unused)
+  }
+  return addr;
+}
+
+void StreamFabric::RemovePeer(fi_addr_t addr) noexcept {
+  // Entries stay in the address vector: removing one tears down ofi_rxm's connection to
+  // that host, which a later connection there would build again.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Peer& p : peers_)
+    if (p.addr == addr && p.users > 0) --p.users;
+}
+
+uint32_t StreamFabric::AddConn(StreamConn* conn) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint32_t tries = 1; tries < kSlots; ++tries) {
+    const uint32_t index = next_slot_;
+    next_slot_ = next_slot_ + 1 == kSlots ? 1 : next_slot_ + 1;
+    Slot& s = slots_[index];
+    if (s.conn.load(std::memory_order_relaxed) != nullptr) continue;
+    // A new generation each time: a late note for the slot's last connection names a tag
+    // that no longer matches.
+    s.generation = (s.generation + 1) & ((1u << (24 - kSlotBits)) - 1);
+    const uint32_t tag = s.generation << kSlotBits | index;
+    s.tag.store(tag, std::memory_order_seq_cst);
+    s.conn.store(conn, std::memory_order_seq_cst);
+    return tag;
+  }
+  return 0;
+}
+
+void StreamFabric::RemoveConn(uint32_t tag) noexcept {
+  Slot& s = slots_[tag & (kSlots - 1)];
+  s.conn.store(nullptr, std::memory_order_seq_cst);
+  s.tag.store(0, std::memory_order_seq_cst);
+  while (s.users.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+}
+
+void StreamFabric::Dispatch(const fi_cq_data_entry& e) noexcept {
+  if (e.flags & FI_REMOTE_CQ_DATA) {
+    // A note from a peer: its tag names our connection (a stale or forged one names none).
+    WithConn(note::TagOf(e.data), [&](StreamConn* c) { c->OnNote(e.data); });
+  } else {
+    // One of our writes completed; its context is its connection's tag.
+    WithConn(uint32_t(uintptr_t(e.op_context)), [](StreamConn* c) { c->OnWriteDone(); });
+  }
+}
+
+int StreamFabric::Poll() noexcept {
+  if (abandoned_.load(std::memory_order_relaxed)) return 0;
+  int taken = 0;
+  for (;;) {
+    fi_cq_data_entry entries[16];
+    fi_cq_err_entry err{};
+    ssize_t n;
+    {
+      std::lock_guard<std::mutex> fi(fi_mu_);
+      n = fi_cq_read(endpoint_.cq(), entries, 16);
+      if (n == -FI_EAVAIL && fi_cq_readerr(endpoint_.cq(), &err, 0) != 1) n = -FI_EAGAIN;
+    }
+    // Handed over without the lock: a connection may post from here.
+    if (n == -FI_EAVAIL) {
+      DispatchError(err);
+      ++taken;
+      continue;
+    }
+    if (n <= 0) return taken;
+    for (ssize_t i = 0; i < n; ++i) Dispatch(entries[i]);
+    taken += int(n);
+    if (n < 16) return taken;
+  }
+}
+
+ssize_t StreamFabric::Write(const void* buf, size_t len, void* desc, uint64_t data, fi_addr_t peer,
+                            uint64_t remote, uint64_t key, void* context) noexcept {
+  std::lock_guard<std::mutex> fi(fi_mu_);
+  if (data != 0)
+    return fi_writedata(endpoint_.ep(), buf, len, desc, data, peer, remote, key, context);
+  return fi_write(endpoint_.ep(), buf, len, desc, peer, remote, key, context);
+}
+
+void StreamFabric::DispatchError(const fi_cq_err_entry& err) noexcept {
+  const int error = err.err ? err.err : EIO;
+  SLIP_LOG(kDebug, "fabric: completion error: %s (flags %llx, provider error %d)",
+           fi_strerror(error), (unsigned long long)err.flags, err.prov_errno);
+  if (err.flags & FI_REMOTE_CQ_DATA) return;  // (a peer's write that failed here: its problem)
+  WithConn(uint32_t(uintptr_t(err.op_context)),
+           [error](StreamConn* c) { c->OnWriteFailed(error); });
+}
+
+void StreamFabric::Retire(MrPtr rx, MrPtr tx, std::unique_ptr<uint8_t[]> memory,
+                          size_t bytes) noexcept {
+  const uint64_t until = sys::MonotonicMs() + kRetireMs;
+  bool over = false;
+  {
+    std::lock_guard<std::mutex> lock(retired_mu_);
+    try {
+      retired_.push_back(Retired{std::move(rx), std::move(tx), std::move(memory), until, bytes});
+    } catch (...) {
+      // No room to remember it: it stays registered and allocated for good (never freed
+      // under a peer that may still write it).
+      (void)rx.release();
+      (void)tx.release();
+      (void)memory.release();
+      return;
+    }
+    retired_bytes_ += bytes;
+    over = retired_bytes_ > kRetiredMax;
+    uint64_t expected = 0;
+    next_expiry_ms_.compare_exchange_strong(expected, until);
+  }
+  if (over) ReleaseRetired(sys::MonotonicMs(), /*force=*/true);
+}
+
+void StreamFabric::ReleaseRetired(uint64_t now_ms, bool force) noexcept {
+  const uint64_t next = next_expiry_ms_.load(std::memory_order_relaxed);
+  if (!force && (next == 0 || now_ms < next)) return;
+  std::vector<Retired> done;
+  {
+    std::lock_guard<std::mutex> lock(retired_mu_);
+    // (In the order they retired: the oldest first.)
+    size_t keep_from = 0;
+    while (keep_from < retired_.size() &&
+           (retired_[keep_from].until_ms <= now_ms || (force && retired_bytes_ > kRetiredMax))) {
+      retired_bytes_ -= retired_[keep_from].bytes;
+      ++keep_from;
+    }
+    try {
+      done.reserve(keep_from);
+    } catch (...) {
+      return;
+    }
+    for (size_t i = 0; i < keep_from; ++i) done.push_back(std::move(retired_[i]));
+    retired_.erase(retired_.begin(), retired_.begin() + ptrdiff_t(keep_from));
+    next_expiry_ms_.store(retired_.empty() ? 0 : retired_.front().until_ms,
+                          std::memory_order_relaxed);
+  }
+  std::lock_guard<std::mutex> fi(fi_mu_);
+  for (Retired& r : done) {
+    r.rx.reset();
+    r.tx.reset();
+  }
+}
+
+bool StreamFabric::WatchFd(int fd, ServeFn serve, void* ctx) noexcept {
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  if (watches_.size() >= kMaxWatches) return false;
+  try {
+    watches_.push_back(Watch{fd, serve, ctx});
+  } catch (...) {
+    return false;
+  }
+  return StartProgress();
+}
+
+void StreamFabric::UnwatchFd(int fd) noexcept {
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  for (size_t i = 0; i < watches_.size(); ++i) {
+    if (watches_[i].fd == fd) {
+      watches_[i] = watches_.back();
+      watches_.pop_back();
+      return;
+    }
+  }
+}
+
+void StreamFabric::ProgressLoop() noexcept {
+  int nap_us = 0;
+  fid* cq = &endpoint_.cq()->fid;
+  pollfd fds[kMaxWatches + 1];
+  while (!stop_.load(std::memory_order_acquire)) {
+    if (Poll() > 0) {
+      nap_us = 0;
+      continue;
+    }
+    ReleaseRetired(sys::MonotonicMs());
+    nfds_t n = 0;
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      for (const Watch& w : watches_) fds[n++] = pollfd{w.fd, POLLIN, 0};
+    }
+    timespec wait{0, 0};
+    if (endpoint_.waitable()) {
+      // The provider says when its descriptor may be slept on (nothing it must progress
+      // by hand first); not fi_cq_sread, which would sleep holding the lock every poster
+      // needs.
+      int ready;
+      {
+        std::lock_guard<std::mutex> fi(fi_mu_);
+        ready = fi_trywait(domain_->fabric(), &cq, 1);
+      }
+      if (ready != FI_SUCCESS) continue;
+      fds[n++] = pollfd{endpoint_.wait_fd(), POLLIN, 0};
+      wait.tv_nsec = long(kWaitMs) * 1000000;
+    } else {
+      // Polled: naps that grow while nothing comes.
+      nap_us = std::min(kNapMaxUs, nap_us ? nap_us * 2 : 20);
+      wait.tv_nsec = long(nap_us) * 1000;
+    }
+    if (ppoll(fds, n, &wait, nullptr) <= 0) continue;
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    for (nfds_t i = 0; i < n; ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLERR))) continue;
+      for (const Watch& w : watches_)
+        if (w.fd == fds[i].fd) w.serve(w.ctx);
+    }
+  }
+}
+
+bool StreamFabric::StartProgress() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (progress_.joinable()) return true;
+  // The application's signals are its own threads' business: the new thread inherits a
+  // mask that blocks them all.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  bool started = true;
+  try {
+    progress_ = std::thread([this] { ProgressLoop(); });
+    pthread_setname_np(progress_.native_handle(), "slip-fabric");
+  } catch (...) {
+    started = false;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return started;
+}
+
+void StreamFabric::StopProgress() noexcept {
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    t.swap(progress_);
+  }
+  if (!t.joinable()) return;
+  stop_.store(true, std::memory_order_release);
+  t.join();
+}
+
+void StreamFabric::Abandon() noexcept {
+  abandoned_.store(true, std::memory_order_release);
+  // The parent's thread does not exist here: its handle is forgotten, not joined.
+  new (&progress_) std::thread();
+}
+
+}  // namespace slip::fabric

@@ -1,0 +1,181 @@
+// StreamFabric: what every stream of one process shares over libfabric. One domain (the
+// provider's best, or SLIP_FABRIC_PROVIDER's), one RDM endpoint with its address vector and
+// one completion queue, the table that turns a note's tag into its connection, and the
+// progress thread that takes completions while nobody waits for them.
+//
+// One endpoint for all streams, as RDM allows: a peer host costs one provider connection
+// (ofi_rxm's) however many TCP connections go there, and a connection costs only its two
+// registered rings.
+//
+// Thread safety: everything may be called from any thread. Every call into libfabric is
+// made under one lock (the domain is FI_THREAD_DOMAIN), and completions are handed to their
+// connections after it is released, so a connection may post from what it is handed. A
+// connection is dispatched to only while it is in the table; RemoveConn waits for
+// dispatches that already found it.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_eq.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/stats.h"
+#include "fabric/domain.h"
+#include "fabric/options.h"
+
+namespace slip::fabric {
+
+class StreamConn;
+
+class StreamFabric {
+  static constexpr uint32_t kSlotBits = 12;
+  static constexpr uint32_t kSlots = 1u << kSlotBits;  // at most 4095 connections
+  static constexpr size_t kMaxWatches = 256;           // listeners per process
+  struct Slot {
+    std::atomic<StreamConn*> conn{nullptr};
+    std::atomic<uint32_t> tag{0};
+    std::atomic<uint32_t> users{0};  // dispatches in progress
+    uint32_t generation = 0;         // under mu_
+  };
+
+ public:
+  static std::unique_ptr<StreamFabric> Open(const Options& options, std::string* why);
+  ~StreamFabric();
+  StreamFabric(const StreamFabric&) = delete;
+  StreamFabric& operator=(const StreamFabric&) = delete;
+
+  const char* provider() const noexcept { return domain_->provider(); }
+  fid_ep* ep() const noexcept { return endpoint_.ep(); }
+  // Our endpoint's address, for REQ and REP.
+  const uint8_t* address() const noexcept { return address_; }
+  size_t address_len() const noexcept { return address_len_; }
+
+  // Registers `len` bytes at `buf` for `access` (FI_WRITE, FI_REMOTE_WRITE). *key is what
+  // a peer names it by, *desc what a local operation passes (null unless FI_MR_LOCAL).
+  // False with *why (kMemlock when the provider could not pin it).
+  bool Register(void* buf, size_t len, uint64_t access, MrPtr* mr, uint64_t* key, void** desc,
+                Reason* why) noexcept;
+  // The RMA address of `buf`'s byte 0 within its registration: the virtual address, or 0
+  // where the provider addresses registrations by offset.
+  uint64_t RmaBase(const void* buf) const noexcept;
+
+  // A receive ring whose connection is done with it, while its peer's last writes may still
+  // be on their way: it stays registered (and allocated) for a while, since a write into a
+  // registration that is gone breaks the provider's connection to that peer for every
+  // stream it carries (ofi_rxm over tcp: EPIPE). The progress thread lets go of it later.
+  // (The send ring's registration goes with it: writes of ours still in flight read it.)
+  // At most kRetiredMax bytes wait: past it the oldest go early (a peer that slow risks
+  // its connection, not our memory).
+  void Retire(MrPtr rx, MrPtr tx, std::unique_ptr<uint8_t[]> memory, size_t bytes) noexcept;
+
+  // A peer's endpoint address into the address vector (counted per address: a peer host
+  // with many connections is one entry). FI_ADDR_NOTAVAIL when the provider rejects it.
+  fi_addr_t AddPeer(const uint8_t* address, size_t len) noexcept;
+  void RemovePeer(fi_addr_t addr) noexcept;
+
+  // The connection's tag (1 .. streamwire::kMaxNoteTag), or 0 when the table is full.
+  uint32_t AddConn(StreamConn* conn) noexcept;
+  // After this returns no thread is in or enters a dispatch to the tag's connection.
+  void RemoveConn(uint32_t tag) noexcept;
+
+  // Calls f(conn) for every connection in the table (FlushAll, a fork child's orphaning).
+  template <typename F>
+  void ForEachConn(F&& f) noexcept {
+    for (uint32_t i = 1; i < kSlots; ++i) {
+      const uint32_t tag = slots_[i].tag.load(std::memory_order_acquire);
+      if (tag != 0) WithConn(tag, f);
+    }
+  }
+
+  // Takes what the completion queue holds and hands it to the connections. Returns the
+  // number of completions taken.
+  int Poll() noexcept;
+  // One write of `len` bytes at `buf` (registered: `desc`) to the peer's `remote` address of
+  // the registration `key`, with `data` as remote CQ data unless it is 0; `context` comes
+  // back with its completion. The provider's return code.
+  ssize_t Write(const void* buf, size_t len, void* desc, uint64_t data, fi_addr_t peer,
+                uint64_t remote, uint64_t key, void* context) noexcept;
+
+  // A descriptor the progress thread watches beside the completion queue (a listener's
+  // UDP socket: its REQs are answered as they come, whether the application is in accept()
+  // or not), and what it calls when the descriptor turns readable. After UnwatchFd returns
+  // the call is not running and will not run again.
+  using ServeFn = void (*)(void* ctx) noexcept;
+  bool WatchFd(int fd, ServeFn serve, void* ctx) noexcept;
+  void UnwatchFd(int fd) noexcept;
+
+  // The progress thread (started with the first connection or listener), and fork's view of it.
+  bool StartProgress() noexcept;
+  void StopProgress() noexcept;
+  // In a fork child: the parent's objects are never touched again (not even closed).
+  void Abandon() noexcept;
+
+ private:
+  StreamFabric() = default;
+  void ProgressLoop() noexcept;
+  void Dispatch(const fi_cq_data_entry& entry) noexcept;
+  void DispatchError(const fi_cq_err_entry& err) noexcept;
+  // Calls f(conn) if `tag` names a connection in the table, which stays there until f
+  // returns (RemoveConn waits).
+  template <typename F>
+  void WithConn(uint32_t tag, F&& f) noexcept {
+    const uint32_t index = tag & (kSlots - 1);
+    if (index == 0 || tag >= (1u << 24)) return;
+    Slot& s = slots_[index];
+    s.users.fetch_add(1, std::memory_order_seq_cst);
+    StreamConn* conn = s.conn.load(std::memory_order_seq_cst);
+    if (conn && s.tag.load(std::memory_order_seq_cst) == tag) f(conn);
+    s.users.fetch_sub(1, std::memory_order_seq_cst);
+  }
+
+  std::unique_ptr<Domain> domain_;
+  Endpoint endpoint_;
+  uint8_t address_[64] = {};
+  size_t address_len_ = 0;
+  bool prov_key_ = false;
+  bool virt_addr_ = false;
+  bool local_mr_ = false;
+
+  std::mutex fi_mu_;  // every call into libfabric
+  std::mutex mu_;     // the table's free slots, the peers, the thread
+  std::unique_ptr<Slot[]> slots_;
+  uint32_t next_slot_ = 1;
+  struct Peer {
+    std::vector<uint8_t> address;
+    fi_addr_t addr;
+    uint32_t users;
+  };
+  std::vector<Peer> peers_;
+  struct Watch {
+    int fd;
+    ServeFn serve;
+    void* ctx;
+  };
+  struct Retired {
+    MrPtr rx;
+    MrPtr tx;
+    std::unique_ptr<uint8_t[]> memory;
+    uint64_t until_ms;
+    size_t bytes;
+  };
+  static constexpr size_t kRetiredMax = size_t(512) << 20;
+  size_t retired_bytes_ = 0;  // under retired_mu_
+  std::mutex retired_mu_;
+  std::vector<Retired> retired_;
+  std::atomic<uint64_t> next_expiry_ms_{0};  // 0: nothing retired
+  // `force`: the oldest go whatever their time, until retired_bytes_ fits kRetiredMax.
+  void ReleaseRetired(uint64_t now_ms, bool force = false) noexcept;
+  std::mutex watch_mu_;  // the watches; held while one is served
+  std::vector<Watch> watches_;
+  std::thread progress_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> abandoned_{false};
+};
+
+}  // namespace slip::fabric

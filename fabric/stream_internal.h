@@ -1,0 +1,114 @@
+// The stream module's parts (fabric/stream.h is its boundary): the listener's UDP twin
+// and its pending requests (stream_listen.cc), a client's REQ (stream_connect.cc), and the
+// module that holds the process's StreamFabric (stream_module.cc).
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/negative_cache.h"
+#include "fabric/stream.h"
+#include "fabric/stream_conn.h"
+#include "fabric/stream_fabric.h"
+#include "fabric/stream_wire.h"
+
+namespace slip::fabric {
+
+// A request answered, waiting for its connection's accept().
+struct PendingStream {
+  wire::Endpoint client;
+  wire::Endpoint server;
+  uint64_t nonce = 0;
+  uint64_t expires_ms = 0;
+  StreamConn* conn = nullptr;  // owned
+};
+
+class StreamModuleImpl;
+
+struct StreamListener {
+  StreamModuleImpl* module = nullptr;
+  int udp = -1;
+  wire::Endpoint local;  // the TCP listener's address (any address: all zero)
+  std::mutex mu;
+  std::vector<PendingStream> pending;  // under mu
+  std::atomic<bool> shared{false};     // fork: REQs are refused
+};
+
+struct StreamClient {
+  int udp = -1;
+  wire::Endpoint dest;
+  StreamConn* conn = nullptr;  // owned until Finish
+  uint64_t nonce = 0;
+  uint8_t req[streamwire::kBytes] = {};
+  int sends = 0;
+  uint64_t resend_ms = 0;
+  uint64_t deadline_ms = 0;
+};
+
+class StreamModuleImpl final : public StreamModule {
+ public:
+  StreamModuleImpl(const Config* config, const Options* options, int hidden_fd_floor,
+                   std::unique_ptr<StreamFabric> fabric) noexcept
+      : config_(config), options_(options), floor_(hidden_fd_floor), fabric_(std::move(fabric)) {}
+
+  const char* provider() const noexcept override { return fabric_->provider(); }
+
+  StreamListener* Listen(const sockaddr* local, bool v6only, Reason* why) noexcept override;
+  void Unlisten(StreamListener* listener) noexcept override;
+  int ServiceFd(StreamListener* listener) noexcept override { return listener->udp; }
+  bool Service(StreamListener* listener) noexcept override;
+  void Share(StreamListener* listener) noexcept override { listener->shared.store(true); }
+  bool HasPending(StreamListener* listener, const wire::Endpoint& client,
+                  const wire::Endpoint& server) noexcept override;
+  void DropPending(StreamListener* listener, const wire::Endpoint& client,
+                   const wire::Endpoint& server) noexcept override;
+  std::unique_ptr<Channel> AcceptPending(StreamListener* listener, const wire::Endpoint& client,
+                                         const wire::Endpoint& server, int proxy_b, Reason* why,
+                                         bool* committed) noexcept override;
+
+  StreamClient* Start(const sockaddr* dest, sockaddr_storage* source,
+                      Reason* why) noexcept override;
+  bool Request(StreamClient* client, const wire::Endpoint& from, const wire::Endpoint& to,
+               uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
+  Step Advance(StreamClient* client, Reason* why) noexcept override;
+  int EventFd(StreamClient* client) noexcept override { return client->udp; }
+  uint64_t Deadline(StreamClient* client) noexcept override {
+    return client->resend_ms < client->deadline_ms ? client->resend_ms : client->deadline_ms;
+  }
+  std::unique_ptr<Channel> Finish(StreamClient* client, int proxy_b) noexcept override;
+  void Abort(StreamClient* client) noexcept override;
+
+  void ForkPrepare() noexcept override;
+  void ForkParent() noexcept override;
+  void ForkChild() noexcept override;
+  void FlushAll(int timeout_ms) noexcept override;
+
+ private:
+  // A new connection's rings and tag, the progress thread running. nullptr with *why.
+  StreamConn* NewConn(uint32_t ring_size, Reason* why) noexcept;
+  // Its peer's endpoint and ring, from a REQ or REP. False when the provider rejects the
+  // address.
+  bool Connect(StreamConn* conn, const streamwire::Message& m) noexcept;
+  // One datagram for a listener: answered, refused or dropped.
+  void Answer(StreamListener* l, const uint8_t* in, size_t len, const sockaddr* from,
+              socklen_t from_len) noexcept;
+  void ExpireLocked(StreamListener* l, uint64_t now_ms) noexcept;
+  // The progress thread's call for a listener whose UDP socket is readable.
+  static void ServeListener(void* ctx) noexcept;
+  // A descriptor of ours, above the application's (close-on-exec), or -1 (closed).
+  int Hide(int fd) const noexcept;
+
+  const Config* config_;
+  const Options* options_;
+  const int floor_;
+  std::unique_ptr<StreamFabric> fabric_;
+  NegativeCache negative_;
+  std::atomic<bool> forked_{false};  // a fork child: nothing new
+};
+
+}  // namespace slip::fabric

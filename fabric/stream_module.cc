@@ -1,0 +1,69 @@
+// The stream module: its entry point, the connections' common set-up, fork and exit.
+#include <cstdio>
+#include <new>
+
+#include "core/log.h"
+#include "fabric/stream_internal.h"
+
+namespace slip::fabric {
+
+StreamConn* StreamModuleImpl::NewConn(uint32_t ring_size, Reason* why) noexcept {
+  *why = Reason::kResources;
+  if (forked_.load() || !fabric_->StartProgress()) return nullptr;
+  return StreamConn::Create(fabric_.get(), ring_size, why);
+}
+
+bool StreamModuleImpl::Connect(StreamConn* conn, const streamwire::Message& m) noexcept {
+  PeerRing peer;
+  peer.addr = fabric_->AddPeer(m.address, m.address_len);
+  if (peer.addr == FI_ADDR_NOTAVAIL) {
+    SLIP_LOG(kInfo, "fabric: the provider rejects the peer's endpoint address");
+    return false;
+  }
+  peer.key = m.ring_key;
+  peer.base = m.ring_addr;
+  peer.note_tag = m.note_tag;
+  conn->SetPeer(peer);
+  return true;
+}
+
+void StreamModuleImpl::ForkPrepare() noexcept {}
+void StreamModuleImpl::ForkParent() noexcept {}
+
+void StreamModuleImpl::ForkChild() noexcept {
+  // The endpoint, its thread and every registration are the parent's: the child's copies
+  // of its connections fail (ECONNRESET), and it makes no new ones.
+  forked_.store(true);
+  fabric_->ForEachConn([](StreamConn* c) { c->Orphan(); });
+  fabric_->Abandon();
+}
+
+void StreamModuleImpl::FlushAll(int timeout_ms) noexcept {
+  if (forked_.load()) return;
+  fabric_->ForEachConn([timeout_ms](StreamConn* c) { c->Flush(timeout_ms); });
+}
+
+}  // namespace slip::fabric
+
+extern "C" __attribute__((visibility("default"))) slip::fabric::StreamModule*
+slip_fabric_stream_module(const slip::Config* config, const slip::fabric::Options* options,
+                          int hidden_fd_floor, char* error, size_t error_len) {
+  using slip::fabric::StreamFabric;
+  // The module's log lines go where the face's do.
+  slip::LogInit(config->log_level, config->log_file.c_str());
+  std::string why;
+  std::unique_ptr<StreamFabric> fabric;
+  try {
+    fabric = StreamFabric::Open(*options, &why);
+  } catch (...) {
+    why = "out of memory";
+  }
+  if (!fabric) {
+    snprintf(error, error_len, "%s", why.c_str());
+    return nullptr;
+  }
+  auto* m = new (std::nothrow)
+      slip::fabric::StreamModuleImpl(config, options, hidden_fd_floor, std::move(fabric));
+  if (!m) snprintf(error, error_len, "out of memory");
+  return m;
+}

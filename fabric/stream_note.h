@@ -1,0 +1,45 @@
+// A stream's notes: the 64 bits of remote CQ data that every write into a peer's ring (or
+// an empty write) carries, and that the peer's completion queue hands to the connection
+// it names.
+//
+//   bits 63..40  the receiving connection's tag (it chose it: the REQ or REP said it)
+//   bits 39..36  the kind: data, credit, end of stream, closed
+//   bits 35..0   data: the sender's `produced` after this write; credit: the receiver's
+//                `consumed` (both the low 36 bits of a 64-bit cursor)
+//
+// 36 bits are more than enough: a cursor never moves by more than a ring (at most 1 GiB,
+// streamwire::kMaxRingLog2) between two notes, so the receiver extends them from its own
+// copy; a note behind it is stale (taken out of order), and one that would move it past a
+// ring is the peer's violation.
+#pragma once
+
+#include <cstdint>
+
+namespace slip::fabric::note {
+
+enum class Kind : uint8_t { kData = 1, kCredit = 2, kEof = 3, kClosed = 4 };
+
+constexpr int kTagShift = 40;
+constexpr int kKindShift = 36;
+constexpr uint64_t kCursorMask = (uint64_t(1) << kKindShift) - 1;
+
+constexpr uint64_t Encode(uint32_t tag, Kind kind, uint64_t cursor) noexcept {
+  return uint64_t(tag) << kTagShift | uint64_t(kind) << kKindShift | (cursor & kCursorMask);
+}
+constexpr uint32_t TagOf(uint64_t data) noexcept {
+  return uint32_t(data >> kTagShift);
+}
+constexpr Kind KindOf(uint64_t data) noexcept {
+  return Kind((data >> kKindShift) & 0xf);
+}
+// How far the note's cursor is ahead of `known` (its low bits). Two pollers may hand a
+// connection its notes out of order: a note behind `known` is stale, and says so by being
+// more than half the cursor space ahead.
+constexpr uint64_t Ahead(uint64_t data, uint64_t known) noexcept {
+  return (data - known) & kCursorMask;
+}
+constexpr bool Stale(uint64_t ahead) noexcept {
+  return ahead > (kCursorMask >> 1);
+}
+
+}  // namespace slip::fabric::note

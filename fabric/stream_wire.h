@@ -1,0 +1,55 @@
+// The rendezvous of the shim's streams over libfabric: two UDP datagrams on the TCP
+// listener's port number, before the client's SYN (docs/DESIGN.md "Detection across hosts
+// (fabric)").
+//
+//   REQ  client -> listener   the TCP 4-tuple it is about to connect, a nonce, its RDM
+//                             endpoint's address and its receive ring (key, address, size)
+//                             and the tag that its notes to us carry
+//   REP  listener -> client   the same for the listener's side: kept pending under the
+//                             4-tuple until accept(), settled by the in-band CONFIRM
+//   REFUSE listener -> client the listener will not carry it (busy, the ring too large):
+//                             plain TCP, at once
+//
+// Fixed size, little-endian; one encoding per message (zeros where nothing is written), so
+// that a parser accepts exactly what Encode writes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/wire.h"
+
+namespace slip::fabric::streamwire {
+
+constexpr uint32_t kMagic = 0x53464c53;  // "SLFS"
+constexpr uint8_t kVersion = 1;
+constexpr size_t kMaxAddressBytes = 64;
+constexpr size_t kBytes = 4 + 4 + 8 + 2 * wire::kEndpointBytes + 8 + 8 + 8 + kMaxAddressBytes;
+
+enum class Type : uint8_t { kReq = 1, kRep = 2, kRefuse = 3 };
+
+// The smallest and largest rings a message may name (core's SLIP_RING_SIZE bounds).
+constexpr uint8_t kMinRingLog2 = 12;
+constexpr uint8_t kMaxRingLog2 = 30;
+constexpr uint32_t kMaxNoteTag = (1u << 24) - 1;
+
+struct Message {
+  Type type = Type::kReq;
+  uint8_t ring_log2 = 0;    // the sender's receive ring is 1 << ring_log2 bytes (0 in REFUSE)
+  uint8_t address_len = 0;  // the sender's endpoint address (0 in REFUSE)
+  uint64_t nonce = 0;       // the client's; the REP and REFUSE repeat it
+  wire::Endpoint client;    // the TCP 4-tuple
+  wire::Endpoint server;
+  uint64_t ring_key = 0;   // the receive ring's registration key
+  uint64_t ring_addr = 0;  // its address as RMA names it (virtual, or 0: offsets)
+  uint32_t note_tag = 0;   // what the peer's notes to the sender must carry to reach its
+                           // connection (fabric/stream_note.h): 1 .. kMaxNoteTag
+  uint8_t address[kMaxAddressBytes] = {};
+};
+
+// False when `m` cannot be written (an address too long, a ring out of bounds).
+bool Encode(const Message& m, uint8_t out[kBytes]) noexcept;
+// False for anything Encode would not have written; *out is untouched then.
+bool Parse(const uint8_t* in, size_t len, Message* out) noexcept;
+
+}  // namespace slip::fabric::streamwire

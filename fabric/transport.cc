@@ -1,0 +1,327 @@
+// fabric as core's Transport: the client's offer is the UDP rendezvous (a REQ answered
+// before the SYN), the listener's twin its UDP socket. What each step does and why is in
+// fabric/stream.h and docs/DESIGN.md ("Detection across hosts (fabric)"); this file maps it
+// onto the engine's steps and loads the module.
+#include "fabric/transport.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "core/anchor_path.h"
+#include "core/local_address.h"
+#include "core/log.h"
+#include "core/module_loader.h"
+#include "core/no_destructor.h"
+#include "core/offer_steps.h"
+#include "core/sys.h"
+#include "core/transport.h"
+#include "fabric/options.h"
+#include "fabric/stream.h"
+
+namespace slip::fabric {
+
+namespace {
+
+// libfabric.so.1 and the providers it loads from its libfabric/ directory.
+bool IsLibfabricObject(const char* path) noexcept {
+  return strstr(path, "libfabric") != nullptr;
+}
+
+// Where libfabric's code lies once it is loaded, so that a face can tell its calls apart
+// with a few comparisons (its epoll_wait and poll run on every progress call).
+struct LibfabricCode {
+  struct Range {
+    uintptr_t lo, hi;
+  };
+  static constexpr int kMax = 16;
+  Range ranges[kMax] = {};
+  std::atomic<int> count{-1};  // -1: not known yet
+};
+LibfabricCode g_code;
+
+void NoteLibfabricCode() noexcept {
+  int n = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* arg) -> int {
+        int* count = static_cast<int*>(arg);
+        if (!info->dlpi_name || !IsLibfabricObject(info->dlpi_name)) return 0;
+        for (int i = 0; i < info->dlpi_phnum && *count < LibfabricCode::kMax; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
+          const uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          g_code.ranges[(*count)++] = {lo, lo + ph.p_memsz};
+        }
+        return 0;
+      },
+      &n);
+  g_code.count.store(n, std::memory_order_release);
+}
+
+// The application's signal handlers, as they were before libfabric came: its providers'
+// libraries install their own as they initialise (PSM's exit(1) on SIGINT and SIGTERM,
+// shm's unlink-and-reraise), which would take the application's signals from it. Kept
+// here and put back once the module is loaded.
+class SignalDispositions {
+ public:
+  SignalDispositions() noexcept {
+    for (int sig = 1; sig < kSignals; ++sig)
+      saved_[sig] = sigaction(sig, nullptr, &actions_[sig]) == 0;
+  }
+  ~SignalDispositions() {
+    for (int sig = 1; sig < kSignals; ++sig) {
+      struct sigaction now {};
+      if (!saved_[sig] || sigaction(sig, nullptr, &now) != 0) continue;
+      if (now.sa_handler == actions_[sig].sa_handler && now.sa_flags == actions_[sig].sa_flags)
+        continue;
+      SLIP_LOG(kDebug,
+               "fabric: libfabric changed the handler of signal %d; the application's is "
+               "back",
+               sig);
+      sigaction(sig, &actions_[sig], nullptr);
+    }
+  }
+
+ private:
+  static constexpr int kSignals = 32;  // (real-time signals are nobody's but the application's)
+  struct sigaction actions_[kSignals] = {};
+  bool saved_[kSignals] = {};
+};
+
+StreamModule* Load(const Config* config, const Options* options) noexcept {
+  SignalDispositions keep;
+  char error[256] = "";
+  void* handle = OpenModuleBeside(reinterpret_cast<const void*>(&TheTransport),
+                                  "libslipstream-fabric.so", error, sizeof(error));
+  if (!handle) {
+    SLIP_LOG(kInfo, "fabric transport unavailable: %s", error);
+    return nullptr;
+  }
+  using Entry = StreamModule* (*)(const Config*, const Options*, int, char*, size_t);
+  auto entry = reinterpret_cast<Entry>(dlsym(handle, "slip_fabric_stream_module"));
+  if (!entry) {
+    SLIP_LOG(kWarn, "fabric transport unavailable: libslipstream-fabric.so has no entry point");
+    return nullptr;
+  }
+  StreamModule* m = entry(config, options, sys::HiddenFdFloor(), error, sizeof(error));
+  if (!m) SLIP_LOG(kWarn, "fabric transport unavailable: %s", error);
+  return m;
+}
+
+class FabricClientOffer final : public ClientOffer {
+ public:
+  FabricClientOffer(const ConnectRequest& req, StreamModule* m, StreamClient* client,
+                    const sockaddr_storage& source) noexcept
+      : req_(req), m_(m), client_(client), source_(source) {}
+  ~FabricClientOffer() override {
+    if (client_) m_->Abort(client_);  // (the listener's pending request expires)
+    CloseProxies(&proxy_a_, &proxy_b_);
+  }
+
+  Step Advance(int tcp, Reason* why) noexcept override {
+    if (!requested_) {
+      // The 4-tuple, then the REQ that names it.
+      wire::Endpoint client;
+      *why = Reason::kUnsupported;
+      if (!BindToSource(req_.family, tcp, source_, &client)) return Failed(*why);
+      nonce_ = sys::RandomNonce();
+      if (!m_->Request(client_, client, req_.server, nonce_, req_.config->ring_size, why))
+        return Failed(*why);
+      requested_ = true;
+    }
+    switch (m_->Advance(client_, why)) {
+      case StreamModule::Step::kWaiting:
+        return Step::kWaiting;
+      case StreamModule::Step::kAccepted:
+        return Step::kReady;
+      case StreamModule::Step::kFailed:
+        break;
+    }
+    return Failed(*why);
+  }
+  int WaitFd() const noexcept override { return m_->EventFd(client_); }
+  uint64_t DeadlineMs() const noexcept override { return m_->Deadline(client_); }
+  int TcpHandshakeBudgetMs() const noexcept override {
+    return int(req_.config->handshake_timeout_ms);
+  }
+  bool Proxies(int* proxy_a, int* proxy_b) noexcept override {
+    if (proxy_a_ < 0 && !MakeProxies(&proxy_a_, &proxy_b_)) return false;
+    *proxy_a = proxy_a_;
+    *proxy_b = proxy_b_;
+    return true;
+  }
+  Outcome Establish(int tcp, Carrier* out, Reason* why) noexcept override {
+    *why = Reason::kResources;
+    if (!SendConfirm(tcp, nonce_, req_.config->ring_size, 1000)) return Outcome::kPlain;
+    out->confirmed = true;  // from here a failure cannot go plain
+    int a = -1, b = -1;
+    if (!Proxies(&a, &b)) return Outcome::kReset;
+    std::unique_ptr<Channel> channel = m_->Finish(client_, proxy_b_);  // consumes client_
+    client_ = nullptr;
+    if (!channel) return Outcome::kReset;
+    out->stream = MakeStream(std::move(channel), &proxy_a_, &proxy_b_, *req_.config);
+    return out->stream ? Outcome::kCarried : Outcome::kReset;
+  }
+
+ private:
+  Step Failed(Reason why) const noexcept {
+    SLIP_LOG(kInfo, "fd %d: fabric not used (%s)", req_.fd, ReasonName(why));
+    return Step::kFailed;
+  }
+
+  const ConnectRequest req_;
+  StreamModule* m_;
+  StreamClient* client_;
+  const sockaddr_storage source_;
+  bool requested_ = false;
+  uint64_t nonce_ = 0;
+  int proxy_a_ = -1, proxy_b_ = -1;
+};
+
+class FabricTwin final : public ListenerTwin {
+ public:
+  FabricTwin(StreamModule* m, StreamListener* l, const Config* config) noexcept
+      : m_(m), l_(l), config_(config) {}
+  ~FabricTwin() override { m_->Unlisten(l_); }
+  ServerOfferPtr Take(const wire::Endpoint& client, const wire::Endpoint& server,
+                      ServerOfferRoom* room) noexcept override {
+    return PendingServerOffer<StreamModule, StreamListener>::TakeFrom(m_, l_, client, server,
+                                                                      config_, room);
+  }
+  void Drop(const wire::Endpoint& client, const wire::Endpoint& server) noexcept override {
+    m_->DropPending(l_, client, server);
+  }
+  // REQs are answered by the face's service thread as they come (the client's SYN waits
+  // for the REP), and in accept() for those that came just before the SYN.
+  int ServiceFd() const noexcept override { return m_->ServiceFd(l_); }
+  bool Service() noexcept override { return m_->Service(l_); }
+  void SharedByProcesses() noexcept override { m_->Share(l_); }
+  void BeforeFork() noexcept override { m_->Share(l_); }
+
+ private:
+  StreamModule* m_;
+  StreamListener* l_;
+  const Config* config_;
+};
+
+class FabricTransport final : public Transport {
+ public:
+  TransportKind kind() const noexcept override { return TransportKind::kFabric; }
+  bool ReadOptions(EnvLookup lookup, void* ctx, std::string* error) noexcept override {
+    return ParseOptions(lookup, ctx, &options_, error);
+  }
+  std::span<const char* const> OptionNames() const noexcept override {
+    return fabric::OptionNames();
+  }
+
+  std::unique_ptr<ClientOffer> Offer(const ConnectRequest& req, Reason* why) noexcept override {
+    wire::Endpoint bound;
+    *why = Reason::kUnsupported;  // the application chose its port: keep out of its way
+    if (LocalEndpoint(req.fd, &bound) && bound.port != 0) return nullptr;
+    StreamModule* m = Get(req.config);
+    *why = Reason::kNoRdmaDevice;
+    if (!m) return nullptr;
+    // The negative cache answers here, before anything changes: a plain peer costs nothing.
+    sockaddr_storage source{};
+    StreamClient* client = m->Start(req.dest(), &source, why);
+    if (!client) return nullptr;
+    std::unique_ptr<ClientOffer> offer(new (std::nothrow)
+                                           FabricClientOffer(req, m, client, source));
+    if (!offer) {
+      m->Abort(client);
+      *why = Reason::kResources;
+    }
+    return offer;
+  }
+
+  std::unique_ptr<ListenerTwin> Listen(const ListenRequest& req, Reason* why) noexcept override {
+    // SO_REUSEPORT: the kernel hands each SYN to one of the group's sockets, which a REQ
+    // cannot know in advance (verbs' groups are not built for fabric): plain.
+    *why = Reason::kReusePort;
+    if (req.reuseport) return nullptr;
+    StreamModule* m = Get(req.config);
+    *why = Reason::kNoRdmaDevice;
+    if (!m) return nullptr;
+    StreamListener* l = m->Listen(req.local, req.v6only, why);
+    if (!l) return nullptr;
+    std::unique_ptr<ListenerTwin> twin(new (std::nothrow) FabricTwin(m, l, req.config));
+    if (!twin) {
+      m->Unlisten(l);
+      *why = Reason::kResources;
+    }
+    return twin;
+  }
+
+  void ForkPrepare() noexcept override {
+    if (StreamModule* m = Loaded()) m->ForkPrepare();
+  }
+  void ForkParent() noexcept override {
+    if (StreamModule* m = Loaded()) m->ForkParent();
+  }
+  void ForkChild() noexcept override {
+    if (StreamModule* m = Loaded()) m->ForkChild();
+  }
+  void Flush(int timeout_ms) noexcept override {
+    if (StreamModule* m = Loaded()) m->FlushAll(timeout_ms);
+  }
+
+  StreamModule* Loaded() const noexcept { return module_.Loaded(); }
+
+  bool in_use() const noexcept { return in_use_.load(std::memory_order_acquire); }
+
+ private:
+  // Loads the module on the first call; the configuration must outlive it. libfabric's
+  // code is known from then on (its own sockets and waits go to libc).
+  StreamModule* Get(const Config* config) noexcept {
+    in_use_.store(true, std::memory_order_release);
+    return module_.Get([&] {
+      StreamModule* m = Load(config, &options_);
+      NoteLibfabricCode();
+      return m;
+    });
+  }
+
+  Options options_;
+  LoadedOnce<StreamModule> module_;
+  std::atomic<bool> in_use_{false};
+};
+
+FabricTransport* Instance() noexcept {
+  static NoDestructor<FabricTransport> transport;  // connections may be made during exit
+  return transport.get();
+}
+
+}  // namespace
+
+Transport* TheTransport() noexcept {
+  return Instance();
+}
+
+bool ModuleInUse() noexcept {
+  return Instance()->in_use();
+}
+
+bool IsLibfabricCaller(const void* code) noexcept {
+  const int n = g_code.count.load(std::memory_order_acquire);
+  if (n < 0) {
+    // Still loading (libfabric and its providers are being opened): asked by name.
+    Dl_info info{};
+    return dladdr(code, &info) != 0 && info.dli_fname && IsLibfabricObject(info.dli_fname);
+  }
+  const auto pc = uintptr_t(code);
+  for (int i = 0; i < n; ++i)
+    if (pc >= g_code.ranges[i].lo && pc < g_code.ranges[i].hi) return true;
+  return false;
+}
+
+const char* LoadedProvider() noexcept {
+  StreamModule* m = Instance()->Loaded();
+  return m ? m->provider() : nullptr;
+}
+
+}  // namespace slip::fabric

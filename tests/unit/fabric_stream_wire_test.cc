@@ -1,0 +1,126 @@
+// The shim's fabric rendezvous datagrams (fabric/stream_wire.h) as anybody who can reach a
+// listener's UDP port could write them, and the notes that ride on its writes'
+// remote CQ data (fabric/stream_note.h).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "fabric/stream_note.h"
+#include "fabric/stream_wire.h"
+
+namespace slip::fabric {
+namespace {
+
+using streamwire::Message;
+using streamwire::Type;
+
+Message SampleReq() {
+  Message m;
+  m.type = Type::kReq;
+  m.ring_log2 = 20;
+  m.nonce = 0x1122334455667788ull;
+  m.client.family = 4;
+  m.client.port = 40001;
+  m.client.addr[0] = 10, m.client.addr[3] = 7;
+  m.server.family = 4;
+  m.server.port = 5201;
+  m.server.addr[0] = 10, m.server.addr[3] = 9;
+  m.ring_key = 0xdeadbeef12345678ull;
+  m.ring_addr = 0x7f1234560000ull;
+  m.note_tag = 0x123456;
+  m.address_len = 24;
+  for (size_t i = 0; i < m.address_len; ++i) m.address[i] = uint8_t(i + 1);
+  return m;
+}
+
+TEST(FabricStreamWire, RoundTripsEveryType) {
+  for (Type type : {Type::kReq, Type::kRep, Type::kRefuse}) {
+    Message m = SampleReq();
+    m.type = type;
+    if (type == Type::kRefuse) m = Message{Type::kRefuse, 0, 0, m.nonce, m.client, m.server};
+    uint8_t buf[streamwire::kBytes];
+    ASSERT_TRUE(streamwire::Encode(m, buf));
+    Message out;
+    ASSERT_TRUE(streamwire::Parse(buf, sizeof(buf), &out));
+    EXPECT_EQ(out.type, type);
+    EXPECT_EQ(out.nonce, m.nonce);
+    EXPECT_TRUE(out.client == m.client && out.server == m.server);
+    EXPECT_EQ(out.ring_log2, m.ring_log2);
+    EXPECT_EQ(out.ring_key, m.ring_key);
+    EXPECT_EQ(out.ring_addr, m.ring_addr);
+    EXPECT_EQ(out.note_tag, m.note_tag);
+    EXPECT_EQ(out.address_len, m.address_len);
+    EXPECT_EQ(0, std::memcmp(out.address, m.address, sizeof(out.address)));
+  }
+}
+
+TEST(FabricStreamWire, RejectsWhatNoSenderWrites) {
+  uint8_t good[streamwire::kBytes];
+  ASSERT_TRUE(streamwire::Encode(SampleReq(), good));
+  const Message untouched = SampleReq();
+  auto rejected = [&](const uint8_t* buf, size_t len) {
+    Message out = untouched;
+    const bool ok = streamwire::Parse(buf, len, &out);
+    // A rejection leaves the output as it was.
+    EXPECT_EQ(0, std::memcmp(&out, &untouched, sizeof(out)));
+    return !ok;
+  };
+  EXPECT_TRUE(rejected(good, sizeof(good) - 1));  // short
+  EXPECT_TRUE(rejected(nullptr, 0));
+  struct Flip {
+    size_t offset;
+    uint8_t value;
+    const char* what;
+  };
+  const Flip flips[] = {
+      {0, 0x00, "magic"},
+      {4, 2, "version"},
+      {5, 0, "type 0"},
+      {5, 4, "unknown type"},
+      {6, 11, "ring below 4 KiB"},
+      {6, 31, "ring above 1 GiB"},
+      {7, 0, "no address"},
+      {7, 65, "address longer than the field"},
+      {17, 1, "endpoint padding"},
+      {16, 5, "endpoint family"},
+      {16 + 2 * 20 + 16 + 3, 1, "tag beyond 24 bits"},
+      {16 + 2 * 20 + 16 + 4, 1, "padding after the tag"},
+      {streamwire::kBytes - 1, 1, "bytes past the address"},
+  };
+  for (const Flip& f : flips) {
+    uint8_t bad[streamwire::kBytes];
+    std::memcpy(bad, good, sizeof(bad));
+    bad[f.offset] = f.value;
+    EXPECT_TRUE(rejected(bad, sizeof(bad))) << f.what;
+  }
+  // A tag of zero names no connection.
+  Message zero_tag = SampleReq();
+  zero_tag.note_tag = 0;
+  uint8_t buf[streamwire::kBytes];
+  EXPECT_FALSE(streamwire::Encode(zero_tag, buf));
+  // A REFUSE carries no ring and no address.
+  Message refuse{Type::kRefuse};
+  ASSERT_TRUE(streamwire::Encode(refuse, buf));
+  buf[16 + 2 * 20] = 1;  // a ring key
+  EXPECT_TRUE(rejected(buf, sizeof(buf)));
+}
+
+TEST(FabricStreamNote, CarriesTagKindAndCursor) {
+  const uint64_t n = note::Encode(0xabcdef, note::Kind::kData, (uint64_t(5) << 36) + 12345);
+  EXPECT_EQ(note::TagOf(n), 0xabcdefu);
+  EXPECT_EQ(note::KindOf(n), note::Kind::kData);
+  // The receiver extends the low 36 bits from what it knows.
+  const uint64_t known = (uint64_t(5) << 36) + 100;
+  EXPECT_EQ(known + note::Ahead(n, known), (uint64_t(5) << 36) + 12345);
+  // Across the 36-bit wrap.
+  const uint64_t before_wrap = (uint64_t(6) << 36) - 10;
+  const uint64_t after = note::Encode(1, note::Kind::kCredit, (uint64_t(6) << 36) + 20);
+  EXPECT_EQ(note::Ahead(after, before_wrap), 30u);
+  EXPECT_FALSE(note::Stale(note::Ahead(after, before_wrap)));
+  // A note behind what is known (taken out of order by another poller) is stale.
+  const uint64_t old = note::Encode(1, note::Kind::kData, known - 50);
+  EXPECT_TRUE(note::Stale(note::Ahead(old, known)));
+}
+
+}  // namespace
+}  // namespace slip::fabric
