@@ -44,8 +44,29 @@ TEST(FabricOptions, BadProviderNames) {
     EXPECT_EQ(o.provider, "sentinel");
   }
   const auto names = OptionNames();
-  ASSERT_EQ(names.size(), 1u);
+  ASSERT_EQ(names.size(), 2u);
   EXPECT_STREQ(names[0], "SLIP_FABRIC_PROVIDER");
+  EXPECT_STREQ(names[1], "SLIP_NEGATIVE_TTL_MS");
+}
+
+// The negative cache's lifetime, read by verbs too: one value for both transports.
+TEST(FabricOptions, NegativeTtl) {
+  Options o;
+  EXPECT_EQ(o.negative_ttl_ms, 10000u);
+  {
+    Env env{{"SLIP_NEGATIVE_TTL_MS", "0"}};
+    std::string error;
+    ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << error;
+    EXPECT_EQ(o.negative_ttl_ms, 0u);
+  }
+  for (const char* bad : {"-1", "3600001", "ten", ""}) {
+    Env env{{"SLIP_NEGATIVE_TTL_MS", bad}};
+    Options kept;
+    std::string error;
+    EXPECT_FALSE(ParseOptions(Lookup, &env, &kept, &error)) << bad;
+    EXPECT_EQ(error.rfind("SLIP_NEGATIVE_TTL_MS=\"", 0), 0u) << error;
+    EXPECT_EQ(kept.negative_ttl_ms, 10000u);
+  }
 }
 
 }  // namespace
