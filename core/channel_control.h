@@ -60,6 +60,12 @@ class ChannelControl {
   // (EPOLLIN/EPOLLOUT/...) then goes to OnAnchorReady, from the control thread.
   virtual bool AnchorCarriesStream() const noexcept { return false; }
   virtual void OnAnchorReady(uint32_t events) noexcept { (void)events; }
+  // The anchor ended (the peer closed its TCP connection, or died) while the transport
+  // still carries the stream: the stream is about to take the peer for gone. A transport
+  // whose last notes travel apart from the anchor (fabric: the FIN may overtake them)
+  // takes in, within a bounded wait, what the peer said before it closed, so that an
+  // orderly close is not mistaken for a crash with our bytes unread.
+  virtual void BeforePeerGone() noexcept {}
 
   // --- hand-back (exec) ---
   // The process is about to exec with this connection's descriptor: the new image knows

@@ -600,6 +600,7 @@ void Stream::Close() noexcept {
 }
 
 void Stream::MarkPeerGone(bool reset) noexcept {
+  channel_->control()->BeforePeerGone();
   if (reset) reset_by_peer_.store(true, std::memory_order_release);
   peer_gone_.store(true, std::memory_order_release);
   // EOF on A for readers (and pollers: EPOLLIN|EPOLLRDHUP), writable A for writers.

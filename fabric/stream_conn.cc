@@ -25,6 +25,8 @@ constexpr int kCloseFlushMs = 5000;
 // The same when the peer's TCP connection has ended (its writes' completions, if any, are
 // already on their way).
 constexpr int kEndedFlushMs = 100;
+// How long a stream whose peer's TCP connection ended waits for the peer's last notes.
+constexpr uint64_t kPeerGoneWaitMs = 50;
 }  // namespace
 
 StreamConn::StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept
@@ -73,16 +75,26 @@ StreamConn::~StreamConn() {
   // A peer whose TCP connection ended (it closed, or died) takes no notes: its own close
   // said what it had to, and a dead one never completes our writes.
   const bool peer_ended = PeerEnded();
+  SLIP_LOG(kDebug,
+           "fabric: conn %06x (peer %06x) closing: streamed %d held %d on the fabric %d peer ended "
+           "%d error %d; sent %llu, credited %llu, received %llu, consumed %llu",
+           tag_, peer_.note_tag, int(proxy_b_ >= 0), int(held()), int(on_fabric()), int(peer_ended),
+           error_.load(), (unsigned long long)tx_posted_, (unsigned long long)tx_credit_.load(),
+           (unsigned long long)rx_produced_.load(), (unsigned long long)failover_.consumed());
   if (proxy_b_ >= 0 && peer_.addr != FI_ADDR_NOTAVAIL && !held() && on_fabric() && !aborting_ &&
       !peer_ended && error_.load(std::memory_order_acquire) == 0) {
     // The last holder closes (fabric connections do not cross fork): as TCP's close, a
     // final exact credit (the peer tells "our bytes were unread" from it), EOF for the
     // peer's reader and CLOSED for its writer, then every write completed.
+    // The face closes our TCP connection next, and its FIN may reach the peer before
+    // notes on the fabric: the last one completes only once delivered (the endpoint orders
+    // writes, so the others are there too), and the flush below waits for it. A peer that
+    // saw the FIN first would take its unacknowledged bytes for lost (a reset).
     const uint64_t consumed = failover_.consumed();
     if (consumed != credit_sent_ && PostNote(note::Kind::kCredit, consumed))
       credit_sent_ = consumed;
     if (!eof_posted_.exchange(true)) PostNote(note::Kind::kEof, tx_posted_);
-    if (!closed_posted_.exchange(true)) PostNote(note::Kind::kClosed, consumed);
+    if (!closed_posted_.exchange(true)) PostNote(note::Kind::kClosed, consumed, /*delivered=*/true);
   }
   bool flushed = true;
   if (tag_ != 0) {
@@ -103,6 +115,18 @@ StreamConn::~StreamConn() {
   }
   if (peer_.addr != FI_ADDR_NOTAVAIL) fabric_->RemovePeer(peer_.addr);
   if (proxy_b_ >= 0) sys::close(proxy_b_);
+}
+
+void StreamConn::BeforePeerGone() noexcept {
+  // An orderly peer said CLOSED (after its credit and EOF) before it closed its TCP
+  // connection, but the notes take the fabric and the FIN the kernel's path: wait for the
+  // notes a little (a dead peer sends none: the wait is bounded).
+  if (!on_fabric() || held() || orphaned_.load()) return;
+  const uint64_t until = sys::MonotonicMs() + kPeerGoneWaitMs;
+  while (!peer_closed_.load(std::memory_order_acquire) &&
+         error_.load(std::memory_order_acquire) == 0 && sys::MonotonicMs() < until) {
+    if (fabric_->Poll() == 0) sched_yield();
+  }
 }
 
 bool StreamConn::PeerEnded() const noexcept {
@@ -161,6 +185,9 @@ void StreamConn::OnNote(uint64_t data) noexcept {
       if (TakeCredit(data)) WakeWriterNow();
       break;
     case note::Kind::kEof:
+      SLIP_LOG(kDebug, "fabric: conn %06x: EOF at %llu (received %llu)", tag_,
+               (unsigned long long)(data & note::kCursorMask),
+               (unsigned long long)rx_produced_.load());
       if (!TakeProduced(data)) break;
       rx_eof_.store(true, std::memory_order_release);
       WakeReaderNow();
@@ -342,7 +369,7 @@ void StreamConn::CloseRx() noexcept {
 
 // ------------------------------------------------------------------------ posting
 
-bool StreamConn::Post(uint32_t offset, uint32_t len, uint64_t data) noexcept {
+bool StreamConn::Post(uint32_t offset, uint32_t len, uint64_t data, bool delivered) noexcept {
   if (peer_.addr == FI_ADDR_NOTAVAIL || error_.load(std::memory_order_acquire) != 0 ||
       orphaned_.load(std::memory_order_relaxed))
     return false;
@@ -350,7 +377,7 @@ bool StreamConn::Post(uint32_t offset, uint32_t len, uint64_t data) noexcept {
   const uint64_t remote = peer_.base + offset;
   for (;;) {
     const ssize_t rc = fabric_->Write(tx_ring_ + offset, len, tx_desc_, data, peer_.addr, remote,
-                                      peer_.key, context);
+                                      peer_.key, context, delivered);
     if (rc == 0) {
       tx_writes_.fetch_add(1, std::memory_order_acq_rel);
       return true;

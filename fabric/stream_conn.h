@@ -55,6 +55,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   ~StreamConn() override;
 
   uint32_t tag() const noexcept { return tag_; }
+  uint32_t peer_tag() const noexcept { return peer_.note_tag; }
   // What the REQ or REP tells the peer about our receive ring.
   uint64_t rx_key() const noexcept { return rx_key_; }
   uint64_t rx_base() const noexcept { return rx_base_; }
@@ -105,6 +106,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
     return carriage == Carriage::kTcp || carriage == Carriage::kHeld;
   }
   void OnAnchorReady(uint32_t events) noexcept override { failover_.OnAnchorReady(events); }
+  void BeforePeerGone() noexcept override;
   bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
   // A fork child's copy fails at once (the endpoint is the parent's): never shared.
   bool SharedWithOtherProcess() const noexcept override { return false; }
@@ -120,9 +122,11 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // Posts one write of ring bytes [offset, offset + len) (len 0: an empty write) with
   // `note` as its remote CQ data, or none (note 0). False when the endpoint refuses (the
   // failover is requested then).
-  bool Post(uint32_t offset, uint32_t len, uint64_t note) noexcept;
-  bool PostNote(note::Kind kind, uint64_t cursor) noexcept {
-    return Post(0, 0, note::Encode(peer_.note_tag, kind, cursor));
+  // `delivered`: complete only once at the peer (a close's last notes: the peer must have
+  // them before our TCP connection's FIN, which takes another path and may overtake them).
+  bool Post(uint32_t offset, uint32_t len, uint64_t note, bool delivered = false) noexcept;
+  bool PostNote(note::Kind kind, uint64_t cursor, bool delivered = false) noexcept {
+    return Post(0, 0, note::Encode(peer_.note_tag, kind, cursor), delivered);
   }
   void Fail(int error) noexcept;
   // The anchor says the peer's TCP connection ended (EOF, reset, an error).

@@ -116,6 +116,8 @@ StreamModule::Step StreamModuleImpl::Advance(StreamClient* c, Reason* why) noexc
       negative_.Insert(c->dest, *why, sys::MonotonicMs() + options_->negative_ttl_ms);
       return Step::kFailed;
     }
+    SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) answered for port %u", c->conn->tag(),
+             unsigned(rep.note_tag), unsigned(rep.client.port));
     return Step::kAccepted;
   }
   const uint64_t now = sys::MonotonicMs();

@@ -99,8 +99,10 @@ class StreamFabric {
   // One write of `len` bytes at `buf` (registered: `desc`) to the peer's `remote` address of
   // the registration `key`, with `data` as remote CQ data unless it is 0; `context` comes
   // back with its completion. The provider's return code.
+  // `delivered`: it completes only once it is at the peer (FI_DELIVERY_COMPLETE), where
+  // the provider can do that (else as any write).
   ssize_t Write(const void* buf, size_t len, void* desc, uint64_t data, fi_addr_t peer,
-                uint64_t remote, uint64_t key, void* context) noexcept;
+                uint64_t remote, uint64_t key, void* context, bool delivered = false) noexcept;
 
   // A descriptor the progress thread watches beside the completion queue (a listener's
   // UDP socket: its REQs are answered as they come, whether the application is in accept()
@@ -141,6 +143,7 @@ class StreamFabric {
   bool prov_key_ = false;
   bool virt_addr_ = false;
   bool local_mr_ = false;
+  std::atomic<bool> delivery_refused_{false};  // the provider said no to FI_DELIVERY_COMPLETE
 
   std::mutex fi_mu_;  // every call into libfabric
   std::mutex mu_;     // the table's free slots, the peers, the thread

@@ -239,6 +239,8 @@ std::unique_ptr<Channel> StreamModuleImpl::AcceptPending(StreamListener* l,
   *why = Reason::kConnectSlow;
   if (!taken.conn) return nullptr;
   *committed = true;  // its client had our REP: its CONFIRM may be on its way
+  SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) accepted from port %u", taken.conn->tag(),
+           unsigned(taken.conn->peer_tag()), unsigned(client.port));
   std::unique_ptr<StreamConn> conn(taken.conn);
   const int own_b = sys::DupAbove(proxy_b, floor_);
   *why = Reason::kResources;
