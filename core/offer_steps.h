@@ -10,6 +10,7 @@
 
 #include "core/channel.h"
 #include "core/config.h"
+#include "core/module_loader.h"
 #include "core/stream.h"
 #include "core/transport.h"
 #include "core/wire.h"
@@ -27,6 +28,29 @@ void CloseProxies(int* a, int* b) noexcept;
 // become -1). nullptr when none could be made (the pair stays the caller's).
 std::unique_ptr<Stream> MakeStream(std::unique_ptr<Channel> channel, int* a, int* b,
                                    const Config& config) noexcept;
+
+// A transport whose work is done by a module its face loads on first use (verbs, fabric):
+// fork and exit go to the module if it is loaded, and never load it.
+template <typename Module>
+class ModuleTransport : public Transport {
+ public:
+  void ForkPrepare() noexcept override {
+    if (Module* m = Loaded()) m->ForkPrepare();
+  }
+  void ForkParent() noexcept override {
+    if (Module* m = Loaded()) m->ForkParent();
+  }
+  void ForkChild() noexcept override {
+    if (Module* m = Loaded()) m->ForkChild();
+  }
+  void Flush(int timeout_ms) noexcept override {
+    if (Module* m = Loaded()) m->FlushAll(timeout_ms);
+  }
+  Module* Loaded() const noexcept { return module_.Loaded(); }
+
+ protected:
+  LoadedOnce<Module> module_;
+};
 
 // What a client offered for one accepted connection, where a transport's module keeps
 // requests pending under their 4-tuple (verbs' rdma_cm listener, fabric's UDP twin):

@@ -209,7 +209,7 @@ class FabricTwin final : public ListenerTwin {
   const Config* config_;
 };
 
-class FabricTransport final : public Transport {
+class FabricTransport final : public ModuleTransport<StreamModule> {
  public:
   TransportKind kind() const noexcept override { return TransportKind::kFabric; }
   bool ReadOptions(EnvLookup lookup, void* ctx, std::string* error) noexcept override {
@@ -257,21 +257,6 @@ class FabricTransport final : public Transport {
     return twin;
   }
 
-  void ForkPrepare() noexcept override {
-    if (StreamModule* m = Loaded()) m->ForkPrepare();
-  }
-  void ForkParent() noexcept override {
-    if (StreamModule* m = Loaded()) m->ForkParent();
-  }
-  void ForkChild() noexcept override {
-    if (StreamModule* m = Loaded()) m->ForkChild();
-  }
-  void Flush(int timeout_ms) noexcept override {
-    if (StreamModule* m = Loaded()) m->FlushAll(timeout_ms);
-  }
-
-  StreamModule* Loaded() const noexcept { return module_.Loaded(); }
-
   bool in_use() const noexcept { return in_use_.load(std::memory_order_acquire); }
 
  private:
@@ -287,7 +272,6 @@ class FabricTransport final : public Transport {
   }
 
   Options options_;
-  LoadedOnce<StreamModule> module_;
   std::atomic<bool> in_use_{false};
 };
 

@@ -150,7 +150,7 @@ class VerbsTwin final : public ListenerTwin {
   const Config* config_;
 };
 
-class VerbsTransport final : public Transport {
+class VerbsTransport final : public ModuleTransport<Module> {
  public:
   TransportKind kind() const noexcept override { return TransportKind::kVerbs; }
 
@@ -206,21 +206,6 @@ class VerbsTransport final : public Transport {
     return twin;
   }
 
-  void ForkPrepare() noexcept override {
-    if (Module* m = Loaded()) m->ForkPrepare();
-  }
-  void ForkParent() noexcept override {
-    if (Module* m = Loaded()) m->ForkParent();
-  }
-  void ForkChild() noexcept override {
-    if (Module* m = Loaded()) m->ForkChild();
-  }
-  void Flush(int timeout_ms) noexcept override {
-    if (Module* m = Loaded()) m->FlushAll(timeout_ms);
-  }
-
-  Module* Loaded() const noexcept { return module_.Loaded(); }
-
  private:
   // Loads the module on the first call; the configuration must outlive it.
   Module* Get(const Config* config) noexcept {
@@ -228,7 +213,6 @@ class VerbsTransport final : public Transport {
   }
 
   Options options_;
-  LoadedOnce<Module> module_;
 };
 
 VerbsTransport* Instance() noexcept {
