@@ -98,16 +98,32 @@ std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::stri
     if (!provider.empty()) *why = "provider " + provider + ": " + *why;
     return out;
   }
+  // Streams' notes are 8 bytes of remote CQ data: a provider may answer with less than the
+  // hints asked (ofi_rxm over verbs carries verbs' 4-byte immediate), and a note cut short
+  // names no connection, so such entries serve no stream.
+  auto serves = [use](const fi_info* i) {
+    return use != Use::kStreamRings || i->domain_attr->cq_data_size >= 8;
+  };
+  const fi_info* best = list.get();
+  while (best && !serves(best)) best = best->next;
+  if (!best) {
+    char line[160];
+    snprintf(line, sizeof(line), "provider %s carries %zu bytes of CQ data; streams need 8",
+             list->fabric_attr->prov_name, list->domain_attr->cq_data_size);
+    *why = line;
+    return out;
+  }
   // The best match's provider, one entry per domain (a domain is listed once per address
   // family), loopback interfaces only when there is nothing else.
-  const std::string chosen = list->fabric_attr->prov_name;
+  const std::string chosen = best->fabric_attr->prov_name;
   bool other_than_loopback = false;
   for (const fi_info* i = list.get(); i; i = i->next) {
     const sockaddr* ip = IpSource(*i);
-    if (chosen == i->fabric_attr->prov_name && !(ip && IsLoopback(ip))) other_than_loopback = true;
+    if (chosen == i->fabric_attr->prov_name && serves(i) && !(ip && IsLoopback(ip)))
+      other_than_loopback = true;
   }
   for (const fi_info* i = list.get(); i; i = i->next) {
-    if (chosen != i->fabric_attr->prov_name) continue;
+    if (chosen != i->fabric_attr->prov_name || !serves(i)) continue;
     const sockaddr* ip = IpSource(*i);
     if (other_than_loopback && ip && IsLoopback(ip)) continue;
     bool seen = false;
