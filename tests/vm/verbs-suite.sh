@@ -128,11 +128,11 @@ fi
 
 # 4. The shim's streams over libfabric's verbs provider (RDM through ofi_rxm) on rxe0: the
 #    integration programs again with SLIP_TRANSPORTS=fabric,tcp, each asserting transport
-#    fabric and provider verbs;ofi_rxm in the stats (FI_UNIVERSE_SIZE=64 as above).
+#    fabric and a verbs provider in the stats (FI_UNIVERSE_SIZE=64 as above).
 #    Not run by default yet (issue 18 goes on): ofi_rxm over verbs carries 4 bytes of CQ
 #    data and the streams' notes need 8, so the streams take verbs;ofi_rxd (one stream by
-#    hand went through it; these cases have not run there yet), and the assertion above
-#    names verbs;ofi_rxm; the cases are named only by hand, e.g. SLIP_VERBS_FABRIC_CASES="bulk.both bulk.client
+#    hand went through it; these cases have not run there yet); they are named only by
+#    hand, e.g. SLIP_VERBS_FABRIC_CASES="bulk.both bulk.client
 #    kill.sender_killed" with SLIP_VERBS_CASES='' SLIP_VERBS_ONLY='' SLIP_VERBS_NCCL=0.
 FABRIC_CASES=${SLIP_VERBS_FABRIC_CASES-}
 if [ -e "$BUILD/lib/libslipstream-fabric.so" ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
