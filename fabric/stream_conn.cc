@@ -2,6 +2,8 @@
 // notes the completion queue hands in, and the writes that carry bytes and notes.
 #include "fabric/stream_conn.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <sched.h>
@@ -375,6 +377,7 @@ bool StreamConn::Post(uint32_t offset, uint32_t len, uint64_t data, bool deliver
     return false;
   void* context = reinterpret_cast<void*>(uintptr_t(tag_));
   const uint64_t remote = peer_.base + offset;
+  uint64_t next_look = 0, ended_since = 0;
   for (;;) {
     const ssize_t rc = fabric_->Write(tx_ring_ + offset, len, tx_desc_, data, peer_.addr, remote,
                                       peer_.key, context, delivered);
@@ -390,8 +393,36 @@ bool StreamConn::Post(uint32_t offset, uint32_t len, uint64_t data, bool deliver
     }
     // The provider's queue is full: completions free it.
     if (fabric_->Poll() == 0) sched_yield();
-    if (error_.load(std::memory_order_acquire) != 0 || !on_fabric()) return false;
+    if (error_.load(std::memory_order_acquire) != 0 || !on_fabric() ||
+        peer_closed_.load(std::memory_order_acquire))
+      return false;
+    // A peer process that died never drains its queue (1.17's shm answers -FI_EAGAIN for
+    // ever): its TCP connection tells. Looked at every 10 ms; 100 ms after it ended (its
+    // last notes, if any, would have come by then) the connection fails.
+    const uint64_t now = sys::MonotonicMs();
+    if (now >= next_look) {
+      next_look = now + 10;
+      if (!AnchorEnded()) {
+        ended_since = 0;
+      } else if (ended_since == 0) {
+        ended_since = now;
+      } else if (now - ended_since >= 100) {
+        SLIP_LOG(kInfo, "fabric: the peer is gone with our writes queued; resetting");
+        Fail(ECONNRESET);
+        return false;
+      }
+    }
   }
+}
+
+bool StreamConn::AnchorEnded() const noexcept {
+  const int fd = failover_.anchor();
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  // TCP_INFO, not a peek or SO_ERROR: those would take the pending ECONNRESET from the
+  // control thread, which reports it to the application.
+  return fd >= 0 && sys::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+         (info.tcpi_state == TCP_CLOSE || info.tcpi_state == TCP_CLOSE_WAIT);
 }
 
 }  // namespace slip::fabric
