@@ -4,8 +4,13 @@
 #include <netinet/in.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace slip::fabric {
@@ -66,6 +71,20 @@ InfoPtr Query(const std::string& provider, Use use, bool directed, bool delivery
     return nullptr;
   }
   return InfoPtr(found);
+}
+
+// "slip-<pid>-<n>-<random>", malloc'd (fi_freeinfo frees an info's src_addr), with its
+// length and the NUL; null when out of memory. Short enough for every shm version's name
+// field (32 bytes in the oldest).
+void* ShmName(size_t* len) noexcept {
+  static std::atomic<unsigned> count{0};
+  uint32_t nonce = 0;
+  if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = uint32_t(random());
+  char name[32];
+  const int n = snprintf(name, sizeof(name), "slip-%d-%u-%08x", int(getpid()),
+                         count.fetch_add(1) & 0xffff, nonce);
+  *len = size_t(n) + 1;
+  return strdup(name);
 }
 
 }  // namespace
@@ -223,13 +242,27 @@ bool Endpoint::Open(const Domain& domain, size_t cq_entries, fi_cq_format format
     return false;
   }
   cq_.reset(cq);
+  // shm names the file of its endpoint's region after the pid ("<pid>:0:0" in /dev/shm)
+  // unless told otherwise, and fails to enable an endpoint whose file exists: one a
+  // process killed with that pid left, or one another local user made first. A name of our
+  // own that nobody can guess avoids both (and lets the owner unlink it at exit).
+  InfoPtr named;
+  if (std::strcmp(domain.provider(), "shm") == 0) {
+    named.reset(fi_dupinfo(&domain.info()));
+    if (!named || !(named->src_addr = ShmName(&named->src_addrlen))) {
+      *why = "out of memory";
+      return false;
+    }
+  }
   fid_ep* ep = nullptr;
-  rc = fi_endpoint(domain.domain(), const_cast<fi_info*>(&domain.info()), &ep, nullptr);
+  rc = fi_endpoint(domain.domain(), const_cast<fi_info*>(named ? named.get() : &domain.info()),
+                   &ep, nullptr);
   if (rc != 0) {
     *why = FabricError("fi_endpoint", rc);
     return false;
   }
   ep_.reset(ep);
+  if (named) shm_name_.assign(static_cast<const char*>(named->src_addr));
   if ((rc = fi_ep_bind(ep, &av->fid, 0)) != 0 ||
       (rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0) {
     *why = FabricError("fi_ep_bind", rc);
@@ -240,6 +273,10 @@ bool Endpoint::Open(const Domain& domain, size_t cq_entries, fi_cq_format format
     return false;
   }
   return true;
+}
+
+void Endpoint::Unpublish() noexcept {
+  if (!shm_name_.empty()) shm_unlink(shm_name_.c_str());
 }
 
 bool Endpoint::Name(uint8_t* out, size_t* len) const noexcept {

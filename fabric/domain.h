@@ -116,9 +116,14 @@ class Endpoint {
   // A peer's address into the address vector. False when the provider rejects it.
   bool Insert(const uint8_t* address, size_t len, fi_addr_t* out) noexcept;
 
+  // At exit, where the endpoint stays open (other threads may still use it): removes the
+  // name new peers would find it by (shm's file in /dev/shm, which only closing removes).
+  void Unpublish() noexcept;
+
   // Closes the endpoint, then what it is bound to (nothing lands in posted buffers after).
   void Close() noexcept {
     ep_.reset();
+    shm_name_.clear();
     av_.reset();
     cq_.reset();
   }
@@ -139,7 +144,8 @@ class Endpoint {
   AvPtr av_;
   EndpointPtr ep_;
   bool waitable_ = false;
-  int wait_fd_ = -1;  // the provider's
+  int wait_fd_ = -1;      // the provider's
+  std::string shm_name_;  // the region's name we gave a shm endpoint
 };
 
 }  // namespace slip::fabric

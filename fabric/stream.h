@@ -89,7 +89,8 @@ class StreamModule {
   virtual void ForkPrepare() noexcept = 0;
   virtual void ForkParent() noexcept = 0;
   virtual void ForkChild() noexcept = 0;
-  // At exit: waits (bounded) until every connection's writes completed.
+  // At exit: waits (bounded) until every connection's writes completed, and removes what
+  // the provider would leave behind (shm's region file).
   virtual void FlushAll(int timeout_ms) noexcept = 0;
 };
 

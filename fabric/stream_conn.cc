@@ -76,7 +76,7 @@ StreamConn::~StreamConn() {
   }
   // A peer whose TCP connection ended (it closed, or died) takes no notes: its own close
   // said what it had to, and a dead one never completes our writes.
-  const bool peer_ended = PeerEnded();
+  const bool peer_ended = AnchorEnded();
   SLIP_LOG(kDebug,
            "fabric: conn %06x (peer %06x) closing: streamed %d held %d on the fabric %d peer ended "
            "%d error %d; sent %llu, credited %llu, received %llu, consumed %llu",
@@ -131,14 +131,6 @@ void StreamConn::BeforePeerGone() noexcept {
   }
 }
 
-bool StreamConn::PeerEnded() const noexcept {
-  const int fd = failover_.anchor();
-  if (fd < 0) return false;
-  uint8_t byte;
-  const ssize_t n = sys::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
 const char* StreamConn::provider() const noexcept {
   return fabric_->provider();
 }
@@ -164,7 +156,7 @@ bool StreamConn::Flush(int timeout_ms) noexcept {
     if (now >= until) return false;
     // A peer that is gone never completes them.
     if (now >= next_look) {
-      if (PeerEnded() && now + kEndedFlushMs < until) return Flush(kEndedFlushMs);
+      if (AnchorEnded() && now + kEndedFlushMs < until) return Flush(kEndedFlushMs);
       next_look = now + 10;
     }
     sched_yield();

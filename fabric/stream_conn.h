@@ -129,10 +129,9 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
     return Post(0, 0, note::Encode(peer_.note_tag, kind, cursor), delivered);
   }
   void Fail(int error) noexcept;
-  // The anchor says the peer's TCP connection ended (EOF, reset, an error).
-  bool PeerEnded() const noexcept;
-  // The same from TCP_INFO alone (closed, or the peer's FIN in): nothing is read, so the
-  // control thread still gets a pending reset to report.
+  // The anchor says the peer's TCP connection ended (closed, or the peer's FIN in), from
+  // TCP_INFO alone: nothing is read, so the control thread still gets a pending reset to
+  // report.
   bool AnchorEnded() const noexcept;
   // A note's cursor into rx_produced_ (data, the end) or tx_credit_ (credit, CLOSED), which
   // only move forward. False when the peer broke the protocol (the connection failed).

@@ -117,6 +117,8 @@ class StreamFabric {
   void StopProgress() noexcept;
   // In a fork child: the parent's objects are never touched again (not even closed).
   void Abandon() noexcept;
+  // At exit: new peers no longer find the endpoint (shm's region file goes).
+  void Unpublish() noexcept { endpoint_.Unpublish(); }
 
  private:
   StreamFabric() = default;

@@ -41,6 +41,8 @@ void StreamModuleImpl::ForkChild() noexcept {
 void StreamModuleImpl::FlushAll(int timeout_ms) noexcept {
   if (forked_.load()) return;
   fabric_->ForEachConn([timeout_ms](StreamConn* c) { c->Flush(timeout_ms); });
+  // (At exit: the endpoint stays open for threads still running, but is no longer found.)
+  fabric_->Unpublish();
 }
 
 }  // namespace slip::fabric
