@@ -48,9 +48,9 @@ InfoPtr Query(const std::string& provider, Use use, bool directed, bool delivery
   hints->mode = use == Use::kTaggedMessages ? FI_CONTEXT | FI_CONTEXT2 : 0;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
-  // Streams serialise their calls themselves (StreamFabric holds one lock around every
-  // call into the provider), so the provider need lock nothing.
-  hints->domain_attr->threading = use == Use::kTaggedMessages ? FI_THREAD_SAFE : FI_THREAD_DOMAIN;
+  // Any thread may call in at any time (the application's writers and readers, the progress
+  // thread): the provider serialises what it must, where it must, and we take no lock.
+  hints->domain_attr->threading = FI_THREAD_SAFE;
   if (use == Use::kTaggedMessages) {
     hints->caps = FI_TAGGED | (directed ? FI_DIRECTED_RECV : 0);
     hints->tx_attr->msg_order = FI_ORDER_SAS;

@@ -100,7 +100,6 @@ bool StreamFabric::Register(void* buf, size_t len, uint64_t access, MrPtr* mr, u
     if (!prov_key_ && getrandom(&requested, sizeof(requested), 0) != sizeof(requested)) break;
     const size_t key_size = domain_->info().domain_attr->mr_key_size;
     if (key_size < 8) requested &= (uint64_t(1) << (8 * key_size)) - 1;
-    std::lock_guard<std::mutex> fi(fi_mu_);
     rc = fi_mr_reg(domain_->domain(), buf, len, access, 0, requested, 0, &out, nullptr);
   }
   if (rc != 0) {
@@ -130,10 +129,7 @@ fi_addr_t StreamFabric::AddPeer(const uint8_t* address, size_t len) noexcept {
     }
   }
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
-  {
-    std::lock_guard<std::mutex> fi(fi_mu_);
-    if (!endpoint_.Insert(address, len, &addr)) return FI_ADDR_NOTAVAIL;
-  }
+  if (!endpoint_.Insert(address, len, &addr)) return FI_ADDR_NOTAVAIL;
   try {
     peers_.push_back(Peer{std::vector<uint8_t>(address, address + len), addr, 1});
   } catch (...) {
@@ -191,13 +187,9 @@ int StreamFabric::Poll() noexcept {
   for (;;) {
     fi_cq_data_entry entries[16];
     fi_cq_err_entry err{};
-    ssize_t n;
-    {
-      std::lock_guard<std::mutex> fi(fi_mu_);
-      n = fi_cq_read(endpoint_.cq(), entries, 16);
-      if (n == -FI_EAVAIL && fi_cq_readerr(endpoint_.cq(), &err, 0) != 1) n = -FI_EAGAIN;
-    }
-    // Handed over without the lock: a connection may post from here.
+    // (The provider serialises what must be: FI_THREAD_SAFE, no lock of ours.)
+    ssize_t n = fi_cq_read(endpoint_.cq(), entries, 16);
+    if (n == -FI_EAVAIL && fi_cq_readerr(endpoint_.cq(), &err, 0) != 1) n = -FI_EAGAIN;
     if (n == -FI_EAVAIL) {
       DispatchError(err);
       ++taken;
@@ -212,7 +204,6 @@ int StreamFabric::Poll() noexcept {
 
 ssize_t StreamFabric::Write(const void* buf, size_t len, void* desc, uint64_t data, fi_addr_t peer,
                             uint64_t remote, uint64_t key, void* context, bool delivered) noexcept {
-  std::lock_guard<std::mutex> fi(fi_mu_);
   if (delivered && !delivery_refused_.load(std::memory_order_relaxed)) {
     iovec iov{const_cast<void*>(buf), len};
     fi_rma_iov rma{remote, len, key};
@@ -293,7 +284,6 @@ void StreamFabric::ReleaseRetired(uint64_t now_ms, bool force) noexcept {
     next_expiry_ms_.store(retired_.empty() ? 0 : retired_.front().until_ms,
                           std::memory_order_relaxed);
   }
-  std::lock_guard<std::mutex> fi(fi_mu_);
   for (Retired& r : done) {
     r.rx.reset();
     r.tx.reset();
@@ -340,14 +330,8 @@ void StreamFabric::ProgressLoop() noexcept {
     timespec wait{0, 0};
     if (endpoint_.waitable()) {
       // The provider says when its descriptor may be slept on (nothing it must progress
-      // by hand first); not fi_cq_sread, which would sleep holding the lock every poster
-      // needs.
-      int ready;
-      {
-        std::lock_guard<std::mutex> fi(fi_mu_);
-        ready = fi_trywait(domain_->fabric(), &cq, 1);
-      }
-      if (ready != FI_SUCCESS) continue;
+      // by hand first); not fi_cq_sread, which may sleep holding a lock posters need.
+      if (fi_trywait(domain_->fabric(), &cq, 1) != FI_SUCCESS) continue;
       fds[n++] = pollfd{endpoint_.wait_fd(), POLLIN, 0};
       wait.tv_nsec = long(kWaitMs) * 1000000;
     } else {

@@ -7,9 +7,9 @@
 // (ofi_rxm's) however many TCP connections go there, and a connection costs only its two
 // registered rings.
 //
-// Thread safety: everything may be called from any thread. Every call into libfabric is
-// made under one lock (the domain is FI_THREAD_DOMAIN), and completions are handed to their
-// connections after it is released, so a connection may post from what it is handed. A
+// Thread safety: everything may be called from any thread. The domain is FI_THREAD_SAFE:
+// calls into libfabric take no lock of ours (the provider serialises what it must), and a
+// connection may post from the completion it is handed. A
 // connection is dispatched to only while it is in the table; RemoveConn waits for
 // dispatches that already found it.
 #pragma once
@@ -147,8 +147,7 @@ class StreamFabric {
   bool local_mr_ = false;
   std::atomic<bool> delivery_refused_{false};  // the provider said no to FI_DELIVERY_COMPLETE
 
-  std::mutex fi_mu_;  // every call into libfabric
-  std::mutex mu_;     // the table's free slots, the peers, the thread
+  std::mutex mu_;  // the table's free slots, the peers, the thread
   std::unique_ptr<Slot[]> slots_;
   uint32_t next_slot_ = 1;
   struct Peer {
