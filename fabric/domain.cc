@@ -60,7 +60,7 @@ InfoPtr Query(const std::string& provider, Use use, bool directed, bool delivery
     hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
     hints->tx_attr->msg_order = FI_ORDER_WAW;
     hints->rx_attr->msg_order = FI_ORDER_WAW;
-    hints->domain_attr->cq_data_size = 8;
+    hints->domain_attr->cq_data_size = 4;  // (8 where it can: fabric/stream_note.h)
   }
   if (delivery) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   if (!provider.empty()) hints->fabric_attr->prov_name = strdup(provider.c_str());
@@ -117,17 +117,17 @@ std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::stri
     if (!provider.empty()) *why = "provider " + provider + ": " + *why;
     return out;
   }
-  // Streams' notes are 8 bytes of remote CQ data: a provider may answer with less than the
-  // hints asked (ofi_rxm over verbs carries verbs' 4-byte immediate), and a note cut short
-  // names no connection, so such entries serve no stream.
+  // Streams' notes need at least 4 bytes of remote CQ data (fabric/stream_note.h): a
+  // provider may answer with less than the hints asked, and a note cut short names no
+  // connection, so such entries serve no stream.
   auto serves = [use](const fi_info* i) {
-    return use != Use::kStreamRings || i->domain_attr->cq_data_size >= 8;
+    return use != Use::kStreamRings || i->domain_attr->cq_data_size >= 4;
   };
   const fi_info* best = list.get();
   while (best && !serves(best)) best = best->next;
   if (!best) {
     char line[160];
-    snprintf(line, sizeof(line), "provider %s carries %zu bytes of CQ data; streams need 8",
+    snprintf(line, sizeof(line), "provider %s carries %zu bytes of CQ data; streams need 4",
              list->fabric_attr->prov_name, list->domain_attr->cq_data_size);
     *why = line;
     return out;
@@ -255,8 +255,8 @@ bool Endpoint::Open(const Domain& domain, size_t cq_entries, fi_cq_format format
     }
   }
   fid_ep* ep = nullptr;
-  rc = fi_endpoint(domain.domain(), const_cast<fi_info*>(named ? named.get() : &domain.info()),
-                   &ep, nullptr);
+  rc = fi_endpoint(domain.domain(), const_cast<fi_info*>(named ? named.get() : &domain.info()), &ep,
+                   nullptr);
   if (rc != 0) {
     *why = FabricError("fi_endpoint", rc);
     return false;

@@ -23,6 +23,12 @@ constexpr options::Option<Options> kOptions[] = {
        o->provider = v;
        return true;
      }},
+    {"SLIP_FABRIC_NOTES", "expected auto or word",
+     [](std::string_view v, Options* o, std::string*) {
+       if (v != "auto" && v != "word") return false;
+       o->word_notes = v == "word";
+       return true;
+     }},
     // (verbs reads it too: one cache lifetime for every transport that crosses hosts)
     {"SLIP_NEGATIVE_TTL_MS", "expected a decimal integer between 0 and 3600000",
      [](std::string_view v, Options* o, std::string*) {

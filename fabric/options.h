@@ -1,4 +1,5 @@
-// The fabric transport's options: SLIP_FABRIC_PROVIDER, SLIP_NEGATIVE_TTL_MS.
+// The fabric transport's options: SLIP_FABRIC_PROVIDER, SLIP_FABRIC_NOTES,
+// SLIP_NEGATIVE_TTL_MS.
 //
 // Read with core's grammar (core/options.h) by whoever starts the transport (a face, at
 // start-up), and handed to the module (fabric/msg.h). Built into a small library of its
@@ -18,6 +19,11 @@ struct Options {
   // the utility provider libfabric layers over it. Empty (the default): fi_getinfo's best
   // match among those that have what the transport needs.
   std::string provider;
+  // SLIP_FABRIC_NOTES (streams): "auto" (the default) has every write that moves a cursor
+  // carry it in 8 bytes of remote CQ data where the provider carries 8, and writes the
+  // cursor into a word of the peer's ring memory, with a 4-byte note naming it, where the
+  // provider carries 4 (ofi_rxm over verbs, efa); "word" takes the second way always.
+  bool word_notes = false;
   // SLIP_NEGATIVE_TTL_MS (shared with verbs): how long a destination that answered a REQ
   // with "no Slipstream here" (ICMP port unreachable, silence) goes plain at once.
   uint32_t negative_ttl_ms = 10000;

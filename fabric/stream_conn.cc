@@ -42,18 +42,25 @@ StreamConn* StreamConn::Create(StreamFabric* fabric, uint32_t ring_size, Reason*
 }
 
 bool StreamConn::Init(Reason* why) noexcept {
-  const size_t size = 2 * size_t(ring_size());
-  memory_.reset(new (std::nothrow) uint8_t[size + kPage]);
+  // [receive ring | its words] [send ring | its words], each ring page aligned.
+  const size_t rx_bytes = ring_size() + note::kWordBytes;
+  const size_t tx_bytes = ring_size() + kWordSlots * sizeof(uint64_t);
+  const size_t tx_at = (rx_bytes + kPage - 1) & ~(kPage - 1);
+  memory_.reset(new (std::nothrow) uint8_t[tx_at + tx_bytes + kPage]);
   if (!memory_) return false;
   auto at = (uintptr_t(memory_.get()) + kPage - 1) & ~uintptr_t(kPage - 1);
   auto* rx = reinterpret_cast<uint8_t*>(at);
   rx_ring_.store(rx, std::memory_order_release);
-  tx_ring_ = rx + ring_size();
+  tx_ring_ = rx + tx_at;
+  std::memset(rx + ring_size(), 0, note::kWordBytes);
+  std::memset(tx_ring_ + ring_size(), 0, kWordSlots * sizeof(uint64_t));
+  rx_words_ = reinterpret_cast<const volatile uint64_t*>(rx + ring_size());
+  tx_words_ = reinterpret_cast<uint64_t*>(tx_ring_ + ring_size());
   uint64_t unused_key = 0;
   void* unused_desc = nullptr;
-  // The peer writes our receive ring; we write from our send ring.
-  if (!fabric_->Register(rx, ring_size(), FI_REMOTE_WRITE, &rx_mr_, &rx_key_, &unused_desc, why) ||
-      !fabric_->Register(tx_ring_, ring_size(), FI_WRITE, &tx_mr_, &unused_key, &tx_desc_, why))
+  // The peer writes our receive ring and words; we write from our send ring and words.
+  if (!fabric_->Register(rx, rx_bytes, FI_REMOTE_WRITE, &rx_mr_, &rx_key_, &unused_desc, why) ||
+      !fabric_->Register(tx_ring_, tx_bytes, FI_WRITE, &tx_mr_, &unused_key, &tx_desc_, why))
     return false;
   rx_base_ = fabric_->RmaBase(rx);
   failover_.SetRings(rx, tx_ring_);
@@ -199,6 +206,19 @@ void StreamConn::OnNote(uint64_t data) noexcept {
   }
 }
 
+void StreamConn::OnShortNote(uint64_t data) noexcept {
+  if (!note::ShortWellFormed(data)) {
+    SLIP_LOG(kWarn, "fabric: a malformed note from the peer; resetting");
+    Fail(EPROTO);
+    return;
+  }
+  // Its write put the word in place before it completed (and a later one's may have
+  // replaced it: as true, since the endpoint orders writes).
+  const note::Kind kind = note::ShortKindOf(data);
+  const uint64_t cursor = rx_words_[note::WordOffset(kind) / sizeof(uint64_t)];
+  OnNote(note::Encode(tag_, kind, cursor));
+}
+
 bool StreamConn::TakeProduced(uint64_t data) noexcept {
   uint64_t known = rx_produced_.load(std::memory_order_acquire);
   const uint64_t ahead = note::Ahead(data, known);
@@ -233,7 +253,8 @@ bool StreamConn::TakeCredit(uint64_t data) noexcept {
   return true;
 }
 
-void StreamConn::OnWriteFailed(int error) noexcept {
+void StreamConn::OnWriteFailed(int error, uint64_t slot) noexcept {
+  ReleaseWordSlot(slot);
   tx_completed_.fetch_add(1, std::memory_order_acq_rel);
   // After the peer's orderly close its ring may be gone: the end, not a failure.
   if (peer_closed_.load(std::memory_order_acquire) || !on_fabric()) return;
@@ -333,11 +354,14 @@ void StreamConn::TxPublish(uint64_t produced) noexcept {
     uint64_t len = produced - from;
     if (len > ring_size() - offset) len = ring_size() - offset;
     from += len;
-    // The last write of the publish carries its note.
-    const uint64_t data =
-        from == produced ? note::Encode(peer_.note_tag, note::Kind::kData, produced) : 0;
-    if (!Post(offset, uint32_t(len), data)) return;
+    // The last write of the publish carries its note (8-byte notes; a word's write follows
+    // it otherwise).
+    const uint64_t data = from == produced && !fabric_->word_notes()
+                              ? note::Encode(peer_.note_tag, note::Kind::kData, produced)
+                              : 0;
+    if (!Post(tx_ring_ + offset, uint32_t(len), peer_.base + offset, data, 0)) return;
   }
+  if (fabric_->word_notes() && !PostNote(note::Kind::kData, produced)) return;
   tx_posted_ = produced;
 }
 
@@ -363,16 +387,48 @@ void StreamConn::CloseRx() noexcept {
 
 // ------------------------------------------------------------------------ posting
 
-bool StreamConn::Post(uint32_t offset, uint32_t len, uint64_t data, bool delivered) noexcept {
+bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noexcept {
+  if (!fabric_->word_notes())
+    return Post(tx_ring_, 0, peer_.base, note::Encode(peer_.note_tag, kind, cursor), 0, delivered);
+  uint32_t slot;
+  uint64_t next_look = 0, ended_since = 0;
+  while ((slot = TakeWordSlot()) == 0)
+    if (!AwaitRoom(&next_look, &ended_since)) return false;
+  uint64_t* word = &tx_words_[slot - 1];
+  *word = cursor;
+  if (Post(word, sizeof(*word), peer_.base + ring_size() + note::WordOffset(kind),
+           note::EncodeShort(peer_.note_tag, kind), slot, delivered))
+    return true;
+  ReleaseWordSlot(slot);
+  return false;
+}
+
+uint32_t StreamConn::TakeWordSlot() noexcept {
+  uint64_t busy = word_slots_busy_.load(std::memory_order_acquire);
+  while (~busy != 0) {
+    const int free = __builtin_ctzll(~busy);
+    if (word_slots_busy_.compare_exchange_weak(busy, busy | uint64_t(1) << free,
+                                               std::memory_order_acq_rel))
+      return uint32_t(free) + 1;
+  }
+  return 0;
+}
+
+void StreamConn::ReleaseWordSlot(uint64_t slot) noexcept {
+  if (slot >= 1 && slot <= kWordSlots)
+    word_slots_busy_.fetch_and(~(uint64_t(1) << (slot - 1)), std::memory_order_acq_rel);
+}
+
+bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, uint64_t data, uint32_t slot,
+                      bool delivered) noexcept {
   if (peer_.addr == FI_ADDR_NOTAVAIL || error_.load(std::memory_order_acquire) != 0 ||
       orphaned_.load(std::memory_order_relaxed))
     return false;
-  void* context = reinterpret_cast<void*>(uintptr_t(tag_));
-  const uint64_t remote = peer_.base + offset;
+  void* context = reinterpret_cast<void*>(uintptr_t(uint64_t(slot) << 32 | tag_));
   uint64_t next_look = 0, ended_since = 0;
   for (;;) {
-    const ssize_t rc = fabric_->Write(tx_ring_ + offset, len, tx_desc_, data, peer_.addr, remote,
-                                      peer_.key, context, delivered);
+    const ssize_t rc =
+        fabric_->Write(src, len, tx_desc_, data, peer_.addr, remote, peer_.key, context, delivered);
     if (rc == 0) {
       tx_writes_.fetch_add(1, std::memory_order_acq_rel);
       return true;
@@ -384,27 +440,31 @@ bool StreamConn::Post(uint32_t offset, uint32_t len, uint64_t data, bool deliver
       return false;
     }
     // The provider's queue is full: completions free it.
-    if (fabric_->Poll() == 0) sched_yield();
-    if (error_.load(std::memory_order_acquire) != 0 || !on_fabric() ||
-        peer_closed_.load(std::memory_order_acquire))
-      return false;
-    // A peer process that died never drains its queue (1.17's shm answers -FI_EAGAIN for
-    // ever): its TCP connection tells. Looked at every 10 ms; 100 ms after it ended (its
-    // last notes, if any, would have come by then) the connection fails.
-    const uint64_t now = sys::MonotonicMs();
-    if (now >= next_look) {
-      next_look = now + 10;
-      if (!AnchorEnded()) {
-        ended_since = 0;
-      } else if (ended_since == 0) {
-        ended_since = now;
-      } else if (now - ended_since >= 100) {
-        SLIP_LOG(kInfo, "fabric: the peer is gone with our writes queued; resetting");
-        Fail(ECONNRESET);
-        return false;
-      }
-    }
+    if (!AwaitRoom(&next_look, &ended_since)) return false;
   }
+}
+
+bool StreamConn::AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept {
+  if (fabric_->Poll() == 0) sched_yield();
+  if (error_.load(std::memory_order_acquire) != 0 || !on_fabric() ||
+      peer_closed_.load(std::memory_order_acquire))
+    return false;
+  // A peer process that died never drains its queue (1.17's shm answers -FI_EAGAIN for
+  // ever): its TCP connection tells. Looked at every 10 ms; 100 ms after it ended (its
+  // last notes, if any, would have come by then) the connection fails.
+  const uint64_t now = sys::MonotonicMs();
+  if (now < *next_look) return true;
+  *next_look = now + 10;
+  if (!AnchorEnded()) {
+    *ended_since = 0;
+  } else if (*ended_since == 0) {
+    *ended_since = now;
+  } else if (now - *ended_since >= 100) {
+    SLIP_LOG(kInfo, "fabric: the peer is gone with our writes queued; resetting");
+    Fail(ECONNRESET);
+    return false;
+  }
+  return true;
 }
 
 bool StreamConn::AnchorEnded() const noexcept {

@@ -69,8 +69,14 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
 
   // The completion queue's news for this connection (any thread that polled it).
   void OnNote(uint64_t data) noexcept;
-  void OnWriteDone() noexcept { tx_completed_.fetch_add(1, std::memory_order_acq_rel); }
-  void OnWriteFailed(int error) noexcept;
+  // A 4-byte note: its cursor is in our word (fabric/stream_note.h).
+  void OnShortNote(uint64_t data) noexcept;
+  // `slot`: the cursor word's, 1-based (0: a write without one).
+  void OnWriteDone(uint64_t slot) noexcept {
+    ReleaseWordSlot(slot);
+    tx_completed_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  void OnWriteFailed(int error, uint64_t slot) noexcept;
   // After fork in a child: never touch the parent's fabric objects again.
   void Orphan() noexcept;
   // Waits (bounded) until every posted write completed.
@@ -119,15 +125,22 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept;
   bool Init(Reason* why) noexcept;
 
-  // Posts one write of ring bytes [offset, offset + len) (len 0: an empty write) with
-  // `note` as its remote CQ data, or none (note 0). False when the endpoint refuses (the
+  // Posts one write of `len` bytes at `src` (in the send registration; len 0: an empty
+  // write) to the peer's `remote`, with `note` as its remote CQ data, or none (note 0), and
+  // `slot` (a cursor word's, or 0) in its context. False when the endpoint refuses (the
   // failover is requested then).
   // `delivered`: complete only once at the peer (a close's last notes: the peer must have
   // them before our TCP connection's FIN, which takes another path and may overtake them).
-  bool Post(uint32_t offset, uint32_t len, uint64_t note, bool delivered = false) noexcept;
-  bool PostNote(note::Kind kind, uint64_t cursor, bool delivered = false) noexcept {
-    return Post(0, 0, note::Encode(peer_.note_tag, kind, cursor), delivered);
-  }
+  bool Post(const void* src, uint32_t len, uint64_t remote, uint64_t note, uint32_t slot,
+            bool delivered = false) noexcept;
+  // The note that says `cursor` (an 8-byte note, or a word with a 4-byte note).
+  bool PostNote(note::Kind kind, uint64_t cursor, bool delivered = false) noexcept;
+  // While the provider has no room (or no cursor word is free): polls, and gives up when
+  // the connection failed, left the fabric or its peer closed or died. False: give up.
+  bool AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept;
+  // A free cursor word of ours (1-based), or 0 when every one is in flight.
+  uint32_t TakeWordSlot() noexcept;
+  void ReleaseWordSlot(uint64_t slot) noexcept;
   void Fail(int error) noexcept;
   // The anchor says the peer's TCP connection ended (closed, or the peer's FIN in), from
   // TCP_INFO alone: nothing is read, so the control thread still gets a pending reset to
@@ -152,12 +165,19 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
 
   StreamFabric* const fabric_;
   uint32_t tag_ = 0;
-  std::unique_ptr<uint8_t[]> memory_;  // both rings, page aligned inside
+  std::unique_ptr<uint8_t[]> memory_;  // both rings and their words, page aligned inside
   // The receive ring: the registered one, or its copy once halted (the registered one may
   // still take the peer's last writes, and retires).
   std::atomic<uint8_t*> rx_ring_{nullptr};
   std::unique_ptr<uint8_t[]> rx_copy_;
   uint8_t* tx_ring_ = nullptr;
+  // Word notes: the peer writes its cursors to rx_words_ (after the receive ring, in its
+  // registration); ours go from tx_words_ (after the send ring), one word per write in
+  // flight (a word must not change before its write has read it).
+  static constexpr uint32_t kWordSlots = 64;
+  const volatile uint64_t* rx_words_ = nullptr;
+  uint64_t* tx_words_ = nullptr;
+  std::atomic<uint64_t> word_slots_busy_{0};
   MrPtr rx_mr_;
   MrPtr tx_mr_;
   void* tx_desc_ = nullptr;

@@ -23,12 +23,6 @@ namespace {
 
 constexpr int kSends = 3;
 
-uint8_t Log2(uint32_t v) noexcept {
-  uint8_t n = 0;
-  while ((1u << n) < v) ++n;
-  return n;
-}
-
 }  // namespace
 
 StreamClient* StreamModuleImpl::Start(const sockaddr* dest, sockaddr_storage* source,
@@ -65,13 +59,14 @@ bool StreamModuleImpl::Request(StreamClient* c, const wire::Endpoint& from,
   if (!c->conn) return false;
   streamwire::Message req;
   req.type = streamwire::Type::kReq;
-  req.ring_log2 = Log2(ring_size);
+  req.ring_log2 = streamwire::RingLog2(ring_size);
   req.nonce = nonce;
   req.client = from;
   req.server = to;
   req.ring_key = c->conn->rx_key();
   req.ring_addr = c->conn->rx_base();
   req.note_tag = c->conn->tag();
+  req.note_bytes = NoteBytes();
   req.address_len = uint8_t(fabric_->address_len());
   std::memcpy(req.address, fabric_->address(), fabric_->address_len());
   *why = Reason::kResources;
@@ -106,8 +101,10 @@ StreamModule::Step StreamModuleImpl::Advance(StreamClient* c, Reason* why) noexc
       *why = Reason::kDeclined;
       return Step::kFailed;
     }
-    if ((1u << rep.ring_log2) != c->conn->ring_size()) {
-      SLIP_LOG(kWarn, "fabric: the listener's REP names a ring of another size; plain");
+    if ((1u << rep.ring_log2) != c->conn->ring_size() || rep.note_bytes != NoteBytes()) {
+      SLIP_LOG(kWarn,
+               "fabric: the listener's REP names a ring of another size or notes of "
+               "another form; plain");
       *why = Reason::kDeclined;
       return Step::kFailed;
     }

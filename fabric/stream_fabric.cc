@@ -72,10 +72,12 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, std::st
   f->prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
   f->virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
   f->local_mr_ = (mr_mode & FI_MR_LOCAL) != 0;
+  f->word_notes_ = options.word_notes || f->domain_->info().domain_attr->cq_data_size < 8;
   // shm's writes are in the peer's region when they complete (delivered already), and
   // 1.17's shm never completes some writes asked to complete on delivery (seen here).
   f->delivery_refused_.store(strcmp(f->provider(), "shm") == 0);
-  SLIP_LOG(kInfo, "fabric: streams over %s (domain %s%s)", f->provider(), f->domain_->name(),
+  SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s%s)", f->provider(), f->domain_->name(),
+           f->word_notes_ ? "cursor words, 4-byte notes" : "8-byte notes",
            f->endpoint_.waitable() ? "" : "; completions polled, no wait object");
   return f;
 }
@@ -174,10 +176,15 @@ void StreamFabric::RemoveConn(uint32_t tag) noexcept {
 void StreamFabric::Dispatch(const fi_cq_data_entry& e) noexcept {
   if (e.flags & FI_REMOTE_CQ_DATA) {
     // A note from a peer: its tag names our connection (a stale or forged one names none).
-    WithConn(note::TagOf(e.data), [&](StreamConn* c) { c->OnNote(e.data); });
+    if (word_notes_)
+      WithConn(note::ShortTagOf(e.data), [&](StreamConn* c) { c->OnShortNote(e.data); });
+    else
+      WithConn(note::TagOf(e.data), [&](StreamConn* c) { c->OnNote(e.data); });
   } else {
-    // One of our writes completed; its context is its connection's tag.
-    WithConn(uint32_t(uintptr_t(e.op_context)), [](StreamConn* c) { c->OnWriteDone(); });
+    // One of our writes completed; its context is its connection's tag (and a cursor
+    // word's slot, above).
+    const auto context = uint64_t(uintptr_t(e.op_context));
+    WithConn(uint32_t(context), [context](StreamConn* c) { c->OnWriteDone(context >> 32); });
   }
 }
 
@@ -233,8 +240,9 @@ void StreamFabric::DispatchError(const fi_cq_err_entry& err) noexcept {
   SLIP_LOG(kDebug, "fabric: completion error: %s (flags %llx, provider error %d)",
            fi_strerror(error), (unsigned long long)err.flags, err.prov_errno);
   if (err.flags & FI_REMOTE_CQ_DATA) return;  // (a peer's write that failed here: its problem)
-  WithConn(uint32_t(uintptr_t(err.op_context)),
-           [error](StreamConn* c) { c->OnWriteFailed(error); });
+  const auto context = uint64_t(uintptr_t(err.op_context));
+  WithConn(uint32_t(context),
+           [error, context](StreamConn* c) { c->OnWriteFailed(error, context >> 32); });
 }
 
 void StreamFabric::Retire(MrPtr rx, MrPtr tx, std::unique_ptr<uint8_t[]> memory,

@@ -51,6 +51,8 @@ class StreamFabric {
   StreamFabric& operator=(const StreamFabric&) = delete;
 
   const char* provider() const noexcept { return domain_->provider(); }
+  // Notes are 4 bytes and cursors go in words (fabric/stream_note.h), else 8-byte notes.
+  bool word_notes() const noexcept { return word_notes_; }
   fid_ep* ep() const noexcept { return endpoint_.ep(); }
   // Our endpoint's address, for REQ and REP.
   const uint8_t* address() const noexcept { return address_; }
@@ -145,6 +147,7 @@ class StreamFabric {
   bool prov_key_ = false;
   bool virt_addr_ = false;
   bool local_mr_ = false;
+  bool word_notes_ = false;
   std::atomic<bool> delivery_refused_{false};  // the provider said no to FI_DELIVERY_COMPLETE
 
   std::mutex mu_;  // the table's free slots, the peers, the thread

@@ -91,6 +91,8 @@ class StreamModuleImpl final : public StreamModule {
  private:
   // A new connection's rings and tag, the progress thread running. nullptr with *why.
   StreamConn* NewConn(uint32_t ring_size, Reason* why) noexcept;
+  // What REQ and REP say of our notes' form (both ends must agree).
+  uint8_t NoteBytes() const noexcept { return fabric_->word_notes() ? 4 : 8; }
   // Its peer's endpoint and ring, from a REQ or REP. False when the provider rejects the
   // address.
   bool Connect(StreamConn* conn, const streamwire::Message& m) noexcept;

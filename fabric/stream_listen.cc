@@ -38,12 +38,6 @@ bool IsAnyAddress(const wire::Endpoint& e) noexcept {
   return true;
 }
 
-uint8_t Log2(uint32_t v) noexcept {
-  uint8_t n = 0;
-  while ((1u << n) < v) ++n;
-  return n;
-}
-
 }  // namespace
 
 int StreamModuleImpl::Hide(int fd) const noexcept {
@@ -161,11 +155,13 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
     if (same && same->nonce == req.nonce) {
       rep.type = streamwire::Type::kRep;  // its REP was lost: the same again
     } else if (same || l->shared.load() || forked_.load() || ring_size > config_->ring_size ||
-               l->pending.size() >= kMaxPending || from_source >= kMaxPerSource) {
+               req.note_bytes != NoteBytes() || l->pending.size() >= kMaxPending ||
+               from_source >= kMaxPerSource) {
       SLIP_LOG(kInfo, "fabric: refusing a REQ for port %u (%s)", unsigned(l->local.port),
                same                                 ? "its connection has another request"
                : l->shared.load() || forked_.load() ? "the listener is shared by processes"
                : ring_size > config_->ring_size     ? "its ring is larger than ours"
+               : req.note_bytes != NoteBytes()      ? "its notes have another form"
                                                     : "too many requests pending");
     } else {
       Reason why = Reason::kNone;
@@ -184,10 +180,11 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
       }
     }
     if (rep.type == streamwire::Type::kRep) {
-      rep.ring_log2 = Log2(same->conn->ring_size());
+      rep.ring_log2 = streamwire::RingLog2(same->conn->ring_size());
       rep.ring_key = same->conn->rx_key();
       rep.ring_addr = same->conn->rx_base();
       rep.note_tag = same->conn->tag();
+      rep.note_bytes = NoteBytes();
       rep.address_len = uint8_t(fabric_->address_len());
       std::memcpy(rep.address, fabric_->address(), fabric_->address_len());
     }

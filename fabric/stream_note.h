@@ -11,6 +11,20 @@
 // streamwire::kMaxRingLog2) between two notes, so the receiver extends them from its own
 // copy; a note behind it is stale (taken out of order), and one that would move it past a
 // ring is the peer's violation.
+//
+// Where the provider carries only 4 bytes of CQ data (ofi_rxm over verbs, efa), or
+// SLIP_FABRIC_NOTES=word: the cursor goes into a word of the receiver's registered memory,
+// right after its ring (kProducedWord: data, end of stream; kConsumedWord: credit,
+// closed), by a write whose 4 bytes of CQ data say only whose and which:
+//
+//   bits 31..8   the receiving connection's tag
+//   bits 7..4    the kind
+//   bits 3..0    zero
+//
+// The endpoint orders writes (FI_ORDER_WAW), so when such a note completes, the word and
+// every byte the cursor covers are in place; the word may already hold a later cursor
+// (a later write's), which is as true. The receiver reads the word and goes on as with an
+// 8-byte note.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +46,26 @@ constexpr uint32_t TagOf(uint64_t data) noexcept {
 constexpr Kind KindOf(uint64_t data) noexcept {
   return Kind((data >> kKindShift) & 0xf);
 }
+constexpr uint32_t kWordBytes = 64;  // after the ring: the words, in one registration
+constexpr uint32_t kProducedWord = 0;
+constexpr uint32_t kConsumedWord = 8;
+constexpr uint32_t WordOffset(Kind kind) noexcept {
+  return kind == Kind::kData || kind == Kind::kEof ? kProducedWord : kConsumedWord;
+}
+constexpr uint64_t EncodeShort(uint32_t tag, Kind kind) noexcept {
+  return uint64_t(tag) << 8 | uint64_t(kind) << 4;
+}
+constexpr uint32_t ShortTagOf(uint64_t data) noexcept {
+  return uint32_t(data & 0xffffffffu) >> 8;
+}
+constexpr Kind ShortKindOf(uint64_t data) noexcept {
+  return Kind((data >> 4) & 0xf);
+}
+// A 4-byte note with nothing outside its fields (a peer's violation otherwise).
+constexpr bool ShortWellFormed(uint64_t data) noexcept {
+  return (data & ~uint64_t(0xfffffff0u)) == 0;
+}
+
 // How far the note's cursor is ahead of `known` (its low bits). Two pollers may hand a
 // connection its notes out of order: a note behind `known` is stale, and says so by being
 // more than half the cursor space ahead.

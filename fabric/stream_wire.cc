@@ -7,8 +7,9 @@ namespace slip::fabric::streamwire {
 bool Encode(const Message& m, uint8_t out[kBytes]) noexcept {
   const bool refuse = m.type == Type::kRefuse;
   if (m.address_len > kMaxAddressBytes) return false;
-  if (!refuse && (m.address_len == 0 || m.ring_log2 < kMinRingLog2 || m.ring_log2 > kMaxRingLog2 ||
-                  m.note_tag == 0 || m.note_tag > kMaxNoteTag))
+  if (!refuse &&
+      (m.address_len == 0 || m.ring_log2 < kMinRingLog2 || m.ring_log2 > kMaxRingLog2 ||
+       m.note_tag == 0 || m.note_tag > kMaxNoteTag || (m.note_bytes != 4 && m.note_bytes != 8)))
     return false;
   ByteWriter w(out, kBytes);
   w.U32(kMagic);
@@ -22,7 +23,9 @@ bool Encode(const Message& m, uint8_t out[kBytes]) noexcept {
   w.U64(refuse ? 0 : m.ring_key);
   w.U64(refuse ? 0 : m.ring_addr);
   w.U32(refuse ? 0 : m.note_tag);
-  w.U32(0);
+  w.U8(refuse ? 0 : m.note_bytes);
+  w.U8(0);
+  w.U16(0);
   uint8_t address[kMaxAddressBytes] = {};
   if (!refuse)
     for (size_t i = 0; i < m.address_len; ++i) address[i] = m.address[i];
@@ -45,17 +48,19 @@ bool Parse(const uint8_t* in, size_t len, Message* out) noexcept {
   m.ring_key = r.U64();
   m.ring_addr = r.U64();
   m.note_tag = r.U32();
-  const uint32_t pad = r.U32();
+  m.note_bytes = r.U8();
+  const uint32_t pad = r.U8() | uint32_t(r.U16()) << 8;
   r.Bytes(m.address, sizeof(m.address));
   if (!r.ok() || pad != 0 || m.address_len > kMaxAddressBytes) return false;
   for (size_t i = m.address_len; i < kMaxAddressBytes; ++i)
     if (m.address[i] != 0) return false;
   if (m.type == Type::kRefuse) {
     if (m.ring_log2 != 0 || m.address_len != 0 || m.ring_key != 0 || m.ring_addr != 0 ||
-        m.note_tag != 0)
+        m.note_tag != 0 || m.note_bytes != 0)
       return false;
   } else if (m.address_len == 0 || m.ring_log2 < kMinRingLog2 || m.ring_log2 > kMaxRingLog2 ||
-             m.note_tag == 0 || m.note_tag > kMaxNoteTag) {
+             m.note_tag == 0 || m.note_tag > kMaxNoteTag ||
+             (m.note_bytes != 4 && m.note_bytes != 8)) {
     return false;
   }
   *out = m;

@@ -4,7 +4,7 @@
 //
 //   REQ  client -> listener   the TCP 4-tuple it is about to connect, a nonce, its RDM
 //                             endpoint's address and its receive ring (key, address, size)
-//                             and the tag that its notes to us carry
+//                             and the tag that its notes to us carry, and their form
 //   REP  listener -> client   the same for the listener's side: kept pending under the
 //                             4-tuple until accept(), settled by the in-band CONFIRM
 //   REFUSE listener -> client the listener will not carry it (busy, the ring too large):
@@ -33,6 +33,13 @@ constexpr uint8_t kMinRingLog2 = 12;
 constexpr uint8_t kMaxRingLog2 = 30;
 constexpr uint32_t kMaxNoteTag = (1u << 24) - 1;
 
+// ring_log2 for a ring of `size` bytes (a power of two).
+constexpr uint8_t RingLog2(uint32_t size) noexcept {
+  uint8_t n = 0;
+  while ((uint64_t(1) << n) < size) ++n;
+  return n;
+}
+
 struct Message {
   Type type = Type::kReq;
   uint8_t ring_log2 = 0;    // the sender's receive ring is 1 << ring_log2 bytes (0 in REFUSE)
@@ -44,6 +51,8 @@ struct Message {
   uint64_t ring_addr = 0;  // its address as RMA names it (virtual, or 0: offsets)
   uint32_t note_tag = 0;   // what the peer's notes to the sender must carry to reach its
                            // connection (fabric/stream_note.h): 1 .. kMaxNoteTag
+  uint8_t note_bytes = 8;  // the notes' form both ends must use: 8 (the cursor in the CQ
+                           // data) or 4 (a cursor word and a 4-byte note); 0 in REFUSE
   uint8_t address[kMaxAddressBytes] = {};
 };
 

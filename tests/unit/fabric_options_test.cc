@@ -44,9 +44,30 @@ TEST(FabricOptions, BadProviderNames) {
     EXPECT_EQ(o.provider, "sentinel");
   }
   const auto names = OptionNames();
-  ASSERT_EQ(names.size(), 2u);
+  ASSERT_EQ(names.size(), 3u);
   EXPECT_STREQ(names[0], "SLIP_FABRIC_PROVIDER");
-  EXPECT_STREQ(names[1], "SLIP_NEGATIVE_TTL_MS");
+  EXPECT_STREQ(names[1], "SLIP_FABRIC_NOTES");
+  EXPECT_STREQ(names[2], "SLIP_NEGATIVE_TTL_MS");
+}
+
+// The notes' form: auto (8-byte notes where the provider carries them) or word.
+TEST(FabricOptions, Notes) {
+  Options o;
+  EXPECT_FALSE(o.word_notes);
+  for (const char* value : {"word", "auto"}) {
+    Env env{{"SLIP_FABRIC_NOTES", value}};
+    std::string error;
+    ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << error;
+    EXPECT_EQ(o.word_notes, std::string(value) == "word");
+  }
+  for (const char* bad : {"", "WORD", "8", "inline"}) {
+    Env env{{"SLIP_FABRIC_NOTES", bad}};
+    Options kept;
+    std::string error;
+    EXPECT_FALSE(ParseOptions(Lookup, &env, &kept, &error)) << bad;
+    EXPECT_EQ(error.rfind("SLIP_FABRIC_NOTES=\"", 0), 0u) << error;
+    EXPECT_FALSE(kept.word_notes);
+  }
 }
 
 // The negative cache's lifetime, read by verbs too: one value for both transports.

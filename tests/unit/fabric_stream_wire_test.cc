@@ -37,7 +37,15 @@ TEST(FabricStreamWire, RoundTripsEveryType) {
   for (Type type : {Type::kReq, Type::kRep, Type::kRefuse}) {
     Message m = SampleReq();
     m.type = type;
-    if (type == Type::kRefuse) m = Message{Type::kRefuse, 0, 0, m.nonce, m.client, m.server};
+    if (type == Type::kRefuse) {
+      Message refuse;
+      refuse.type = Type::kRefuse;
+      refuse.ring_log2 = 0;
+      refuse.nonce = m.nonce;
+      refuse.client = m.client;
+      refuse.server = m.server;
+      m = refuse;
+    }
     uint8_t buf[streamwire::kBytes];
     ASSERT_TRUE(streamwire::Encode(m, buf));
     Message out;
@@ -49,9 +57,24 @@ TEST(FabricStreamWire, RoundTripsEveryType) {
     EXPECT_EQ(out.ring_key, m.ring_key);
     EXPECT_EQ(out.ring_addr, m.ring_addr);
     EXPECT_EQ(out.note_tag, m.note_tag);
+    EXPECT_EQ(out.note_bytes, type == Type::kRefuse ? 0 : 8);
     EXPECT_EQ(out.address_len, m.address_len);
     EXPECT_EQ(0, std::memcmp(out.address, m.address, sizeof(out.address)));
   }
+}
+
+TEST(FabricStreamWire, SaysTheNotesForm) {
+  Message m = SampleReq();
+  m.note_bytes = 4;
+  uint8_t buf[streamwire::kBytes];
+  ASSERT_TRUE(streamwire::Encode(m, buf));
+  Message out;
+  ASSERT_TRUE(streamwire::Parse(buf, sizeof(buf), &out));
+  EXPECT_EQ(out.note_bytes, 4);
+  m.note_bytes = 2;  // neither form
+  EXPECT_FALSE(streamwire::Encode(m, buf));
+  EXPECT_EQ(streamwire::RingLog2(4096), 12);
+  EXPECT_EQ(streamwire::RingLog2(1u << 30), 30);
 }
 
 TEST(FabricStreamWire, RejectsWhatNoSenderWrites) {
@@ -84,7 +107,10 @@ TEST(FabricStreamWire, RejectsWhatNoSenderWrites) {
       {17, 1, "endpoint padding"},
       {16, 5, "endpoint family"},
       {16 + 2 * 20 + 16 + 3, 1, "tag beyond 24 bits"},
-      {16 + 2 * 20 + 16 + 4, 1, "padding after the tag"},
+      {16 + 2 * 20 + 16 + 4, 1, "notes of neither form"},
+      {16 + 2 * 20 + 16 + 4, 0, "no notes form"},
+      {16 + 2 * 20 + 16 + 5, 1, "padding after the notes form"},
+      {16 + 2 * 20 + 16 + 7, 1, "padding before the address"},
       {streamwire::kBytes - 1, 1, "bytes past the address"},
   };
   for (const Flip& f : flips) {
@@ -99,7 +125,8 @@ TEST(FabricStreamWire, RejectsWhatNoSenderWrites) {
   uint8_t buf[streamwire::kBytes];
   EXPECT_FALSE(streamwire::Encode(zero_tag, buf));
   // A REFUSE carries no ring and no address.
-  Message refuse{Type::kRefuse};
+  Message refuse;
+  refuse.type = Type::kRefuse;
   ASSERT_TRUE(streamwire::Encode(refuse, buf));
   buf[16 + 2 * 20] = 1;  // a ring key
   EXPECT_TRUE(rejected(buf, sizeof(buf)));
@@ -120,6 +147,21 @@ TEST(FabricStreamNote, CarriesTagKindAndCursor) {
   // A note behind what is known (taken out of order by another poller) is stale.
   const uint64_t old = note::Encode(1, note::Kind::kData, known - 50);
   EXPECT_TRUE(note::Stale(note::Ahead(old, known)));
+}
+
+TEST(FabricStreamNote, ShortNotesNameTagAndKindOnly) {
+  const uint64_t n = note::EncodeShort(0xabcdef, note::Kind::kClosed);
+  EXPECT_LE(n, 0xffffffffu);  // 4 bytes of CQ data
+  EXPECT_EQ(note::ShortTagOf(n), 0xabcdefu);
+  EXPECT_EQ(note::ShortKindOf(n), note::Kind::kClosed);
+  EXPECT_TRUE(note::ShortWellFormed(n));
+  EXPECT_FALSE(note::ShortWellFormed(n | 1));                  // the low bits
+  EXPECT_FALSE(note::ShortWellFormed(n | uint64_t(1) << 40));  // past 4 bytes
+  // Data and the end of the stream move `produced`; credit and CLOSED `consumed`.
+  EXPECT_EQ(note::WordOffset(note::Kind::kData), note::WordOffset(note::Kind::kEof));
+  EXPECT_EQ(note::WordOffset(note::Kind::kCredit), note::WordOffset(note::Kind::kClosed));
+  EXPECT_NE(note::WordOffset(note::Kind::kData), note::WordOffset(note::Kind::kCredit));
+  EXPECT_LE(note::kConsumedWord + 8, note::kWordBytes);
 }
 
 }  // namespace
