@@ -132,6 +132,10 @@ const Option kOptions[] = {
      "the libfabric provider for the fabric transport (tcp, shm, verbs, efa, or as fi_info "
      "names it)",
      [](const Defaults& d) { return PathText(d.fabric.provider, "the best match"); }},
+    {"--fabric-notes", "MODE", "SLIP_FABRIC_NOTES",
+     "fabric streams' notes: auto (8 bytes of CQ data where the provider carries them) or "
+     "word (a cursor word and a 4-byte note, as over verbs and efa)",
+     [](const Defaults& d) { return std::string(d.fabric.word_notes ? "word" : "auto"); }},
     {"--verbs-reuse", "N", "SLIP_VERBS_REUSE",
      "queue pairs kept after their connections closed, for the next ones (0..1024; 0: none)",
      [](const Defaults& d) { return std::to_string(d.verbs.reuse); }},

@@ -152,7 +152,7 @@ slip_csv_value() {
 
 # slip_stats_summary FILE: one line counting the transports of the connections recorded in a
 # slip-run stats file (each process adds its own ends), e.g. "2x shm" or
-# "1x shm, 1x tcp (peer_not_slipstream)". Prints "no stats recorded" when there are none.
+# "1x shm, 1x tcp (peer_not_slipstream)", "2x fabric/verbs;ofi_rxm". Prints "no stats recorded" when there are none.
 slip_stats_summary() {
   local file=$1 lines
   if [[ ! -s $file ]]; then
@@ -161,6 +161,7 @@ slip_stats_summary() {
   fi
   if command -v jq >/dev/null; then
     lines=$(jq -rR 'fromjson? | .connections[]? | .transport +
+      (if (.provider // "") != "" then "/" + .provider else "" end) +
       (if (.reason // "none") == "none" or .reason == "" then "" else " (" + .reason + ")" end)' \
       "$file")
   else

@@ -5,6 +5,9 @@
 #   rsocket      the same two, both ends under rsocket's preload (librspreload.so)
 #   Slipstream   the same two, both ends under build/bin/slip-run --transports=verbs,tcp; the
 #                transport its connections really used (slip-run's stats file) marks the column
+#   fabric       the same two, both ends under slip-run --transports=fabric,tcp
+#                --fabric-provider=verbs (the streams over libfabric's verbs provider,
+#                ofi_rxm: issue 18), the transport and provider from the stats again
 #   perftest     the raw limits of the link: ib_write_lat -s 64, ib_write_bw -s 65536 (one QP)
 # Every figure is the median of a few runs. Then (the compat part) it runs unmodified
 # programs, plainly, under rsocket's preload and under slip-run: iperf3, sockperf ping-pong
@@ -140,6 +143,10 @@ pair() {
   case $mode in
     rsocket) wrap=(env "LD_PRELOAD=$RS") ;;
     slip) wrap=("$SLIP_RUN" "--transports=verbs,tcp" --stats="$PRE.stats.jsonl" --) ;;
+    fabric)
+      wrap=(env FI_UNIVERSE_SIZE=64 "$SLIP_RUN" "--transports=fabric,tcp" --fabric-provider=verbs
+        --stats="$PRE.stats.jsonl" --)
+      ;;
   esac
   snap
   timeout -s INT -k 5 $((limit + 30)) "${wrap[@]}" "${server[@]}" >"$PRE.server.log" 2>&1 &
@@ -172,7 +179,7 @@ why() {
 
 # transport MODE: what carried the last pair: slip-run's stats under slip, else the counters.
 transport() {
-  if [[ $1 == slip ]]; then
+  if [[ $1 == slip || $1 == fabric ]]; then
     local s
     s=$(slip_stats_summary "$PRE.stats.jsonl")
     echo "$s"
@@ -264,6 +271,7 @@ bench() {
   slipperf tcp plain 7101
   slipperf rsocket rsocket 7102
   slipperf slipstream slip 7103
+  slipperf fabric fabric 7104
   perftest ib_write_lat 64 5 us -n 2000
   perftest ib_write_bw 65536 4 Gbit/s -n 300 --report_gbits
 }
@@ -646,13 +654,15 @@ if part bench; then
     def slipmark($r): if $r == null or $r.status == "FAIL" then ""
       elif ($r.transport | test("^[0-9]+x verbs$")) then " [verbs]"
       else " [" + $r.transport + "]" end;
-    ["| test | kernel TCP | rsocket | Slipstream | perftest | Slipstream/rsocket | Slipstream/perftest |",
-     "| --- | --- | --- | --- | --- | --- | --- |"][],
+    ["| test | kernel TCP | rsocket | Slipstream | Slipstream fabric | perftest | Slipstream/rsocket | Slipstream/perftest | fabric/Slipstream | fabric/perftest |",
+     "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"][],
     (["lat", "latency 64 B, p50 us (lower is better)"], ["bw", "bandwidth 64 KiB, Gbit/s"]) as [$t, $title] |
     fig($t; "tcp") as $k | fig($t; "rsocket") as $r | fig($t; "slipstream") as $s |
-    fig($t; "perftest") as $p |
-    "| \($title) | \(show($k)) | \(show($r)) | \(show($s))\(slipmark($s)) | \(show($p)) | " +
-    "\(ratio(num($s); num($r))) | \(ratio(num($s); num($p))) |"' "$OUT/results.json"
+    fig($t; "fabric") as $f | fig($t; "perftest") as $p |
+    "| \($title) | \(show($k)) | \(show($r)) | \(show($s))\(slipmark($s)) | " +
+    "\(show($f))\(slipmark($f)) | \(show($p)) | " +
+    "\(ratio(num($s); num($r))) | \(ratio(num($s); num($p))) | " +
+    "\(ratio(num($f); num($s))) | \(ratio(num($f); num($p))) |"' "$OUT/results.json"
   echo
   echo "Figures: median of $(jq -r '.settings.repeat' "$OUT/results.json") runs (min-max)," \
     "one guest ($settings)," \

@@ -14,6 +14,7 @@
 #    non-blocking connects that never block on detection, and
 #    failover to TCP when the RDMA device is deleted mid-stream (last: it re-creates rxe0).
 # 3. The NCCL plugin's harness over verbs (SLIP_VERBS_NCCL=0 leaves it out).
+# 4. The shim's streams over libfabric's verbs provider (SLIP_VERBS_FABRIC_CASES).
 #
 # Prints one line per test and ends with "N passed, N failed"; exit status 1 if any failed
 # twice in a row (each is run again once, below).
@@ -128,13 +129,10 @@ fi
 
 # 4. The shim's streams over libfabric's verbs provider (RDM through ofi_rxm) on rxe0: the
 #    integration programs again with SLIP_TRANSPORTS=fabric,tcp, each asserting transport
-#    fabric and a verbs provider in the stats (FI_UNIVERSE_SIZE=64 as above).
-#    Not run by default yet (issue 18 goes on): ofi_rxm over verbs carries 4 bytes of CQ
-#    data and the streams' notes need 8, so the streams take verbs;ofi_rxd (one stream by
-#    hand went through it; these cases have not run there yet); they are named only by
-#    hand, e.g. SLIP_VERBS_FABRIC_CASES="bulk.both bulk.client
-#    kill.sender_killed" with SLIP_VERBS_CASES='' SLIP_VERBS_ONLY='' SLIP_VERBS_NCCL=0.
-FABRIC_CASES=${SLIP_VERBS_FABRIC_CASES-}
+#    fabric and a verbs provider in the stats (FI_UNIVERSE_SIZE=64 as above). ofi_rxm over
+#    verbs carries 4 bytes of CQ data, so these run the cursor words and 4-byte notes
+#    (fabric/stream_note.h). ~50 s; SLIP_VERBS_FABRIC_CASES names others ('' for none).
+FABRIC_CASES=${SLIP_VERBS_FABRIC_CASES-bulk.both bulk.client semantics.both kill.sender_killed}
 if [ -e "$BUILD/lib/libslipstream-fabric.so" ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
   for c in $FABRIC_CASES; do
     run "verbs.fabric.$c" env SLIP_TEST_TRANSPORT=fabric SLIP_TEST_TRANSPORTS=fabric,tcp \
