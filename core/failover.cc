@@ -56,7 +56,9 @@ void AnchorFailover::OnAnchorReady(uint32_t events) const noexcept {
   const AnchorPath::Moved moved =
       path_.OnReady(events, consumed(), published(), !readable || ends_->MayDeliver());
   if (moved.received) ends_->WakeReaderNow();
-  if (moved.sent) ends_->WakeWriterNow();
+  // A writer may also sleep on nothing sent: one that found the ring full while its
+  // connection was held (nothing is published then) must wake once it is carried here.
+  if (moved.sent || (events & EPOLLOUT)) ends_->WakeWriterNow();
   // As the transport's end-of-stream and reset would: readers see EOF (or the error),
   // writers wake to it.
   path_.ShowEnd(own_b_);

@@ -334,6 +334,38 @@ def forged(t, variant):
     t.expect_pairing(server, client)
 
 
+@case("fabric_forged", variants=("run",))
+def fabric_forged(t, _):
+    """(SLIP_TEST_TRANSPORT=fabric) Hostile datagrams at a live listener's UDP twin
+    (progs/fabric_forge.py): garbage, and a REQ whose client is not its sender, get no
+    answer; a forged REQ for the exact 4-tuple of the next connection is answered the same
+    way twice (REP, or REFUSE where the provider rejects the forger's address). The client
+    then connects from that port (it binds it, so it stays plain: "unsupported"); where
+    the listener took the forged REQ, the accepted connection is held for it and, with no
+    CONFIRM from its client, goes plain ("peer_not_slipstream"): the forger gained nothing,
+    no byte of its reached either program, and both streams are intact."""
+    source_port = pick_source_port(t)
+    answered = []
+
+    def forge():
+        forger = t.start("forger", py("fabric_forge.py", "--port", t.port,
+                                      "--source-port", source_port))
+        forger.expect_exit(0)
+        r = forger.json_output()
+        t.check(r["silent"] == r["hostile"],
+                f"forger: {r['hostile'] - r['silent']} of {r['hostile']} hostile datagrams "
+                f"were answered")
+        t.check(r["answers"][0] in (2, 3) and r["answers"][0] == r["answers"][1],
+                f"forger: the forged REQ was answered {r['answers']}, expected the same REP "
+                f"(2) or REFUSE (3) twice")
+        answered.append(r["answers"][0])
+
+    server, client, traffic = run_bulk(t, True, True, client_args=("--source-port", source_port),
+                                       before_client=forge)
+    t.expect_stats(client, "tcp", "unsupported", traffic=traffic[client])
+    t.expect_stats(server, "tcp", "peer_not_slipstream", traffic=traffic[server])
+
+
 @case("orphan_confirm", variants=("run",))
 def orphan_confirm(t, _):
     """A client's first bytes are a valid CONFIRM with nothing registered for it at the
