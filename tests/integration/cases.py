@@ -10,13 +10,15 @@ import collections
 import functools
 import hashlib
 import json
+import os
 import random
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
-from harness import ACCEL, LOOPBACK, PAIRINGS, TestFailure, pick_port, py
+from harness import ACCEL, LOOPBACK, PAIRINGS, TestFailure, pick_port, port_of, py
 
 MiB = 1 << 20
 BULK_BYTES = 32 * MiB  # each way
@@ -364,6 +366,64 @@ def fabric_forged(t, _):
                                        before_client=forge)
     t.expect_stats(client, "tcp", "unsupported", traffic=traffic[client])
     t.expect_stats(server, "tcp", "peer_not_slipstream", traffic=traffic[server])
+
+
+def provider_connections(pid, test_port):
+    """The TCP connections of process `pid` other than the test's (its anchor and listener):
+    under fabric over the tcp provider, ofi_rxm's own. As (local, peer) address strings."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True,
+                         text=True, check=False).stdout
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        if f"pid={pid}," not in line or len(fields) < 4:
+            continue
+        local, peer = fields[2], fields[3]
+        if port_of(local) != test_port and port_of(peer) != test_port:
+            found.append((local, peer))
+    return found
+
+
+@case("fabric_failover", variants=("run",))
+def fabric_failover(t, _):
+    """(SLIP_TEST_TRANSPORT=fabric, tcp provider) The provider's own TCP connection between
+    the two processes is killed mid-transfer (ss -K, a real fault: ofi_rxm's writes fail);
+    both ends fail over to their anchor and the streams go on over TCP from where both
+    stand: 384 MiB each way with content checked, transport tcp, reason failover, on both
+    sides."""
+    t.check(os.geteuid() == 0, "needs root (ss -K)")
+    total = 384 * MiB  # a few seconds: the cut must come before the end even under load
+    server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--seed", 100,
+                                  "--total", total), slip=True)
+    client = t.start("client", py("bulk.py", "client", "--port", t.port, "--seed", 200,
+                                  "--total", total), slip=True)
+    deadline = time.monotonic() + 10
+    links = []
+    while not links and time.monotonic() < deadline and client.popen.poll() is None:
+        links = provider_connections(client.popen.pid, t.port)
+        time.sleep(0.02)
+    t.check(links, "no provider connection of the client's appeared (not over tcp;ofi_rxm?)")
+    # The provider connects at the first write, and may connect again from the other side:
+    # every connection of the client's but the test's goes, a few times over.
+    cut = set()
+    for _ in range(5):
+        time.sleep(0.05)
+        for local, peer in provider_connections(client.popen.pid, t.port):
+            (lhost, lport), (phost, pport) = (a.rsplit(":", 1) for a in (local, peer))
+            subprocess.run(["ss", "-K", "src", lhost.strip("[]"), "sport", "=", f":{lport}",
+                            "dst", phost.strip("[]"), "dport", "=", f":{pport}"],
+                           capture_output=True, check=False)
+            cut.add((local, peer))
+    print(f"cut the provider's connections {sorted(cut)}")
+    t.check(client.popen.poll() is None and server.popen.poll() is None,
+            "the transfer ended before the provider's connection was cut (too fast)")
+    client.expect_exit(0)
+    server.expect_exit(0)
+    server_report, client_report = server.json_output(), client.json_output()
+    t.expect_same_stream("client -> server", client_report, server_report)
+    t.expect_same_stream("server -> client", server_report, client_report)
+    for proc, report in ((server, server_report), (client, client_report)):
+        t.expect_stats(proc, "tcp", "failover", traffic=(report["sent"], report["received"]))
 
 
 @case("orphan_confirm", variants=("run",))

@@ -341,6 +341,38 @@ def memlock(t, variant):
     t.check("RLIMIT_MEMLOCK" in text, f"no RLIMIT_MEMLOCK message in the client's log: {text!r}")
 
 
+# Both ends over libfabric's verbs provider (the shim's fabric streams; FI_UNIVERSE_SIZE as
+# in verbs-suite.sh).
+FABRIC_ENV = {"SLIP_TRANSPORTS": "fabric,tcp", "SLIP_FABRIC_PROVIDER": "verbs",
+              "FI_UNIVERSE_SIZE": "64"}
+
+
+@case("fabric_memlock")
+def fabric_memlock(t, variant):
+    """Over libfabric's verbs provider, which pins what it registers: a client whose
+    RLIMIT_MEMLOCK (64 KiB, no CAP_IPC_LOCK) cannot pin says why in its log and stays on
+    TCP; the bytes are intact, and the server (whose client asked for nothing) is plain."""
+    log = t.dir / "client.log"
+    wrap = ["prlimit", "--memlock=65536:65536", "setpriv", "--inh-caps=-ipc_lock",
+            "--bounding-set=-ipc_lock"]
+    server, client, traffic = bulk_pair(
+        t, server_env=FABRIC_ENV, client_wrap=wrap,
+        client_env={**FABRIC_ENV, "SLIP_LOG": "info", "SLIP_LOG_FILE": str(log)})
+    text = log.read_text() if log.exists() else ""
+    print("client log:", text.strip().replace("\n", " | ")[:600])
+    record = client.stats_records()
+    reason = record[0]["connections"][0]["reason"] if record and record[0].get("connections") \
+        else None
+    t.check(reason in ("memlock", "no_rdma_device"),
+            f"client: reason {reason!r}, expected memlock (the rings) or no_rdma_device (the "
+            f"provider's own queues could not be pinned)")
+    t.expect_stats(client, "tcp", reason, traffic=traffic[client])
+    t.expect_stats(server, "tcp", "peer_not_slipstream", traffic=traffic[server])
+    t.check("RLIMIT_MEMLOCK" in text or "memlock" in text.lower() or
+            "Cannot allocate memory" in text,
+            f"nothing in the client's log says memory could not be pinned: {text!r}")
+
+
 @case("negative_cache")
 def negative_cache(t, variant):
     """A Slipstream client making two connections to a plain server: the first learns from
