@@ -132,6 +132,9 @@ def _child_env(extra):
     # SLIP_TEST_FABRIC_PROVIDER (the fabric runs) becomes the programs' provider.
     if os.environ.get("SLIP_TEST_FABRIC_PROVIDER"):
         env["SLIP_FABRIC_PROVIDER"] = os.environ["SLIP_TEST_FABRIC_PROVIDER"]
+    # SLIP_TEST_FABRIC_NOTES=word: the fabric runs with cursor words and 4-byte notes.
+    if os.environ.get("SLIP_TEST_FABRIC_NOTES"):
+        env["SLIP_FABRIC_NOTES"] = os.environ["SLIP_TEST_FABRIC_NOTES"]
     if os.environ.get("SLIP_TEST_LOG"):  # debugging: the programs' SLIP_LOG(_FILE)
         env["SLIP_LOG"] = os.environ["SLIP_TEST_LOG"]
     if os.environ.get("SLIP_TEST_LOG_FILE"):
