@@ -38,7 +38,7 @@ sockperf.both poll.both et.both banner.both exec.both
 kill.sender_killed kill.recv_blocked_client_killed transports.verbs_first"}
 VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
 forged_nonce.run forged_silent.run late_confirm.run cross_write.run flood.source flood.budget flood.fdlimit qp_fault.server_reset
-qp_fault.client_reset qp_fault.server_err memlock.run
+qp_fault.client_reset qp_fault.server_err memlock.run fabric_memlock.run
 negative_cache.run
 nbconnect.verbs nbconnect.plain_server
 nbconnect.refused nbconnect.closed gid.default gid.missing_client gid.missing_server

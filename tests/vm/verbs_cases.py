@@ -350,8 +350,9 @@ FABRIC_ENV = {"SLIP_TRANSPORTS": "fabric,tcp", "SLIP_FABRIC_PROVIDER": "verbs",
 @case("fabric_memlock")
 def fabric_memlock(t, variant):
     """Over libfabric's verbs provider, which pins what it registers: a client whose
-    RLIMIT_MEMLOCK (64 KiB, no CAP_IPC_LOCK) cannot pin says why in its log and stays on
-    TCP; the bytes are intact, and the server (whose client asked for nothing) is plain."""
+    RLIMIT_MEMLOCK (64 KiB, no CAP_IPC_LOCK) cannot pin its rings says so in its log and
+    stays on TCP with reason "memlock"; the bytes are intact, and the server (whose client
+    asked for nothing) is plain."""
     log = t.dir / "client.log"
     wrap = ["prlimit", "--memlock=65536:65536", "setpriv", "--inh-caps=-ipc_lock",
             "--bounding-set=-ipc_lock"]
@@ -360,17 +361,10 @@ def fabric_memlock(t, variant):
         client_env={**FABRIC_ENV, "SLIP_LOG": "info", "SLIP_LOG_FILE": str(log)})
     text = log.read_text() if log.exists() else ""
     print("client log:", text.strip().replace("\n", " | ")[:600])
-    record = client.stats_records()
-    reason = record[0]["connections"][0]["reason"] if record and record[0].get("connections") \
-        else None
-    t.check(reason in ("memlock", "no_rdma_device"),
-            f"client: reason {reason!r}, expected memlock (the rings) or no_rdma_device (the "
-            f"provider's own queues could not be pinned)")
-    t.expect_stats(client, "tcp", reason, traffic=traffic[client])
+    # (The endpoint's own queues fit in 64 KiB; the rings' registration is what fails.)
+    t.expect_stats(client, "tcp", "memlock", traffic=traffic[client])
     t.expect_stats(server, "tcp", "peer_not_slipstream", traffic=traffic[server])
-    t.check("RLIMIT_MEMLOCK" in text or "memlock" in text.lower() or
-            "Cannot allocate memory" in text,
-            f"nothing in the client's log says memory could not be pinned: {text!r}")
+    t.check("RLIMIT_MEMLOCK" in text, f"no RLIMIT_MEMLOCK message in the client's log: {text!r}")
 
 
 @case("negative_cache")
