@@ -253,8 +253,40 @@ bool StreamConn::TakeCredit(uint64_t data) noexcept {
   return true;
 }
 
-void StreamConn::OnWriteFailed(int error, uint64_t slot) noexcept {
-  ReleaseWordSlot(slot);
+uint64_t StreamConn::WriteSeq(uint64_t context) const noexcept {
+  // (Writes in flight are fewer than 2^31 apart: the 32 bits extend from the counter.)
+  const uint64_t next = write_seq_.load(std::memory_order_acquire);
+  return next - uint32_t(uint32_t(next) - write_context::Seq(context));
+}
+
+void StreamConn::OnWriteDone(uint64_t context) noexcept {
+  ReleaseWordSlot(write_context::Slot(context));
+  const uint64_t done = WriteSeq(context) + 1;
+  uint64_t known = last_done_.load(std::memory_order_acquire);
+  while (done > known && !last_done_.compare_exchange_weak(known, done)) {
+  }
+  tx_completed_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+bool StreamConn::WritesLandedInOrder(int timeout_ms) noexcept {
+  const uint64_t until = sys::MonotonicMs() + uint64_t(timeout_ms);
+  while (tx_completed_.load(std::memory_order_acquire) !=
+         tx_writes_.load(std::memory_order_acquire)) {
+    if (fabric_->Poll() != 0) continue;
+    if (sys::MonotonicMs() >= until) return false;
+    sched_yield();
+  }
+  // (last_done_ is one past the last write that completed; first_failed_ the first that
+  // failed, or ~0.)
+  return last_done_.load(std::memory_order_acquire) <= first_failed_.load(std::memory_order_acquire);
+}
+
+void StreamConn::OnWriteFailed(int error, uint64_t context) noexcept {
+  ReleaseWordSlot(write_context::Slot(context));
+  const uint64_t failed = WriteSeq(context);
+  uint64_t known = first_failed_.load(std::memory_order_acquire);
+  while (failed < known && !first_failed_.compare_exchange_weak(known, failed)) {
+  }
   tx_completed_.fetch_add(1, std::memory_order_acq_rel);
   // After the peer's orderly close its ring may be gone: the end, not a failure.
   if (peer_closed_.load(std::memory_order_acquire) || !on_fabric()) return;
@@ -414,7 +446,7 @@ uint32_t StreamConn::TakeWordSlot() noexcept {
   return 0;
 }
 
-void StreamConn::ReleaseWordSlot(uint64_t slot) noexcept {
+void StreamConn::ReleaseWordSlot(uint32_t slot) noexcept {
   if (slot >= 1 && slot <= kWordSlots)
     word_slots_busy_.fetch_and(~(uint64_t(1) << (slot - 1)), std::memory_order_acq_rel);
 }
@@ -424,7 +456,8 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, uint64_t d
   if (peer_.addr == FI_ADDR_NOTAVAIL || error_.load(std::memory_order_acquire) != 0 ||
       orphaned_.load(std::memory_order_relaxed))
     return false;
-  void* context = reinterpret_cast<void*>(uintptr_t(uint64_t(slot) << 32 | tag_));
+  void* context = reinterpret_cast<void*>(uintptr_t(
+      write_context::Make(tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_acq_rel)))));
   uint64_t next_look = 0, ended_since = 0;
   for (;;) {
     const ssize_t rc =

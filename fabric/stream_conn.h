@@ -48,6 +48,23 @@ struct PeerRing {
   uint32_t note_tag = 0;
 };
 
+// A write's context: its connection's tag (bits 0-23), its cursor word's slot (bits
+// 24-31; 0: none) and its number among the connection's writes (bits 32-63).
+namespace write_context {
+constexpr uint64_t Make(uint32_t tag, uint32_t slot, uint32_t seq) noexcept {
+  return uint64_t(seq) << 32 | uint64_t(slot) << 24 | tag;
+}
+constexpr uint32_t Tag(uint64_t c) noexcept {
+  return uint32_t(c) & 0xffffff;
+}
+constexpr uint32_t Slot(uint64_t c) noexcept {
+  return uint32_t(c >> 24) & 0xff;
+}
+constexpr uint32_t Seq(uint64_t c) noexcept {
+  return uint32_t(c >> 32);
+}
+}  // namespace write_context
+
 class StreamConn final : public Channel, public ChannelControl, private AnchorFailover::Ends {
  public:
   // Rings of `ring_size` bytes, registered; a tag in the fabric's table. nullptr with *why.
@@ -59,7 +76,12 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // What the REQ or REP tells the peer about our receive ring.
   uint64_t rx_key() const noexcept { return rx_key_; }
   uint64_t rx_base() const noexcept { return rx_base_; }
-  void SetPeer(const PeerRing& peer) noexcept { peer_ = peer; }
+  void SetPeer(const PeerRing& peer) noexcept {
+    peer_ = peer;
+    peer_addr_.store(peer.addr, std::memory_order_release);
+  }
+  // Who may send this connection's notes (any thread: the pollers check each note).
+  fi_addr_t peer_addr() const noexcept { return peer_addr_.load(std::memory_order_acquire); }
   // The local proxy end that receives tokens and fill drains (owned from now on).
   void SetProxy(int proxy_b) noexcept;
   // Server: held until the client proves in band that it made the request (a CONFIRM with
@@ -71,12 +93,9 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   void OnNote(uint64_t data) noexcept;
   // A 4-byte note: its cursor is in our word (fabric/stream_note.h).
   void OnShortNote(uint64_t data) noexcept;
-  // `slot`: the cursor word's, 1-based (0: a write without one).
-  void OnWriteDone(uint64_t slot) noexcept {
-    ReleaseWordSlot(slot);
-    tx_completed_.fetch_add(1, std::memory_order_acq_rel);
-  }
-  void OnWriteFailed(int error, uint64_t slot) noexcept;
+  // `context`: the write's (write_context).
+  void OnWriteDone(uint64_t context) noexcept;
+  void OnWriteFailed(int error, uint64_t context) noexcept;
   // After fork in a child: never touch the parent's fabric objects again.
   void Orphan() noexcept;
   // Waits (bounded) until every posted write completed.
@@ -140,7 +159,13 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   bool AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept;
   // A free cursor word of ours (1-based), or 0 when every one is in flight.
   uint32_t TakeWordSlot() noexcept;
-  void ReleaseWordSlot(uint64_t slot) noexcept;
+  void ReleaseWordSlot(uint32_t slot) noexcept;
+  // ofi_rxm connects again after its connection failed, so a write posted after one that
+  // failed may still land, and a note it carries then claims bytes that never did. True
+  // when that cannot have happened: every write completed (waiting up to `timeout_ms`) and
+  // none completed after a failed one.
+  bool WritesLandedInOrder(int timeout_ms) noexcept;
+  uint64_t WriteSeq(uint64_t context) const noexcept;
   void Fail(int error) noexcept;
   // The anchor says the peer's TCP connection ended (closed, or the peer's FIN in), from
   // TCP_INFO alone: nothing is read, so the control thread still gets a pending reset to
@@ -184,6 +209,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   uint64_t rx_key_ = 0;
   uint64_t rx_base_ = 0;
   PeerRing peer_;
+  std::atomic<fi_addr_t> peer_addr_{FI_ADDR_NOTAVAIL};
   int proxy_b_ = -1;
   bool aborting_ = false;
 
@@ -205,6 +231,11 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   std::atomic<bool> closed_posted_{false};
   std::atomic<uint64_t> tx_writes_{0};  // posted writes
   std::atomic<uint64_t> tx_completed_{0};
+  // Writes' numbers (write_context::Seq has their low 32 bits): the next one, the first
+  // that failed (~0: none), one past the last that completed (0: none).
+  std::atomic<uint64_t> write_seq_{0};
+  std::atomic<uint64_t> first_failed_{~uint64_t(0)};
+  std::atomic<uint64_t> last_done_{0};
 
   // Settling: held until the CONFIRM (settle_at_: when Settle runs next, 0 settled).
   std::atomic<uint64_t> settle_at_{0};

@@ -27,6 +27,9 @@ namespace slip::fabric {
 
 namespace {
 
+// How long a failover waits for our writes' completions before it knows their order.
+constexpr int kOrderWaitMs = 1000;
+
 const char* CauseText(wire::FailoverCause cause) noexcept {
   switch (cause) {
     case wire::FailoverCause::kPeerRequest:
@@ -188,6 +191,16 @@ void StreamConn::TransportFailed(wire::FailoverCause cause) noexcept {
 
 bool StreamConn::OnPeerFailover(const wire::Failover& peer) noexcept {
   if (failover_.anchor() < 0 || orphaned_.load()) return false;
+  // We resend from what the peer says it received, which is only so if no write of ours
+  // landed after an earlier one failed (a note of the later one would claim the earlier
+  // one's bytes): failing over then would deliver bytes that never came. Reset instead.
+  if (peer.cause != wire::FailoverCause::kHandBack && !WritesLandedInOrder(kOrderWaitMs)) {
+    SLIP_LOG(kWarn,
+             "fabric: a write failed and a later one may have landed (the provider connected "
+             "again): the peer's count of our bytes cannot be trusted; resetting");
+    Fail(ECONNRESET);
+    return false;
+  }
   std::lock_guard<std::mutex> lock(failover_.lock());
   const Carriage carriage = failover_.carriage();
   if (error_.load(std::memory_order_acquire) != 0 ||
