@@ -57,8 +57,7 @@ InfoPtr Query(const std::string& provider, Use use, bool directed, bool delivery
     hints->rx_attr->msg_order = FI_ORDER_SAS;
   } else {
     // A note's completion says its bytes and every earlier write's have landed.
-    // (`directed`, for streams: each completion names its source.)
-    hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | (directed ? FI_SOURCE : 0);
+    hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
     hints->tx_attr->msg_order = FI_ORDER_WAW;
     hints->rx_attr->msg_order = FI_ORDER_WAW;
     hints->domain_attr->cq_data_size = 4;  // (8 where it can: fabric/stream_note.h)
@@ -107,12 +106,11 @@ std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::stri
   InfoPtr list;
   // Streams need neither: their notes name their connection, and ring space is freed by
   // the peer's credit, not by a completion.
-  // Streams ask instead for each completion's source (FI_SOURCE: a note must come from
-  // its connection's peer), and take a provider without it rather than none.
-  const int first = 3;
+  // Streams need neither: their notes name their connection, and ring space is freed by
+  // the peer's credit, not by a completion.
+  const int first = use == Use::kTaggedMessages ? 3 : 0;
   for (int want = first; want >= 0 && !list; --want) {
     const bool directed = (want & 2) != 0, delivery = (want & 1) != 0;
-    if (use == Use::kStreamRings && delivery) continue;
     list = Query(provider, use, directed, delivery, why);
     if (list && delivery && strcmp(list->fabric_attr->prov_name, "shm") == 0)
       list = Query(provider, use, directed, /*delivery=*/false, why);

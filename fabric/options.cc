@@ -23,9 +23,9 @@ constexpr options::Option<Options> kOptions[] = {
        o->provider = v;
        return true;
      }},
-    {"SLIP_FABRIC_NOTES", "expected auto or word",
+    {"SLIP_FABRIC_NOTES", "expected word or inline",
      [](std::string_view v, Options* o, std::string*) {
-       if (v != "auto" && v != "word") return false;
+       if (v != "word" && v != "inline") return false;
        o->word_notes = v == "word";
        return true;
      }},

@@ -19,11 +19,12 @@ struct Options {
   // the utility provider libfabric layers over it. Empty (the default): fi_getinfo's best
   // match among those that have what the transport needs.
   std::string provider;
-  // SLIP_FABRIC_NOTES (streams): "auto" (the default) has every write that moves a cursor
-  // carry it in 8 bytes of remote CQ data where the provider carries 8, and writes the
-  // cursor into a word of the peer's ring memory, with a 4-byte note naming it, where the
-  // provider carries 4 (ofi_rxm over verbs, efa); "word" takes the second way always.
-  bool word_notes = false;
+  // SLIP_FABRIC_NOTES (streams): "word" (the default) writes each cursor into a word of
+  // the peer's ring memory, which only the connection's two ends can write, and rings a
+  // 4-byte doorbell; "inline" carries the cursor in 8 bytes of remote CQ data where the
+  // provider can (one write less per publish, but a host that reaches the endpoint and
+  // guesses a note tag could move a cursor: for fabrics whose hosts are all trusted).
+  bool word_notes = true;
   // SLIP_NEGATIVE_TTL_MS (shared with verbs): how long a destination that answered a REQ
   // with "no Slipstream here" (ICMP port unreachable, silence) goes plain at once.
   uint32_t negative_ttl_ms = 10000;

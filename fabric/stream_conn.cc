@@ -212,11 +212,18 @@ void StreamConn::OnShortNote(uint64_t data) noexcept {
     Fail(EPROTO);
     return;
   }
-  // Its write put the word in place before it completed (and a later one's may have
-  // replaced it: as true, since the endpoint orders writes).
-  const note::Kind kind = note::ShortKindOf(data);
-  const uint64_t cursor = rx_words_[note::WordOffset(kind) / sizeof(uint64_t)];
-  OnNote(note::Encode(tag_, kind, cursor));
+  // A doorbell: the words say what moved (their writes put them in place before this
+  // completed; a later one's may have moved them further, which is as true). Each is read
+  // once, into a copy.
+  const uint64_t produced = rx_words_[note::kProducedWord / sizeof(uint64_t)];
+  const uint64_t consumed = rx_words_[note::kConsumedWord / sizeof(uint64_t)];
+  const uint64_t cursor_mask = ~note::kEndFlag;
+  OnNote(note::Encode(tag_, note::Kind::kData, produced & cursor_mask));
+  if ((produced & note::kEndFlag) && !rx_eof_.load(std::memory_order_acquire))
+    OnNote(note::Encode(tag_, note::Kind::kEof, produced & cursor_mask));
+  OnNote(note::Encode(tag_, note::Kind::kCredit, consumed & cursor_mask));
+  if ((consumed & note::kEndFlag) && !peer_closed_.load(std::memory_order_acquire))
+    OnNote(note::Encode(tag_, note::Kind::kClosed, consumed & cursor_mask));
 }
 
 bool StreamConn::TakeProduced(uint64_t data) noexcept {
@@ -427,7 +434,10 @@ bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noex
   while ((slot = TakeWordSlot()) == 0)
     if (!AwaitRoom(&next_look, &ended_since)) return false;
   uint64_t* word = &tx_words_[slot - 1];
-  *word = cursor;
+  // The end stays flagged in later writes of the same word (a credit after CLOSED).
+  const bool end = kind == note::Kind::kEof || kind == note::Kind::kClosed ||
+                   (note::WordOffset(kind) == note::kConsumedWord && closed_posted_.load());
+  *word = cursor | (end ? note::kEndFlag : 0);
   if (Post(word, sizeof(*word), peer_.base + ring_size() + note::WordOffset(kind),
            note::EncodeShort(peer_.note_tag, kind), slot, delivered))
     return true;

@@ -76,12 +76,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // What the REQ or REP tells the peer about our receive ring.
   uint64_t rx_key() const noexcept { return rx_key_; }
   uint64_t rx_base() const noexcept { return rx_base_; }
-  void SetPeer(const PeerRing& peer) noexcept {
-    peer_ = peer;
-    peer_addr_.store(peer.addr, std::memory_order_release);
-  }
-  // Who may send this connection's notes (any thread: the pollers check each note).
-  fi_addr_t peer_addr() const noexcept { return peer_addr_.load(std::memory_order_acquire); }
+  void SetPeer(const PeerRing& peer) noexcept { peer_ = peer; }
   // The local proxy end that receives tokens and fill drains (owned from now on).
   void SetProxy(int proxy_b) noexcept;
   // Server: held until the client proves in band that it made the request (a CONFIRM with
@@ -209,7 +204,6 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   uint64_t rx_key_ = 0;
   uint64_t rx_base_ = 0;
   PeerRing peer_;
-  std::atomic<fi_addr_t> peer_addr_{FI_ADDR_NOTAVAIL};
   int proxy_b_ = -1;
   bool aborting_ = false;
 

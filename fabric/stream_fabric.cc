@@ -73,12 +73,11 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, std::st
   f->virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
   f->local_mr_ = (mr_mode & FI_MR_LOCAL) != 0;
   f->word_notes_ = options.word_notes || f->domain_->info().domain_attr->cq_data_size < 8;
-  f->source_known_ = (f->domain_->info().caps & FI_SOURCE) != 0;
   // shm's writes are in the peer's region when they complete (delivered already), and
   // 1.17's shm never completes some writes asked to complete on delivery (seen here).
   f->delivery_refused_.store(strcmp(f->provider(), "shm") == 0);
   SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s%s)", f->provider(), f->domain_->name(),
-           f->word_notes_ ? "cursor words, 4-byte notes" : "8-byte notes",
+           f->word_notes_ ? "cursor words, 4-byte doorbells" : "8-byte notes, unchecked",
            f->endpoint_.waitable() ? "" : "; completions polled, no wait object");
   return f;
 }
@@ -174,23 +173,13 @@ void StreamFabric::RemoveConn(uint32_t tag) noexcept {
   while (s.users.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
 }
 
-void StreamFabric::Dispatch(const fi_cq_data_entry& e, fi_addr_t source) noexcept {
+void StreamFabric::Dispatch(const fi_cq_data_entry& e) noexcept {
   if (e.flags & FI_REMOTE_CQ_DATA) {
-    // A note from a peer: its tag names our connection (a stale or forged one names none),
-    // and where the provider says who sent it, that must be the connection's peer (another
-    // host that learned a tag names it in vain).
-    const uint32_t tag = word_notes_ ? note::ShortTagOf(e.data) : note::TagOf(e.data);
-    WithConn(tag, [&](StreamConn* c) {
-      if (source_known_ && source != c->peer_addr()) {
-        SLIP_LOG(kDebug, "fabric: a note for conn %06x from another sender than its peer; "
-                 "dropped", tag);
-        return;
-      }
-      if (word_notes_)
-        c->OnShortNote(e.data);
-      else
-        c->OnNote(e.data);
-    });
+    // A note from a peer: its tag names our connection (a stale or forged one names none).
+    if (word_notes_)
+      WithConn(note::ShortTagOf(e.data), [&](StreamConn* c) { c->OnShortNote(e.data); });
+    else
+      WithConn(note::TagOf(e.data), [&](StreamConn* c) { c->OnNote(e.data); });
   } else {
     // One of our writes completed; its context names its connection (write_context).
     const auto context = uint64_t(uintptr_t(e.op_context));
@@ -205,9 +194,7 @@ int StreamFabric::Poll() noexcept {
     fi_cq_data_entry entries[16];
     fi_cq_err_entry err{};
     // (The provider serialises what must be: FI_THREAD_SAFE, no lock of ours.)
-    fi_addr_t sources[16];
-    ssize_t n = source_known_ ? fi_cq_readfrom(endpoint_.cq(), entries, 16, sources)
-                              : fi_cq_read(endpoint_.cq(), entries, 16);
+    ssize_t n = fi_cq_read(endpoint_.cq(), entries, 16);
     if (n == -FI_EAVAIL && fi_cq_readerr(endpoint_.cq(), &err, 0) != 1) n = -FI_EAGAIN;
     if (n == -FI_EAVAIL) {
       DispatchError(err);
@@ -215,8 +202,7 @@ int StreamFabric::Poll() noexcept {
       continue;
     }
     if (n <= 0) return taken;
-    for (ssize_t i = 0; i < n; ++i)
-      Dispatch(entries[i], source_known_ ? sources[i] : FI_ADDR_NOTAVAIL);
+    for (ssize_t i = 0; i < n; ++i) Dispatch(entries[i]);
     taken += int(n);
     if (n < 16) return taken;
   }

@@ -125,7 +125,7 @@ class StreamFabric {
  private:
   StreamFabric() = default;
   void ProgressLoop() noexcept;
-  void Dispatch(const fi_cq_data_entry& entry, fi_addr_t source) noexcept;
+  void Dispatch(const fi_cq_data_entry& entry) noexcept;
   void DispatchError(const fi_cq_err_entry& err) noexcept;
   // Calls f(conn) if `tag` names a connection in the table, which stays there until f
   // returns (RemoveConn waits).
@@ -148,7 +148,6 @@ class StreamFabric {
   bool virt_addr_ = false;
   bool local_mr_ = false;
   bool word_notes_ = false;
-  bool source_known_ = false;  // FI_SOURCE: completions name their sender
   std::atomic<bool> delivery_refused_{false};  // the provider said no to FI_DELIVERY_COMPLETE
 
   std::mutex mu_;  // the table's free slots, the peers, the thread

@@ -12,19 +12,23 @@
 // copy; a note behind it is stale (taken out of order), and one that would move it past a
 // ring is the peer's violation.
 //
-// Where the provider carries only 4 bytes of CQ data (ofi_rxm over verbs, efa), or
-// SLIP_FABRIC_NOTES=word: the cursor goes into a word of the receiver's registered memory,
-// right after its ring (kProducedWord: data, end of stream; kConsumedWord: credit,
-// closed), by a write whose 4 bytes of CQ data say only whose and which:
+// Cursor words (the default, SLIP_FABRIC_NOTES=word; the only form where the provider
+// carries just 4 bytes of CQ data, as ofi_rxm over verbs and efa do): the cursors go into
+// two words of the receiver's registered memory, right after its ring (kProducedWord:
+// data, with kEndFlag once the stream ended; kConsumedWord: credit, with kEndFlag once
+// closed), by a write whose 4 bytes of CQ data are only a doorbell:
 //
 //   bits 31..8   the receiving connection's tag
-//   bits 7..4    the kind
+//   bits 7..4    the kind (which word moved; a hint)
 //   bits 3..0    zero
 //
-// The endpoint orders writes (FI_ORDER_WAW), so when such a note completes, the word and
-// every byte the cursor covers are in place; the word may already hold a later cursor
-// (a later write's), which is as true. The receiver reads the word and goes on as with an
-// 8-byte note.
+// The endpoint orders writes (FI_ORDER_WAW), so when a doorbell's write completes, its
+// word and every byte the word covers are in place; the word may already hold a later
+// value (a later write's), which is as true. The receiver reads both words on every
+// doorbell. Only a holder of the ring's registration key (a 64-bit secret of the
+// connection's two ends) can write them: another host that guesses a tag rings a bell
+// that moves nothing. 8-byte notes (SLIP_FABRIC_NOTES=inline) carry the cursor itself,
+// and anybody who reaches the endpoint and guesses a tag could move it.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +53,7 @@ constexpr Kind KindOf(uint64_t data) noexcept {
 constexpr uint32_t kWordBytes = 64;  // after the ring: the words, in one registration
 constexpr uint32_t kProducedWord = 0;
 constexpr uint32_t kConsumedWord = 8;
+constexpr uint64_t kEndFlag = uint64_t(1) << 63;  // in a word: EOF, or CLOSED
 constexpr uint32_t WordOffset(Kind kind) noexcept {
   return kind == Kind::kData || kind == Kind::kEof ? kProducedWord : kConsumedWord;
 }

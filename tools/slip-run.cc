@@ -133,9 +133,9 @@ const Option kOptions[] = {
      "names it)",
      [](const Defaults& d) { return PathText(d.fabric.provider, "the best match"); }},
     {"--fabric-notes", "MODE", "SLIP_FABRIC_NOTES",
-     "fabric streams' notes: auto (8 bytes of CQ data where the provider carries them) or "
-     "word (a cursor word and a 4-byte note, as over verbs and efa)",
-     [](const Defaults& d) { return std::string(d.fabric.word_notes ? "word" : "auto"); }},
+     "fabric streams' cursors: word (in the peer's ring memory, with a 4-byte doorbell) or "
+     "inline (8 bytes of CQ data where the provider can; only where every host is trusted)",
+     [](const Defaults& d) { return std::string(d.fabric.word_notes ? "word" : "inline"); }},
     {"--verbs-reuse", "N", "SLIP_VERBS_REUSE",
      "queue pairs kept after their connections closed, for the next ones (0..1024; 0: none)",
      [](const Defaults& d) { return std::to_string(d.verbs.reuse); }},

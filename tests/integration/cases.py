@@ -438,6 +438,41 @@ def fabric_failover(t, _):
         t.expect_stats(proc, "tcp", "failover", traffic=(report["sent"], report["received"]))
 
 
+@case("fabric_forged_notes", variants=("run",))
+def fabric_forged_notes(t, _):
+    """(SLIP_TEST_TRANSPORT=fabric, tcp provider) Another host on the fabric forges notes
+    for a live connection (progs/note_forger.c): it asks the listener for a connection of
+    its own (so that it is a peer of the listener's endpoint, with a registration key of
+    the listener's), then writes data notes, in both forms, naming the tags just below its
+    own, with a cursor 4 KiB past what the live connection's client sent. The server of the
+    live connection, paused mid-stream, must receive exactly what its client sent: notes
+    that do not come from a connection's peer are dropped."""
+    release = t.dir / "release"
+    forger_path = t.settings.build_dir / "tests" / "integration" / "slip_it_note_forger"
+    server = t.serve("server", py("pause_pair.py", "server", "--port", t.port,
+                                  "--release", release), slip=True)
+    client = t.start("client", py("pause_pair.py", "client", "--port", t.port,
+                                  "--release", release), slip=True)
+    client.wait_output("READY")
+    time.sleep(0.2)  # the server has read the head, and waits for more
+    provider = os.environ.get("SLIP_TEST_FABRIC_PROVIDER", "tcp")
+    forger = t.start("forger", [forger_path, provider, t.port, pick_source_port(t), 7 + 4096])
+    forger.expect_exit(0)
+    r = forger.json_output()
+    t.check(r.get("rep") and r.get("notes", 0) > 0,
+            f"forger: could not forge notes at the listener: {r}")
+    time.sleep(0.3)  # (notes that were believed would show as bytes now)
+    release.touch()
+    client.expect_exit(0)
+    server.expect_exit(0)
+    sent, received = client.json_output()["sent"], server.json_output()["received"]
+    t.check(received == sent, f"the server received {bytes.fromhex(received)[:64]!r} "
+                              f"({len(received) // 2} B), its client sent "
+                              f"{bytes.fromhex(sent)!r}")
+    t.expect_stats(client, ACCEL, "")
+    t.expect_stats(server, ACCEL, "")
+
+
 @case("orphan_confirm", variants=("run",))
 def orphan_confirm(t, _):
     """A client's first bytes are a valid CONFIRM with nothing registered for it at the

@@ -50,23 +50,23 @@ TEST(FabricOptions, BadProviderNames) {
   EXPECT_STREQ(names[2], "SLIP_NEGATIVE_TTL_MS");
 }
 
-// The notes' form: auto (8-byte notes where the provider carries them) or word.
+// The notes' form: word (the default) or inline (8-byte notes where the provider can).
 TEST(FabricOptions, Notes) {
   Options o;
-  EXPECT_FALSE(o.word_notes);
-  for (const char* value : {"word", "auto"}) {
+  EXPECT_TRUE(o.word_notes);
+  for (const char* value : {"inline", "word"}) {
     Env env{{"SLIP_FABRIC_NOTES", value}};
     std::string error;
     ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << error;
     EXPECT_EQ(o.word_notes, std::string(value) == "word");
   }
-  for (const char* bad : {"", "WORD", "8", "inline"}) {
+  for (const char* bad : {"", "WORD", "8", "auto"}) {
     Env env{{"SLIP_FABRIC_NOTES", bad}};
     Options kept;
     std::string error;
     EXPECT_FALSE(ParseOptions(Lookup, &env, &kept, &error)) << bad;
     EXPECT_EQ(error.rfind("SLIP_FABRIC_NOTES=\"", 0), 0u) << error;
-    EXPECT_FALSE(kept.word_notes);
+    EXPECT_TRUE(kept.word_notes);
   }
 }
 

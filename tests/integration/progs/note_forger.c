@@ -1,0 +1,186 @@
+// A host on the fabric that forges notes for another host's connection.
+//
+// usage: note_forger PROVIDER PORT SOURCE_PORT CURSOR
+//
+// Opens an RDM endpoint of its own on libfabric's PROVIDER, asks the fabric listener on
+// 127.0.0.1:PORT for a connection of its own (a REQ for 127.0.0.1:SOURCE_PORT -> PORT with
+// its real endpoint address, so that the listener takes it for a peer), and from the REP
+// learns the listener's endpoint, a registration key of the listener's (its pending ring)
+// and the note tag of that request. The listener's connections made before it have the
+// tags just below (tags are handed out in order), so it writes, for each of the 8 tags
+// below its own, empty writes whose remote CQ data is a data note saying CURSOR, and a
+// 4-byte note of the same kind (the word form): a listener that believed them would
+// deliver bytes its client never sent.
+// Prints {"rep": true|false, "tag": T, "notes": N} (N: notes that completed here).
+// The wire format is written out here independently of fabric/stream_wire.cc.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_rma.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#define MSG_BYTES 144
+
+static void put_endpoint(uint8_t* at, uint16_t port) {
+  at[0] = 4;
+  at[1] = 0;
+  at[2] = (uint8_t)(port & 0xff);
+  at[3] = (uint8_t)(port >> 8);
+  memset(at + 4, 0, 16);
+  const uint32_t ip = htonl(INADDR_LOOPBACK);
+  memcpy(at + 4, &ip, 4);
+}
+
+static void put_le(uint8_t* at, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) at[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t* at, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = v << 8 | at[i];
+  return v;
+}
+
+static int fail(const char* what, int rc) {
+  fprintf(stderr, "note_forger: %s: %s (%d)\n", what, fi_strerror(-rc), rc);
+  printf("{\"rep\": false, \"tag\": 0, \"notes\": 0, \"error\": \"%s\"}\n", what);
+  return 1;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    fprintf(stderr, "usage: note_forger PROVIDER PORT SOURCE_PORT CURSOR\n");
+    return 2;
+  }
+  const uint16_t port = (uint16_t)atoi(argv[2]);
+  const uint16_t source_port = (uint16_t)atoi(argv[3]);
+  const uint64_t cursor = strtoull(argv[4], NULL, 10);
+
+  struct fi_info* hints = fi_allocinfo();
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+  hints->mode = 0;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  hints->domain_attr->cq_data_size = 4;
+  hints->tx_attr->msg_order = FI_ORDER_WAW;
+  hints->rx_attr->msg_order = FI_ORDER_WAW;
+  hints->fabric_attr->prov_name = strdup(argv[1]);
+  struct fi_info* info = NULL;
+  int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
+  if (rc != 0) return fail("fi_getinfo", rc);
+  struct fid_fabric* fabric;
+  struct fid_domain* domain;
+  struct fid_av* av;
+  struct fid_cq* cq;
+  struct fid_ep* ep;
+  struct fi_av_attr av_attr = {.type = FI_AV_TABLE, .count = 4};
+  struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .size = 64};
+  if ((rc = fi_fabric(info->fabric_attr, &fabric, NULL)) != 0) return fail("fi_fabric", rc);
+  if ((rc = fi_domain(fabric, info, &domain, NULL)) != 0) return fail("fi_domain", rc);
+  if ((rc = fi_av_open(domain, &av_attr, &av, NULL)) != 0) return fail("fi_av_open", rc);
+  if ((rc = fi_cq_open(domain, &cq_attr, &cq, NULL)) != 0) return fail("fi_cq_open", rc);
+  if ((rc = fi_endpoint(domain, info, &ep, NULL)) != 0) return fail("fi_endpoint", rc);
+  if ((rc = fi_ep_bind(ep, &av->fid, 0)) != 0 ||
+      (rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
+    return fail("fi_ep_bind", rc);
+  if ((rc = fi_enable(ep)) != 0) return fail("fi_enable", rc);
+  uint8_t address[64];
+  size_t address_len = sizeof(address);
+  if ((rc = fi_getname(&ep->fid, address, &address_len)) != 0) return fail("fi_getname", rc);
+
+  // REQ: magic, version 1, type 1, ring 2^20, our address; the 4-tuple; nonce; ring key,
+  // ring address, note tag, notes' form (below).
+  uint8_t req[MSG_BYTES] = {0};
+  put_le(req, 0x53464c53, 4);
+  req[4] = 1;
+  req[5] = 1;
+  req[6] = 20;
+  req[7] = (uint8_t)address_len;
+  put_le(req + 8, 0x5eed5eed5eed5eedull, 8);
+  put_endpoint(req + 16, source_port);
+  put_endpoint(req + 36, port);
+  put_le(req + 56, 0x1111, 8);
+  put_le(req + 64, 0, 8);
+  put_le(req + 72, 0x000abc, 4);
+  req[76] = 8;
+  memcpy(req + 80, address, address_len);
+  int udp = socket(AF_INET, SOCK_DGRAM, 0);
+  struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port)};
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  struct timeval wait = {.tv_sec = 1};
+  setsockopt(udp, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
+  connect(udp, (struct sockaddr*)&to, sizeof(to));
+  // The listener refuses notes of another form than its own: ask in both.
+  uint8_t rep[MSG_BYTES + 1];
+  ssize_t n = -1;
+  for (int form = 0; form < 2 && !(n == MSG_BYTES && rep[5] == 2); ++form) {
+    req[76] = form == 0 ? 4 : 8;
+    put_le(req + 8, 0x5eed5eed5eed5eedull + (uint64_t)form, 8);
+    n = -1;
+    for (int tries = 0; tries < 3 && n != MSG_BYTES; ++tries) {
+      send(udp, req, sizeof(req), 0);
+      n = recv(udp, rep, sizeof(rep), 0);
+    }
+  }
+  if (n != MSG_BYTES || rep[5] != 2) {
+    printf("{\"rep\": false, \"tag\": 0, \"notes\": 0}\n");
+    return 0;
+  }
+  const uint64_t ring_key = get_le(rep + 56, 8);
+  const uint64_t ring_addr = get_le(rep + 64, 8);
+  const uint32_t tag = (uint32_t)get_le(rep + 72, 4);
+  fi_addr_t listener;
+  if (fi_av_insert(av, rep + 80, 1, &listener, 0, NULL) != 1) return fail("fi_av_insert", -1);
+
+  int posted = 0, completed = 0;
+  for (uint32_t t = tag > 8 ? tag - 8 : 1; t < tag; ++t) {
+    const uint64_t notes[2] = {
+        (uint64_t)t << 40 | (uint64_t)1 << 36 | (cursor & ((1ull << 36) - 1)),  // 8 bytes
+        (uint64_t)t << 8 | 1 << 4,                                               // 4 bytes
+    };
+    for (int i = 0; i < 2; ++i) {
+      do {
+        rc = (int)fi_writedata(ep, NULL, 0, NULL, notes[i], listener, ring_addr, ring_key, NULL);
+        if (rc == -FI_EAGAIN) {
+          struct fi_cq_data_entry e[8];
+          if (fi_cq_read(cq, e, 8) > 0) ++completed;
+        }
+      } while (rc == -FI_EAGAIN);
+      if (rc == 0) ++posted;
+    }
+  }
+  // Completions (progress the provider so the writes go out).
+  for (int spins = 0; spins < 2000 && completed < posted; ++spins) {
+    struct fi_cq_data_entry e[8];
+    const ssize_t got = fi_cq_read(cq, e, 8);
+    if (got > 0) completed += (int)got;
+    if (got == -FI_EAVAIL) {
+      struct fi_cq_err_entry err = {0};
+      fi_cq_readerr(cq, &err, 0);
+      ++completed;
+    }
+    usleep(1000);
+  }
+  printf("{\"rep\": true, \"tag\": %u, \"posted\": %d, \"notes\": %d}\n", tag, posted, completed);
+  fflush(stdout);
+  fi_close(&ep->fid);
+  fi_close(&cq->fid);
+  fi_close(&av->fid);
+  fi_close(&domain->fid);
+  fi_close(&fabric->fid);
+  fi_freeinfo(info);
+  fi_freeinfo(hints);
+  close(udp);
+  return 0;
+}
