@@ -285,7 +285,8 @@ bool StreamConn::WritesLandedInOrder(int timeout_ms) noexcept {
   }
   // (last_done_ is one past the last write that completed; first_failed_ the first that
   // failed, or ~0.)
-  return last_done_.load(std::memory_order_acquire) <= first_failed_.load(std::memory_order_acquire);
+  return last_done_.load(std::memory_order_acquire) <=
+         first_failed_.load(std::memory_order_acquire);
 }
 
 void StreamConn::OnWriteFailed(int error, uint64_t context) noexcept {
@@ -466,8 +467,8 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, uint64_t d
   if (peer_.addr == FI_ADDR_NOTAVAIL || error_.load(std::memory_order_acquire) != 0 ||
       orphaned_.load(std::memory_order_relaxed))
     return false;
-  void* context = reinterpret_cast<void*>(uintptr_t(
-      write_context::Make(tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_acq_rel)))));
+  void* context = reinterpret_cast<void*>(uintptr_t(write_context::Make(
+      tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_acq_rel)))));
   uint64_t next_look = 0, ended_since = 0;
   for (;;) {
     const ssize_t rc =

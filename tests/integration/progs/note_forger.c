@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
   for (uint32_t t = tag > 8 ? tag - 8 : 1; t < tag; ++t) {
     const uint64_t notes[2] = {
         (uint64_t)t << 40 | (uint64_t)1 << 36 | (cursor & ((1ull << 36) - 1)),  // 8 bytes
-        (uint64_t)t << 8 | 1 << 4,                                               // 4 bytes
+        (uint64_t)t << 8 | 1 << 4,                                              // 4 bytes
     };
     for (int i = 0; i < 2; ++i) {
       do {
