@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/log.h"
+
 namespace slip {
 
 void* OpenModuleBeside(const void* anchor, const char* library, char* error,
@@ -27,6 +29,24 @@ void* OpenModuleBeside(const void* anchor, const char* library, char* error,
   void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!handle) snprintf(error, error_len, "%s", dlerror());
   return handle;
+}
+
+KeepSignalDispositions::KeepSignalDispositions(const char* module) noexcept : module_(module) {
+  for (int sig = 1; sig < kSignals; ++sig)
+    saved_[sig] = sigaction(sig, nullptr, &actions_[sig]) == 0;
+}
+
+KeepSignalDispositions::~KeepSignalDispositions() {
+  for (int sig = 1; sig < kSignals; ++sig) {
+    struct sigaction now {};
+    if (!saved_[sig] || sigaction(sig, nullptr, &now) != 0) continue;
+    if (now.sa_handler == actions_[sig].sa_handler && now.sa_flags == actions_[sig].sa_flags)
+      continue;
+    SLIP_LOG(kDebug,
+             "%s: its libraries changed the handler of signal %d; the application's is back",
+             module_, sig);
+    sigaction(sig, &actions_[sig], nullptr);
+  }
 }
 
 }  // namespace slip

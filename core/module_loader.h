@@ -5,6 +5,8 @@
 // system libraries (rdma-core, libfabric): a host without them runs the face plain.
 #pragma once
 
+#include <signal.h>
+
 #include <atomic>
 #include <mutex>
 
@@ -15,6 +17,24 @@ namespace slip {
 // cannot. Modules are never closed: their state lives as long as the process.
 void* OpenModuleBeside(const void* anchor, const char* library, char* error,
                        unsigned long error_len) noexcept;
+
+// The application's signal handlers, kept while a module loads and starts (its libraries
+// may install their own as they initialise: PSM's exit(1) on SIGINT and SIGTERM through
+// libfabric, shm's unlink-and-reraise), and put back when this goes out of scope, with a
+// debug line naming each signal a library changed. The application's signals stay its own.
+class KeepSignalDispositions {
+ public:
+  explicit KeepSignalDispositions(const char* module) noexcept;
+  ~KeepSignalDispositions();
+  KeepSignalDispositions(const KeepSignalDispositions&) = delete;
+  KeepSignalDispositions& operator=(const KeepSignalDispositions&) = delete;
+
+ private:
+  static constexpr int kSignals = 32;  // (real-time signals are nobody's but the application's)
+  const char* module_;
+  struct sigaction actions_[kSignals] = {};
+  bool saved_[kSignals] = {};
+};
 
 // A face's handle on one module, loaded by the first caller that needs it (thread-safe)
 // and never again, whatever came of it.

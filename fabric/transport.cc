@@ -6,7 +6,6 @@
 
 #include <dlfcn.h>
 #include <link.h>
-#include <signal.h>
 
 #include <atomic>
 #include <cstring>
@@ -63,38 +62,8 @@ void NoteLibfabricCode() noexcept {
   g_code.count.store(n, std::memory_order_release);
 }
 
-// The application's signal handlers, as they were before libfabric came: its providers'
-// libraries install their own as they initialise (PSM's exit(1) on SIGINT and SIGTERM,
-// shm's unlink-and-reraise), which would take the application's signals from it. Kept
-// here and put back once the module is loaded.
-class SignalDispositions {
- public:
-  SignalDispositions() noexcept {
-    for (int sig = 1; sig < kSignals; ++sig)
-      saved_[sig] = sigaction(sig, nullptr, &actions_[sig]) == 0;
-  }
-  ~SignalDispositions() {
-    for (int sig = 1; sig < kSignals; ++sig) {
-      struct sigaction now {};
-      if (!saved_[sig] || sigaction(sig, nullptr, &now) != 0) continue;
-      if (now.sa_handler == actions_[sig].sa_handler && now.sa_flags == actions_[sig].sa_flags)
-        continue;
-      SLIP_LOG(kDebug,
-               "fabric: libfabric changed the handler of signal %d; the application's is "
-               "back",
-               sig);
-      sigaction(sig, &actions_[sig], nullptr);
-    }
-  }
-
- private:
-  static constexpr int kSignals = 32;  // (real-time signals are nobody's but the application's)
-  struct sigaction actions_[kSignals] = {};
-  bool saved_[kSignals] = {};
-};
-
 StreamModule* Load(const Config* config, const Options* options) noexcept {
-  SignalDispositions keep;
+  KeepSignalDispositions keep("fabric");
   char error[256] = "";
   void* handle = OpenModuleBeside(reinterpret_cast<const void*>(&TheTransport),
                                   "libslipstream-fabric.so", error, sizeof(error));

@@ -200,6 +200,8 @@ int LoadModule(State& s, TransportKind kind, const char* library, const char* sy
     return 0;
   }
   char why[256] = "";
+  // (The training process's signals stay its own: libfabric's PSM would exit(1) on SIGINT.)
+  KeepSignalDispositions keep(name);
   void* module = OpenModuleBeside(reinterpret_cast<const void*>(&Init), library, why, sizeof(why));
   using Entry = int (*)(const Setup*, msg::Transport**, int, char*, size_t);
   auto entry = module ? reinterpret_cast<Entry>(dlsym(module, symbol)) : nullptr;

@@ -101,9 +101,16 @@ struct Plugin {
   void* ctx = nullptr;  // v11's
 };
 
+// The test's own SIGTERM handler, installed before the plugin starts: libfabric's PSM
+// installs one of its own as it initialises (exit(1)), and the plugin must put ours back.
+void TestSigterm(int) {}
+
 Plugin& P() {
   static Plugin p = [] {
     Plugin p;
+    struct sigaction ours {};
+    ours.sa_handler = TestSigterm;
+    sigaction(SIGTERM, &ours, nullptr);
     p.lib = dlopen(SLIP_NCCL_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
     if (p.lib == nullptr) return p;
     p.v8 = static_cast<const ncclNet_v8_t*>(dlsym(p.lib, "ncclNetPlugin_v8"));
@@ -538,6 +545,15 @@ TEST_F(NcclPlugin, ExportsEachVersionUnderOneName) {
   int ndev = 0;
   ASSERT_EQ(p.v11->devices(&ndev), ncclSuccess);
   ASSERT_GE(ndev, 1);
+}
+
+// Over fabric (nccl_plugin.fabric_*), loading libfabric installs PSM's handlers: the
+// training process's signals must stay its own.
+TEST_F(NcclPlugin, ApplicationSignalsStayItsOwn) {
+  ASSERT_NE(P().v11, nullptr);
+  struct sigaction now {};
+  ASSERT_EQ(sigaction(SIGTERM, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, &TestSigterm);
 }
 
 TEST_F(NcclPlugin, PropertiesAreHonest) {
