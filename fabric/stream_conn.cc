@@ -212,18 +212,23 @@ void StreamConn::OnShortNote(uint64_t data) noexcept {
     Fail(EPROTO);
     return;
   }
-  // A doorbell: the words say what moved (their writes put them in place before this
-  // completed; a later one's may have moved them further, which is as true). Each is read
-  // once, into a copy.
-  const uint64_t produced = rx_words_[note::kProducedWord / sizeof(uint64_t)];
-  const uint64_t consumed = rx_words_[note::kConsumedWord / sizeof(uint64_t)];
-  const uint64_t cursor_mask = ~note::kEndFlag;
-  OnNote(note::Encode(tag_, note::Kind::kData, produced & cursor_mask));
-  if ((produced & note::kEndFlag) && !rx_eof_.load(std::memory_order_acquire))
-    OnNote(note::Encode(tag_, note::Kind::kEof, produced & cursor_mask));
-  OnNote(note::Encode(tag_, note::Kind::kCredit, consumed & cursor_mask));
-  if ((consumed & note::kEndFlag) && !peer_closed_.load(std::memory_order_acquire))
-    OnNote(note::Encode(tag_, note::Kind::kClosed, consumed & cursor_mask));
+  // A doorbell: the word it names says what moved (its write put it in place before this
+  // completed; a later one's may have moved it further, which is as true). Every change
+  // of a word rings its own doorbell, so the other word is left to its own. Read once,
+  // into a copy.
+  const note::Kind kind = note::ShortKindOf(data);
+  if (kind < note::Kind::kData || kind > note::Kind::kClosed) {
+    SLIP_LOG(kWarn, "fabric: a note of unknown kind from the peer; resetting");
+    Fail(EPROTO);
+    return;
+  }
+  const uint64_t word = rx_words_[note::WordOffset(kind) / sizeof(uint64_t)];
+  const uint64_t cursor = word & ~note::kEndFlag;
+  const bool produced = note::WordOffset(kind) == note::kProducedWord;
+  OnNote(note::Encode(tag_, produced ? note::Kind::kData : note::Kind::kCredit, cursor));
+  if ((word & note::kEndFlag) &&
+      !(produced ? rx_eof_ : peer_closed_).load(std::memory_order_acquire))
+    OnNote(note::Encode(tag_, produced ? note::Kind::kEof : note::Kind::kClosed, cursor));
 }
 
 bool StreamConn::TakeProduced(uint64_t data) noexcept {
@@ -276,13 +281,7 @@ void StreamConn::OnWriteDone(uint64_t context) noexcept {
 }
 
 bool StreamConn::WritesLandedInOrder(int timeout_ms) noexcept {
-  const uint64_t until = sys::MonotonicMs() + uint64_t(timeout_ms);
-  while (tx_completed_.load(std::memory_order_acquire) !=
-         tx_writes_.load(std::memory_order_acquire)) {
-    if (fabric_->Poll() != 0) continue;
-    if (sys::MonotonicMs() >= until) return false;
-    sched_yield();
-  }
+  if (!Flush(timeout_ms)) return false;
   // (last_done_ is one past the last write that completed; first_failed_ the first that
   // failed, or ~0.)
   return last_done_.load(std::memory_order_acquire) <=
@@ -468,7 +467,7 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, uint64_t d
       orphaned_.load(std::memory_order_relaxed))
     return false;
   void* context = reinterpret_cast<void*>(uintptr_t(write_context::Make(
-      tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_acq_rel)))));
+      tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_relaxed)))));
   uint64_t next_look = 0, ended_since = 0;
   for (;;) {
     const ssize_t rc =

@@ -19,14 +19,15 @@
 // closed), by a write whose 4 bytes of CQ data are only a doorbell:
 //
 //   bits 31..8   the receiving connection's tag
-//   bits 7..4    the kind (which word moved; a hint)
+//   bits 7..4    the kind (which word moved: data and EOF the first, credit and CLOSED
+//                the second)
 //   bits 3..0    zero
 //
 // The endpoint orders writes (FI_ORDER_WAW), so when a doorbell's write completes, its
 // word and every byte the word covers are in place; the word may already hold a later
-// value (a later write's), which is as true. The receiver reads both words on every
-// doorbell. Only a holder of the ring's registration key (a 64-bit secret of the
-// connection's two ends) can write them: another host that guesses a tag rings a bell
+// value (a later write's), which is as true. The receiver reads the word the doorbell
+// names (every change of a word rings one). Only a holder of the ring's registration key (a 64-bit
+// secret of the connection's two ends) can write them: another host that guesses a tag rings a bell
 // that moves nothing. 8-byte notes (SLIP_FABRIC_NOTES=inline) carry the cursor itself,
 // and anybody who reaches the endpoint and guesses a tag could move it.
 #pragma once
