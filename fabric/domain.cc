@@ -46,7 +46,12 @@ InfoPtr Query(const std::string& provider, Use use, bool directed, bool delivery
   // context is only the number of its connection (a provider that needs room there cannot
   // serve them).
   hints->mode = use == Use::kTaggedMessages ? FI_CONTEXT | FI_CONTEXT2 : 0;
-  hints->ep_attr->type = FI_EP_RDM;
+  hints->ep_attr->type = use == Use::kStreamConnections ? FI_EP_MSG : FI_EP_RDM;
+  if (use == Use::kStreamConnections) {
+    // Writes with remote CQ data that consume a posted receive: we post them.
+    hints->mode |= FI_RX_CQ_DATA;
+    hints->rx_attr->mode = FI_RX_CQ_DATA;
+  }
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
   // Any thread may call in at any time (the application's writers and readers, the progress
   // thread): the provider serialises what it must, where it must, and we take no lock.
@@ -123,7 +128,7 @@ std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::stri
   // provider may answer with less than the hints asked, and a note cut short names no
   // connection, so such entries serve no stream.
   auto serves = [use](const fi_info* i) {
-    return use != Use::kStreamRings || i->domain_attr->cq_data_size >= 4;
+    return use == Use::kTaggedMessages || i->domain_attr->cq_data_size >= 4;
   };
   const fi_info* best = list.get();
   while (best && !serves(best)) best = best->next;
@@ -213,6 +218,30 @@ std::unique_ptr<Domain> Domain::Open(InfoPtr info, std::string* why) {
   return d;
 }
 
+bool OpenCq(fid_domain* domain, size_t entries, fi_cq_format format, bool waitable, CqPtr* out,
+            int* wait_fd, std::string* why) {
+  fi_cq_attr cq_attr{};
+  cq_attr.format = format;
+  cq_attr.wait_obj = waitable ? FI_WAIT_FD : FI_WAIT_NONE;
+  cq_attr.size = entries;
+  fid_cq* cq = nullptr;
+  int rc = fi_cq_open(domain, &cq_attr, &cq, nullptr);
+  if (rc != 0 && waitable) {
+    // A provider without wait objects: polled (the progress thread naps instead).
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    waitable = false;
+    rc = fi_cq_open(domain, &cq_attr, &cq, nullptr);
+  }
+  if (rc != 0) {
+    *why = FabricError("fi_cq_open", rc);
+    return false;
+  }
+  out->reset(cq);
+  *wait_fd = -1;
+  if (waitable && fi_control(&cq->fid, FI_GETWAIT, wait_fd) != 0) *wait_fd = -1;
+  return true;
+}
+
 bool Endpoint::Open(const Domain& domain, size_t cq_entries, fi_cq_format format, bool waitable,
                     std::string* why) {
   fi_av_attr av_attr{};
@@ -225,25 +254,9 @@ bool Endpoint::Open(const Domain& domain, size_t cq_entries, fi_cq_format format
     return false;
   }
   av_.reset(av);
-  fi_cq_attr cq_attr{};
-  cq_attr.format = format;
-  cq_attr.wait_obj = waitable ? FI_WAIT_FD : FI_WAIT_NONE;
-  cq_attr.size = cq_entries;
-  fid_cq* cq = nullptr;
-  rc = fi_cq_open(domain.domain(), &cq_attr, &cq, nullptr);
-  if (rc != 0 && waitable) {
-    // A provider without wait objects: polled (the progress thread naps instead).
-    cq_attr.wait_obj = FI_WAIT_NONE;
-    waitable = false;
-    rc = fi_cq_open(domain.domain(), &cq_attr, &cq, nullptr);
-  }
-  if (rc == 0 && waitable && fi_control(&cq->fid, FI_GETWAIT, &wait_fd_) != 0) wait_fd_ = -1;
-  waitable_ = waitable && wait_fd_ >= 0;
-  if (rc != 0) {
-    *why = FabricError("fi_cq_open", rc);
-    return false;
-  }
-  cq_.reset(cq);
+  if (!OpenCq(domain.domain(), cq_entries, format, waitable, &cq_, &wait_fd_, why)) return false;
+  waitable_ = wait_fd_ >= 0;
+  fid_cq* cq = cq_.get();
   // shm names the file of its endpoint's region after the pid ("<pid>:0:0" in /dev/shm)
   // unless told otherwise, and fails to enable an endpoint whose file exists: one a
   // process killed with that pid left, or one another local user made first. A name of our

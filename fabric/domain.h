@@ -49,14 +49,23 @@ enum class Use : uint8_t {
   // The NCCL face's comms: tagged messages (FI_TAGGED, FI_ORDER_SAS).
   kTaggedMessages,
   // The shim's streams: one-sided writes into the peer's ring with remote CQ data (FI_RMA,
-  // writes landing in order: FI_ORDER_WAW), at least 8 bytes of CQ data.
+  // writes landing in order: FI_ORDER_WAW), at least 4 bytes of CQ data; between
+  // reliable datagram endpoints (FI_EP_RDM)...
   kStreamRings,
+  // ... or between connected ones (FI_EP_MSG, one per stream), whose remote CQ data may
+  // need receive buffers posted (FI_RX_CQ_DATA: verbs).
+  kStreamConnections,
 };
 
-// The providers' domains that can serve `use`, in order, between RDM endpoints (thread
-// safe, memory registration modes we handle). `provider` empty: every provider's, best
-// first. Empty with *why when none.
+// The providers' domains that can serve `use`, in order, between RDM endpoints (MSG for
+// kStreamConnections; thread safe, memory registration modes we handle). `provider` empty: every
+// provider's, best first. Empty with *why when none.
 std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::string* why);
+
+// A completion queue of `entries` entries in `format`, with a descriptor to wait on where
+// `waitable` and the provider has one (*wait_fd, else -1). False with *why.
+bool OpenCq(fid_domain* domain, size_t entries, fi_cq_format format, bool waitable, CqPtr* out,
+            int* wait_fd, std::string* why);
 
 // One domain, opened: shared by the endpoints and registrations made in it.
 class Domain {

@@ -23,6 +23,14 @@ constexpr options::Option<Options> kOptions[] = {
        o->provider = v;
        return true;
      }},
+    {"SLIP_FABRIC_ENDPOINT", "expected auto, msg or rdm",
+     [](std::string_view v, Options* o, std::string*) {
+       if (v != "auto" && v != "msg" && v != "rdm") return false;
+       o->endpoint = v == "msg"   ? EndpointChoice::kConnected
+                     : v == "rdm" ? EndpointChoice::kDatagram
+                                  : EndpointChoice::kAuto;
+       return true;
+     }},
     {"SLIP_FABRIC_NOTES", "expected word or inline",
      [](std::string_view v, Options* o, std::string*) {
        if (v != "word" && v != "inline") return false;

@@ -1,5 +1,5 @@
-// The fabric transport's options: SLIP_FABRIC_PROVIDER, SLIP_FABRIC_NOTES,
-// SLIP_NEGATIVE_TTL_MS.
+// The fabric transport's options: SLIP_FABRIC_PROVIDER, SLIP_FABRIC_ENDPOINT,
+// SLIP_FABRIC_NOTES, SLIP_NEGATIVE_TTL_MS.
 //
 // Read with core's grammar (core/options.h) by whoever starts the transport (a face, at
 // start-up), and handed to the module (fabric/msg.h). Built into a small library of its
@@ -13,12 +13,25 @@
 
 namespace slip::fabric {
 
+// Which endpoints the shim's streams use.
+enum class EndpointChoice : uint8_t {
+  kAuto,  // connected ones where the provider has them, else reliable datagrams
+  kConnected,
+  kDatagram,
+};
+
 struct Options {
   // SLIP_FABRIC_PROVIDER: a libfabric provider name as fi_info prints it ("tcp;ofi_rxm",
   // "shm", "verbs;ofi_rxm", "efa"); a core provider alone ("tcp", "verbs") is taken with
   // the utility provider libfabric layers over it. Empty (the default): fi_getinfo's best
   // match among those that have what the transport needs.
   std::string provider;
+  // SLIP_FABRIC_ENDPOINT (streams): "msg", one connected endpoint (FI_EP_MSG) per stream,
+  // as verbs' queue pairs (the tcp and verbs providers have them); "rdm", one reliable
+  // datagram endpoint (FI_EP_RDM) per process that every stream shares (ofi_rxm over tcp
+  // or verbs, shm, efa); "auto" (the default): msg where the chosen provider has it,
+  // unless SLIP_FABRIC_PROVIDER names ofi_rxm.
+  EndpointChoice endpoint = EndpointChoice::kAuto;
   // SLIP_FABRIC_NOTES (streams): "word" (the default) writes each cursor into a word of
   // the peer's ring memory, which only the connection's two ends can write, and rings a
   // 4-byte doorbell; "inline" carries the cursor in 8 bytes of remote CQ data where the

@@ -57,9 +57,10 @@ bool StreamConn::Init(Reason* why) noexcept {
   rx_words_ = reinterpret_cast<const volatile uint64_t*>(rx + ring_size());
   tx_words_ = reinterpret_cast<uint64_t*>(tx_ring_ + ring_size());
   uint64_t unused_key = 0;
-  void* unused_desc = nullptr;
-  // The peer writes our receive ring and words; we write from our send ring and words.
-  if (!fabric_->Register(rx, rx_bytes, FI_REMOTE_WRITE, &rx_mr_, &rx_key_, &unused_desc, why) ||
+  // The peer writes our receive ring and words; we write from our send ring and words
+  // (and post receives into the words' spare room, where notes consume them).
+  const uint64_t rx_access = FI_REMOTE_WRITE | (fabric_->posted_receives() ? FI_RECV : 0);
+  if (!fabric_->Register(rx, rx_bytes, rx_access, &rx_mr_, &rx_key_, &rx_desc_, why) ||
       !fabric_->Register(tx_ring_, tx_bytes, FI_WRITE, &tx_mr_, &unused_key, &tx_desc_, why))
     return false;
   rx_base_ = fabric_->RmaBase(rx);
@@ -78,6 +79,7 @@ StreamConn::~StreamConn() {
     // A fork child: the registrations and the table are the parent's.
     (void)rx_mr_.release();
     (void)tx_mr_.release();
+    link_.Forget();
     if (proxy_b_ >= 0) sys::close(proxy_b_);
     return;
   }
@@ -90,7 +92,7 @@ StreamConn::~StreamConn() {
            tag_, peer_.note_tag, int(proxy_b_ >= 0), int(held()), int(on_fabric()), int(peer_ended),
            error_.load(), (unsigned long long)tx_posted_, (unsigned long long)tx_credit_.load(),
            (unsigned long long)rx_produced_.load(), (unsigned long long)failover_.consumed());
-  if (proxy_b_ >= 0 && peer_.addr != FI_ADDR_NOTAVAIL && !held() && on_fabric() && !aborting_ &&
+  if (proxy_b_ >= 0 && ep_.load() != nullptr && !held() && on_fabric() && !aborting_ &&
       !peer_ended && error_.load(std::memory_order_acquire) == 0) {
     // The last holder closes (fabric connections do not cross fork): as TCP's close, a
     // final exact credit (the peer tells "our bytes were unread" from it), EOF for the
@@ -111,12 +113,16 @@ StreamConn::~StreamConn() {
     if (!on_fabric() && !aborting_ && failover_.on_tcp()) failover_.FinishOnClose(kCloseFlushMs);
     fabric_->RemoveConn(tag_);
   }
+  // Our own endpoint goes first: nothing of ours is in flight after, and the peer cannot
+  // write through it any more.
+  const bool own_endpoint = link_.ep() != nullptr;
+  link_.Close();
   // Writes still in flight may read our send ring, and the peer's may still land in our
   // receive ring: both stay registered until the provider is surely done with them. Not
   // when every write of ours completed and the peer said its last (its CLOSED follows
-  // everything it wrote).
+  // everything it wrote), nor once our own endpoint is closed.
   const bool peer_done = rx_eof_.load() && peer_closed_.load();
-  if (flushed && peer_done) {
+  if ((flushed && peer_done) || own_endpoint) {
     rx_mr_.reset();
     tx_mr_.reset();
   } else if (rx_mr_ || tx_mr_) {
@@ -180,22 +186,24 @@ void StreamConn::OnNote(uint64_t data) noexcept {
   // it), and CLOSED the last `consumed`.
   switch (note::KindOf(data)) {
     case note::Kind::kData:
-      if (TakeProduced(data)) WakeReaderNow();
+      // (A reader is woken only for bytes it has not seen: a stale note, or a doorbell
+      // whose word an earlier one already read, must not make poll() say readable.)
+      if (TakeProduced(data) == Took::kMoved) WakeReaderNow();
       break;
     case note::Kind::kCredit:
-      if (TakeCredit(data)) WakeWriterNow();
+      if (TakeCredit(data) == Took::kMoved) WakeWriterNow();
       break;
     case note::Kind::kEof:
       SLIP_LOG(kDebug, "fabric: conn %06x: EOF at %llu (received %llu)", tag_,
                (unsigned long long)(data & note::kCursorMask),
                (unsigned long long)rx_produced_.load());
-      if (!TakeProduced(data)) break;
+      if (TakeProduced(data) == Took::kViolation) break;
       rx_eof_.store(true, std::memory_order_release);
       WakeReaderNow();
       if (proxy_b_ >= 0 && !held()) sys::shutdown(proxy_b_, SHUT_WR);
       break;
     case note::Kind::kClosed:
-      if (!TakeCredit(data)) break;
+      if (TakeCredit(data) == Took::kViolation) break;
       peer_closed_.store(true, std::memory_order_release);
       WakeWriterNow();
       break;
@@ -231,38 +239,39 @@ void StreamConn::OnShortNote(uint64_t data) noexcept {
     OnNote(note::Encode(tag_, produced ? note::Kind::kEof : note::Kind::kClosed, cursor));
 }
 
-bool StreamConn::TakeProduced(uint64_t data) noexcept {
+StreamConn::Took StreamConn::TakeProduced(uint64_t data) noexcept {
   uint64_t known = rx_produced_.load(std::memory_order_acquire);
   const uint64_t ahead = note::Ahead(data, known);
-  if (note::Stale(ahead)) return true;  // (a later note said more already)
+  if (ahead == 0 || note::Stale(ahead)) return Took::kNothing;  // (a later note said more)
   const uint64_t produced = known + ahead;
   // A peer that claims more than the ring holds would make us read garbage.
   if (produced - failover_.consumed() > ring_size()) {
     SLIP_LOG(kWarn, "fabric: the peer overran the ring (produced %llu, consumed %llu); resetting",
              (unsigned long long)produced, (unsigned long long)failover_.consumed());
     Fail(EPROTO);
-    return false;
+    return Took::kViolation;
   }
   while (produced > known &&
          !rx_produced_.compare_exchange_weak(known, produced, std::memory_order_acq_rel)) {
   }
-  return true;
+  // (Another poller may have moved it as far meanwhile: its wake-up then came first.)
+  return produced > known ? Took::kMoved : Took::kNothing;
 }
 
-bool StreamConn::TakeCredit(uint64_t data) noexcept {
+StreamConn::Took StreamConn::TakeCredit(uint64_t data) noexcept {
   uint64_t known = tx_credit_.load(std::memory_order_acquire);
   const uint64_t ahead = note::Ahead(data, known);
-  if (note::Stale(ahead)) return true;
+  if (ahead == 0 || note::Stale(ahead)) return Took::kNothing;
   const uint64_t credit = known + ahead;
   if (credit > failover_.published()) {
     SLIP_LOG(kWarn, "fabric: the peer credited bytes never sent; resetting");
     Fail(EPROTO);
-    return false;
+    return Took::kViolation;
   }
   while (credit > known &&
          !tx_credit_.compare_exchange_weak(known, credit, std::memory_order_acq_rel)) {
   }
-  return true;
+  return credit > known ? Took::kMoved : Took::kNothing;
 }
 
 uint64_t StreamConn::WriteSeq(uint64_t context) const noexcept {
@@ -463,15 +472,16 @@ void StreamConn::ReleaseWordSlot(uint32_t slot) noexcept {
 
 bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, uint64_t data, uint32_t slot,
                       bool delivered) noexcept {
-  if (peer_.addr == FI_ADDR_NOTAVAIL || error_.load(std::memory_order_acquire) != 0 ||
+  fid_ep* const ep = ep_.load(std::memory_order_acquire);
+  if (ep == nullptr || error_.load(std::memory_order_acquire) != 0 ||
       orphaned_.load(std::memory_order_relaxed))
     return false;
   void* context = reinterpret_cast<void*>(uintptr_t(write_context::Make(
       tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_relaxed)))));
   uint64_t next_look = 0, ended_since = 0;
   for (;;) {
-    const ssize_t rc =
-        fabric_->Write(src, len, tx_desc_, data, peer_.addr, remote, peer_.key, context, delivered);
+    const ssize_t rc = fabric_->Write(ep, src, len, tx_desc_, data, peer_.addr, remote, peer_.key,
+                                      context, delivered);
     if (rc == 0) {
       tx_writes_.fetch_add(1, std::memory_order_acq_rel);
       return true;

@@ -33,7 +33,9 @@
 #include "core/channel_control.h"
 #include "core/failover.h"
 #include "core/settle_gate.h"
+#include "core/wire.h"
 #include "fabric/domain.h"
+#include "fabric/stream_link.h"
 #include "fabric/stream_note.h"
 
 namespace slip::fabric {
@@ -49,8 +51,10 @@ struct PeerRing {
 };
 
 // A write's context: its connection's tag (bits 0-23), its cursor word's slot (bits
-// 24-31; 0: none) and its number among the connection's writes (bits 32-63).
+// 24-31; 0: none) and its number among the connection's writes (bits 32-63). A receive
+// posted for remote CQ data (FI_RX_CQ_DATA) has kReceiveSlot there.
 namespace write_context {
+constexpr uint32_t kReceiveSlot = 0xff;
 constexpr uint64_t Make(uint32_t tag, uint32_t slot, uint32_t seq) noexcept {
   return uint64_t(seq) << 32 | uint64_t(slot) << 24 | tag;
 }
@@ -76,7 +80,28 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // What the REQ or REP tells the peer about our receive ring.
   uint64_t rx_key() const noexcept { return rx_key_; }
   uint64_t rx_base() const noexcept { return rx_base_; }
-  void SetPeer(const PeerRing& peer) noexcept { peer_ = peer; }
+  // RDM: `ep` is the process's endpoint and `peer.addr` the peer's entry.
+  void SetPeer(const PeerRing& peer, fid_ep* ep) noexcept {
+    peer_ = peer;
+    ep_.store(ep, std::memory_order_release);
+  }
+
+  // Connected endpoints (fabric/stream_link.h). A client connects its own, for the
+  // listener's connection `server_tag` (the REP's) with the REQ's `nonce`; PollLink says
+  // when it is up (LinkEventFd turns readable).
+  bool ConnectLink(const sockaddr* server, uint32_t server_tag, uint64_t nonce) noexcept;
+  Link::Step PollLink() noexcept;
+  int LinkEventFd() const noexcept { return link_.event_fd(); }
+  // A server's pending connection takes one connection request, the one whose data has
+  // this REQ's nonce; the request is accepted by OnLinkRequest (the progress thread) and
+  // up at OnLinkUp. A client that confirms before its endpoint is up here waits for it at
+  // settling.
+  void ExpectLink(uint64_t nonce) noexcept;
+  bool OnLinkRequest(InfoPtr request, uint64_t nonce, fid_eq* eq) noexcept;
+  void OnLinkUp() noexcept;
+  void OnLinkDown(int error) noexcept;
+  // One of our posted receives was consumed (with the peer's note, where it carries one).
+  void OnReceive(bool has_note, uint64_t data) noexcept;
   // The local proxy end that receives tokens and fill drains (owned from now on).
   void SetProxy(int proxy_b) noexcept;
   // Server: held until the client proves in band that it made the request (a CONFIRM with
@@ -167,9 +192,11 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // report.
   bool AnchorEnded() const noexcept;
   // A note's cursor into rx_produced_ (data, the end) or tx_credit_ (credit, CLOSED), which
-  // only move forward. False when the peer broke the protocol (the connection failed).
-  bool TakeProduced(uint64_t data) noexcept;
-  bool TakeCredit(uint64_t data) noexcept;
+  // only move forward: moved by this note, not (stale, or no further than known), or the
+  // peer broke the protocol (the connection failed).
+  enum class Took : uint8_t { kMoved, kNothing, kViolation };
+  Took TakeProduced(uint64_t data) noexcept;
+  Took TakeCredit(uint64_t data) noexcept;
   void WakeReaderNow() const noexcept override;
   void WakeWriterNow() const noexcept override;
   bool MayDeliver() const noexcept override;
@@ -182,6 +209,10 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   void TransportFailed(wire::FailoverCause cause) noexcept;
   void SettlePlainLocked(bool gated) noexcept;
   void AfterSettled() noexcept;
+  // Receives for remote CQ data on our own endpoint, where the provider needs them.
+  bool PostReceives() noexcept;
+  bool PostReceive() noexcept;
+  enum class LinkState : uint8_t { kNone, kExpected, kOpening, kUp, kDown };
 
   StreamFabric* const fabric_;
   uint32_t tag_ = 0;
@@ -201,6 +232,13 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   MrPtr rx_mr_;
   MrPtr tx_mr_;
   void* tx_desc_ = nullptr;
+  void* rx_desc_ = nullptr;
+  // What writes go through: the process's RDM endpoint, or our own connected one (link_)
+  // once it is up; null before.
+  std::atomic<fid_ep*> ep_{nullptr};
+  Link link_;
+  std::atomic<LinkState> link_state_{LinkState::kNone};
+  uint64_t link_nonce_ = 0;
   uint64_t rx_key_ = 0;
   uint64_t rx_base_ = 0;
   PeerRing peer_;

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -67,8 +68,11 @@ bool StreamModuleImpl::Request(StreamClient* c, const wire::Endpoint& from,
   req.ring_addr = c->conn->rx_base();
   req.note_tag = c->conn->tag();
   req.note_bytes = NoteBytes();
-  req.address_len = uint8_t(fabric_->address_len());
-  std::memcpy(req.address, fabric_->address(), fabric_->address_len());
+  req.endpoints = Endpoints();
+  if (!fabric_->connected()) {
+    req.address_len = uint8_t(fabric_->address_len());
+    std::memcpy(req.address, fabric_->address(), fabric_->address_len());
+  }
   *why = Reason::kResources;
   if (!streamwire::Encode(req, c->req)) return false;
   c->nonce = nonce;
@@ -78,7 +82,58 @@ bool StreamModuleImpl::Request(StreamClient* c, const wire::Endpoint& from,
   return true;
 }
 
+int StreamModuleImpl::EventFd(StreamClient* c) noexcept {
+  const int link_fd = c->linking ? c->conn->LinkEventFd() : -1;
+  return link_fd >= 0 ? link_fd : c->udp;
+}
+
+uint64_t StreamModuleImpl::Deadline(StreamClient* c) noexcept {
+  // (An endpoint whose events have no descriptor is looked at every millisecond.)
+  if (c->linking)
+    return c->conn->LinkEventFd() >= 0 ? c->deadline_ms
+                                       : std::min(c->deadline_ms, sys::MonotonicMs() + 1);
+  return c->resend_ms < c->deadline_ms ? c->resend_ms : c->deadline_ms;
+}
+
+bool StreamModuleImpl::ConnectLink(StreamClient* c, const streamwire::Message& rep) noexcept {
+  // The REP's address is where the listener's connection listener is; one bound to every
+  // address is reached where the TCP connection goes.
+  sockaddr_storage server{};
+  if (rep.address_len > sizeof(server)) return false;
+  std::memcpy(&server, rep.address, rep.address_len);
+  sockaddr_storage dest{};
+  if (!wire::SockaddrFromEndpoint(c->dest, &dest)) return false;
+  if (server.ss_family == AF_INET && dest.ss_family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&server);
+    if (in->sin_addr.s_addr == htonl(INADDR_ANY))
+      in->sin_addr = reinterpret_cast<const sockaddr_in*>(&dest)->sin_addr;
+  } else if (server.ss_family == AF_INET6 && dest.ss_family == AF_INET6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&server);
+    if (IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr))
+      in6->sin6_addr = reinterpret_cast<const sockaddr_in6*>(&dest)->sin6_addr;
+  } else if (server.ss_family != AF_INET && server.ss_family != AF_INET6) {
+    return false;
+  }
+  return c->conn->ConnectLink(reinterpret_cast<const sockaddr*>(&server), rep.note_tag, c->nonce);
+}
+
 StreamModule::Step StreamModuleImpl::Advance(StreamClient* c, Reason* why) noexcept {
+  if (c->linking) {
+    // Answered; our endpoint is connecting to the listener's.
+    switch (c->conn->PollLink()) {
+      case Link::Step::kUp:
+        return Step::kAccepted;
+      case Link::Step::kFailed:
+        *why = Reason::kNoRdmaPath;
+        return Step::kFailed;
+      case Link::Step::kWaiting:
+        break;
+    }
+    if (sys::MonotonicMs() < c->deadline_ms) return Step::kWaiting;
+    SLIP_LOG(kInfo, "fabric: conn %06x: our endpoint did not connect in time", c->conn->tag());
+    *why = Reason::kHandshakeTimeout;
+    return Step::kFailed;
+  }
   // The answers first: a REP, a REFUSE, or the ICMP error of a plain peer.
   for (;;) {
     uint8_t buf[streamwire::kBytes + 1];
@@ -101,10 +156,11 @@ StreamModule::Step StreamModuleImpl::Advance(StreamClient* c, Reason* why) noexc
       *why = Reason::kDeclined;
       return Step::kFailed;
     }
-    if ((1u << rep.ring_log2) != c->conn->ring_size() || rep.note_bytes != NoteBytes()) {
+    if ((1u << rep.ring_log2) != c->conn->ring_size() || rep.note_bytes != NoteBytes() ||
+        rep.endpoints != Endpoints()) {
       SLIP_LOG(kWarn,
-               "fabric: the listener's REP names a ring of another size or notes of "
-               "another form; plain");
+               "fabric: the listener's REP names a ring of another size, notes of another "
+               "form or endpoints of another type; plain");
       *why = Reason::kDeclined;
       return Step::kFailed;
     }
@@ -115,7 +171,13 @@ StreamModule::Step StreamModuleImpl::Advance(StreamClient* c, Reason* why) noexc
     }
     SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) answered for port %u", c->conn->tag(),
              unsigned(rep.note_tag), unsigned(rep.client.port));
-    return Step::kAccepted;
+    if (!fabric_->connected()) return Step::kAccepted;
+    if (!ConnectLink(c, rep)) {
+      *why = Reason::kNoRdmaPath;
+      return Step::kFailed;
+    }
+    c->linking = true;
+    return Advance(c, why);
   }
   const uint64_t now = sys::MonotonicMs();
   if (now >= c->deadline_ms) {

@@ -36,8 +36,40 @@ constexpr uint64_t kRetireMs = 2000;
 
 }  // namespace
 
+// The domains streams go over, and whether over connected endpoints (options.h,
+// SLIP_FABRIC_ENDPOINT). Auto: the reliable-datagram best match's provider, connected where
+// its core provider has connected endpoints (ofi_rxm only layers datagrams over them),
+// unless the user named ofi_rxm.
+std::vector<InfoPtr> StreamFabric::Domains(const Options& options, bool* connected,
+                                           std::string* why) {
+  *connected = false;
+  const bool names_rxm = options.provider.find("ofi_rxm") != std::string::npos;
+  if (options.endpoint == EndpointChoice::kDatagram ||
+      (options.endpoint == EndpointChoice::kAuto && names_rxm))
+    return FindDomains(options.provider, Use::kStreamRings, why);
+  std::string core = options.provider;
+  if (core.empty() && options.endpoint == EndpointChoice::kAuto) {
+    std::string rdm_why;
+    std::vector<InfoPtr> rdm = FindDomains("", Use::kStreamRings, &rdm_why);
+    if (!rdm.empty()) core = rdm.front()->fabric_attr->prov_name;
+  }
+  if (const size_t semi = core.find(';'); semi != std::string::npos) core.resize(semi);
+  std::string msg_why;
+  std::vector<InfoPtr> domains = FindDomains(core, Use::kStreamConnections, &msg_why);
+  if (!domains.empty()) {
+    *connected = true;
+    return domains;
+  }
+  if (options.endpoint == EndpointChoice::kConnected) {
+    *why = "no connected endpoints (SLIP_FABRIC_ENDPOINT=msg): " + msg_why;
+    return domains;
+  }
+  return FindDomains(options.provider, Use::kStreamRings, why);
+}
+
 std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, std::string* why) {
-  std::vector<InfoPtr> domains = FindDomains(options.provider, Use::kStreamRings, why);
+  bool connected = false;
+  std::vector<InfoPtr> domains = Domains(options, &connected, why);
   if (domains.empty()) return nullptr;
   std::unique_ptr<StreamFabric> f(new (std::nothrow) StreamFabric);
   if (!f) {
@@ -51,34 +83,49 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, std::st
   }
   // The first domain that opens: streams go wherever the provider's best interface reaches
   // (one domain per process; a host with several NICs uses the first).
+  f->connected_ = connected;
   for (InfoPtr& info : domains) {
     std::string domain_why;
     f->domain_ = Domain::Open(std::move(info), &domain_why);
-    if (f->domain_ && f->endpoint_.Open(*f->domain_, kCqEntries, FI_CQ_FORMAT_DATA,
-                                        /*waitable=*/true, &domain_why))
+    if (f->domain_ && connected &&
+        OpenCq(f->domain_->domain(), kCqEntries, FI_CQ_FORMAT_DATA, /*waitable=*/true, &f->cq_,
+               &f->cq_wait_fd_, &domain_why))
+      break;
+    if (f->domain_ && !connected &&
+        f->endpoint_.Open(*f->domain_, kCqEntries, FI_CQ_FORMAT_DATA, /*waitable=*/true,
+                          &domain_why))
       break;
     f->endpoint_.Close();
+    f->cq_.reset();
     f->domain_.reset();
     *why = domain_why;
   }
   if (!f->domain_) return nullptr;
-  f->address_len_ = sizeof(f->address_);
-  if (!f->endpoint_.Name(f->address_, &f->address_len_) ||
-      f->address_len_ > streamwire::kMaxAddressBytes) {
-    *why = "the endpoint's address does not fit a REQ";
-    return nullptr;
+  if (!connected) {
+    f->address_len_ = sizeof(f->address_);
+    if (!f->endpoint_.Name(f->address_, &f->address_len_) ||
+        f->address_len_ > streamwire::kMaxAddressBytes) {
+      *why = "the endpoint's address does not fit a REQ";
+      return nullptr;
+    }
   }
+  const fi_info& info = f->domain_->info();
+  f->posted_receives_ =
+      connected && ((info.mode | (info.rx_attr ? info.rx_attr->mode : 0)) & FI_RX_CQ_DATA) != 0;
   const uint64_t mr_mode = f->domain_->info().domain_attr->mr_mode;
   f->prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
   f->virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
   f->local_mr_ = (mr_mode & FI_MR_LOCAL) != 0;
-  f->word_notes_ = options.word_notes || f->domain_->info().domain_attr->cq_data_size < 8;
+  // (Posted receives are as many as a peer's word writes in flight: 8-byte notes are not.)
+  f->word_notes_ =
+      options.word_notes || f->domain_->info().domain_attr->cq_data_size < 8 || f->posted_receives_;
   // shm's writes are in the peer's region when they complete (delivered already), and
   // 1.17's shm never completes some writes asked to complete on delivery (seen here).
   f->delivery_refused_.store(strcmp(f->provider(), "shm") == 0);
-  SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s%s)", f->provider(), f->domain_->name(),
+  SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s; %s%s)", f->provider(),
+           f->domain_->name(), connected ? "connected endpoints" : "one reliable datagram endpoint",
            f->word_notes_ ? "cursor words, 4-byte doorbells" : "8-byte notes, unchecked",
-           f->endpoint_.waitable() ? "" : "; completions polled, no wait object");
+           f->wait_fd() >= 0 ? "" : "; completions polled, no wait object");
   return f;
 }
 
@@ -86,6 +133,8 @@ StreamFabric::~StreamFabric() {
   if (abandoned_.load()) {
     // (A fork child: the parent's objects stay as they are.)
     endpoint_.Forget();
+    listener_.Forget();
+    (void)cq_.release();
     (void)domain_.release();
     return;
   }
@@ -174,6 +223,14 @@ void StreamFabric::RemoveConn(uint32_t tag) noexcept {
 }
 
 void StreamFabric::Dispatch(const fi_cq_data_entry& e) noexcept {
+  const auto context = uint64_t(uintptr_t(e.op_context));
+  if (posted_receives_ && write_context::Slot(context) == write_context::kReceiveSlot) {
+    // A receive of ours, consumed by a peer's note (FI_RX_CQ_DATA): it names the
+    // connection whose endpoint took it.
+    WithConn(write_context::Tag(context),
+             [&](StreamConn* c) { c->OnReceive((e.flags & FI_REMOTE_CQ_DATA) != 0, e.data); });
+    return;
+  }
   if (e.flags & FI_REMOTE_CQ_DATA) {
     // A note from a peer: its tag names our connection (a stale or forged one names none).
     if (word_notes_)
@@ -182,7 +239,6 @@ void StreamFabric::Dispatch(const fi_cq_data_entry& e) noexcept {
       WithConn(note::TagOf(e.data), [&](StreamConn* c) { c->OnNote(e.data); });
   } else {
     // One of our writes completed; its context names its connection (write_context).
-    const auto context = uint64_t(uintptr_t(e.op_context));
     WithConn(write_context::Tag(context), [context](StreamConn* c) { c->OnWriteDone(context); });
   }
 }
@@ -194,8 +250,8 @@ int StreamFabric::Poll() noexcept {
     fi_cq_data_entry entries[16];
     fi_cq_err_entry err{};
     // (The provider serialises what must be: FI_THREAD_SAFE, no lock of ours.)
-    ssize_t n = fi_cq_read(endpoint_.cq(), entries, 16);
-    if (n == -FI_EAVAIL && fi_cq_readerr(endpoint_.cq(), &err, 0) != 1) n = -FI_EAGAIN;
+    ssize_t n = fi_cq_read(cq(), entries, 16);
+    if (n == -FI_EAVAIL && fi_cq_readerr(cq(), &err, 0) != 1) n = -FI_EAGAIN;
     if (n == -FI_EAVAIL) {
       DispatchError(err);
       ++taken;
@@ -208,8 +264,9 @@ int StreamFabric::Poll() noexcept {
   }
 }
 
-ssize_t StreamFabric::Write(const void* buf, size_t len, void* desc, uint64_t data, fi_addr_t peer,
-                            uint64_t remote, uint64_t key, void* context, bool delivered) noexcept {
+ssize_t StreamFabric::Write(fid_ep* ep, const void* buf, size_t len, void* desc, uint64_t data,
+                            fi_addr_t peer, uint64_t remote, uint64_t key, void* context,
+                            bool delivered) noexcept {
   if (delivered && !delivery_refused_.load(std::memory_order_relaxed)) {
     iovec iov{const_cast<void*>(buf), len};
     fi_rma_iov rma{remote, len, key};
@@ -224,22 +281,23 @@ ssize_t StreamFabric::Write(const void* buf, size_t len, void* desc, uint64_t da
     msg.data = data;
     const uint64_t flags =
         FI_COMPLETION | FI_DELIVERY_COMPLETE | (data != 0 ? FI_REMOTE_CQ_DATA : 0);
-    const ssize_t rc = fi_writemsg(endpoint_.ep(), &msg, flags);
+    const ssize_t rc = fi_writemsg(ep, &msg, flags);
     if (rc == 0 || rc == -FI_EAGAIN) return rc;
     // (A provider that cannot: the write goes as any other, and we stop asking.)
     delivery_refused_.store(true, std::memory_order_relaxed);
   }
-  if (data != 0)
-    return fi_writedata(endpoint_.ep(), buf, len, desc, data, peer, remote, key, context);
-  return fi_write(endpoint_.ep(), buf, len, desc, peer, remote, key, context);
+  if (data != 0) return fi_writedata(ep, buf, len, desc, data, peer, remote, key, context);
+  return fi_write(ep, buf, len, desc, peer, remote, key, context);
 }
 
 void StreamFabric::DispatchError(const fi_cq_err_entry& err) noexcept {
+  const auto context = uint64_t(uintptr_t(err.op_context));
+  // A receive flushed (its endpoint closed or broke): our writes on it say what happened.
+  if (posted_receives_ && write_context::Slot(context) == write_context::kReceiveSlot) return;
   const int error = err.err ? err.err : EIO;
   SLIP_LOG(kDebug, "fabric: completion error: %s (flags %llx, provider error %d)",
            fi_strerror(error), (unsigned long long)err.flags, err.prov_errno);
   if (err.flags & FI_REMOTE_CQ_DATA) return;  // (a peer's write that failed here: its problem)
-  const auto context = uint64_t(uintptr_t(err.op_context));
   WithConn(write_context::Tag(context),
            [error, context](StreamConn* c) { c->OnWriteFailed(error, context); });
 }
@@ -297,6 +355,56 @@ void StreamFabric::ReleaseRetired(uint64_t now_ms, bool force) noexcept {
   }
 }
 
+bool StreamFabric::Listen() noexcept {
+  if (!connected_) return true;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (listener_.open()) return true;
+    if (!listener_.Open(*domain_, &why)) {
+      SLIP_LOG(kWarn, "fabric: no connection listener (%s); listeners stay plain", why.c_str());
+      return false;
+    }
+    if (listener_.address_len() > streamwire::kMaxAddressBytes) return false;
+    listening_.store(true, std::memory_order_release);
+  }
+  // Its events are taken as they come (a client's connect waits for our accept), and at
+  // every wake-up of the thread: a provider may progress them only when asked.
+  return WatchFd(listener_.wait_fd(), &StreamFabric::ServeLinks, this);
+}
+
+void StreamFabric::ServeLinks(void* ctx) noexcept {
+  static_cast<StreamFabric*>(ctx)->TakeLinkEvents();
+}
+
+void StreamFabric::TakeLinkEvents() noexcept {
+  if (!listening_.load(std::memory_order_acquire)) return;
+  fid_eq* eq = listener_.eq();
+  LinkEvent event;
+  for (int i = 0; i < 64 && ReadLinkEvent(eq, &event); ++i) {
+    if (event.kind == FI_CONNREQ) {
+      // A client's fi_connect: the data names the connection that waits for it (the REP's
+      // tag) and the REQ's nonce; the connection checks both and who asks.
+      bool taken = false;
+      streamwire::LinkParam param;
+      if (event.info && streamwire::ParseLink(event.param, event.param_len, &param))
+        WithConn(param.server_tag, [&](StreamConn* c) {
+          taken = c->OnLinkRequest(std::move(event.info), param.nonce, listener_.eq());
+        });
+      if (!taken) {
+        SLIP_LOG(kDebug, "fabric: a connection request for no connection of ours; rejected");
+        if (event.info) listener_.Reject(*event.info);
+      }
+    } else if (event.kind == FI_CONNECTED) {
+      WithConn(event.tag, [](StreamConn* c) { c->OnLinkUp(); });
+    } else {
+      // FI_SHUTDOWN, or an error for an endpoint being accepted.
+      WithConn(event.tag, [&](StreamConn* c) { c->OnLinkDown(event.error); });
+    }
+    event.info.reset();
+  }
+}
+
 bool StreamFabric::WatchFd(int fd, ServeFn serve, void* ctx) noexcept {
   std::lock_guard<std::mutex> lock(watch_mu_);
   if (watches_.size() >= kMaxWatches) return false;
@@ -321,7 +429,7 @@ void StreamFabric::UnwatchFd(int fd) noexcept {
 
 void StreamFabric::ProgressLoop() noexcept {
   int nap_us = 0;
-  fid* cq = &endpoint_.cq()->fid;
+  fid* cq = &this->cq()->fid;
   pollfd fds[kMaxWatches + 1];
   while (!stop_.load(std::memory_order_acquire)) {
     if (Poll() > 0) {
@@ -329,17 +437,18 @@ void StreamFabric::ProgressLoop() noexcept {
       continue;
     }
     ReleaseRetired(sys::MonotonicMs());
+    TakeLinkEvents();
     nfds_t n = 0;
     {
       std::lock_guard<std::mutex> lock(watch_mu_);
       for (const Watch& w : watches_) fds[n++] = pollfd{w.fd, POLLIN, 0};
     }
     timespec wait{0, 0};
-    if (endpoint_.waitable()) {
+    if (wait_fd() >= 0) {
       // The provider says when its descriptor may be slept on (nothing it must progress
       // by hand first); not fi_cq_sread, which may sleep holding a lock posters need.
       if (fi_trywait(domain_->fabric(), &cq, 1) != FI_SUCCESS) continue;
-      fds[n++] = pollfd{endpoint_.wait_fd(), POLLIN, 0};
+      fds[n++] = pollfd{wait_fd(), POLLIN, 0};
       wait.tv_nsec = long(kWaitMs) * 1000000;
     } else {
       // Polled: naps that grow while nothing comes.

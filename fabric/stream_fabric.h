@@ -1,11 +1,13 @@
 // StreamFabric: what every stream of one process shares over libfabric. One domain (the
-// provider's best, or SLIP_FABRIC_PROVIDER's), one RDM endpoint with its address vector and
-// one completion queue, the table that turns a note's tag into its connection, and the
-// progress thread that takes completions while nobody waits for them.
+// provider's best, or SLIP_FABRIC_PROVIDER's), one completion queue, the table that turns
+// a note's tag into its connection, and the progress thread that takes completions while
+// nobody waits for them. And either:
 //
-// One endpoint for all streams, as RDM allows: a peer host costs one provider connection
-// (ofi_rxm's) however many TCP connections go there, and a connection costs only its two
-// registered rings.
+// - one RDM endpoint for all streams, with its address vector: a peer host costs one
+//   provider connection (ofi_rxm's) however many TCP connections go there, and a
+//   connection costs only its two registered rings; or
+// - connected endpoints (FI_EP_MSG), one per stream (fabric/stream_link.h), and the
+//   process's connection listener, whose events the progress thread takes.
 //
 // Thread safety: everything may be called from any thread. The domain is FI_THREAD_SAFE:
 // calls into libfabric take no lock of ours (the provider serialises what it must), and a
@@ -28,6 +30,7 @@
 #include "core/stats.h"
 #include "fabric/domain.h"
 #include "fabric/options.h"
+#include "fabric/stream_link.h"
 
 namespace slip::fabric {
 
@@ -51,12 +54,24 @@ class StreamFabric {
   StreamFabric& operator=(const StreamFabric&) = delete;
 
   const char* provider() const noexcept { return domain_->provider(); }
+  const Domain& domain() const noexcept { return *domain_; }
+  // One connected endpoint per stream (else the RDM endpoint, ep()).
+  bool connected() const noexcept { return connected_; }
+  // Remote CQ data consumes a posted receive (FI_RX_CQ_DATA): connections post them.
+  bool posted_receives() const noexcept { return posted_receives_; }
+  fid_cq* cq() const noexcept { return connected_ ? cq_.get() : endpoint_.cq(); }
   // Notes are 4 bytes and cursors go in words (fabric/stream_note.h), else 8-byte notes.
   bool word_notes() const noexcept { return word_notes_; }
   fid_ep* ep() const noexcept { return endpoint_.ep(); }
-  // Our endpoint's address, for REQ and REP.
-  const uint8_t* address() const noexcept { return address_; }
-  size_t address_len() const noexcept { return address_len_; }
+  // Our endpoint's address, for REQ and REP (connected: the listener's, for REP, once
+  // Listen succeeded; none for REQ).
+  const uint8_t* address() const noexcept { return connected_ ? listener_.address() : address_; }
+  size_t address_len() const noexcept {
+    return connected_ ? listener_.address_len() : address_len_;
+  }
+  // Connected: the connection listener, opened once and watched by the progress thread
+  // (its requests go to the connection their data names: StreamConn::OnLinkRequest).
+  bool Listen() noexcept;
 
   // Registers `len` bytes at `buf` for `access` (FI_WRITE, FI_REMOTE_WRITE). *key is what
   // a peer names it by, *desc what a local operation passes (null unless FI_MR_LOCAL).
@@ -103,7 +118,8 @@ class StreamFabric {
   // back with its completion. The provider's return code.
   // `delivered`: it completes only once it is at the peer (FI_DELIVERY_COMPLETE), where
   // the provider can do that (else as any write).
-  ssize_t Write(const void* buf, size_t len, void* desc, uint64_t data, fi_addr_t peer,
+  // `ep`: the RDM endpoint, or the connection's own (`peer` is ignored then).
+  ssize_t Write(fid_ep* ep, const void* buf, size_t len, void* desc, uint64_t data, fi_addr_t peer,
                 uint64_t remote, uint64_t key, void* context, bool delivered = false) noexcept;
 
   // A descriptor the progress thread watches beside the completion queue (a listener's
@@ -124,9 +140,14 @@ class StreamFabric {
 
  private:
   StreamFabric() = default;
+  static std::vector<InfoPtr> Domains(const Options& options, bool* connected, std::string* why);
+  int wait_fd() const noexcept { return connected_ ? cq_wait_fd_ : endpoint_.wait_fd(); }
   void ProgressLoop() noexcept;
   void Dispatch(const fi_cq_data_entry& entry) noexcept;
   void DispatchError(const fi_cq_err_entry& err) noexcept;
+  // The progress thread's call for the connection listener's event queue.
+  static void ServeLinks(void* ctx) noexcept;
+  void TakeLinkEvents() noexcept;
   // Calls f(conn) if `tag` names a connection in the table, which stays there until f
   // returns (RemoveConn waits).
   template <typename F>
@@ -141,7 +162,13 @@ class StreamFabric {
   }
 
   std::unique_ptr<Domain> domain_;
-  Endpoint endpoint_;
+  Endpoint endpoint_;  // RDM
+  bool connected_ = false;
+  bool posted_receives_ = false;
+  CqPtr cq_;  // connected: every stream's endpoint's
+  int cq_wait_fd_ = -1;
+  LinkListener listener_;  // under mu_ until open
+  std::atomic<bool> listening_{false};
   uint8_t address_[64] = {};
   size_t address_len_ = 0;
   bool prov_key_ = false;

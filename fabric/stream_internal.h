@@ -48,6 +48,7 @@ struct StreamClient {
   int sends = 0;
   uint64_t resend_ms = 0;
   uint64_t deadline_ms = 0;
+  bool linking = false;  // connected endpoints: answered, our endpoint connecting
 };
 
 class StreamModuleImpl final : public StreamModule {
@@ -76,10 +77,8 @@ class StreamModuleImpl final : public StreamModule {
   bool Request(StreamClient* client, const wire::Endpoint& from, const wire::Endpoint& to,
                uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
   Step Advance(StreamClient* client, Reason* why) noexcept override;
-  int EventFd(StreamClient* client) noexcept override { return client->udp; }
-  uint64_t Deadline(StreamClient* client) noexcept override {
-    return client->resend_ms < client->deadline_ms ? client->resend_ms : client->deadline_ms;
-  }
+  int EventFd(StreamClient* client) noexcept override;
+  uint64_t Deadline(StreamClient* client) noexcept override;
   std::unique_ptr<Channel> Finish(StreamClient* client, int proxy_b) noexcept override;
   void Abort(StreamClient* client) noexcept override;
 
@@ -93,8 +92,14 @@ class StreamModuleImpl final : public StreamModule {
   StreamConn* NewConn(uint32_t ring_size, Reason* why) noexcept;
   // What REQ and REP say of our notes' form (both ends must agree).
   uint8_t NoteBytes() const noexcept { return fabric_->word_notes() ? 4 : 8; }
-  // Its peer's endpoint and ring, from a REQ or REP. False when the provider rejects the
-  // address.
+  streamwire::Endpoints Endpoints() const noexcept {
+    return fabric_->connected() ? streamwire::Endpoints::kConnected
+                                : streamwire::Endpoints::kReliableDatagram;
+  }
+  // A client's connected endpoint, to the listener the REP names.
+  bool ConnectLink(StreamClient* c, const streamwire::Message& rep) noexcept;
+  // Its peer's ring, and with RDM its endpoint, from a REQ or REP. False when the provider
+  // rejects the address.
   bool Connect(StreamConn* conn, const streamwire::Message& m) noexcept;
   // One datagram for a listener: answered, refused or dropped.
   void Answer(StreamListener* l, const uint8_t* in, size_t len, const sockaddr* from,

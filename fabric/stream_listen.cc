@@ -68,6 +68,12 @@ StreamListener* StreamModuleImpl::Listen(const sockaddr* local, bool v6only, Rea
     *why = Reason::kUnsupported;
     return nullptr;
   }
+  // Connected endpoints: the process's connection listener takes its clients' endpoints.
+  if (!fabric_->Listen()) {
+    sys::close(l->udp);
+    *why = Reason::kUnsupported;
+    return nullptr;
+  }
   // Its REQs are answered by the progress thread as they come: a client's SYN waits for
   // the REP, and the application may be in poll() rather than accept().
   if (!fabric_->WatchFd(l->udp, &StreamModuleImpl::ServeListener, l.get())) {
@@ -155,18 +161,20 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
     if (same && same->nonce == req.nonce) {
       rep.type = streamwire::Type::kRep;  // its REP was lost: the same again
     } else if (same || l->shared.load() || forked_.load() || ring_size > config_->ring_size ||
-               req.note_bytes != NoteBytes() || l->pending.size() >= kMaxPending ||
-               from_source >= kMaxPerSource) {
+               req.note_bytes != NoteBytes() || req.endpoints != Endpoints() ||
+               l->pending.size() >= kMaxPending || from_source >= kMaxPerSource) {
       SLIP_LOG(kInfo, "fabric: refusing a REQ for port %u (%s)", unsigned(l->local.port),
                same                                 ? "its connection has another request"
                : l->shared.load() || forked_.load() ? "the listener is shared by processes"
                : ring_size > config_->ring_size     ? "its ring is larger than ours"
                : req.note_bytes != NoteBytes()      ? "its notes have another form"
+               : req.endpoints != Endpoints()       ? "its endpoints are of another type"
                                                     : "too many requests pending");
     } else {
       Reason why = Reason::kNone;
       StreamConn* conn = NewConn(ring_size, &why);
       if (conn && Connect(conn, req)) {
+        if (fabric_->connected()) conn->ExpectLink(req.nonce);
         try {
           l->pending.push_back(
               PendingStream{req.client, req.server, req.nonce, now + kPendingMs, conn});
@@ -185,6 +193,7 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
       rep.ring_addr = same->conn->rx_base();
       rep.note_tag = same->conn->tag();
       rep.note_bytes = NoteBytes();
+      rep.endpoints = Endpoints();
       rep.address_len = uint8_t(fabric_->address_len());
       std::memcpy(rep.address, fabric_->address(), fabric_->address_len());
     }

@@ -15,15 +15,19 @@ StreamConn* StreamModuleImpl::NewConn(uint32_t ring_size, Reason* why) noexcept 
 
 bool StreamModuleImpl::Connect(StreamConn* conn, const streamwire::Message& m) noexcept {
   PeerRing peer;
+  peer.key = m.ring_key;
+  peer.base = m.ring_addr;
+  peer.note_tag = m.note_tag;
+  if (fabric_->connected()) {
+    conn->SetPeer(peer, nullptr);  // (its own endpoint, once connected)
+    return true;
+  }
   peer.addr = fabric_->AddPeer(m.address, m.address_len);
   if (peer.addr == FI_ADDR_NOTAVAIL) {
     SLIP_LOG(kInfo, "fabric: the provider rejects the peer's endpoint address");
     return false;
   }
-  peer.key = m.ring_key;
-  peer.base = m.ring_addr;
-  peer.note_tag = m.note_tag;
-  conn->SetPeer(peer);
+  conn->SetPeer(peer, fabric_->ep());
   return true;
 }
 

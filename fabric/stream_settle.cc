@@ -83,6 +83,16 @@ ChannelControl::Settlement StreamConn::Settle(uint64_t now_ms, Reason* why) noex
         Fail(ECONNRESET);
         return Settlement::kReset;
       }
+      if (fabric_->connected() && ep_.load(std::memory_order_acquire) == nullptr) {
+        // Its client's endpoint was connected before its SYN left, but ours may hear of it
+        // a moment later (the provider's last handshake message, the progress thread).
+        if (link_state_.load(std::memory_order_acquire) != LinkState::kDown &&
+            now_ms < deadline_ms_) {
+          settle_at_.store(now_ms + 1, std::memory_order_release);
+          return Settlement::kPending;
+        }
+        held_broken_.store(true, std::memory_order_seq_cst);  // fails over once settled
+      }
       ConsumeAnchor(anchor, peek);
       failover_.Release();
       settle_at_.store(0, std::memory_order_release);

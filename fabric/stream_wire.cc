@@ -7,9 +7,13 @@ namespace slip::fabric::streamwire {
 bool Encode(const Message& m, uint8_t out[kBytes]) noexcept {
   const bool refuse = m.type == Type::kRefuse;
   if (m.address_len > kMaxAddressBytes) return false;
-  if (!refuse &&
-      (m.address_len == 0 || m.ring_log2 < kMinRingLog2 || m.ring_log2 > kMaxRingLog2 ||
-       m.note_tag == 0 || m.note_tag > kMaxNoteTag || (m.note_bytes != 4 && m.note_bytes != 8)))
+  const bool connected = m.endpoints == Endpoints::kConnected;
+  if (!refuse && m.endpoints != Endpoints::kReliableDatagram && !connected) return false;
+  // (A client with connected endpoints has no address before it connects.)
+  const bool needs_address = !(connected && m.type == Type::kReq);
+  if (!refuse && (needs_address ? m.address_len == 0 : m.address_len != 0)) return false;
+  if (!refuse && (m.ring_log2 < kMinRingLog2 || m.ring_log2 > kMaxRingLog2 || m.note_tag == 0 ||
+                  m.note_tag > kMaxNoteTag || (m.note_bytes != 4 && m.note_bytes != 8)))
     return false;
   ByteWriter w(out, kBytes);
   w.U32(kMagic);
@@ -24,7 +28,7 @@ bool Encode(const Message& m, uint8_t out[kBytes]) noexcept {
   w.U64(refuse ? 0 : m.ring_addr);
   w.U32(refuse ? 0 : m.note_tag);
   w.U8(refuse ? 0 : m.note_bytes);
-  w.U8(0);
+  w.U8(refuse ? 0 : uint8_t(m.endpoints));
   w.U16(0);
   uint8_t address[kMaxAddressBytes] = {};
   if (!refuse)
@@ -49,21 +53,49 @@ bool Parse(const uint8_t* in, size_t len, Message* out) noexcept {
   m.ring_addr = r.U64();
   m.note_tag = r.U32();
   m.note_bytes = r.U8();
-  const uint32_t pad = r.U8() | uint32_t(r.U16()) << 8;
+  const uint8_t endpoints = r.U8();
+  const uint32_t pad = r.U16();
   r.Bytes(m.address, sizeof(m.address));
   if (!r.ok() || pad != 0 || m.address_len > kMaxAddressBytes) return false;
   for (size_t i = m.address_len; i < kMaxAddressBytes; ++i)
     if (m.address[i] != 0) return false;
   if (m.type == Type::kRefuse) {
     if (m.ring_log2 != 0 || m.address_len != 0 || m.ring_key != 0 || m.ring_addr != 0 ||
-        m.note_tag != 0 || m.note_bytes != 0)
+        m.note_tag != 0 || m.note_bytes != 0 || endpoints != 0)
       return false;
-  } else if (m.address_len == 0 || m.ring_log2 < kMinRingLog2 || m.ring_log2 > kMaxRingLog2 ||
-             m.note_tag == 0 || m.note_tag > kMaxNoteTag ||
-             (m.note_bytes != 4 && m.note_bytes != 8)) {
+    *out = m;
+    return true;
+  }
+  if (endpoints != uint8_t(Endpoints::kReliableDatagram) &&
+      endpoints != uint8_t(Endpoints::kConnected))
+    return false;
+  m.endpoints = Endpoints(endpoints);
+  const bool needs_address = !(m.endpoints == Endpoints::kConnected && m.type == Type::kReq);
+  if ((needs_address ? m.address_len == 0 : m.address_len != 0) || m.ring_log2 < kMinRingLog2 ||
+      m.ring_log2 > kMaxRingLog2 || m.note_tag == 0 || m.note_tag > kMaxNoteTag ||
+      (m.note_bytes != 4 && m.note_bytes != 8)) {
     return false;
   }
   *out = m;
+  return true;
+}
+
+void EncodeLink(const LinkParam& p, uint8_t out[kLinkBytes]) noexcept {
+  ByteWriter w(out, kLinkBytes);
+  w.U32(kLinkMagic);
+  w.U32(p.server_tag);
+  w.U64(p.nonce);
+}
+
+bool ParseLink(const uint8_t* in, size_t len, LinkParam* out) noexcept {
+  if (in == nullptr || len != kLinkBytes) return false;
+  ByteReader r(in, len);
+  if (r.U32() != kLinkMagic) return false;
+  LinkParam p;
+  p.server_tag = r.U32();
+  p.nonce = r.U64();
+  if (!r.ok() || p.server_tag == 0 || p.server_tag > kMaxNoteTag) return false;
+  *out = p;
   return true;
 }
 

@@ -3,10 +3,13 @@
 // (fabric)").
 //
 //   REQ  client -> listener   the TCP 4-tuple it is about to connect, a nonce, its RDM
-//                             endpoint's address and its receive ring (key, address, size)
-//                             and the tag that its notes to us carry, and their form
-//   REP  listener -> client   the same for the listener's side: kept pending under the
-//                             4-tuple until accept(), settled by the in-band CONFIRM
+//                             endpoint's address (none with connected endpoints) and its
+//                             receive ring (key, address, size) and the tag that its notes
+//                             to us carry, their form and the endpoints' type
+//   REP  listener -> client   the same for the listener's side (with connected endpoints:
+//                             the address its connection listener takes fi_connect on):
+//                             kept pending under the 4-tuple until accept(), settled by the
+//                             in-band CONFIRM
 //   REFUSE listener -> client the listener will not carry it (busy, the ring too large):
 //                             plain TCP, at once
 //
@@ -27,6 +30,13 @@ constexpr size_t kMaxAddressBytes = 64;
 constexpr size_t kBytes = 4 + 4 + 8 + 2 * wire::kEndpointBytes + 8 + 8 + 8 + kMaxAddressBytes;
 
 enum class Type : uint8_t { kReq = 1, kRep = 2, kRefuse = 3 };
+
+// The endpoints both ends use (fabric/options.h, SLIP_FABRIC_ENDPOINT).
+enum class Endpoints : uint8_t {
+  kReliableDatagram = 1,  // one FI_EP_RDM endpoint per process; the address is its name
+  kConnected = 2,         // one FI_EP_MSG endpoint per connection; the REP's address is the
+                          // listener's (a sockaddr), the REQ's is empty
+};
 
 // The smallest and largest rings a message may name (core's SLIP_RING_SIZE bounds).
 constexpr uint8_t kMinRingLog2 = 12;
@@ -53,6 +63,7 @@ struct Message {
                            // connection (fabric/stream_note.h): 1 .. kMaxNoteTag
   uint8_t note_bytes = 8;  // the notes' form both ends must use: 8 (the cursor in the CQ
                            // data) or 4 (a cursor word and a 4-byte note); 0 in REFUSE
+  Endpoints endpoints = Endpoints::kReliableDatagram;  // (kReliableDatagram in REFUSE)
   uint8_t address[kMaxAddressBytes] = {};
 };
 
@@ -60,5 +71,19 @@ struct Message {
 bool Encode(const Message& m, uint8_t out[kBytes]) noexcept;
 // False for anything Encode would not have written; *out is untouched then.
 bool Parse(const uint8_t* in, size_t len, Message* out) noexcept;
+
+// What a client's fi_connect carries to the listener's connection listener (its
+// connection-request data): the listener's connection it is for (the REP's note tag) and
+// the REQ's nonce. The listener accepts it only for a connection of that tag that waits
+// for its endpoint, with that nonce, from the REQ's client address.
+constexpr uint32_t kLinkMagic = 0x53464c43;  // "SLFC"
+constexpr size_t kLinkBytes = 4 + 4 + 8;
+struct LinkParam {
+  uint32_t server_tag = 0;  // 1 .. kMaxNoteTag
+  uint64_t nonce = 0;
+};
+void EncodeLink(const LinkParam& p, uint8_t out[kLinkBytes]) noexcept;
+// False for anything EncodeLink would not have written; *out is untouched then.
+bool ParseLink(const uint8_t* in, size_t len, LinkParam* out) noexcept;
 
 }  // namespace slip::fabric::streamwire

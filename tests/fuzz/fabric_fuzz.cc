@@ -1,10 +1,10 @@
 // libFuzzer target for what the other end of a fabric connection controls before it exists:
 // the NCCL face's handle and the REQ and REP on a comm's TCP connection (fabric/msg_wire.h),
 // and the shim's REQ, REP and REFUSE datagrams (fabric/stream_wire.h), which anybody who can
-// send UDP to a listener's port writes. Each input goes through every parser, as it is and with the
-// kind's magic and version written over its first 5 bytes (so that mutation explores the
-// fields behind the header). Besides the sanitizers' checks it traps when a parser breaks
-// an invariant:
+// send UDP to a listener's port writes, and the connection data of a client's fi_connect. Each
+// input goes through every parser, as it is and with the kind's magic and version written over its
+// first 5 bytes (so that mutation explores the fields behind the header). Besides the sanitizers'
+// checks it traps when a parser breaks an invariant:
 //   - an accepted message has only valid fields and re-encodes to exactly its input;
 //   - a rejected one leaves the output untouched.
 // Build and run: tests/fuzz/CMakeLists.txt (ctest -L fuzz); seeds: fabric_fuzz_seeds DIR.
@@ -67,7 +67,9 @@ void FuzzStreamMessage(const uint8_t* data, size_t size) {
   if (m.type == Type::kRefuse) {
     Require(m.address_len == 0 && m.ring_log2 == 0 && m.note_tag == 0);
   } else {
-    Require(m.address_len >= 1 && m.address_len <= kMaxAddressBytes);
+    const bool connected_req = m.endpoints == Endpoints::kConnected && m.type == Type::kReq;
+    Require(connected_req ? m.address_len == 0
+                          : m.address_len >= 1 && m.address_len <= kMaxAddressBytes);
     Require(m.ring_log2 >= kMinRingLog2 && m.ring_log2 <= kMaxRingLog2);
     Require(m.note_tag >= 1 && m.note_tag <= kMaxNoteTag);
   }
@@ -76,8 +78,25 @@ void FuzzStreamMessage(const uint8_t* data, size_t size) {
   Require(std::memcmp(again, data, kBytes) == 0);
 }
 
+// A client's connection data at the listener's connection listener (any host that
+// reaches it writes it).
+void FuzzLinkParam(const uint8_t* data, size_t size) {
+  using namespace streamwire;
+  const LinkParam sentinel{0xeeeeeeee, 0xeeeeeeeeeeeeeeeeull};
+  LinkParam p = sentinel;
+  if (!ParseLink(data, size, &p)) {
+    Require(p.server_tag == sentinel.server_tag && p.nonce == sentinel.nonce);
+    return;
+  }
+  Require(size == kLinkBytes && p.server_tag >= 1 && p.server_tag <= kMaxNoteTag);
+  uint8_t again[kLinkBytes];
+  EncodeLink(p, again);
+  Require(std::memcmp(again, data, kLinkBytes) == 0);
+}
+
 void FuzzAll(const uint8_t* data, size_t size) {
   FuzzStreamMessage(data, size);
+  FuzzLinkParam(data, size);
   FuzzHandle(data, size);
   FuzzHello(kReqMagic, data, size);
   FuzzHello(kRepMagic, data, size);
@@ -92,7 +111,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // With each kind's header written over the first bytes.
   std::vector<uint8_t> copy(data, data + size);
   if (copy.size() >= 5) {
-    for (uint32_t magic : {kHandleMagic, kReqMagic, kRepMagic, slip::fabric::streamwire::kMagic}) {
+    for (uint32_t magic : {kHandleMagic, kReqMagic, kRepMagic, slip::fabric::streamwire::kMagic,
+                           slip::fabric::streamwire::kLinkMagic}) {
       for (int i = 0; i < 4; ++i) copy[size_t(i)] = uint8_t(magic >> (8 * i));
       copy[4] =
           magic == slip::fabric::streamwire::kMagic ? slip::fabric::streamwire::kVersion : kVersion;

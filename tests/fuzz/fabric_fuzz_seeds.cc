@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,22 @@ std::vector<std::vector<uint8_t>> Seeds() {
       uint8_t buf[sw::kBytes];
       if (!sw::Encode(m, buf)) return {};
       out.emplace_back(buf, buf + sizeof(buf));
+      // The same with connected endpoints (a REQ without an address).
+      if (type == sw::Type::kRefuse) continue;
+      m.endpoints = sw::Endpoints::kConnected;
+      if (type == sw::Type::kReq) {
+        m.address_len = 0;
+        std::memset(m.address, 0, sizeof(m.address));
+      }
+      if (!sw::Encode(m, buf)) return {};
+      out.emplace_back(buf, buf + sizeof(buf));
     }
+  }
+  // A client's connection data.
+  for (uint32_t tag : {1u, sw::kMaxNoteTag}) {
+    uint8_t buf[sw::kLinkBytes];
+    sw::EncodeLink(sw::LinkParam{tag, 0x0123456789abcdefull}, buf);
+    out.emplace_back(buf, buf + sizeof(buf));
   }
   return out;
 }

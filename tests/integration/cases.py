@@ -351,7 +351,8 @@ def fabric_forged(t, _):
 
     def forge():
         forger = t.start("forger", py("fabric_forge.py", "--port", t.port,
-                                      "--source-port", source_port))
+                                      "--source-port", source_port,
+                                      "--endpoints", fabric_endpoints()))
         forger.expect_exit(0)
         r = forger.json_output()
         t.check(r["silent"] == r["hostile"],
@@ -368,9 +369,21 @@ def fabric_forged(t, _):
     t.expect_stats(server, "tcp", "peer_not_slipstream", traffic=traffic[server])
 
 
+def fabric_endpoints():
+    """The endpoints the programs' fabric streams use ("msg" or "rdm"), as the module
+    chooses them (fabric/options.h): SLIP_TEST_FABRIC_ENDPOINT where it says, else
+    connected ones where the provider is a core provider that has them."""
+    choice = os.environ.get("SLIP_TEST_FABRIC_ENDPOINT", "auto")
+    if choice in ("msg", "rdm"):
+        return choice
+    provider = os.environ.get("SLIP_TEST_FABRIC_PROVIDER", "tcp")
+    return "msg" if provider in ("tcp", "verbs") else "rdm"
+
+
 def provider_connections(pid, test_port):
     """The TCP connections of process `pid` other than the test's (its anchor and listener):
-    under fabric over the tcp provider, ofi_rxm's own. As (local, peer) address strings."""
+    under fabric over the tcp provider, its endpoints' own (ofi_rxm's with reliable
+    datagram endpoints). As (local, peer) address strings."""
     out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True,
                          text=True, check=False).stdout
     found = []
@@ -386,8 +399,9 @@ def provider_connections(pid, test_port):
 
 @case("fabric_failover", variants=("run",))
 def fabric_failover(t, _):
-    """(SLIP_TEST_TRANSPORT=fabric, tcp provider) The provider's own TCP connection between
-    the two processes is killed mid-transfer (ss -K, a real fault: ofi_rxm's writes fail);
+    """(SLIP_TEST_TRANSPORT=fabric, tcp provider) The provider's own TCP connections between
+    the two processes are killed mid-transfer (ss -K, a real fault: the writes through the
+    connection's endpoint, or ofi_rxm's, fail);
     both ends fail over to their anchor and the streams go on over TCP from where both
     stand: 384 MiB each way with content checked, transport tcp, reason failover, on both
     sides. Or, where ofi_rxm's reconnect let a later write land after an earlier one
@@ -444,7 +458,9 @@ def fabric_forged_notes(t, _):
     for a live connection (progs/note_forger.c): it asks the listener for a connection of
     its own (so that it is a peer of the listener's endpoint, with a registration key of
     the listener's), then writes data notes, in both forms, naming the tags just below its
-    own, with a cursor 4 KiB past what the live connection's client sent. The server of the
+    own, with a cursor 4 KiB past what the live connection's client sent. With connected
+    endpoints it first tries to connect one for the live connection (refused: the nonce
+    is not its), then writes through its own. The server of the
     live connection, paused mid-stream, must receive exactly what its client sent: notes
     that do not come from a connection's peer are dropped."""
     release = t.dir / "release"
@@ -456,11 +472,16 @@ def fabric_forged_notes(t, _):
     client.wait_output("READY")
     time.sleep(0.2)  # the server has read the head, and waits for more
     provider = os.environ.get("SLIP_TEST_FABRIC_PROVIDER", "tcp")
-    forger = t.start("forger", [forger_path, provider, t.port, pick_source_port(t), 7 + 4096])
+    endpoints = fabric_endpoints()
+    forger = t.start("forger", [forger_path, provider.split(";")[0] if endpoints == "msg"
+                                else provider, t.port, pick_source_port(t), 7 + 4096, endpoints])
     forger.expect_exit(0)
     r = forger.json_output()
     t.check(r.get("rep") and r.get("notes", 0) > 0,
             f"forger: could not forge notes at the listener: {r}")
+    if endpoints == "msg":
+        t.check(r.get("hijack") == "refused",
+                f"forger: the listener took an endpoint for another connection: {r}")
     time.sleep(0.3)  # (notes that were believed would show as bytes now)
     release.touch()
     client.expect_exit(0)

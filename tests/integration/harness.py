@@ -135,6 +135,9 @@ def _child_env(extra):
     # SLIP_TEST_FABRIC_NOTES=word: the fabric runs with cursor words and 4-byte notes.
     if os.environ.get("SLIP_TEST_FABRIC_NOTES"):
         env["SLIP_FABRIC_NOTES"] = os.environ["SLIP_TEST_FABRIC_NOTES"]
+    # SLIP_TEST_FABRIC_ENDPOINT=rdm|msg: the fabric's streams use those endpoints.
+    if os.environ.get("SLIP_TEST_FABRIC_ENDPOINT"):
+        env["SLIP_FABRIC_ENDPOINT"] = os.environ["SLIP_TEST_FABRIC_ENDPOINT"]
     if os.environ.get("SLIP_TEST_LOG"):  # debugging: the programs' SLIP_LOG(_FILE)
         env["SLIP_LOG"] = os.environ["SLIP_TEST_LOG"]
     if os.environ.get("SLIP_TEST_LOG_FILE"):

@@ -44,10 +44,37 @@ TEST(FabricOptions, BadProviderNames) {
     EXPECT_EQ(o.provider, "sentinel");
   }
   const auto names = OptionNames();
-  ASSERT_EQ(names.size(), 3u);
+  ASSERT_EQ(names.size(), 4u);
   EXPECT_STREQ(names[0], "SLIP_FABRIC_PROVIDER");
-  EXPECT_STREQ(names[1], "SLIP_FABRIC_NOTES");
-  EXPECT_STREQ(names[2], "SLIP_NEGATIVE_TTL_MS");
+  EXPECT_STREQ(names[1], "SLIP_FABRIC_ENDPOINT");
+  EXPECT_STREQ(names[2], "SLIP_FABRIC_NOTES");
+  EXPECT_STREQ(names[3], "SLIP_NEGATIVE_TTL_MS");
+}
+
+// The streams' endpoints: auto (the default), msg (connected) or rdm (reliable datagrams).
+TEST(FabricOptions, Endpoint) {
+  Options o;
+  EXPECT_EQ(o.endpoint, EndpointChoice::kAuto);
+  const std::pair<const char*, EndpointChoice> good[] = {
+      {"msg", EndpointChoice::kConnected},
+      {"rdm", EndpointChoice::kDatagram},
+      {"auto", EndpointChoice::kAuto},
+  };
+  for (const auto& [value, choice] : good) {
+    Env env{{"SLIP_FABRIC_ENDPOINT", value}};
+    std::string error;
+    ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << error;
+    EXPECT_EQ(o.endpoint, choice) << value;
+  }
+  for (const char* bad : {"", "MSG", "FI_EP_MSG", "dgram", "msg "}) {
+    Env env{{"SLIP_FABRIC_ENDPOINT", bad}};
+    Options kept;
+    kept.endpoint = EndpointChoice::kDatagram;
+    std::string error;
+    EXPECT_FALSE(ParseOptions(Lookup, &env, &kept, &error)) << bad;
+    EXPECT_EQ(error.rfind("SLIP_FABRIC_ENDPOINT=\"", 0), 0u) << error;
+    EXPECT_EQ(kept.endpoint, EndpointChoice::kDatagram);
+  }
 }
 
 // The notes' form: word (the default) or inline (8-byte notes where the provider can).

@@ -109,7 +109,9 @@ TEST(FabricStreamWire, RejectsWhatNoSenderWrites) {
       {16 + 2 * 20 + 16 + 3, 1, "tag beyond 24 bits"},
       {16 + 2 * 20 + 16 + 4, 1, "notes of neither form"},
       {16 + 2 * 20 + 16 + 4, 0, "no notes form"},
-      {16 + 2 * 20 + 16 + 5, 1, "padding after the notes form"},
+      {16 + 2 * 20 + 16 + 5, 0, "no endpoints type"},
+      {16 + 2 * 20 + 16 + 5, 3, "unknown endpoints type"},
+      {16 + 2 * 20 + 16 + 6, 1, "padding after the endpoints type"},
       {16 + 2 * 20 + 16 + 7, 1, "padding before the address"},
       {streamwire::kBytes - 1, 1, "bytes past the address"},
   };
@@ -130,6 +132,65 @@ TEST(FabricStreamWire, RejectsWhatNoSenderWrites) {
   ASSERT_TRUE(streamwire::Encode(refuse, buf));
   buf[16 + 2 * 20] = 1;  // a ring key
   EXPECT_TRUE(rejected(buf, sizeof(buf)));
+}
+
+// Connected endpoints: the client has no address before it connects (its REQ carries
+// none), the listener's REP says where its connection listener is.
+TEST(FabricStreamWire, SaysTheEndpointsType) {
+  Message req = SampleReq();
+  req.endpoints = streamwire::Endpoints::kConnected;
+  uint8_t buf[streamwire::kBytes];
+  EXPECT_FALSE(streamwire::Encode(req, buf));  // a connected REQ with an address
+  req.address_len = 0;
+  std::memset(req.address, 0, sizeof(req.address));
+  ASSERT_TRUE(streamwire::Encode(req, buf));
+  Message out;
+  ASSERT_TRUE(streamwire::Parse(buf, sizeof(buf), &out));
+  EXPECT_EQ(out.endpoints, streamwire::Endpoints::kConnected);
+  EXPECT_EQ(out.address_len, 0);
+  // A REP without the listener's address, or a datagram REQ without its endpoint's.
+  Message rep = req;
+  rep.type = Type::kRep;
+  EXPECT_FALSE(streamwire::Encode(rep, buf));
+  Message rdm = req;
+  rdm.endpoints = streamwire::Endpoints::kReliableDatagram;
+  EXPECT_FALSE(streamwire::Encode(rdm, buf));
+  // On the wire too: the connected REQ turned into a REP is rejected.
+  ASSERT_TRUE(streamwire::Encode(req, buf));
+  buf[5] = uint8_t(Type::kRep);
+  EXPECT_FALSE(streamwire::Parse(buf, sizeof(buf), &out));
+}
+
+// What a client's fi_connect carries: the listener's connection and the REQ's nonce.
+TEST(FabricStreamWire, LinkParamRoundTripsAndRejects) {
+  streamwire::LinkParam p;
+  p.server_tag = 0x00abcd;
+  p.nonce = 0x0102030405060708ull;
+  uint8_t buf[streamwire::kLinkBytes];
+  streamwire::EncodeLink(p, buf);
+  streamwire::LinkParam out;
+  ASSERT_TRUE(streamwire::ParseLink(buf, sizeof(buf), &out));
+  EXPECT_EQ(out.server_tag, p.server_tag);
+  EXPECT_EQ(out.nonce, p.nonce);
+  const streamwire::LinkParam sentinel{7, 7};
+  auto rejected = [&](const uint8_t* in, size_t len) {
+    streamwire::LinkParam o = sentinel;
+    const bool ok = streamwire::ParseLink(in, len, &o);
+    EXPECT_TRUE(o.server_tag == 7 && o.nonce == 7);
+    return !ok;
+  };
+  EXPECT_TRUE(rejected(buf, sizeof(buf) - 1));
+  EXPECT_TRUE(rejected(nullptr, 0));
+  uint8_t bad[streamwire::kLinkBytes];
+  std::memcpy(bad, buf, sizeof(bad));
+  bad[0] ^= 1;  // magic
+  EXPECT_TRUE(rejected(bad, sizeof(bad)));
+  std::memcpy(bad, buf, sizeof(bad));
+  bad[4] = bad[5] = bad[6] = 0;  // tag 0
+  EXPECT_TRUE(rejected(bad, sizeof(bad)));
+  std::memcpy(bad, buf, sizeof(bad));
+  bad[7] = 1;  // a tag beyond 24 bits
+  EXPECT_TRUE(rejected(bad, sizeof(bad)));
 }
 
 TEST(FabricStreamNote, CarriesTagKindAndCursor) {

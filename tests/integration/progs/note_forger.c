@@ -1,8 +1,9 @@
 // A host on the fabric that forges notes for another host's connection.
 //
-// usage: note_forger PROVIDER PORT SOURCE_PORT CURSOR
+// usage: note_forger PROVIDER PORT SOURCE_PORT CURSOR [rdm|msg]
 //
-// Opens an RDM endpoint of its own on libfabric's PROVIDER, asks the fabric listener on
+// Opens an RDM endpoint of its own on libfabric's PROVIDER (msg: a connected endpoint, as
+// the listener's streams use with SLIP_FABRIC_ENDPOINT=msg), asks the fabric listener on
 // 127.0.0.1:PORT for a connection of its own (a REQ for 127.0.0.1:SOURCE_PORT -> PORT with
 // its real endpoint address, so that the listener takes it for a peer), and from the REP
 // learns the listener's endpoint, a registration key of the listener's (its pending ring)
@@ -11,6 +12,10 @@
 // below its own, empty writes whose remote CQ data is a data note saying CURSOR, and a
 // 4-byte note of the same kind (the word form): a listener that believed them would
 // deliver bytes its client never sent.
+// msg: before its own, it connects an endpoint naming the connection just below its tag
+// with a nonce of its own: the listener must refuse that ("hijack": "refused"); then it
+// connects its own endpoint with its REQ's nonce, which the listener takes, and writes the
+// notes through it.
 // Prints {"rep": true|false, "tag": T, "notes": N} (N: notes that completed here).
 // The wire format is written out here independently of fabric/stream_wire.cc.
 #include <arpa/inet.h>
@@ -51,6 +56,42 @@ static uint64_t get_le(const uint8_t* at, int n) {
   return v;
 }
 
+// The next event on `eq` within 2 s: FI_CONNECTED, FI_SHUTDOWN, or -1 (an error entry,
+// a refused connection) / 0 (nothing).
+static int next_event(struct fid_eq* eq) {
+  uint8_t buf[sizeof(struct fi_eq_cm_entry) + 64];
+  uint32_t kind = 0;
+  const ssize_t n = fi_eq_sread(eq, &kind, buf, sizeof(buf), 2000, 0);
+  if (n == -FI_EAVAIL) {
+    struct fi_eq_err_entry err = {0};
+    fi_eq_readerr(eq, &err, 0);
+    return -1;
+  }
+  return n > 0 ? (int)kind : 0;
+}
+
+// A connected endpoint to `server`, whose connection data names `tag` and `nonce`.
+static struct fid_ep* connect_ep(struct fid_domain* domain, struct fi_info* info, struct fid_cq* cq,
+                                 struct fid_eq* eq, const void* server, uint32_t tag,
+                                 uint64_t nonce) {
+  struct fid_ep* ep = NULL;
+  if (fi_endpoint(domain, info, &ep, NULL) != 0) return NULL;
+  uint8_t param[16];
+  put_le(param, 0x53464c43, 4);
+  put_le(param + 4, tag, 4);
+  put_le(param + 8, nonce, 8);
+  if (fi_ep_bind(ep, &eq->fid, 0) != 0 || fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV) != 0 ||
+      fi_enable(ep) != 0 || fi_connect(ep, server, param, sizeof(param)) != 0) {
+    fi_close(&ep->fid);
+    return NULL;
+  }
+  if (next_event(eq) != FI_CONNECTED) {
+    fi_close(&ep->fid);
+    return NULL;
+  }
+  return ep;
+}
+
 static int fail(const char* what, int rc) {
   fprintf(stderr, "note_forger: %s: %s (%d)\n", what, fi_strerror(-rc), rc);
   printf("{\"rep\": false, \"tag\": 0, \"notes\": 0, \"error\": \"%s\"}\n", what);
@@ -58,16 +99,17 @@ static int fail(const char* what, int rc) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    fprintf(stderr, "usage: note_forger PROVIDER PORT SOURCE_PORT CURSOR\n");
+  if (argc != 5 && argc != 6) {
+    fprintf(stderr, "usage: note_forger PROVIDER PORT SOURCE_PORT CURSOR [rdm|msg]\n");
     return 2;
   }
+  const int connected = argc == 6 && strcmp(argv[5], "msg") == 0;
   const uint16_t port = (uint16_t)atoi(argv[2]);
   const uint16_t source_port = (uint16_t)atoi(argv[3]);
   const uint64_t cursor = strtoull(argv[4], NULL, 10);
 
   struct fi_info* hints = fi_allocinfo();
-  hints->ep_attr->type = FI_EP_RDM;
+  hints->ep_attr->type = connected ? FI_EP_MSG : FI_EP_RDM;
   hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
   hints->mode = 0;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
@@ -81,23 +123,30 @@ int main(int argc, char** argv) {
   if (rc != 0) return fail("fi_getinfo", rc);
   struct fid_fabric* fabric;
   struct fid_domain* domain;
-  struct fid_av* av;
+  struct fid_av* av = NULL;
   struct fid_cq* cq;
-  struct fid_ep* ep;
+  struct fid_ep* ep = NULL;
+  struct fid_eq* eq = NULL;
+  struct fi_eq_attr eq_attr = {.size = 16, .wait_obj = FI_WAIT_UNSPEC};
   struct fi_av_attr av_attr = {.type = FI_AV_TABLE, .count = 4};
   struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .size = 64};
   if ((rc = fi_fabric(info->fabric_attr, &fabric, NULL)) != 0) return fail("fi_fabric", rc);
   if ((rc = fi_domain(fabric, info, &domain, NULL)) != 0) return fail("fi_domain", rc);
-  if ((rc = fi_av_open(domain, &av_attr, &av, NULL)) != 0) return fail("fi_av_open", rc);
   if ((rc = fi_cq_open(domain, &cq_attr, &cq, NULL)) != 0) return fail("fi_cq_open", rc);
-  if ((rc = fi_endpoint(domain, info, &ep, NULL)) != 0) return fail("fi_endpoint", rc);
-  if ((rc = fi_ep_bind(ep, &av->fid, 0)) != 0 ||
-      (rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
-    return fail("fi_ep_bind", rc);
-  if ((rc = fi_enable(ep)) != 0) return fail("fi_enable", rc);
   uint8_t address[64];
-  size_t address_len = sizeof(address);
-  if ((rc = fi_getname(&ep->fid, address, &address_len)) != 0) return fail("fi_getname", rc);
+  size_t address_len = 0;
+  if (connected) {
+    if ((rc = fi_eq_open(fabric, &eq_attr, &eq, NULL)) != 0) return fail("fi_eq_open", rc);
+  } else {
+    if ((rc = fi_av_open(domain, &av_attr, &av, NULL)) != 0) return fail("fi_av_open", rc);
+    if ((rc = fi_endpoint(domain, info, &ep, NULL)) != 0) return fail("fi_endpoint", rc);
+    if ((rc = fi_ep_bind(ep, &av->fid, 0)) != 0 ||
+        (rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
+      return fail("fi_ep_bind", rc);
+    if ((rc = fi_enable(ep)) != 0) return fail("fi_enable", rc);
+    address_len = sizeof(address);
+    if ((rc = fi_getname(&ep->fid, address, &address_len)) != 0) return fail("fi_getname", rc);
+  }
 
   // REQ: magic, version 1, type 1, ring 2^20, our address; the 4-tuple; nonce; ring key,
   // ring address, note tag, notes' form (below).
@@ -114,6 +163,7 @@ int main(int argc, char** argv) {
   put_le(req + 64, 0, 8);
   put_le(req + 72, 0x000abc, 4);
   req[76] = 8;
+  req[77] = connected ? 2 : 1;
   memcpy(req + 80, address, address_len);
   int udp = socket(AF_INET, SOCK_DGRAM, 0);
   struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -140,8 +190,23 @@ int main(int argc, char** argv) {
   const uint64_t ring_key = get_le(rep + 56, 8);
   const uint64_t ring_addr = get_le(rep + 64, 8);
   const uint32_t tag = (uint32_t)get_le(rep + 72, 4);
-  fi_addr_t listener;
-  if (fi_av_insert(av, rep + 80, 1, &listener, 0, NULL) != 1) return fail("fi_av_insert", -1);
+  fi_addr_t listener = FI_ADDR_UNSPEC;
+  const char* hijack = "none";
+  if (connected) {
+    // The REP names the listener's connection listener (a sockaddr_in).
+    struct sockaddr_in server;
+    memcpy(&server, rep + 80, sizeof(server));
+    if (server.sin_addr.s_addr == htonl(INADDR_ANY))
+      server.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct fid_ep* stolen = connect_ep(domain, info, cq, eq, &server, tag - 1, 0x0badc0de);
+    hijack = stolen ? "accepted" : "refused";
+    if (stolen) fi_close(&stolen->fid);
+    const uint64_t nonce = get_le(req + 8, 8);
+    ep = connect_ep(domain, info, cq, eq, &server, tag, nonce);
+    if (!ep) return fail("fi_connect", -1);
+  } else if (fi_av_insert(av, rep + 80, 1, &listener, 0, NULL) != 1) {
+    return fail("fi_av_insert", -1);
+  }
 
   int posted = 0, completed = 0;
   for (uint32_t t = tag > 8 ? tag - 8 : 1; t < tag; ++t) {
@@ -172,11 +237,13 @@ int main(int argc, char** argv) {
     }
     usleep(1000);
   }
-  printf("{\"rep\": true, \"tag\": %u, \"posted\": %d, \"notes\": %d}\n", tag, posted, completed);
+  printf("{\"rep\": true, \"tag\": %u, \"posted\": %d, \"notes\": %d, \"hijack\": \"%s\"}\n", tag,
+         posted, completed, hijack);
   fflush(stdout);
   fi_close(&ep->fid);
   fi_close(&cq->fid);
-  fi_close(&av->fid);
+  if (eq) fi_close(&eq->fid);
+  if (av) fi_close(&av->fid);
   fi_close(&domain->fid);
   fi_close(&fabric->fid);
   fi_freeinfo(info);

@@ -1,0 +1,138 @@
+// StreamConn's own connected endpoint (SLIP_FABRIC_ENDPOINT=msg, fabric/stream_link.h):
+// a client's connect, a server's accept of the one request its REQ announced, the
+// endpoint's events, and the receives that the peer's notes consume where the provider
+// needs them (FI_RX_CQ_DATA: verbs).
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+
+#include "core/log.h"
+#include "fabric/stream_conn.h"
+#include "fabric/stream_fabric.h"
+#include "fabric/stream_wire.h"
+
+namespace slip::fabric {
+
+namespace {
+
+// Receives posted per endpoint: more than a peer has notes in flight (one per cursor word
+// of its own in flight, StreamConn::kWordSlots), since each is posted again only once its
+// completion is taken.
+constexpr int kReceives = 128;
+
+}  // namespace
+
+bool StreamConn::ConnectLink(const sockaddr* server, uint32_t server_tag, uint64_t nonce) noexcept {
+  std::string why;
+  streamwire::LinkParam param;
+  param.server_tag = server_tag;
+  param.nonce = nonce;
+  uint8_t data[streamwire::kLinkBytes];
+  streamwire::EncodeLink(param, data);
+  link_state_.store(LinkState::kOpening, std::memory_order_release);
+  if (!link_.Open(fabric_->domain(), nullptr, server, fabric_->cq(), nullptr, tag_, &why) ||
+      !PostReceives() || !link_.Connect(server, data, sizeof(data), &why)) {
+    SLIP_LOG(kInfo, "fabric: conn %06x cannot connect its endpoint (%s)", tag_, why.c_str());
+    link_state_.store(LinkState::kDown, std::memory_order_release);
+    return false;
+  }
+  return true;
+}
+
+Link::Step StreamConn::PollLink() noexcept {
+  if (link_state_.load(std::memory_order_acquire) != LinkState::kOpening)
+    return Link::Step::kFailed;
+  std::string why;
+  const Link::Step step = link_.PollConnect(&why);
+  if (step == Link::Step::kUp) {
+    ep_.store(link_.ep(), std::memory_order_release);
+    link_state_.store(LinkState::kUp, std::memory_order_release);
+  } else if (step == Link::Step::kFailed) {
+    SLIP_LOG(kInfo, "fabric: conn %06x: the listener did not take our endpoint (%s)", tag_,
+             why.c_str());
+    link_state_.store(LinkState::kDown, std::memory_order_release);
+  }
+  return step;
+}
+
+void StreamConn::ExpectLink(uint64_t nonce) noexcept {
+  link_nonce_ = nonce;
+  link_state_.store(LinkState::kExpected, std::memory_order_release);
+}
+
+bool StreamConn::OnLinkRequest(InfoPtr request, uint64_t nonce, fid_eq* eq) noexcept {
+  // One request per connection, with the nonce of the REQ that made it: a stranger learns
+  // the tag from no REP of its own connections, and the nonce from no message at all.
+  // (The request's source is not checked: a host may reach the fabric from another
+  // address than its TCP connections come from.)
+  if (nonce != link_nonce_) return false;
+  LinkState expected = LinkState::kExpected;
+  if (!link_state_.compare_exchange_strong(expected, LinkState::kOpening)) return false;
+  std::string why;
+  if (!link_.Open(fabric_->domain(), request.get(), nullptr, fabric_->cq(), eq, tag_, &why) ||
+      !PostReceives() || !link_.Accept(&why)) {
+    SLIP_LOG(kInfo, "fabric: conn %06x cannot accept its client's endpoint (%s)", tag_,
+             why.c_str());
+    link_.Close();
+    OnLinkDown(EIO);
+  }
+  return true;  // (refused or not, it was ours: nobody else's to reject)
+}
+
+void StreamConn::OnLinkUp() noexcept {
+  LinkState expected = LinkState::kOpening;
+  if (!link_.ep() || !link_state_.compare_exchange_strong(expected, LinkState::kUp)) return;
+  ep_.store(link_.ep(), std::memory_order_release);  // (settling waits for it)
+  SLIP_LOG(kDebug, "fabric: conn %06x: endpoint connected", tag_);
+}
+
+void StreamConn::OnLinkDown(int error) noexcept {
+  const LinkState was = link_state_.exchange(LinkState::kDown, std::memory_order_acq_rel);
+  SLIP_LOG(kDebug, "fabric: conn %06x: endpoint down (%s)", tag_,
+           error ? fi_strerror(error) : "shut down");
+  if (held()) {
+    held_broken_.store(true, std::memory_order_seq_cst);  // settling decides
+    return;
+  }
+  // The peer shuts its endpoint down after its CLOSED: the end. Otherwise our path broke
+  // (its process died, or the provider's connection was cut): the anchor takes over.
+  if (was == LinkState::kUp && on_fabric() && !peer_closed_.load(std::memory_order_acquire) &&
+      !orphaned_.load(std::memory_order_relaxed))
+    TransportFailed(wire::FailoverCause::kTransportError);
+}
+
+bool StreamConn::PostReceives() noexcept {
+  if (!fabric_->posted_receives()) return true;
+  for (int i = 0; i < kReceives; ++i)
+    if (!PostReceive()) return false;
+  return true;
+}
+
+bool StreamConn::PostReceive() noexcept {
+  // Empty receives: a note's write lands in the ring memory it names, not here; the
+  // buffer is the words' spare room, in the receive registration (FI_MR_LOCAL).
+  auto* spare = const_cast<uint64_t*>(rx_words_) + 2;
+  void* context =
+      reinterpret_cast<void*>(uintptr_t(write_context::Make(tag_, write_context::kReceiveSlot, 0)));
+  const ssize_t rc = fi_recv(link_.ep(), spare, 0, rx_desc_, FI_ADDR_UNSPEC, context);
+  if (rc != 0) SLIP_LOG(kWarn, "fabric: %s", FabricError("fi_recv", int(rc)).c_str());
+  return rc == 0;
+}
+
+void StreamConn::OnReceive(bool has_note, uint64_t data) noexcept {
+  if (link_.ep() && !PostReceive() && on_fabric()) {
+    // The peer would stall on a receive it cannot consume: take the anchor instead.
+    TransportFailed(wire::FailoverCause::kTransportError);
+    return;
+  }
+  if (!has_note) return;
+  // Only our peer writes through our endpoint; a note naming another connection is its
+  // violation.
+  if (note::ShortTagOf(data) != tag_) {
+    SLIP_LOG(kWarn, "fabric: a note on conn %06x's endpoint names another; resetting", tag_);
+    Fail(EPROTO);
+    return;
+  }
+  OnShortNote(data);
+}
+
+}  // namespace slip::fabric
