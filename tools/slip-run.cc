@@ -132,6 +132,15 @@ const Option kOptions[] = {
      "the libfabric provider for the fabric transport (tcp, shm, verbs, efa, or as fi_info "
      "names it)",
      [](const Defaults& d) { return PathText(d.fabric.provider, "the best match"); }},
+    {"--fabric-endpoint", "TYPE", "SLIP_FABRIC_ENDPOINT",
+     "fabric streams' endpoints: msg (one connected endpoint per stream), rdm (one reliable "
+     "datagram endpoint per process), auto (msg where the provider has it)",
+     [](const Defaults& d) {
+       using slip::fabric::EndpointChoice;
+       return std::string(d.fabric.endpoint == EndpointChoice::kConnected  ? "msg"
+                          : d.fabric.endpoint == EndpointChoice::kDatagram ? "rdm"
+                                                                           : "auto");
+     }},
     {"--fabric-notes", "MODE", "SLIP_FABRIC_NOTES",
      "fabric streams' cursors: word (in the peer's ring memory, with a 4-byte doorbell) or "
      "inline (8 bytes of CQ data where the provider can; only where every host is trusted)",
