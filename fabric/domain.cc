@@ -35,8 +35,8 @@ const sockaddr* IpSource(const fi_info& info) noexcept {
   return nullptr;
 }
 
-InfoPtr Query(const std::string& provider, Use use, bool directed, bool delivery,
-              std::string* why, bool manual_progress = false) {
+InfoPtr Query(const std::string& provider, Use use, bool directed, bool delivery, std::string* why,
+              bool manual_progress = false) {
   InfoPtr hints(fi_allocinfo());
   if (!hints) {
     *why = "out of memory";

@@ -38,8 +38,9 @@ constexpr uint64_t kRetireMs = 2000;
 
 // The domains streams go over, and whether over connected endpoints (options.h,
 // SLIP_FABRIC_ENDPOINT). Auto: the reliable-datagram best match's provider, connected where
-// its core provider has connected endpoints (ofi_rxm only layers datagrams over them),
-// unless the user named ofi_rxm.
+// it is verbs (ofi_rxm only layers datagrams over its RC queue pairs, at 8x the latency in
+// the guest), unless the user named ofi_rxm. Not tcp: there ofi_rxm's datagrams measured
+// faster than the provider's own connected endpoints (docs/PERFORMANCE.md).
 std::vector<InfoPtr> StreamFabric::Domains(const Options& options, bool* connected,
                                            std::string* why) {
   *connected = false;
@@ -54,6 +55,8 @@ std::vector<InfoPtr> StreamFabric::Domains(const Options& options, bool* connect
     if (!rdm.empty()) core = rdm.front()->fabric_attr->prov_name;
   }
   if (const size_t semi = core.find(';'); semi != std::string::npos) core.resize(semi);
+  if (options.endpoint == EndpointChoice::kAuto && core != "verbs")
+    return FindDomains(options.provider, Use::kStreamRings, why);
   std::string msg_why;
   std::vector<InfoPtr> domains = FindDomains(core, Use::kStreamConnections, &msg_why);
   if (!domains.empty()) {

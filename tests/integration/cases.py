@@ -372,12 +372,12 @@ def fabric_forged(t, _):
 def fabric_endpoints():
     """The endpoints the programs' fabric streams use ("msg" or "rdm"), as the module
     chooses them (fabric/options.h): SLIP_TEST_FABRIC_ENDPOINT where it says, else
-    connected ones where the provider is a core provider that has them."""
+    connected ones over the verbs provider."""
     choice = os.environ.get("SLIP_TEST_FABRIC_ENDPOINT", "auto")
     if choice in ("msg", "rdm"):
         return choice
     provider = os.environ.get("SLIP_TEST_FABRIC_PROVIDER", "tcp")
-    return "msg" if provider in ("tcp", "verbs") else "rdm"
+    return "msg" if provider == "verbs" else "rdm"
 
 
 def provider_connections(pid, test_port):

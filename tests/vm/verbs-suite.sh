@@ -127,16 +127,22 @@ if [ "${SLIP_VERBS_NCCL-1}" = 1 ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
   fi
 fi
 
-# 4. The shim's streams over libfabric's verbs provider (RDM through ofi_rxm) on rxe0: the
-#    integration programs again with SLIP_TRANSPORTS=fabric,tcp, each asserting transport
-#    fabric and a verbs provider in the stats (FI_UNIVERSE_SIZE=64 as above). ofi_rxm over
-#    verbs carries 4 bytes of CQ data, so these run the cursor words and 4-byte notes
-#    (fabric/stream_note.h). ~50 s; SLIP_VERBS_FABRIC_CASES names others ('' for none).
-FABRIC_CASES=${SLIP_VERBS_FABRIC_CASES-bulk.both bulk.client semantics.both kill.sender_killed}
+# 4. The shim's streams over libfabric's verbs provider on rxe0: the integration programs
+#    again with SLIP_TRANSPORTS=fabric,tcp, each asserting transport fabric and a verbs
+#    provider in the stats (FI_UNIVERSE_SIZE=64 as above). Connected endpoints (FI_EP_MSG:
+#    an RC queue pair per stream, receives posted for the 4-byte immediates), the default
+#    over verbs; and bulk.both once more over reliable datagrams (verbs;ofi_rxm,
+#    SLIP_FABRIC_ENDPOINT=rdm). verbs carries 4 bytes of CQ data, so these run the cursor
+#    words and 4-byte notes (fabric/stream_note.h). ~50 s; SLIP_VERBS_FABRIC_CASES names
+#    others ('' for none).
+FABRIC_CASES=${SLIP_VERBS_FABRIC_CASES-bulk.both bulk.client semantics.both kill.sender_killed rdm:bulk.both}
 if [ -e "$BUILD/lib/libslipstream-fabric.so" ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
   for c in $FABRIC_CASES; do
-    run "verbs.fabric.$c" env SLIP_TEST_TRANSPORT=fabric SLIP_TEST_TRANSPORTS=fabric,tcp \
-      SLIP_TEST_FABRIC_PROVIDER=verbs FI_UNIVERSE_SIZE=64 \
+    endpoint=auto
+    case $c in rdm:*) endpoint=rdm c=${c#rdm:} ;; esac
+    run "verbs.fabric$([ "$endpoint" = rdm ] && echo _rdm).$c" env SLIP_TEST_TRANSPORT=fabric \
+      SLIP_TEST_TRANSPORTS=fabric,tcp SLIP_TEST_FABRIC_PROVIDER=verbs \
+      SLIP_TEST_FABRIC_ENDPOINT=$endpoint FI_UNIVERSE_SIZE=64 \
       /usr/bin/python3 tests/integration/run.py --build-dir "$BUILD" \
       --et-client "$IT/slip_it_et_client" --semantics "$IT/slip_it_semantics" "${c%%.*}" "${c#*.}"
   done
