@@ -116,9 +116,10 @@ std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::stri
   // the peer's credit, not by a completion.
   const int first = use == Use::kTaggedMessages ? 3 : 0;
   // Connected endpoints: progressed by whoever polls (the waiting reader or writer, the
-  // progress thread), where the provider lets us: tcp's automatic progress is a thread of
-  // its own per domain that every completion then goes through (seen: 64 B ping-pong
-  // latency 3x that of ofi_rxm over the same provider, which asks for manual progress).
+  // progress thread), where the provider lets us, as ofi_rxm asks of its core provider:
+  // with automatic progress tcp runs a thread of its own per domain besides ours. (Over
+  // tcp it did not make connected endpoints as fast as ofi_rxm's datagrams: a 64 B round
+  // trip stayed 3x theirs on this host, docs/PERFORMANCE.md.)
   if (use == Use::kStreamConnections)
     list = Query(provider, use, false, false, why, /*manual_progress=*/true);
   for (int want = first; want >= 0 && !list; --want) {

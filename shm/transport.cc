@@ -66,6 +66,32 @@ Reason OfferReason(int rc) noexcept {
                                           : Reason::kPeerNotSlipstream;
 }
 
+// A member of `plain`'s SO_REUSEPORT group that runs Slipstream, as SYNs from a few other
+// sources reach them (the kernel hashes the 4-tuple): its rendezvous, and *member its
+// listening socket. *group says whether another member answered at all; -ECONNREFUSED
+// when none runs Slipstream (or `plain` is alone: a group whose every probe lands on the
+// same member is taken for a lone listener, its connections plain for a while, safely).
+int FindOtherMember(const sockaddr* dest, uint64_t plain, bool* group, uint64_t* member) noexcept {
+  sockaddr_storage source{};
+  source.ss_family = dest->sa_family;
+  if (dest->sa_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&source)->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  else
+    reinterpret_cast<sockaddr_in6*>(&source)->sin6_addr = in6addr_loopback;
+  *group = false;
+  for (uint16_t port = 40001; port < 40009; ++port) {
+    // (Same offset for sin_port and sin6_port.)
+    reinterpret_cast<sockaddr_in*>(&source)->sin_port = htons(port);
+    const auto* from = reinterpret_cast<const sockaddr*>(&source);
+    SocketInfo listener;
+    if (FindListener(dest, &listener, from) != 0 || listener.inode == plain) continue;
+    *group = true;
+    const int rv = FindRendezvous(dest, from, member);
+    if (rv >= 0) return rv;
+  }
+  return -ECONNREFUSED;
+}
+
 class ShmClientOffer final : public ClientOffer {
  public:
   // `member`: the listening socket whose rendezvous that is, or 0 for one found in the
@@ -282,9 +308,17 @@ class ShmTransport final : public Transport {
       // (From nowhere: the socket is not bound yet, and a plain listener must not have it
       // bound. Register looks again from the bound port.)
       rv = FindRendezvous(req.dest(), nullptr, &member);
-      if (rv == -ECONNREFUSED && member != 0)
-        plain_listeners_.Insert(req.server, Reason::kPeerNotSlipstream,
-                                now_ms + kPlainListenerTtlMs);
+      if (rv == -ECONNREFUSED && member != 0) {
+        // The probe from nowhere reached a plain listener. In an SO_REUSEPORT group that is
+        // only the member the kernel's hash gives a SYN from nowhere (its per-boot secret
+        // decides which): another member may run Slipstream, and Register looks again
+        // from the source. A lone plain listener is remembered.
+        bool group = false;
+        rv = FindOtherMember(req.dest(), member, &group, &member);
+        if (!group)
+          plain_listeners_.Insert(req.server, Reason::kPeerNotSlipstream,
+                                  now_ms + kPlainListenerTtlMs);
+      }
     } else if (!req.config->rendezvous_dir.empty()) {
       // Maybe another namespace of this host (a pod): its listener's name in the directory.
       rv = FindDirRendezvous(req.config->rendezvous_dir.c_str(), req.dest());
