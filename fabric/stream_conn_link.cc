@@ -86,18 +86,15 @@ void StreamConn::OnLinkUp() noexcept {
 }
 
 void StreamConn::OnLinkDown(int error) noexcept {
-  const LinkState was = link_state_.exchange(LinkState::kDown, std::memory_order_acq_rel);
+  link_state_.store(LinkState::kDown, std::memory_order_release);
   SLIP_LOG(kDebug, "fabric: conn %06x: endpoint down (%s)", tag_,
            error ? fi_strerror(error) : "shut down");
-  if (held()) {
-    held_broken_.store(true, std::memory_order_seq_cst);  // settling decides
-    return;
-  }
-  // The peer shuts its endpoint down after its CLOSED: the end. Otherwise our path broke
-  // (its process died, or the provider's connection was cut): the anchor takes over.
-  if (was == LinkState::kUp && on_fabric() && !peer_closed_.load(std::memory_order_acquire) &&
-      !orphaned_.load(std::memory_order_relaxed))
-    TransportFailed(wire::FailoverCause::kTransportError);
+  // Held: settling decides. Streaming: nothing here. The event comes on another queue
+  // than the peer's last notes, so a peer that said CLOSED and closed its endpoint may
+  // be heard shutting down before its CLOSED is taken (failing over then broke orderly
+  // closes: semantics.both in the guest). A path that broke shows in our writes'
+  // completions (behind any note the peer sent before) and on the anchor.
+  if (held()) held_broken_.store(true, std::memory_order_seq_cst);
 }
 
 bool StreamConn::PostReceives() noexcept {
