@@ -26,6 +26,14 @@ inline ssize_t recv(int fd, void* buf, size_t len, int flags) noexcept {
 inline ssize_t send(int fd, const void* buf, size_t len, int flags) noexcept {
   return ::syscall(SYS_sendto, fd, buf, len, flags, nullptr, 0);
 }
+inline ssize_t recvfrom(int fd, void* buf, size_t len, int flags, sockaddr* from,
+                        socklen_t* from_len) noexcept {
+  return ::syscall(SYS_recvfrom, fd, buf, len, flags, from, from_len);
+}
+inline ssize_t sendto(int fd, const void* buf, size_t len, int flags, const sockaddr* to,
+                      socklen_t to_len) noexcept {
+  return ::syscall(SYS_sendto, fd, buf, len, flags, to, to_len);
+}
 inline ssize_t sendmsg(int fd, const msghdr* msg, int flags) noexcept {
   return ::syscall(SYS_sendmsg, fd, msg, flags);
 }
@@ -92,6 +100,10 @@ inline msghdr MessageOver(iovec* iov, void* control, size_t control_len) noexcep
 }
 inline int poll(pollfd* fds, nfds_t n, int timeout_ms) noexcept {
   return static_cast<int>(::syscall(SYS_poll, fds, n, timeout_ms));
+}
+// (The kernel writes the time left into *timeout.)
+inline int ppoll(pollfd* fds, nfds_t n, timespec* timeout) noexcept {
+  return static_cast<int>(::syscall(SYS_ppoll, fds, n, timeout, nullptr, 8));
 }
 inline int epoll_ctl(int epfd, int op, int fd, epoll_event* ev) noexcept {
   return static_cast<int>(::syscall(SYS_epoll_ctl, epfd, op, fd, ev));

@@ -248,7 +248,7 @@ bool Link::PeerGoneSoon() const noexcept {
   // A dying peer's provider state may fail before the kernel closed its sockets: give the
   // TCP connection a moment to say so (the comm is failing anyway; this only names why).
   pollfd p{tcp_, POLLIN | POLLRDHUP, 0};
-  ::poll(&p, 1, kPeerGoneWaitMs);
+  sys::poll(&p, 1, kPeerGoneWaitMs);
   return TcpEnded();
 }
 

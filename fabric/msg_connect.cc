@@ -280,7 +280,7 @@ Status Step(Connecting* c, std::unique_ptr<msg::SendComm>* out) noexcept {
   if (c->answered) return AwaitHello(c, out);
   if (!c->requested) {
     pollfd p{c->tcp, POLLOUT, 0};
-    if (::poll(&p, 1, 0) == 0) {
+    if (sys::poll(&p, 1, 0) == 0) {
       return sys::MonotonicMs() > c->deadline_ms ? Fail(*c, Status::kSystem, "timed out")
                                                  : Status::kAgain;
     }

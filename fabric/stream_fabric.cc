@@ -458,7 +458,9 @@ void StreamFabric::ProgressLoop() noexcept {
       nap_us = std::min(kNapMaxUs, nap_us ? nap_us * 2 : 20);
       wait.tv_nsec = long(nap_us) * 1000;
     }
-    if (ppoll(fds, n, &wait, nullptr) <= 0) continue;
+    // The raw call: the face's ppoll would take this thread for an application thread
+    // going to sleep (arming every stream, spinning first; found in a hung iperf3).
+    if (sys::ppoll(fds, n, &wait) <= 0) continue;
     std::lock_guard<std::mutex> lock(watch_mu_);
     for (nfds_t i = 0; i < n; ++i) {
       if (!(fds[i].revents & (POLLIN | POLLERR))) continue;

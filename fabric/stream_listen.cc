@@ -117,8 +117,8 @@ bool StreamModuleImpl::Service(StreamListener* l) noexcept {
   for (int i = 0; i < kServiceBudget; ++i) {
     sockaddr_storage from{};
     socklen_t from_len = sizeof(from);
-    const ssize_t n = recvfrom(l->udp, buf, sizeof(buf), MSG_DONTWAIT,
-                               reinterpret_cast<sockaddr*>(&from), &from_len);
+    const ssize_t n = sys::recvfrom(l->udp, buf, sizeof(buf), MSG_DONTWAIT,
+                                    reinterpret_cast<sockaddr*>(&from), &from_len);
     if (n < 0) return false;  // (EAGAIN: nothing more; an ICMP error for a REP: ignored)
     Answer(l, buf, size_t(n), reinterpret_cast<const sockaddr*>(&from), from_len);
   }
@@ -200,7 +200,7 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
   }
   uint8_t out[streamwire::kBytes];
   if (streamwire::Encode(rep, out))
-    sendto(l->udp, out, sizeof(out), MSG_DONTWAIT | MSG_NOSIGNAL, from, from_len);
+    sys::sendto(l->udp, out, sizeof(out), MSG_DONTWAIT | MSG_NOSIGNAL, from, from_len);
 }
 
 bool StreamModuleImpl::HasPending(StreamListener* l, const wire::Endpoint& client,

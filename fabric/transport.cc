@@ -27,9 +27,12 @@ namespace slip::fabric {
 
 namespace {
 
-// libfabric.so.1 and the providers it loads from its libfabric/ directory.
+// libfabric.so.1 and the providers it loads from its libfabric/ directory, and this
+// module itself: its progress thread is no application thread, and the face's waits
+// would take it for one (arming every stream, spinning first: a hung iperf3, a spurious
+// edge-triggered EPOLLIN). Its own waits are raw system calls anyway.
 bool IsLibfabricObject(const char* path) noexcept {
-  return strstr(path, "libfabric") != nullptr;
+  return strstr(path, "libfabric") != nullptr || strstr(path, "libslipstream-fabric") != nullptr;
 }
 
 // Where libfabric's code lies once it is loaded, so that a face can tell its calls apart

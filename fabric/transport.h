@@ -19,8 +19,8 @@ Transport* TheTransport() noexcept;
 const char* LoadedProvider() noexcept;
 // Whether the module was ever asked for (libfabric may be loaded, or loading, since).
 bool ModuleInUse() noexcept;
-// Whether `code` (a return address) lies in libfabric or one of its providers: a face
-// leaves the sockets such code makes alone.
+// Whether `code` (a return address) lies in libfabric, one of its providers or this
+// module: a face leaves the sockets such code makes and its waits alone.
 bool IsLibfabricCaller(const void* code) noexcept;
 
 }  // namespace slip::fabric

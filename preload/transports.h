@@ -17,7 +17,8 @@ const TransportRegistry& Transports() noexcept;
 std::vector<const char*> TransportOptionNames();
 // Whether `code`, the return address of an interposed call, lies in a transport library's
 // own code: such calls go to libc untouched (libfabric's tcp provider makes, polls and
-// waits on sockets of its own, from inside our calls into it).
+// waits on sockets of its own, from inside our calls into it; the fabric module's
+// progress thread is not an application thread).
 bool TransportLibraryCall(const void* code) noexcept;
 
 }  // namespace slip::preload
