@@ -360,20 +360,35 @@ void StreamFabric::ReleaseRetired(uint64_t now_ms, bool force) noexcept {
 
 bool StreamFabric::Listen() noexcept {
   if (!connected_) return true;
-  std::string why;
+  bool opened = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (listener_.open()) return true;
-    if (!listener_.Open(*domain_, &why)) {
-      SLIP_LOG(kWarn, "fabric: no connection listener (%s); listeners stay plain", why.c_str());
-      return false;
+    if (!listener_.open()) {
+      std::string why;
+      if (!listener_.Open(*domain_, &why)) {
+        SLIP_LOG(kWarn, "fabric: no connection listener (%s); listeners stay plain", why.c_str());
+        return false;
+      }
+      if (listener_.address_len() > streamwire::kMaxAddressBytes) {
+        SLIP_LOG(kWarn,
+                 "fabric: the connection listener's address does not fit a REP; "
+                 "listeners stay plain");
+        listener_.Close();
+        return false;
+      }
+      listening_.store(true, std::memory_order_release);
+      opened = true;
     }
-    if (listener_.address_len() > streamwire::kMaxAddressBytes) return false;
-    listening_.store(true, std::memory_order_release);
   }
   // Its events are taken as they come (a client's connect waits for our accept), and at
-  // every wake-up of the thread: a provider may progress them only when asked.
-  return WatchFd(listener_.wait_fd(), &StreamFabric::ServeLinks, this);
+  // every turn of the progress loop (a provider may progress them only when asked), so a
+  // listener the thread could not watch is still served, late.
+  if (opened && !WatchFd(listener_.wait_fd(), &StreamFabric::ServeLinks, this))
+    SLIP_LOG(kWarn,
+             "fabric: the connection listener is not watched (at most %zu watches); "
+             "connection requests may wait up to %d ms",
+             kMaxWatches, kWaitMs);
+  return StartProgress();
 }
 
 void StreamFabric::ServeLinks(void* ctx) noexcept {

@@ -64,6 +64,12 @@ class LinkListener {
   int wait_fd() const noexcept { return wait_fd_; }
   // A request nobody takes.
   void Reject(const fi_info& request) noexcept;
+  void Close() noexcept {
+    pep_.reset();
+    eq_.reset();
+    wait_fd_ = -1;
+    address_len_ = 0;
+  }
   void Forget() noexcept {
     (void)pep_.release();
     (void)eq_.release();

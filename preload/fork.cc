@@ -101,7 +101,7 @@ void Parent() {
 void CollectSlot(SlipSocket* s, void* ctx) {
   if (!s->stats) return;
   auto* out = static_cast<std::vector<InheritedSlot>*>(ctx);
-  InheritedSlot slot{s, s->stats->transport, s->stats->reason, s->stats->role, {}, {}};
+  InheritedSlot slot{s, s->stats->transport, s->stats->reason, s->stats->role, {}, {}, {}};
   std::memcpy(slot.local, s->stats->local, sizeof(slot.local));
   std::memcpy(slot.remote, s->stats->remote, sizeof(slot.remote));
   std::memcpy(slot.provider, s->stats->provider, sizeof(slot.provider));
