@@ -27,14 +27,6 @@ namespace slip::fabric {
 
 namespace {
 
-// libfabric.so.1 and the providers it loads from its libfabric/ directory, and this
-// module itself: its progress thread is no application thread, and the face's waits
-// would take it for one (arming every stream, spinning first: a hung iperf3, a spurious
-// edge-triggered EPOLLIN). Its own waits are raw system calls anyway.
-bool IsLibfabricObject(const char* path) noexcept {
-  return strstr(path, "libfabric") != nullptr || strstr(path, "libslipstream-fabric") != nullptr;
-}
-
 // Where libfabric's code lies once it is loaded, so that a face can tell its calls apart
 // with a few comparisons (its epoll_wait and poll run on every progress call).
 struct LibfabricCode {
@@ -52,7 +44,7 @@ void NoteLibfabricCode() noexcept {
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* arg) -> int {
         int* count = static_cast<int*>(arg);
-        if (!info->dlpi_name || !IsLibfabricObject(info->dlpi_name)) return 0;
+        if (!info->dlpi_name || !IsTransportLibraryPath(info->dlpi_name)) return 0;
         for (int i = 0; i < info->dlpi_phnum && *count < LibfabricCode::kMax; ++i) {
           const ElfW(Phdr)& ph = info->dlpi_phdr[i];
           if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
@@ -267,7 +259,7 @@ bool IsLibfabricCaller(const void* code) noexcept {
   if (n < 0) {
     // Still loading (libfabric and its providers are being opened): asked by name.
     Dl_info info{};
-    return dladdr(code, &info) != 0 && info.dli_fname && IsLibfabricObject(info.dli_fname);
+    return dladdr(code, &info) != 0 && info.dli_fname && IsTransportLibraryPath(info.dli_fname);
   }
   const auto pc = uintptr_t(code);
   for (int i = 0; i < n; ++i)

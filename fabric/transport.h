@@ -8,11 +8,22 @@
 // other transports.
 #pragma once
 
+#include <cstring>
+
 namespace slip {
 class Transport;
 }
 
 namespace slip::fabric {
+
+// Whether a loaded object's path is libfabric.so.1, a provider it loads from its libfabric/
+// directory, or this transport's own module: code the face never takes for the
+// application's (IsLibfabricCaller). The module's progress thread is no application
+// thread: the face's waits once took it for one (they armed every stream and spun first:
+// a hung iperf3, a spurious edge-triggered EPOLLIN; docs/COMPATIBILITY.md).
+inline bool IsTransportLibraryPath(const char* path) noexcept {
+  return strstr(path, "libfabric") != nullptr || strstr(path, "libslipstream-fabric") != nullptr;
+}
 
 Transport* TheTransport() noexcept;
 // The provider the process's fabric streams use, or null while none is loaded.
