@@ -384,10 +384,11 @@ bool StreamFabric::Listen() noexcept {
   // every turn of the progress loop (a provider may progress them only when asked), so a
   // listener the thread could not watch is still served, late.
   if (opened && !WatchFd(listener_.wait_fd(), &StreamFabric::ServeLinks, this))
-    SLIP_LOG(kWarn,
-             "fabric: the connection listener is not watched (at most %zu watches); "
-             "connection requests may wait up to %d ms",
-             kMaxWatches, kWaitMs);
+    SLIP_LOG(
+        kWarn,
+        "fabric: the connection listener is not watched (all %zu watches taken, or no thread); "
+        "connection requests may wait up to %d ms",
+        kMaxWatches, kWaitMs);
   return StartProgress();
 }
 

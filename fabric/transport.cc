@@ -27,9 +27,10 @@ namespace slip::fabric {
 
 namespace {
 
-// Where libfabric's code lies once it is loaded, so that a face can tell its calls apart
-// with a few comparisons (its epoll_wait and poll run on every progress call).
-struct LibfabricCode {
+// Where libfabric's code and this transport's module lie once loaded
+// (IsTransportLibraryPath), so that a face can tell their calls apart with a few
+// comparisons (libfabric's epoll_wait and poll run on every progress call).
+struct TransportCode {
   struct Range {
     uintptr_t lo, hi;
   };
@@ -37,15 +38,15 @@ struct LibfabricCode {
   Range ranges[kMax] = {};
   std::atomic<int> count{-1};  // -1: not known yet
 };
-LibfabricCode g_code;
+TransportCode g_code;
 
-void NoteLibfabricCode() noexcept {
+void NoteTransportCode() noexcept {
   int n = 0;
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* arg) -> int {
         int* count = static_cast<int*>(arg);
         if (!info->dlpi_name || !IsTransportLibraryPath(info->dlpi_name)) return 0;
-        for (int i = 0; i < info->dlpi_phnum && *count < LibfabricCode::kMax; ++i) {
+        for (int i = 0; i < info->dlpi_phnum && *count < TransportCode::kMax; ++i) {
           const ElfW(Phdr)& ph = info->dlpi_phdr[i];
           if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
           const uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
@@ -230,7 +231,7 @@ class FabricTransport final : public ModuleTransport<StreamModule> {
     in_use_.store(true, std::memory_order_release);
     return module_.Get([&] {
       StreamModule* m = Load(config, &options_);
-      NoteLibfabricCode();
+      NoteTransportCode();
       return m;
     });
   }
@@ -254,7 +255,7 @@ bool ModuleInUse() noexcept {
   return Instance()->in_use();
 }
 
-bool IsLibfabricCaller(const void* code) noexcept {
+bool IsTransportLibraryCaller(const void* code) noexcept {
   const int n = g_code.count.load(std::memory_order_acquire);
   if (n < 0) {
     // Still loading (libfabric and its providers are being opened): asked by name.

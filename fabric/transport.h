@@ -18,7 +18,7 @@ namespace slip::fabric {
 
 // Whether a loaded object's path is libfabric.so.1, a provider it loads from its libfabric/
 // directory, or this transport's own module: code the face never takes for the
-// application's (IsLibfabricCaller). The module's progress thread is no application
+// application's (IsTransportLibraryCaller). The module's progress thread is no application
 // thread: the face's waits once took it for one (they armed every stream and spun first:
 // a hung iperf3, a spurious edge-triggered EPOLLIN; docs/COMPATIBILITY.md).
 inline bool IsTransportLibraryPath(const char* path) noexcept {
@@ -32,6 +32,6 @@ const char* LoadedProvider() noexcept;
 bool ModuleInUse() noexcept;
 // Whether `code` (a return address) lies in libfabric, one of its providers or this
 // module: a face leaves the sockets such code makes and its waits alone.
-bool IsLibfabricCaller(const void* code) noexcept;
+bool IsTransportLibraryCaller(const void* code) noexcept;
 
 }  // namespace slip::fabric

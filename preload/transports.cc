@@ -44,7 +44,7 @@ std::vector<const char*> TransportOptionNames() {
 }
 
 bool TransportLibraryCall(const void* code) noexcept {
-  return fabric::ModuleInUse() && fabric::IsLibfabricCaller(code);
+  return fabric::ModuleInUse() && fabric::IsTransportLibraryCaller(code);
 }
 
 }  // namespace slip::preload
