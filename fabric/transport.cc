@@ -41,21 +41,36 @@ struct TransportCode {
 TransportCode g_code;
 
 void NoteTransportCode() noexcept {
-  int n = 0;
+  struct Found {
+    int count = 0;
+    int dropped = 0;  // code segments past kMax
+  } found;
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* arg) -> int {
-        int* count = static_cast<int*>(arg);
+        auto* f = static_cast<Found*>(arg);
         if (!info->dlpi_name || !IsTransportLibraryPath(info->dlpi_name)) return 0;
-        for (int i = 0; i < info->dlpi_phnum && *count < TransportCode::kMax; ++i) {
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
           const ElfW(Phdr)& ph = info->dlpi_phdr[i];
           if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
+          if (f->count == TransportCode::kMax) {
+            ++f->dropped;
+            continue;
+          }
           const uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
-          g_code.ranges[(*count)++] = {lo, lo + ph.p_memsz};
+          g_code.ranges[f->count++] = {lo, lo + ph.p_memsz};
         }
         return 0;
       },
-      &n);
-  g_code.count.store(n, std::memory_order_release);
+      &found);
+  g_code.count.store(found.count, std::memory_order_release);
+  // Calls from the code left out would be taken for the application's (the re-entry the
+  // check exists to prevent): said, so that a host with that many provider libraries
+  // shows why.
+  if (found.dropped > 0)
+    SLIP_LOG(kWarn,
+             "fabric: %d code segments of libfabric, its providers or the stream module beyond the "
+             "%d this face tells apart; their calls may be taken for the application's",
+             found.dropped, TransportCode::kMax);
 }
 
 StreamModule* Load(const Config* config, const Options* options) noexcept {
