@@ -112,8 +112,6 @@ std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::stri
   InfoPtr list;
   // Streams need neither: their notes name their connection, and ring space is freed by
   // the peer's credit, not by a completion.
-  // Streams need neither: their notes name their connection, and ring space is freed by
-  // the peer's credit, not by a completion.
   const int first = use == Use::kTaggedMessages ? 3 : 0;
   // Connected endpoints: progressed by whoever polls (the waiting reader or writer, the
   // progress thread), where the provider lets us, as ofi_rxm asks of its core provider:
@@ -224,6 +222,12 @@ std::unique_ptr<Domain> Domain::Open(InfoPtr info, std::string* why) {
   }
   reinterpret_cast<sockaddr_in*>(&d->ip_address_)->sin_port = 0;  // (same place in sockaddr_in6)
   return d;
+}
+
+bool MovesDataItself(const fi_info& info) noexcept {
+  if (info.domain_attr && info.domain_attr->data_progress == FI_PROGRESS_AUTO) return true;
+  return info.fabric_attr && info.fabric_attr->prov_name &&
+         std::strcmp(info.fabric_attr->prov_name, "verbs") == 0;
 }
 
 bool OpenCq(fid_domain* domain, size_t entries, fi_cq_format format, bool waitable, CqPtr* out,

@@ -62,6 +62,13 @@ enum class Use : uint8_t {
 // provider's, best first. Empty with *why when none.
 std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::string* why);
 
+// Whether the provider moves data without being called (its writes land, its peer's
+// complete) while nobody polls its queues: automatic progress, or verbs, whose queue pairs
+// move data in the device whatever progress model it agreed to (FindDomains asks for
+// manual progress, so that tcp runs no thread of its own; to verbs that only says when
+// completions are reaped).
+bool MovesDataItself(const fi_info& info) noexcept;
+
 // A completion queue of `entries` entries in `format`, with a descriptor to wait on where
 // `waitable` and the provider has one (*wait_fd, else -1). False with *why.
 bool OpenCq(fid_domain* domain, size_t entries, fi_cq_format format, bool waitable, CqPtr* out,

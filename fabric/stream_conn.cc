@@ -65,6 +65,14 @@ bool StreamConn::Init(Reason* why) noexcept {
     return false;
   rx_base_ = fabric_->RmaBase(rx);
   failover_.SetRings(rx, tx_ring_);
+  if (fabric_->connected()) {
+    std::string cq_why;
+    if (!fabric_->OpenConnCqs(&cq_, &cq_fd_, &tx_cq_, &cq_why)) {
+      SLIP_LOG(kWarn, "fabric: no completion queue for a connection (%s)", cq_why.c_str());
+      return false;
+    }
+    if (cq_fd_ < 0) fabric_->CountPolledConn(1);
+  }
   tag_ = fabric_->AddConn(this);
   if (tag_ == 0) {
     SLIP_LOG(kWarn, "fabric: the process has as many connections as notes can name");
@@ -80,6 +88,8 @@ StreamConn::~StreamConn() {
     (void)rx_mr_.release();
     (void)tx_mr_.release();
     link_.Forget();
+    (void)cq_.release();
+    (void)tx_cq_.release();
     if (proxy_b_ >= 0) sys::close(proxy_b_);
     return;
   }
@@ -117,6 +127,12 @@ StreamConn::~StreamConn() {
   // write through it any more.
   const bool own_endpoint = link_.ep() != nullptr;
   link_.Close();
+  // Then its queue, out of the progress thread's watch first (its events name our tag,
+  // which no dispatch finds any more).
+  if (cq_ && cq_fd_ >= 0 && watch_added_.load()) fabric_->UnwatchConn(cq_fd_);
+  if (cq_ && cq_fd_ < 0) fabric_->CountPolledConn(-1);
+  cq_.reset();
+  tx_cq_.reset();
   // Writes still in flight may read our send ring, and the peer's may still land in our
   // receive ring: both stay registered until the provider is surely done with them. Not
   // when every write of ours completed and the peer said its last (its CLOSED follows
@@ -140,7 +156,7 @@ void StreamConn::BeforePeerGone() noexcept {
   const uint64_t until = sys::MonotonicMs() + kPeerGoneWaitMs;
   while (!peer_closed_.load(std::memory_order_acquire) &&
          error_.load(std::memory_order_acquire) == 0 && sys::MonotonicMs() < until) {
-    if (fabric_->Poll() == 0) sched_yield();
+    if (Poll() == 0) sched_yield();
   }
 }
 
@@ -151,6 +167,13 @@ const char* StreamConn::provider() const noexcept {
 void StreamConn::SetProxy(int proxy_b) noexcept {
   proxy_b_ = proxy_b;
   failover_.SetOwnProxy(proxy_b);
+  // Held: nothing of the request's reaches the stream before it settles (AfterSettled).
+  if (held()) return;
+  // An end or a failure that came before the stream existed (a peer that wrote and shut
+  // down at once) found no proxy to tell: its first sleeper must still see it. (The
+  // fence pairs with OnNote's: one of the two shuts the proxy's end down.)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b_, SHUT_WR);
 }
 
 void StreamConn::Orphan() noexcept {
@@ -164,7 +187,7 @@ bool StreamConn::Flush(int timeout_ms) noexcept {
   uint64_t next_look = 0;
   while (tx_completed_.load(std::memory_order_acquire) !=
          tx_writes_.load(std::memory_order_acquire)) {
-    if (fabric_->Poll() != 0) continue;
+    if (Poll() != 0) continue;
     const uint64_t now = sys::MonotonicMs();
     if (now >= until) return false;
     // A peer that is gone never completes them.
@@ -188,7 +211,7 @@ void StreamConn::OnNote(uint64_t data) noexcept {
     case note::Kind::kData:
       // (A reader is woken only for bytes it has not seen: a stale note, or a doorbell
       // whose word an earlier one already read, must not make poll() say readable.)
-      if (TakeProduced(data) == Took::kMoved) WakeReaderNow();
+      if (TakeProduced(data) == Took::kMoved) WakeReaderIfSettled();
       break;
     case note::Kind::kCredit:
       if (TakeCredit(data) == Took::kMoved) WakeWriterNow();
@@ -199,8 +222,11 @@ void StreamConn::OnNote(uint64_t data) noexcept {
                (unsigned long long)rx_produced_.load());
       if (TakeProduced(data) == Took::kViolation) break;
       rx_eof_.store(true, std::memory_order_release);
-      WakeReaderNow();
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // (SetProxy's pair)
+      // The proxy's end first: a poll that a token woke before it would report the
+      // stream readable without its hang-up (POLLRDHUP).
       if (proxy_b_ >= 0 && !held()) sys::shutdown(proxy_b_, SHUT_WR);
+      WakeReaderIfSettled();
       break;
     case note::Kind::kClosed:
       if (TakeCredit(data) == Took::kViolation) break;
@@ -312,7 +338,22 @@ void StreamConn::OnWriteFailed(int error, uint64_t context) noexcept {
 
 void StreamConn::WakeReaderNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (proxy_b_ >= 0 && proxy::TakeReaderAsk(&rx_wake_)) proxy::WriteToken(&rx_wake_, proxy_b_);
+  if (proxy_b_ >= 0 && proxy::TakeReaderAsk(&rx_wake_)) {
+    proxy::WriteToken(&rx_wake_, proxy_b_);
+  } else if (proxy_b_ >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
+             rx_wake_.tokens.load(std::memory_order_relaxed) == 0) {
+    // A reader asleep on our queue's descriptor whose event another thread took: its
+    // ppoll would not return for it, the proxy wakes it.
+    proxy::WriteToken(&rx_wake_, proxy_b_);
+  }
+}
+
+void StreamConn::WakeReaderIfSettled() const noexcept {
+  // Held, the bytes are not the application's yet: settling wakes the reader once, for
+  // all of them (a token now and another then would be two edges for one arrival). The
+  // fence pairs with AfterSettled's: one of the two sees the other's store.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!held()) WakeReaderNow();
 }
 
 void StreamConn::WakeWriterNow() const noexcept {
@@ -347,7 +388,7 @@ uint64_t StreamConn::RxProduced() const noexcept {
     case Carriage::kFailing:
       break;
   }
-  fabric_->Poll();
+  const_cast<StreamConn*>(this)->Poll();
   return rx_produced_.load(std::memory_order_acquire);
 }
 
@@ -355,7 +396,10 @@ bool StreamConn::RxEof() const noexcept {
   if (held()) return false;
   if (rx_eof_.load(std::memory_order_acquire)) return true;
   if (failover_.on_tcp()) return failover_.eof();
-  return false;
+  // (Our own queue is taken in only while somebody asks: its EOF may wait there.)
+  if (!cq_ || !on_fabric()) return false;
+  const_cast<StreamConn*>(this)->Poll();
+  return rx_eof_.load(std::memory_order_acquire);
 }
 
 int StreamConn::Error() const noexcept {
@@ -384,7 +428,7 @@ uint64_t StreamConn::TxConsumed() const noexcept {
     case Carriage::kFailing:
       break;
   }
-  fabric_->Poll();
+  const_cast<StreamConn*>(this)->Poll();
   return tx_credit_.load(std::memory_order_acquire);
 }
 
@@ -498,7 +542,7 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, uint64_t d
 }
 
 bool StreamConn::AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept {
-  if (fabric_->Poll() == 0) sched_yield();
+  if (Poll() == 0) sched_yield();
   if (error_.load(std::memory_order_acquire) != 0 || !on_fabric() ||
       peer_closed_.load(std::memory_order_acquire))
     return false;

@@ -8,10 +8,18 @@
 // CLOSED). The endpoint orders writes (FI_ORDER_WAW), so a note's completion at the
 // receiver says that every byte before its cursor has landed.
 //
-// Progress: the process's one completion queue (StreamFabric) hands each note to the
-// connection its tag names. Whoever waits polls it (a spinning reader or writer, the
-// stream's adaptive spin), and the module's progress thread sleeps on it otherwise, so
-// arrivals are taken whether anybody asks or not (ShowsArrivalsWithoutAsk).
+// Progress, over the RDM endpoint: the process's one completion queue (StreamFabric) hands
+// each note to the connection its tag names. Whoever waits polls it (a spinning reader or
+// writer, the stream's adaptive spin), and the module's progress thread sleeps on it
+// otherwise, so arrivals are taken whether anybody asks or not (ShowsArrivalsWithoutAsk).
+//
+// Over a connected endpoint the connection has a completion queue of its own, and verbs'
+// design (verbs/conn_events.cc): a blocking reader sleeps on its descriptor, woken by the
+// kernel with no thread in between (BeginRxSleep); the progress thread watches it, one
+// event at a time, only while somebody waits through the proxy (a reader in poll or epoll,
+// a writer for room; WantsProgress), so a message nobody sleeps for wakes no thread. The
+// queue is armed (fi_trywait) before either sleeps on it. Arrivals are taken in only while
+// somebody asks: the stream arms the connection before every sleep.
 //
 // Failover: a write that fails (the peer's endpoint gone, the provider's connection broken)
 // moves the stream onto its TCP anchor through core's AnchorFailover, from the byte both
@@ -71,6 +79,11 @@ constexpr uint32_t Seq(uint64_t c) noexcept {
 
 class StreamConn final : public Channel, public ChannelControl, private AnchorFailover::Ends {
  public:
+  // Receives posted per connected endpoint, where notes consume them: more than a peer has
+  // notes in flight (one per cursor word of its own in flight, kWordSlots), since each is
+  // posted again only once its completion is taken.
+  static constexpr int kPostedReceives = 128;
+
   // Rings of `ring_size` bytes, registered; a tag in the fabric's table. nullptr with *why.
   static StreamConn* Create(StreamFabric* fabric, uint32_t ring_size, Reason* why) noexcept;
   ~StreamConn() override;
@@ -116,6 +129,10 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // `context`: the write's (write_context).
   void OnWriteDone(uint64_t context) noexcept;
   void OnWriteFailed(int error, uint64_t context) noexcept;
+  // Connected: the progress thread's one shot on our queue fired; its turn that timed out
+  // (a queue it could not arm, or one without a descriptor, is polled then).
+  void OnWatchEvent() noexcept;
+  void OnProgressTurn() noexcept;
   // After fork in a child: never touch the parent's fabric objects again.
   void Orphan() noexcept;
   // Waits (bounded) until every posted write completed.
@@ -131,6 +148,9 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   void RxConsumed(uint64_t consumed) noexcept override;
   bool RxEof() const noexcept override;
   WakeState* RxWake() noexcept override { return &rx_wake_; }
+  bool ShowsArrivalsWithoutAsk() const noexcept override { return !cq_; }
+  int BeginRxSleep() noexcept override;
+  void EndRxSleep(bool woken) noexcept override;
   int Error() const noexcept override;
   uint64_t TxConsumed() const noexcept override;
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
@@ -163,6 +183,16 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
  private:
   StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept;
   bool Init(Reason* why) noexcept;
+
+  // Takes what our completion queues hold (connected; else the process's), and has the
+  // progress thread watch them when somebody waits through the proxy. Completions taken.
+  int Poll() noexcept;
+  bool WantsProgress() const noexcept;
+  fid_cq* tx_cq() const noexcept { return tx_cq_ ? tx_cq_.get() : cq_.get(); }
+  void WatchFromProgress() noexcept;
+  // Asks our queue for an event on its next completion (taking what it holds first):
+  // false when it could not be armed (the progress thread's turns poll it then).
+  bool ArmCq() noexcept;
 
   // Posts one write of `len` bytes at `src` (in the send registration; len 0: an empty
   // write) to the peer's `remote`, with `note` as its remote CQ data, or none (note 0), and
@@ -198,6 +228,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   Took TakeProduced(uint64_t data) noexcept;
   Took TakeCredit(uint64_t data) noexcept;
   void WakeReaderNow() const noexcept override;
+  void WakeReaderIfSettled() const noexcept;
   void WakeWriterNow() const noexcept override;
   bool MayDeliver() const noexcept override;
 
@@ -233,6 +264,16 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   MrPtr tx_mr_;
   void* tx_desc_ = nullptr;
   void* rx_desc_ = nullptr;
+  // Connected: our endpoint's completion queues (link_ is bound to them; tx_cq_ null:
+  // cq_ takes our writes' too, StreamFabric::OpenConnCqs), cq_'s descriptor (-1: none,
+  // polled), whether the progress thread's one shot is set on it (or fired and not yet
+  // handled), whether the descriptor is in its watch, and the readers asleep on it.
+  CqPtr cq_;
+  CqPtr tx_cq_;
+  int cq_fd_ = -1;
+  std::atomic<bool> watched_{false};
+  std::atomic<bool> watch_added_{false};
+  std::atomic<uint32_t> direct_readers_{0};
   // What writes go through: the process's RDM endpoint, or our own connected one (link_)
   // once it is up; null before.
   std::atomic<fid_ep*> ep_{nullptr};

@@ -12,15 +12,6 @@
 
 namespace slip::fabric {
 
-namespace {
-
-// Receives posted per endpoint: more than a peer has notes in flight (one per cursor word
-// of its own in flight, StreamConn::kWordSlots), since each is posted again only once its
-// completion is taken.
-constexpr int kReceives = 128;
-
-}  // namespace
-
 bool StreamConn::ConnectLink(const sockaddr* server, uint32_t server_tag, uint64_t nonce) noexcept {
   std::string why;
   streamwire::LinkParam param;
@@ -29,7 +20,7 @@ bool StreamConn::ConnectLink(const sockaddr* server, uint32_t server_tag, uint64
   uint8_t data[streamwire::kLinkBytes];
   streamwire::EncodeLink(param, data);
   link_state_.store(LinkState::kOpening, std::memory_order_release);
-  if (!link_.Open(fabric_->domain(), nullptr, server, fabric_->cq(), nullptr, tag_, &why) ||
+  if (!link_.Open(fabric_->domain(), nullptr, server, tx_cq(), cq_.get(), nullptr, tag_, &why) ||
       !PostReceives() || !link_.Connect(server, data, sizeof(data), &why)) {
     SLIP_LOG(kInfo, "fabric: conn %06x cannot connect its endpoint (%s)", tag_, why.c_str());
     link_state_.store(LinkState::kDown, std::memory_order_release);
@@ -46,6 +37,7 @@ Link::Step StreamConn::PollLink() noexcept {
   if (step == Link::Step::kUp) {
     ep_.store(link_.ep(), std::memory_order_release);
     link_state_.store(LinkState::kUp, std::memory_order_release);
+    if (fabric_->manual_progress()) WatchFromProgress();
   } else if (step == Link::Step::kFailed) {
     SLIP_LOG(kInfo, "fabric: conn %06x: the listener did not take our endpoint (%s)", tag_,
              why.c_str());
@@ -68,7 +60,7 @@ bool StreamConn::OnLinkRequest(InfoPtr request, uint64_t nonce, fid_eq* eq) noex
   LinkState expected = LinkState::kExpected;
   if (!link_state_.compare_exchange_strong(expected, LinkState::kOpening)) return false;
   std::string why;
-  if (!link_.Open(fabric_->domain(), request.get(), nullptr, fabric_->cq(), eq, tag_, &why) ||
+  if (!link_.Open(fabric_->domain(), request.get(), nullptr, tx_cq(), cq_.get(), eq, tag_, &why) ||
       !PostReceives() || !link_.Accept(&why)) {
     SLIP_LOG(kInfo, "fabric: conn %06x cannot accept its client's endpoint (%s)", tag_,
              why.c_str());
@@ -82,6 +74,7 @@ void StreamConn::OnLinkUp() noexcept {
   LinkState expected = LinkState::kOpening;
   if (!link_.ep() || !link_state_.compare_exchange_strong(expected, LinkState::kUp)) return;
   ep_.store(link_.ep(), std::memory_order_release);  // (settling waits for it)
+  if (fabric_->manual_progress()) WatchFromProgress();
   SLIP_LOG(kDebug, "fabric: conn %06x: endpoint connected", tag_);
 }
 
@@ -99,7 +92,7 @@ void StreamConn::OnLinkDown(int error) noexcept {
 
 bool StreamConn::PostReceives() noexcept {
   if (!fabric_->posted_receives()) return true;
-  for (int i = 0; i < kReceives; ++i)
+  for (int i = 0; i < kPostedReceives; ++i)
     if (!PostReceive()) return false;
   return true;
 }

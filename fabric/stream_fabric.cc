@@ -8,6 +8,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -70,7 +71,8 @@ std::vector<InfoPtr> StreamFabric::Domains(const Options& options, bool* connect
   return FindDomains(options.provider, Use::kStreamRings, why);
 }
 
-std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, std::string* why) {
+std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hidden_fd_floor,
+                                                 std::string* why) {
   bool connected = false;
   std::vector<InfoPtr> domains = Domains(options, &connected, why);
   if (domains.empty()) return nullptr;
@@ -87,23 +89,35 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, std::st
   // The first domain that opens: streams go wherever the provider's best interface reaches
   // (one domain per process; a host with several NICs uses the first).
   f->connected_ = connected;
+  // (Connected: a first queue of a connection's kind, to see that the domain can make them
+  // and whether they have a descriptor; it closes at once.)
+  CqPtr probe, probe_tx;
+  int probe_fd = -1;
   for (InfoPtr& info : domains) {
     std::string domain_why;
     f->domain_ = Domain::Open(std::move(info), &domain_why);
-    if (f->domain_ && connected &&
-        OpenCq(f->domain_->domain(), kCqEntries, FI_CQ_FORMAT_DATA, /*waitable=*/true, &f->cq_,
-               &f->cq_wait_fd_, &domain_why))
-      break;
+    if (f->domain_) f->manual_progress_ = !MovesDataItself(f->domain_->info());
+    if (f->domain_ && connected && f->OpenConnCqs(&probe, &probe_fd, &probe_tx, &domain_why)) break;
     if (f->domain_ && !connected &&
         f->endpoint_.Open(*f->domain_, kCqEntries, FI_CQ_FORMAT_DATA, /*waitable=*/true,
                           &domain_why))
       break;
     f->endpoint_.Close();
-    f->cq_.reset();
     f->domain_.reset();
     *why = domain_why;
   }
   if (!f->domain_) return nullptr;
+  const bool waitable = connected ? probe_fd >= 0 : f->endpoint_.wait_fd() >= 0;
+  probe.reset();
+  probe_tx.reset();
+  if (connected) {
+    const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+    f->conn_epoll_ = ep < 0 ? -1 : sys::MoveHigh(ep, hidden_fd_floor);
+    if (f->conn_epoll_ < 0) {
+      *why = std::string("epoll_create1: ") + strerror(errno);
+      return nullptr;
+    }
+  }
   if (!connected) {
     f->address_len_ = sizeof(f->address_);
     if (!f->endpoint_.Name(f->address_, &f->address_len_) ||
@@ -125,10 +139,11 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, std::st
   // shm's writes are in the peer's region when they complete (delivered already), and
   // 1.17's shm never completes some writes asked to complete on delivery (seen here).
   f->delivery_refused_.store(strcmp(f->provider(), "shm") == 0);
-  SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s; %s%s)", f->provider(),
+  SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s; %s; %s progress%s)", f->provider(),
            f->domain_->name(), connected ? "connected endpoints" : "one reliable datagram endpoint",
            f->word_notes_ ? "cursor words, 4-byte doorbells" : "8-byte notes, unchecked",
-           f->wait_fd() >= 0 ? "" : "; completions polled, no wait object");
+           f->manual_progress_ ? "manual" : "automatic",
+           waitable ? "" : "; completions polled, no wait object");
   return f;
 }
 
@@ -137,11 +152,50 @@ StreamFabric::~StreamFabric() {
     // (A fork child: the parent's objects stay as they are.)
     endpoint_.Forget();
     listener_.Forget();
-    (void)cq_.release();
     (void)domain_.release();
+    if (conn_epoll_ >= 0) sys::close(conn_epoll_);  // (our copy; the parent's stays)
     return;
   }
   StopProgress();
+  if (conn_epoll_ >= 0) sys::close(conn_epoll_);
+}
+
+bool StreamFabric::OpenConnCqs(CqPtr* rx, int* rx_fd, CqPtr* tx, std::string* why) noexcept {
+  // Every completion each can hold at once: a write's per slot of the send queue, a
+  // receive's per posted receive, so that neither overruns.
+  const fi_info& info = domain_->info();
+  const size_t writes = (info.tx_attr ? info.tx_attr->size : 0) + 64;
+  const size_t receives = size_t(StreamConn::kPostedReceives) + 64;
+  if (!OpenCq(domain_->domain(), manual_progress_ ? writes + receives : receives, FI_CQ_FORMAT_DATA,
+              /*waitable=*/true, rx, rx_fd, why))
+    return false;
+  int unused_fd = -1;
+  return manual_progress_ || OpenCq(domain_->domain(), writes, FI_CQ_FORMAT_DATA,
+                                    /*waitable=*/false, tx, &unused_fd, why);
+}
+
+bool StreamFabric::WatchConn(int fd, uint32_t tag, std::atomic<bool>* added) noexcept {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLONESHOT;
+  ev.data.u64 = tag;
+  // (The hint may be stale under a race with the event it armed: the other call follows.)
+  const bool was_added = added->load(std::memory_order_acquire);
+  int rc = sys::epoll_ctl(conn_epoll_, was_added ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev);
+  if (rc != 0 && (errno == ENOENT || errno == EEXIST))
+    rc = sys::epoll_ctl(conn_epoll_, errno == ENOENT ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &ev);
+  if (rc == 0) added->store(true, std::memory_order_release);
+  return rc == 0;
+}
+
+void StreamFabric::UnwatchConn(int fd) noexcept {
+  sys::epoll_ctl(conn_epoll_, EPOLL_CTL_DEL, fd, nullptr);
+}
+
+void StreamFabric::TakeConnEvents() noexcept {
+  epoll_event events[64];
+  const int n = sys::epoll_wait(conn_epoll_, events, 64, 0);
+  for (int i = 0; i < n; ++i)
+    WithConn(uint32_t(events[i].data.u64), [](StreamConn* c) { c->OnWatchEvent(); });
 }
 
 bool StreamFabric::Register(void* buf, size_t len, uint64_t access, MrPtr* mr, uint64_t* key,
@@ -246,15 +300,15 @@ void StreamFabric::Dispatch(const fi_cq_data_entry& e) noexcept {
   }
 }
 
-int StreamFabric::Poll() noexcept {
+int StreamFabric::Drain(fid_cq* cq) noexcept {
   if (abandoned_.load(std::memory_order_relaxed)) return 0;
   int taken = 0;
   for (;;) {
     fi_cq_data_entry entries[16];
     fi_cq_err_entry err{};
     // (The provider serialises what must be: FI_THREAD_SAFE, no lock of ours.)
-    ssize_t n = fi_cq_read(cq(), entries, 16);
-    if (n == -FI_EAVAIL && fi_cq_readerr(cq(), &err, 0) != 1) n = -FI_EAGAIN;
+    ssize_t n = fi_cq_read(cq, entries, 16);
+    if (n == -FI_EAVAIL && fi_cq_readerr(cq, &err, 0) != 1) n = -FI_EAGAIN;
     if (n == -FI_EAVAIL) {
       DispatchError(err);
       ++taken;
@@ -448,7 +502,9 @@ void StreamFabric::UnwatchFd(int fd) noexcept {
 
 void StreamFabric::ProgressLoop() noexcept {
   int nap_us = 0;
-  fid* cq = &this->cq()->fid;
+  fid* cq = connected_ ? nullptr : &endpoint_.cq()->fid;
+  const int cq_fd = connected_ ? -1 : endpoint_.wait_fd();
+  uint64_t next_turn_ms = 0;
   pollfd fds[kMaxWatches + 1];
   while (!stop_.load(std::memory_order_acquire)) {
     if (Poll() > 0) {
@@ -463,20 +519,36 @@ void StreamFabric::ProgressLoop() noexcept {
       for (const Watch& w : watches_) fds[n++] = pollfd{w.fd, POLLIN, 0};
     }
     timespec wait{0, 0};
-    if (wait_fd() >= 0) {
-      // The provider says when its descriptor may be slept on (nothing it must progress
-      // by hand first); not fi_cq_sread, which may sleep holding a lock posters need.
-      if (fi_trywait(domain_->fabric(), &cq, 1) != FI_SUCCESS) continue;
-      fds[n++] = pollfd{wait_fd(), POLLIN, 0};
-      wait.tv_nsec = long(kWaitMs) * 1000000;
-    } else {
+    const bool polled = connected_ ? polled_conns_.load(std::memory_order_relaxed) != 0 : cq_fd < 0;
+    const nfds_t conn_watch = n;
+    if (connected_) fds[n++] = pollfd{conn_epoll_, POLLIN, 0};
+    if (polled) {
       // Polled: naps that grow while nothing comes.
       nap_us = std::min(kNapMaxUs, nap_us ? nap_us * 2 : 20);
       wait.tv_nsec = long(nap_us) * 1000;
+    } else if (connected_) {
+      wait.tv_nsec = long(kWaitMs) * 1000000;
+    } else {
+      // The provider says when its descriptor may be slept on (nothing it must progress
+      // by hand first); not fi_cq_sread, which may sleep holding a lock posters need.
+      if (fi_trywait(domain_->fabric(), &cq, 1) != FI_SUCCESS) continue;
+      fds[n++] = pollfd{cq_fd, POLLIN, 0};
+      wait.tv_nsec = long(kWaitMs) * 1000000;
     }
     // The raw call: the face's ppoll would take this thread for an application thread
     // going to sleep (arming every stream, spinning first; found in a hung iperf3).
-    if (sys::ppoll(fds, n, &wait) <= 0) continue;
+    const int ready = sys::ppoll(fds, n, &wait);
+    if (connected_) {
+      if (ready > 0 && (fds[conn_watch].revents & POLLIN)) TakeConnEvents();
+      // A connection whose queue could not be armed (or has no descriptor) is not lost:
+      // every connection that wants progress is polled at least every kWaitMs.
+      const uint64_t now = sys::MonotonicMs();
+      if (ready == 0 || now >= next_turn_ms) {
+        next_turn_ms = now + kWaitMs;
+        ForEachConn([](StreamConn* c) { c->OnProgressTurn(); });
+      }
+    }
+    if (ready <= 0) continue;
     std::lock_guard<std::mutex> lock(watch_mu_);
     for (nfds_t i = 0; i < n; ++i) {
       if (!(fds[i].revents & (POLLIN | POLLERR))) continue;

@@ -1,13 +1,17 @@
 // StreamFabric: what every stream of one process shares over libfabric. One domain (the
-// provider's best, or SLIP_FABRIC_PROVIDER's), one completion queue, the table that turns
-// a note's tag into its connection, and the progress thread that takes completions while
-// nobody waits for them. And either:
+// provider's best, or SLIP_FABRIC_PROVIDER's), the table that turns a note's tag into its
+// connection, and the progress thread that takes completions while nobody waits for them.
+// And either:
 //
-// - one RDM endpoint for all streams, with its address vector: a peer host costs one
-//   provider connection (ofi_rxm's) however many TCP connections go there, and a
-//   connection costs only its two registered rings; or
-// - connected endpoints (FI_EP_MSG), one per stream (fabric/stream_link.h), and the
-//   process's connection listener, whose events the progress thread takes.
+// - one RDM endpoint for all streams, with its address vector and its completion queue,
+//   which the progress thread always watches: a peer host costs one provider connection
+//   (ofi_rxm's) however many TCP connections go there, and a connection costs only its
+//   two registered rings; or
+// - connected endpoints (FI_EP_MSG), one per stream (fabric/stream_link.h), each with a
+//   completion queue of its own, as verbs' queue pairs: a blocking reader sleeps on its
+//   queue's descriptor, and the progress thread watches a queue only while somebody waits
+//   through the proxy (one shot, WatchConn); and the process's connection listener, whose
+//   events the progress thread takes.
 //
 // Thread safety: everything may be called from any thread. The domain is FI_THREAD_SAFE:
 // calls into libfabric take no lock of ours (the provider serialises what it must), and a
@@ -48,7 +52,9 @@ class StreamFabric {
   };
 
  public:
-  static std::unique_ptr<StreamFabric> Open(const Options& options, std::string* why);
+  // `hidden_fd_floor`: where the descriptors of our own go (the connections' watch).
+  static std::unique_ptr<StreamFabric> Open(const Options& options, int hidden_fd_floor,
+                                            std::string* why);
   ~StreamFabric();
   StreamFabric(const StreamFabric&) = delete;
   StreamFabric& operator=(const StreamFabric&) = delete;
@@ -59,7 +65,24 @@ class StreamFabric {
   bool connected() const noexcept { return connected_; }
   // Remote CQ data consumes a posted receive (FI_RX_CQ_DATA): connections post them.
   bool posted_receives() const noexcept { return posted_receives_; }
-  fid_cq* cq() const noexcept { return connected_ ? cq_.get() : endpoint_.cq(); }
+  // The provider moves data only while it is asked (FI_PROGRESS_MANUAL: tcp): a connected
+  // stream's writes in flight want the progress thread, as its waiters do.
+  bool manual_progress() const noexcept { return manual_progress_; }
+  // A connected endpoint's own completion queues: `rx` for what the peer sends (its notes),
+  // with *rx_fd its descriptor, or -1 where the provider has none (the progress thread
+  // polls such a queue at every turn: CountPolledConn); and `tx` for our writes, polled
+  // only, so that a reader asleep on `rx` is not woken by its own writes' completions.
+  // Where the provider moves data only when asked, `tx` stays null and `rx` takes both
+  // (whoever is woken progresses everything). Each is sized for all it may hold at once.
+  bool OpenConnCqs(CqPtr* rx, int* rx_fd, CqPtr* tx, std::string* why) noexcept;
+  void CountPolledConn(int delta) noexcept {
+    polled_conns_.fetch_add(uint32_t(delta), std::memory_order_relaxed);
+  }
+  // The progress thread watches `fd` (a connection's queue) for one event, then hands it
+  // to the connection `tag` names (StreamConn::OnWatchEvent); *added says whether the
+  // descriptor is in the watch already. UnwatchConn before the descriptor closes.
+  bool WatchConn(int fd, uint32_t tag, std::atomic<bool>* added) noexcept;
+  void UnwatchConn(int fd) noexcept;
   // Notes are 4 bytes and cursors go in words (fabric/stream_note.h), else 8-byte notes.
   bool word_notes() const noexcept { return word_notes_; }
   fid_ep* ep() const noexcept { return endpoint_.ep(); }
@@ -110,9 +133,11 @@ class StreamFabric {
     }
   }
 
-  // Takes what the completion queue holds and hands it to the connections. Returns the
-  // number of completions taken.
-  int Poll() noexcept;
+  // Takes what the RDM endpoint's completion queue holds and hands it to the connections
+  // (connected: 0, each connection polls its own). Returns the number of completions taken.
+  int Poll() noexcept { return connected_ ? 0 : Drain(endpoint_.cq()); }
+  // The same for one queue.
+  int Drain(fid_cq* cq) noexcept;
   // One write of `len` bytes at `buf` (registered: `desc`) to the peer's `remote` address of
   // the registration `key`, with `data` as remote CQ data unless it is 0; `context` comes
   // back with its completion. The provider's return code.
@@ -141,8 +166,9 @@ class StreamFabric {
  private:
   StreamFabric() = default;
   static std::vector<InfoPtr> Domains(const Options& options, bool* connected, std::string* why);
-  int wait_fd() const noexcept { return connected_ ? cq_wait_fd_ : endpoint_.wait_fd(); }
   void ProgressLoop() noexcept;
+  // Hands the connections' queues whose one shot fired to their connections.
+  void TakeConnEvents() noexcept;
   void Dispatch(const fi_cq_data_entry& entry) noexcept;
   void DispatchError(const fi_cq_err_entry& err) noexcept;
   // The progress thread's call for the connection listener's event queue.
@@ -165,9 +191,10 @@ class StreamFabric {
   Endpoint endpoint_;  // RDM
   bool connected_ = false;
   bool posted_receives_ = false;
-  CqPtr cq_;  // connected: every stream's endpoint's
-  int cq_wait_fd_ = -1;
-  LinkListener listener_;  // under mu_ until open
+  bool manual_progress_ = false;
+  int conn_epoll_ = -1;  // connected: the connections' queues the progress thread watches
+  std::atomic<uint32_t> polled_conns_{0};  // connections whose queue has no descriptor
+  LinkListener listener_;                  // under mu_ until open
   std::atomic<bool> listening_{false};
   uint8_t address_[64] = {};
   size_t address_len_ = 0;

@@ -92,8 +92,8 @@ void LinkListener::Reject(const fi_info& request) noexcept {
   if (pep_) fi_reject(pep_.get(), request.handle, nullptr, 0);
 }
 
-bool Link::Open(const Domain& domain, const fi_info* request, const sockaddr* server, fid_cq* cq,
-                fid_eq* eq, uint32_t tag, std::string* why) noexcept {
+bool Link::Open(const Domain& domain, const fi_info* request, const sockaddr* server, fid_cq* tx_cq,
+                fid_cq* rx_cq, fid_eq* eq, uint32_t tag, std::string* why) noexcept {
   InfoPtr client;
   if (!request) {
     if (!OpenEq(domain.fabric(), &eq_, &eq_fd_, why)) return false;
@@ -118,8 +118,10 @@ bool Link::Open(const Domain& domain, const fi_info* request, const sockaddr* se
     return false;
   }
   ep_.reset(ep);
+  const bool one_cq = tx_cq == rx_cq;
   if ((rc = fi_ep_bind(ep, &(request ? eq : eq_.get())->fid, 0)) != 0 ||
-      (rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)) != 0) {
+      (rc = fi_ep_bind(ep, &rx_cq->fid, one_cq ? FI_TRANSMIT | FI_RECV : FI_RECV)) != 0 ||
+      (!one_cq && (rc = fi_ep_bind(ep, &tx_cq->fid, FI_TRANSMIT)) != 0)) {
     *why = FabricError("fi_ep_bind", rc);
     return false;
   }

@@ -91,10 +91,11 @@ class Link {
   Link& operator=(const Link&) = delete;
 
   // The endpoint, for a client of `server` (`request` null; an event queue of its own) or
-  // for a connection request (bound to the listener's `eq`), bound to `cq`, enabled;
-  // `tag` is its context in events. Receives may be posted then, before Connect or Accept.
-  bool Open(const Domain& domain, const fi_info* request, const sockaddr* server, fid_cq* cq,
-            fid_eq* eq, uint32_t tag, std::string* why) noexcept;
+  // for a connection request (bound to the listener's `eq`), bound to `tx_cq` for its
+  // writes and `rx_cq` for its receives (the same queue or two), enabled; `tag` is its
+  // context in events. Receives may be posted then, before Connect or Accept.
+  bool Open(const Domain& domain, const fi_info* request, const sockaddr* server, fid_cq* tx_cq,
+            fid_cq* rx_cq, fid_eq* eq, uint32_t tag, std::string* why) noexcept;
   bool Connect(const sockaddr* server, const uint8_t* param, size_t param_len,
                std::string* why) noexcept;
   // (A client's endpoint is made for its server: verbs resolves the route at fi_endpoint.)

@@ -60,7 +60,7 @@ slip_fabric_stream_module(const slip::Config* config, const slip::fabric::Option
   std::string why;
   std::unique_ptr<StreamFabric> fabric;
   try {
-    fabric = StreamFabric::Open(*options, &why);
+    fabric = StreamFabric::Open(*options, hidden_fd_floor, &why);
   } catch (...) {
     why = "out of memory";
   }

@@ -127,9 +127,10 @@ void StreamConn::AfterSettled() noexcept {
   // What the application did while held, and the wake-ups it is owed.
   if (failover_.finished()) CloseTx();
   if (rx_close_wanted_.load(std::memory_order_seq_cst)) CloseRx();
-  fabric_->Poll();
+  Poll();  // (what came while held; and the progress thread's watch, if somebody waits)
   if (proxy_b_ >= 0 && (rx_eof_.load() || error_.load())) sys::shutdown(proxy_b_, SHUT_WR);
   WakeWriterNow();
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // (WakeReaderIfSettled's pair)
   if (rx_produced_.load(std::memory_order_acquire) != failover_.consumed()) WakeReaderNow();
   // Confirmed, but its writes failed meanwhile: the client is real, so the stream fails
   // over from where both ends stand (nothing was carried yet).
