@@ -65,6 +65,7 @@ bool StreamConn::Init(Reason* why) noexcept {
     return false;
   rx_base_ = fabric_->RmaBase(rx);
   failover_.SetRings(rx, tx_ring_);
+  link_notes_ = fabric_->link_notes(ring_size());
   if (fabric_->connected()) {
     std::string cq_why;
     if (!fabric_->OpenConnCqs(&cq_, &cq_fd_, &tx_cq_, &cq_why)) {
@@ -265,6 +266,14 @@ void StreamConn::OnShortNote(uint64_t data) noexcept {
     OnNote(note::Encode(tag_, produced ? note::Kind::kEof : note::Kind::kClosed, cursor));
 }
 
+void StreamConn::OnLinkNote(uint32_t data) noexcept {
+  // Extended from our copy of the cursor it moves, then as any 8-byte note of ours.
+  const note::Kind kind = note::LinkKindOf(data);
+  const bool produced = kind == note::Kind::kData || kind == note::Kind::kEof;
+  const uint64_t known = (produced ? rx_produced_ : tx_credit_).load(std::memory_order_acquire);
+  OnNote(note::Encode(tag_, kind, note::LinkCursor(data, known)));
+}
+
 StreamConn::Took StreamConn::TakeProduced(uint64_t data) noexcept {
   uint64_t known = rx_produced_.load(std::memory_order_acquire);
   const uint64_t ahead = note::Ahead(data, known);
@@ -446,14 +455,16 @@ void StreamConn::TxPublish(uint64_t produced) noexcept {
     uint64_t len = produced - from;
     if (len > ring_size() - offset) len = ring_size() - offset;
     from += len;
-    // The last write of the publish carries its note (8-byte notes; a word's write follows
-    // it otherwise).
-    const uint64_t data = from == produced && !fabric_->word_notes()
-                              ? note::Encode(peer_.note_tag, note::Kind::kData, produced)
-                              : 0;
-    if (!Post(tx_ring_ + offset, uint32_t(len), peer_.base + offset, data, 0)) return;
+    // The last write of the publish carries its note (a cursor note, or an 8-byte one; a
+    // word's write follows it otherwise).
+    const bool last = from == produced;
+    const bool with_note = last && (link_notes_ || !fabric_->word_notes());
+    const uint64_t data = !with_note    ? 0
+                          : link_notes_ ? note::EncodeLink(note::Kind::kData, produced)
+                                        : note::Encode(peer_.note_tag, note::Kind::kData, produced);
+    if (!Post(tx_ring_ + offset, uint32_t(len), peer_.base + offset, with_note, data, 0)) return;
   }
-  if (fabric_->word_notes() && !PostNote(note::Kind::kData, produced)) return;
+  if (!link_notes_ && fabric_->word_notes() && !PostNote(note::Kind::kData, produced)) return;
   tx_posted_ = produced;
 }
 
@@ -480,8 +491,11 @@ void StreamConn::CloseRx() noexcept {
 // ------------------------------------------------------------------------ posting
 
 bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noexcept {
+  if (link_notes_)
+    return Post(tx_ring_, 0, peer_.base, true, note::EncodeLink(kind, cursor), 0, delivered);
   if (!fabric_->word_notes())
-    return Post(tx_ring_, 0, peer_.base, note::Encode(peer_.note_tag, kind, cursor), 0, delivered);
+    return Post(tx_ring_, 0, peer_.base, true, note::Encode(peer_.note_tag, kind, cursor), 0,
+                delivered);
   uint32_t slot;
   uint64_t next_look = 0, ended_since = 0;
   while ((slot = TakeWordSlot()) == 0)
@@ -491,7 +505,7 @@ bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noex
   const bool end = kind == note::Kind::kEof || kind == note::Kind::kClosed ||
                    (note::WordOffset(kind) == note::kConsumedWord && closed_posted_.load());
   *word = cursor | (end ? note::kEndFlag : 0);
-  if (Post(word, sizeof(*word), peer_.base + ring_size() + note::WordOffset(kind),
+  if (Post(word, sizeof(*word), peer_.base + ring_size() + note::WordOffset(kind), true,
            note::EncodeShort(peer_.note_tag, kind), slot, delivered))
     return true;
   ReleaseWordSlot(slot);
@@ -514,8 +528,8 @@ void StreamConn::ReleaseWordSlot(uint32_t slot) noexcept {
     word_slots_busy_.fetch_and(~(uint64_t(1) << (slot - 1)), std::memory_order_acq_rel);
 }
 
-bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, uint64_t data, uint32_t slot,
-                      bool delivered) noexcept {
+bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_note, uint64_t data,
+                      uint32_t slot, bool delivered) noexcept {
   fid_ep* const ep = ep_.load(std::memory_order_acquire);
   if (ep == nullptr || error_.load(std::memory_order_acquire) != 0 ||
       orphaned_.load(std::memory_order_relaxed))
@@ -524,15 +538,15 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, uint64_t d
       tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_relaxed)))));
   uint64_t next_look = 0, ended_since = 0;
   for (;;) {
-    const ssize_t rc = fabric_->Write(ep, src, len, tx_desc_, data, peer_.addr, remote, peer_.key,
-                                      context, delivered);
+    const ssize_t rc = fabric_->Write(ep, src, len, tx_desc_, with_note, data, peer_.addr, remote,
+                                      peer_.key, context, delivered);
     if (rc == 0) {
       tx_writes_.fetch_add(1, std::memory_order_acq_rel);
       return true;
     }
     if (rc != -FI_EAGAIN) {
       SLIP_LOG(kWarn, "fabric: %s",
-               FabricError(data ? "fi_writedata" : "fi_write", int(rc)).c_str());
+               FabricError(with_note ? "fi_writedata" : "fi_write", int(rc)).c_str());
       TransportFailed(wire::FailoverCause::kTransportError);
       return false;
     }

@@ -79,9 +79,10 @@ constexpr uint32_t Seq(uint64_t c) noexcept {
 
 class StreamConn final : public Channel, public ChannelControl, private AnchorFailover::Ends {
  public:
-  // Receives posted per connected endpoint, where notes consume them: more than a peer has
-  // notes in flight (one per cursor word of its own in flight, kWordSlots), since each is
-  // posted again only once its completion is taken.
+  // Receives posted per connected endpoint, where notes consume them (verbs), each posted
+  // again once its completion is taken. More than a peer has cursor-word notes in flight
+  // (kWordSlots); cursor notes are bounded by the peer's send queue instead, and one that
+  // finds none posted waits at the peer (RNR, retried for ever) until our next poll.
   static constexpr int kPostedReceives = 128;
 
   // Rings of `ring_size` bytes, registered; a tag in the fabric's table. nullptr with *why.
@@ -115,6 +116,8 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   void OnLinkDown(int error) noexcept;
   // One of our posted receives was consumed (with the peer's note, where it carries one).
   void OnReceive(bool has_note, uint64_t data) noexcept;
+  // Remote CQ data on our own endpoint's queue: only our peer writes there.
+  void OnPeerNote(uint64_t data) noexcept;
   // The local proxy end that receives tokens and fill drains (owned from now on).
   void SetProxy(int proxy_b) noexcept;
   // Server: held until the client proves in band that it made the request (a CONFIRM with
@@ -126,6 +129,8 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   void OnNote(uint64_t data) noexcept;
   // A 4-byte note: its cursor is in our word (fabric/stream_note.h).
   void OnShortNote(uint64_t data) noexcept;
+  // A cursor note (connected endpoints, fabric/stream_note.h).
+  void OnLinkNote(uint32_t data) noexcept;
   // `context`: the write's (write_context).
   void OnWriteDone(uint64_t context) noexcept;
   void OnWriteFailed(int error, uint64_t context) noexcept;
@@ -195,14 +200,15 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   bool ArmCq() noexcept;
 
   // Posts one write of `len` bytes at `src` (in the send registration; len 0: an empty
-  // write) to the peer's `remote`, with `note` as its remote CQ data, or none (note 0), and
-  // `slot` (a cursor word's, or 0) in its context. False when the endpoint refuses (the
+  // write) to the peer's `remote`, with `note` as its remote CQ data where `with_note`,
+  // and `slot` (a cursor word's, or 0) in its context. False when the endpoint refuses (the
   // failover is requested then).
   // `delivered`: complete only once at the peer (a close's last notes: the peer must have
   // them before our TCP connection's FIN, which takes another path and may overtake them).
-  bool Post(const void* src, uint32_t len, uint64_t remote, uint64_t note, uint32_t slot,
-            bool delivered = false) noexcept;
-  // The note that says `cursor` (an 8-byte note, or a word with a 4-byte note).
+  bool Post(const void* src, uint32_t len, uint64_t remote, bool with_note, uint64_t note,
+            uint32_t slot, bool delivered = false) noexcept;
+  // The note that says `cursor` (an 8-byte note, a word with a 4-byte note, or a cursor
+  // note on an empty write).
   bool PostNote(note::Kind kind, uint64_t cursor, bool delivered = false) noexcept;
   // While the provider has no room (or no cursor word is free): polls, and gives up when
   // the connection failed, left the fabric or its peer closed or died. False: give up.
@@ -257,6 +263,8 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // registration); ours go from tx_words_ (after the send ring), one word per write in
   // flight (a word must not change before its write has read it).
   static constexpr uint32_t kWordSlots = 64;
+  // Cursor notes instead (StreamFabric::link_notes): no words, one write per publish.
+  bool link_notes_ = false;
   const volatile uint64_t* rx_words_ = nullptr;
   uint64_t* tx_words_ = nullptr;
   std::atomic<uint64_t> word_slots_busy_{0};

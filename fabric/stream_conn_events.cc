@@ -36,7 +36,8 @@ constexpr int kArmTries = 16;
 int StreamConn::Poll() noexcept {
   if (!cq_) return fabric_->Poll();
   if (orphaned_.load(std::memory_order_relaxed)) return 0;
-  const int taken = (tx_cq_ ? fabric_->Drain(tx_cq_.get()) : 0) + fabric_->Drain(cq_.get());
+  const int taken =
+      (tx_cq_ ? fabric_->Drain(tx_cq_.get(), this) : 0) + fabric_->Drain(cq_.get(), this);
   if (!watched_.load(std::memory_order_relaxed) && WantsProgress()) WatchFromProgress();
   return taken;
 }
@@ -56,7 +57,7 @@ bool StreamConn::ArmCq() noexcept {
     const int rc = fi_trywait(fabric_->domain().fabric(), &cq, 1);
     if (rc == FI_SUCCESS) return true;
     if (rc != -FI_EAGAIN) return false;
-    fabric_->Drain(cq_.get());
+    fabric_->Drain(cq_.get(), this);
   }
   return false;
 }

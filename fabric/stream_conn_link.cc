@@ -114,15 +114,27 @@ void StreamConn::OnReceive(bool has_note, uint64_t data) noexcept {
     TransportFailed(wire::FailoverCause::kTransportError);
     return;
   }
-  if (!has_note) return;
+  if (has_note) OnPeerNote(data);
+}
+
+void StreamConn::OnPeerNote(uint64_t data) noexcept {
+  if (link_notes_) {
+    // (4 bytes: the provider's upper ones, if it carries more, are not the peer's.)
+    OnLinkNote(uint32_t(data));
+    return;
+  }
   // Only our peer writes through our endpoint; a note naming another connection is its
   // violation.
-  if (note::ShortTagOf(data) != tag_) {
+  const uint32_t tag = fabric_->word_notes() ? note::ShortTagOf(data) : note::TagOf(data);
+  if (tag != tag_) {
     SLIP_LOG(kWarn, "fabric: a note on conn %06x's endpoint names another; resetting", tag_);
     Fail(EPROTO);
     return;
   }
-  OnShortNote(data);
+  if (fabric_->word_notes())
+    OnShortNote(data);
+  else
+    OnNote(data);
 }
 
 }  // namespace slip::fabric

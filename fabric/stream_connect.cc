@@ -67,7 +67,7 @@ bool StreamModuleImpl::Request(StreamClient* c, const wire::Endpoint& from,
   req.ring_key = c->conn->rx_key();
   req.ring_addr = c->conn->rx_base();
   req.note_tag = c->conn->tag();
-  req.note_bytes = NoteBytes();
+  req.note_bytes = NoteBytes(ring_size);
   req.endpoints = Endpoints();
   if (!fabric_->connected()) {
     req.address_len = uint8_t(fabric_->address_len());
@@ -156,8 +156,8 @@ StreamModule::Step StreamModuleImpl::Advance(StreamClient* c, Reason* why) noexc
       *why = Reason::kDeclined;
       return Step::kFailed;
     }
-    if ((1u << rep.ring_log2) != c->conn->ring_size() || rep.note_bytes != NoteBytes() ||
-        rep.endpoints != Endpoints()) {
+    if ((1u << rep.ring_log2) != c->conn->ring_size() ||
+        rep.note_bytes != NoteBytes(c->conn->ring_size()) || rep.endpoints != Endpoints()) {
       SLIP_LOG(kWarn,
                "fabric: the listener's REP names a ring of another size, notes of another "
                "form or endpoints of another type; plain");

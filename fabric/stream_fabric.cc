@@ -279,7 +279,7 @@ void StreamFabric::RemoveConn(uint32_t tag) noexcept {
   while (s.users.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
 }
 
-void StreamFabric::Dispatch(const fi_cq_data_entry& e) noexcept {
+void StreamFabric::Dispatch(const fi_cq_data_entry& e, StreamConn* owner) noexcept {
   const auto context = uint64_t(uintptr_t(e.op_context));
   if (posted_receives_ && write_context::Slot(context) == write_context::kReceiveSlot) {
     // A receive of ours, consumed by a peer's note (FI_RX_CQ_DATA): it names the
@@ -289,8 +289,11 @@ void StreamFabric::Dispatch(const fi_cq_data_entry& e) noexcept {
     return;
   }
   if (e.flags & FI_REMOTE_CQ_DATA) {
-    // A note from a peer: its tag names our connection (a stale or forged one names none).
-    if (word_notes_)
+    // A note from a peer: on a connection's own queue, its peer's; otherwise its tag names
+    // our connection (a stale or forged one names none).
+    if (owner)
+      owner->OnPeerNote(e.data);
+    else if (word_notes_)
       WithConn(note::ShortTagOf(e.data), [&](StreamConn* c) { c->OnShortNote(e.data); });
     else
       WithConn(note::TagOf(e.data), [&](StreamConn* c) { c->OnNote(e.data); });
@@ -300,7 +303,7 @@ void StreamFabric::Dispatch(const fi_cq_data_entry& e) noexcept {
   }
 }
 
-int StreamFabric::Drain(fid_cq* cq) noexcept {
+int StreamFabric::Drain(fid_cq* cq, StreamConn* owner) noexcept {
   if (abandoned_.load(std::memory_order_relaxed)) return 0;
   int taken = 0;
   for (;;) {
@@ -315,15 +318,15 @@ int StreamFabric::Drain(fid_cq* cq) noexcept {
       continue;
     }
     if (n <= 0) return taken;
-    for (ssize_t i = 0; i < n; ++i) Dispatch(entries[i]);
+    for (ssize_t i = 0; i < n; ++i) Dispatch(entries[i], owner);
     taken += int(n);
     if (n < 16) return taken;
   }
 }
 
-ssize_t StreamFabric::Write(fid_ep* ep, const void* buf, size_t len, void* desc, uint64_t data,
-                            fi_addr_t peer, uint64_t remote, uint64_t key, void* context,
-                            bool delivered) noexcept {
+ssize_t StreamFabric::Write(fid_ep* ep, const void* buf, size_t len, void* desc, bool with_data,
+                            uint64_t data, fi_addr_t peer, uint64_t remote, uint64_t key,
+                            void* context, bool delivered) noexcept {
   if (delivered && !delivery_refused_.load(std::memory_order_relaxed)) {
     iovec iov{const_cast<void*>(buf), len};
     fi_rma_iov rma{remote, len, key};
@@ -337,13 +340,13 @@ ssize_t StreamFabric::Write(fid_ep* ep, const void* buf, size_t len, void* desc,
     msg.context = context;
     msg.data = data;
     const uint64_t flags =
-        FI_COMPLETION | FI_DELIVERY_COMPLETE | (data != 0 ? FI_REMOTE_CQ_DATA : 0);
+        FI_COMPLETION | FI_DELIVERY_COMPLETE | (with_data ? FI_REMOTE_CQ_DATA : 0);
     const ssize_t rc = fi_writemsg(ep, &msg, flags);
     if (rc == 0 || rc == -FI_EAGAIN) return rc;
     // (A provider that cannot: the write goes as any other, and we stop asking.)
     delivery_refused_.store(true, std::memory_order_relaxed);
   }
-  if (data != 0) return fi_writedata(ep, buf, len, desc, data, peer, remote, key, context);
+  if (with_data) return fi_writedata(ep, buf, len, desc, data, peer, remote, key, context);
   return fi_write(ep, buf, len, desc, peer, remote, key, context);
 }
 

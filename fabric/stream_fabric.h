@@ -35,6 +35,7 @@
 #include "fabric/domain.h"
 #include "fabric/options.h"
 #include "fabric/stream_link.h"
+#include "fabric/stream_note.h"
 
 namespace slip::fabric {
 
@@ -83,8 +84,13 @@ class StreamFabric {
   // descriptor is in the watch already. UnwatchConn before the descriptor closes.
   bool WatchConn(int fd, uint32_t tag, std::atomic<bool>* added) noexcept;
   void UnwatchConn(int fd) noexcept;
-  // Notes are 4 bytes and cursors go in words (fabric/stream_note.h), else 8-byte notes.
+  // Notes are 4 bytes and cursors go in words (fabric/stream_note.h), else 8-byte notes;
+  // a connection with rings of `ring_size` over a connected endpoint puts its cursor in
+  // the 4 bytes instead (link_notes), where it fits.
   bool word_notes() const noexcept { return word_notes_; }
+  bool link_notes(uint32_t ring_size) const noexcept {
+    return connected_ && ring_size <= (1u << note::kLinkMaxRingLog2);
+  }
   fid_ep* ep() const noexcept { return endpoint_.ep(); }
   // Our endpoint's address, for REQ and REP (connected: the listener's, for REP, once
   // Listen succeeded; none for REQ).
@@ -135,17 +141,19 @@ class StreamFabric {
 
   // Takes what the RDM endpoint's completion queue holds and hands it to the connections
   // (connected: 0, each connection polls its own). Returns the number of completions taken.
-  int Poll() noexcept { return connected_ ? 0 : Drain(endpoint_.cq()); }
-  // The same for one queue.
-  int Drain(fid_cq* cq) noexcept;
+  int Poll() noexcept { return connected_ ? 0 : Drain(endpoint_.cq(), nullptr); }
+  // The same for one queue; `owner`: the connection whose own queue it is, which takes
+  // the peer's notes there whatever they say (only its peer writes through its endpoint).
+  int Drain(fid_cq* cq, StreamConn* owner) noexcept;
   // One write of `len` bytes at `buf` (registered: `desc`) to the peer's `remote` address of
-  // the registration `key`, with `data` as remote CQ data unless it is 0; `context` comes
+  // the registration `key`, with `data` as remote CQ data where `with_data`; `context` comes
   // back with its completion. The provider's return code.
   // `delivered`: it completes only once it is at the peer (FI_DELIVERY_COMPLETE), where
   // the provider can do that (else as any write).
   // `ep`: the RDM endpoint, or the connection's own (`peer` is ignored then).
-  ssize_t Write(fid_ep* ep, const void* buf, size_t len, void* desc, uint64_t data, fi_addr_t peer,
-                uint64_t remote, uint64_t key, void* context, bool delivered = false) noexcept;
+  ssize_t Write(fid_ep* ep, const void* buf, size_t len, void* desc, bool with_data, uint64_t data,
+                fi_addr_t peer, uint64_t remote, uint64_t key, void* context,
+                bool delivered = false) noexcept;
 
   // A descriptor the progress thread watches beside the completion queue (a listener's
   // UDP socket: its REQs are answered as they come, whether the application is in accept()
@@ -169,7 +177,7 @@ class StreamFabric {
   void ProgressLoop() noexcept;
   // Hands the connections' queues whose one shot fired to their connections.
   void TakeConnEvents() noexcept;
-  void Dispatch(const fi_cq_data_entry& entry) noexcept;
+  void Dispatch(const fi_cq_data_entry& entry, StreamConn* owner) noexcept;
   void DispatchError(const fi_cq_err_entry& err) noexcept;
   // The progress thread's call for the connection listener's event queue.
   static void ServeLinks(void* ctx) noexcept;

@@ -90,8 +90,13 @@ class StreamModuleImpl final : public StreamModule {
  private:
   // A new connection's rings and tag, the progress thread running. nullptr with *why.
   StreamConn* NewConn(uint32_t ring_size, Reason* why) noexcept;
-  // What REQ and REP say of our notes' form (both ends must agree).
-  uint8_t NoteBytes() const noexcept { return fabric_->word_notes() ? 4 : 8; }
+  // What REQ and REP say of the notes' form of a connection with rings of `ring_size`
+  // (both ends must agree).
+  uint8_t NoteBytes(uint32_t ring_size) const noexcept {
+    return fabric_->link_notes(ring_size) ? streamwire::kNoteLinkCursor
+           : fabric_->word_notes()        ? streamwire::kNoteWords
+                                          : streamwire::kNoteCursor8;
+  }
   streamwire::Endpoints Endpoints() const noexcept {
     return fabric_->connected() ? streamwire::Endpoints::kConnected
                                 : streamwire::Endpoints::kReliableDatagram;

@@ -161,15 +161,15 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
     if (same && same->nonce == req.nonce) {
       rep.type = streamwire::Type::kRep;  // its REP was lost: the same again
     } else if (same || l->shared.load() || forked_.load() || ring_size > config_->ring_size ||
-               req.note_bytes != NoteBytes() || req.endpoints != Endpoints() ||
+               req.note_bytes != NoteBytes(ring_size) || req.endpoints != Endpoints() ||
                l->pending.size() >= kMaxPending || from_source >= kMaxPerSource) {
       SLIP_LOG(kInfo, "fabric: refusing a REQ for port %u (%s)", unsigned(l->local.port),
-               same                                 ? "its connection has another request"
-               : l->shared.load() || forked_.load() ? "the listener is shared by processes"
-               : ring_size > config_->ring_size     ? "its ring is larger than ours"
-               : req.note_bytes != NoteBytes()      ? "its notes have another form"
-               : req.endpoints != Endpoints()       ? "its endpoints are of another type"
-                                                    : "too many requests pending");
+               same                                     ? "its connection has another request"
+               : l->shared.load() || forked_.load()     ? "the listener is shared by processes"
+               : ring_size > config_->ring_size         ? "its ring is larger than ours"
+               : req.note_bytes != NoteBytes(ring_size) ? "its notes have another form"
+               : req.endpoints != Endpoints()           ? "its endpoints are of another type"
+                                                        : "too many requests pending");
     } else {
       Reason why = Reason::kNone;
       StreamConn* conn = NewConn(ring_size, &why);
@@ -192,7 +192,7 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
       rep.ring_key = same->conn->rx_key();
       rep.ring_addr = same->conn->rx_base();
       rep.note_tag = same->conn->tag();
-      rep.note_bytes = NoteBytes();
+      rep.note_bytes = NoteBytes(same->conn->ring_size());
       rep.endpoints = Endpoints();
       rep.address_len = uint8_t(fabric_->address_len());
       std::memcpy(rep.address, fabric_->address(), fabric_->address_len());

@@ -30,6 +30,17 @@
 // secret of the connection's two ends) can write them: another host that guesses a tag rings a bell
 // that moves nothing. 8-byte notes (SLIP_FABRIC_NOTES=inline) carry the cursor itself,
 // and anybody who reaches the endpoint and guesses a tag could move it.
+//
+// Cursor notes, over a connected endpoint (rings up to 256 MiB): only the peer writes
+// through it, so a note needs no tag to find its connection nor a key to be believed, and
+// the cursor goes in the 4 bytes of CQ data themselves, on the publish's last write: one
+// write per send(), as the verbs transport's notes.
+//
+//   bits 31..30  the kind, less one
+//   bits 29..0   the cursor's low 30 bits
+//
+// A cursor moves by at most a ring (2^28) between two notes, so the receiver extends the
+// 30 bits from its own copy as it does the 36 above (one behind it is stale).
 #pragma once
 
 #include <cstdint>
@@ -70,6 +81,23 @@ constexpr Kind ShortKindOf(uint64_t data) noexcept {
 // A 4-byte note with nothing outside its fields (a peer's violation otherwise).
 constexpr bool ShortWellFormed(uint64_t data) noexcept {
   return (data & ~uint64_t(0xfffffff0u)) == 0;
+}
+
+constexpr uint32_t kLinkCursorBits = 30;
+constexpr uint32_t kLinkMaxRingLog2 = 28;
+constexpr uint32_t kLinkCursorMask = (1u << kLinkCursorBits) - 1;
+constexpr uint32_t EncodeLink(Kind kind, uint64_t cursor) noexcept {
+  return (uint32_t(kind) - 1) << kLinkCursorBits | (uint32_t(cursor) & kLinkCursorMask);
+}
+constexpr Kind LinkKindOf(uint32_t data) noexcept {
+  return Kind((data >> kLinkCursorBits) + 1);
+}
+// The whole cursor a cursor note names, from `known` (the receiver's copy): ahead of it by
+// less than half the 30-bit space, or behind it (a stale note, which the caller ignores).
+constexpr uint64_t LinkCursor(uint32_t data, uint64_t known) noexcept {
+  const uint32_t ahead = (data - uint32_t(known)) & kLinkCursorMask;
+  return ahead <= (kLinkCursorMask >> 1) ? known + ahead
+                                         : known - uint64_t(kLinkCursorMask + 1 - ahead);
 }
 
 // How far the note's cursor is ahead of `known` (its low bits). Two pollers may hand a

@@ -13,7 +13,8 @@ bool Encode(const Message& m, uint8_t out[kBytes]) noexcept {
   const bool needs_address = !(connected && m.type == Type::kReq);
   if (!refuse && (needs_address ? m.address_len == 0 : m.address_len != 0)) return false;
   if (!refuse && (m.ring_log2 < kMinRingLog2 || m.ring_log2 > kMaxRingLog2 || m.note_tag == 0 ||
-                  m.note_tag > kMaxNoteTag || (m.note_bytes != 4 && m.note_bytes != 8)))
+                  m.note_tag > kMaxNoteTag || !KnownNoteForm(m.note_bytes) ||
+                  (m.note_bytes == kNoteLinkCursor && !connected)))
     return false;
   ByteWriter w(out, kBytes);
   w.U32(kMagic);
@@ -73,7 +74,9 @@ bool Parse(const uint8_t* in, size_t len, Message* out) noexcept {
   const bool needs_address = !(m.endpoints == Endpoints::kConnected && m.type == Type::kReq);
   if ((needs_address ? m.address_len == 0 : m.address_len != 0) || m.ring_log2 < kMinRingLog2 ||
       m.ring_log2 > kMaxRingLog2 || m.note_tag == 0 || m.note_tag > kMaxNoteTag ||
-      (m.note_bytes != 4 && m.note_bytes != 8)) {
+      !KnownNoteForm(m.note_bytes) ||
+      // (A cursor without a tag is only safe where nobody else can write: connected.)
+      (m.note_bytes == kNoteLinkCursor && m.endpoints != Endpoints::kConnected)) {
     return false;
   }
   *out = m;

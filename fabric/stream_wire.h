@@ -38,6 +38,15 @@ enum class Endpoints : uint8_t {
                           // listener's (a sockaddr), the REQ's is empty
 };
 
+// The notes' forms (Message::note_bytes): the cursor in 8 bytes of CQ data; a cursor word
+// and a 4-byte doorbell; over connected endpoints, a 30-bit cursor in 4 bytes of CQ data.
+constexpr uint8_t kNoteCursor8 = 8;
+constexpr uint8_t kNoteWords = 4;
+constexpr uint8_t kNoteLinkCursor = 30;
+constexpr bool KnownNoteForm(uint8_t form) noexcept {
+  return form == kNoteCursor8 || form == kNoteWords || form == kNoteLinkCursor;
+}
+
 // The smallest and largest rings a message may name (core's SLIP_RING_SIZE bounds).
 constexpr uint8_t kMinRingLog2 = 12;
 constexpr uint8_t kMaxRingLog2 = 30;
@@ -61,8 +70,8 @@ struct Message {
   uint64_t ring_addr = 0;  // its address as RMA names it (virtual, or 0: offsets)
   uint32_t note_tag = 0;   // what the peer's notes to the sender must carry to reach its
                            // connection (fabric/stream_note.h): 1 .. kMaxNoteTag
-  uint8_t note_bytes = 8;  // the notes' form both ends must use: 8 (the cursor in the CQ
-                           // data) or 4 (a cursor word and a 4-byte note); 0 in REFUSE
+  uint8_t note_bytes = 8;  // the notes' form both ends must use (fabric/stream_note.h):
+                           // kNoteCursor8, kNoteWords or kNoteLinkCursor; 0 in REFUSE
   Endpoints endpoints = Endpoints::kReliableDatagram;  // (kReliableDatagram in REFUSE)
   uint8_t address[kMaxAddressBytes] = {};
 };

@@ -77,6 +77,52 @@ TEST(FabricStreamWire, SaysTheNotesForm) {
   EXPECT_EQ(streamwire::RingLog2(1u << 30), 30);
 }
 
+TEST(FabricStreamWire, CursorNotesOnlyBetweenConnectedEndpoints) {
+  Message m = SampleReq();
+  m.note_bytes = streamwire::kNoteLinkCursor;
+  uint8_t buf[streamwire::kBytes];
+  // Over reliable datagrams anybody who reaches the endpoint could move a tagless cursor.
+  EXPECT_FALSE(streamwire::Encode(m, buf));
+  m.endpoints = streamwire::Endpoints::kConnected;
+  m.address_len = 0;  // (a connected client's REQ has no address)
+  std::memset(m.address, 0, sizeof(m.address));
+  ASSERT_TRUE(streamwire::Encode(m, buf));
+  Message out;
+  ASSERT_TRUE(streamwire::Parse(buf, sizeof(buf), &out));
+  EXPECT_EQ(out.note_bytes, streamwire::kNoteLinkCursor);
+  // The same bytes naming reliable datagrams: refused by the parser too.
+  m.endpoints = streamwire::Endpoints::kReliableDatagram;
+  m.note_bytes = streamwire::kNoteWords;
+  m.address_len = 8;
+  uint8_t rdm[streamwire::kBytes];
+  ASSERT_TRUE(streamwire::Encode(m, rdm));
+  size_t form_at = 0;
+  for (size_t i = 0; i < sizeof(rdm); ++i)
+    if (rdm[i] == streamwire::kNoteWords && buf[i] == streamwire::kNoteLinkCursor) form_at = i;
+  ASSERT_NE(form_at, 0u);
+  rdm[form_at] = streamwire::kNoteLinkCursor;
+  Message untouched = SampleReq();
+  out = untouched;
+  EXPECT_FALSE(streamwire::Parse(rdm, sizeof(rdm), &out));
+  EXPECT_EQ(out.nonce, untouched.nonce);
+}
+
+TEST(FabricStreamNote, CursorNotesExtendFromTheReceiversCopy) {
+  using note::Kind;
+  for (Kind kind : {Kind::kData, Kind::kCredit, Kind::kEof, Kind::kClosed})
+    EXPECT_EQ(note::LinkKindOf(note::EncodeLink(kind, 12345)), kind);
+  // Ahead by up to a 256 MiB ring, across the 30-bit wrap: the whole cursor.
+  const uint64_t known = (uint64_t(7) << 30) - 100;
+  const uint64_t ahead = known + (uint64_t(1) << note::kLinkMaxRingLog2);
+  EXPECT_EQ(note::LinkCursor(note::EncodeLink(Kind::kData, ahead), known), ahead);
+  EXPECT_EQ(note::LinkCursor(note::EncodeLink(Kind::kData, known), known), known);
+  // Behind (taken out of order): behind, never a cursor a whole space ahead.
+  const uint64_t behind = known - 5000;
+  EXPECT_EQ(note::LinkCursor(note::EncodeLink(Kind::kCredit, behind), known), behind);
+  // The same cursor from a copy that moved on meanwhile.
+  EXPECT_EQ(note::LinkCursor(note::EncodeLink(Kind::kData, ahead), ahead + 10), ahead);
+}
+
 TEST(FabricStreamWire, RejectsWhatNoSenderWrites) {
   uint8_t good[streamwire::kBytes];
   ASSERT_TRUE(streamwire::Encode(SampleReq(), good));

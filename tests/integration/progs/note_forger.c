@@ -10,8 +10,9 @@
 // and the note tag of that request. The listener's connections made before it have the
 // tags just below (tags are handed out in order), so it writes, for each of the 8 tags
 // below its own, empty writes whose remote CQ data is a data note saying CURSOR, and a
-// 4-byte note of the same kind (the word form): a listener that believed them would
-// deliver bytes its client never sent.
+// 4-byte note of the same kind (the word form), and (msg) a 4-byte cursor note saying
+// CURSOR, which names no connection at all: a listener that believed any of them for
+// another connection than the forger's own would deliver bytes its client never sent.
 // msg: before its own, it connects an endpoint naming the connection just below its tag
 // with a nonce of its own: the listener must refuse that ("hijack": "refused"); then it
 // connects its own endpoint with its REQ's nonce, which the listener takes, and writes the
@@ -171,11 +172,13 @@ int main(int argc, char** argv) {
   struct timeval wait = {.tv_sec = 1};
   setsockopt(udp, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
   connect(udp, (struct sockaddr*)&to, sizeof(to));
-  // The listener refuses notes of another form than its own: ask in both.
+  // The listener refuses notes of another form than its own: ask in each (4: words, 8:
+  // 8-byte notes, 30: cursor notes, connected endpoints only).
+  static const uint8_t forms[3] = {4, 8, 30};
   uint8_t rep[MSG_BYTES + 1];
   ssize_t n = -1;
-  for (int form = 0; form < 2 && !(n == MSG_BYTES && rep[5] == 2); ++form) {
-    req[76] = form == 0 ? 4 : 8;
+  for (int form = 0; form < (connected ? 3 : 2) && !(n == MSG_BYTES && rep[5] == 2); ++form) {
+    req[76] = forms[form];
     put_le(req + 8, 0x5eed5eed5eed5eedull + (uint64_t)form, 8);
     n = -1;
     for (int tries = 0; tries < 3 && n != MSG_BYTES; ++tries) {
@@ -210,11 +213,12 @@ int main(int argc, char** argv) {
 
   int posted = 0, completed = 0;
   for (uint32_t t = tag > 8 ? tag - 8 : 1; t < tag; ++t) {
-    const uint64_t notes[2] = {
+    const uint64_t notes[3] = {
         (uint64_t)t << 40 | (uint64_t)1 << 36 | (cursor & ((1ull << 36) - 1)),  // 8 bytes
         (uint64_t)t << 8 | 1 << 4,                                              // 4 bytes
+        cursor & ((1ull << 30) - 1),  // a data cursor note (kind 0 in bits 31..30)
     };
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < (connected ? 3 : 2); ++i) {
       do {
         rc = (int)fi_writedata(ep, NULL, 0, NULL, notes[i], listener, ring_addr, ring_key, NULL);
         if (rc == -FI_EAGAIN) {
