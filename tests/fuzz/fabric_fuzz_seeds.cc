@@ -61,13 +61,17 @@ std::vector<std::vector<uint8_t>> Seeds() {
       uint8_t buf[sw::kBytes];
       if (!sw::Encode(m, buf)) return {};
       out.emplace_back(buf, buf + sizeof(buf));
-      // The same with connected endpoints (a REQ without an address).
+      // The same with connected endpoints (a REQ without an address), and their cursor
+      // notes (a form only they may name).
       if (type == sw::Type::kRefuse) continue;
       m.endpoints = sw::Endpoints::kConnected;
       if (type == sw::Type::kReq) {
         m.address_len = 0;
         std::memset(m.address, 0, sizeof(m.address));
       }
+      if (!sw::Encode(m, buf)) return {};
+      out.emplace_back(buf, buf + sizeof(buf));
+      m.note_bytes = sw::kNoteLinkCursor;
       if (!sw::Encode(m, buf)) return {};
       out.emplace_back(buf, buf + sizeof(buf));
     }
