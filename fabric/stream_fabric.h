@@ -7,11 +7,11 @@
 //   which the progress thread always watches: a peer host costs one provider connection
 //   (ofi_rxm's) however many TCP connections go there, and a connection costs only its
 //   two registered rings; or
-// - connected endpoints (FI_EP_MSG), one per stream (fabric/stream_link.h), each with a
-//   completion queue of its own, as verbs' queue pairs: a blocking reader sleeps on its
-//   queue's descriptor, and the progress thread watches a queue only while somebody waits
-//   through the proxy (one shot, WatchConn); and the process's connection listener, whose
-//   events the progress thread takes.
+// - connected endpoints (FI_EP_MSG), one per stream (fabric/stream_link.h), each with
+//   completion queues of its own (OpenConnCqs), as verbs' queue pairs: a blocking reader
+//   sleeps on its receive queue's descriptor, and the progress thread watches that queue
+//   only while somebody waits through the proxy (one shot, WatchConn); and the process's
+//   connection listener, whose events the progress thread takes.
 //
 // Thread safety: everything may be called from any thread. The domain is FI_THREAD_SAFE:
 // calls into libfabric take no lock of ours (the provider serialises what it must), and a
