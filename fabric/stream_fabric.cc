@@ -133,7 +133,8 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hid
   f->prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
   f->virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
   f->local_mr_ = (mr_mode & FI_MR_LOCAL) != 0;
-  // (Posted receives are as many as a peer's word writes in flight: 8-byte notes are not.)
+  // (Where cursor notes do not apply, as with rings above 256 MiB: posted receives are as
+  // many as a peer's word writes in flight, and 8-byte notes are not bounded by them.)
   f->word_notes_ =
       options.word_notes || f->domain_->info().domain_attr->cq_data_size < 8 || f->posted_receives_;
   // shm's writes are in the peer's region when they complete (delivered already), and
