@@ -37,6 +37,14 @@ constexpr options::Option<Options> kOptions[] = {
        o->word_notes = v == "word";
        return true;
      }},
+    {"SLIP_FABRIC_DATA", "expected auto, write or send",
+     [](std::string_view v, Options* o, std::string*) {
+       if (v != "auto" && v != "write" && v != "send") return false;
+       o->data = v == "write"  ? DataChoice::kWrite
+                 : v == "send" ? DataChoice::kSend
+                               : DataChoice::kAuto;
+       return true;
+     }},
     // (verbs reads it too: one cache lifetime for every transport that crosses hosts)
     {"SLIP_NEGATIVE_TTL_MS", "expected a decimal integer between 0 and 3600000",
      [](std::string_view v, Options* o, std::string*) {

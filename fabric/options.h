@@ -1,5 +1,5 @@
 // The fabric transport's options: SLIP_FABRIC_PROVIDER, SLIP_FABRIC_ENDPOINT,
-// SLIP_FABRIC_NOTES, SLIP_NEGATIVE_TTL_MS.
+// SLIP_FABRIC_NOTES, SLIP_FABRIC_DATA, SLIP_NEGATIVE_TTL_MS.
 //
 // Read with core's grammar (core/options.h) by whoever starts the transport (a face, at
 // start-up), and handed to the module (fabric/msg.h). Built into a small library of its
@@ -18,6 +18,13 @@ enum class EndpointChoice : uint8_t {
   kAuto,  // connected ones over verbs, else reliable datagrams
   kConnected,
   kDatagram,
+};
+
+// How the streams' bytes reach the peer.
+enum class DataChoice : uint8_t {
+  kAuto,   // RMA writes where the provider has them, else sends
+  kWrite,  // one-sided writes into the peer's registered ring (FI_RMA)
+  kSend,   // sends into the peer's posted receives, copied into its ring (FI_MSG)
 };
 
 struct Options {
@@ -39,6 +46,11 @@ struct Options {
   // provider can (one write less per publish, but a host that reaches the endpoint and
   // guesses a note tag could move a cursor: for fabrics whose hosts are all trusted).
   bool word_notes = true;
+  // SLIP_FABRIC_DATA (streams): "write" moves bytes by one-sided writes into the peer's
+  // registered ring (FI_RMA, remote CQ data); "send" by sends into receives the peer posted,
+  // which it copies into its ring (FI_MSG: for providers without RMA; connected endpoints
+  // only); "auto" (the default): write where a provider can, else send.
+  DataChoice data = DataChoice::kAuto;
   // SLIP_NEGATIVE_TTL_MS (shared with verbs): how long a destination that answered a REQ
   // with "no Slipstream here" (ICMP port unreachable, silence) goes plain at once.
   uint32_t negative_ttl_ms = 10000;

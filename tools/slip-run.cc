@@ -145,6 +145,15 @@ const Option kOptions[] = {
      "fabric streams' cursors: word (in the peer's ring memory, with a 4-byte doorbell) or "
      "inline (8 bytes of CQ data where the provider can; only where every host is trusted)",
      [](const Defaults& d) { return std::string(d.fabric.word_notes ? "word" : "inline"); }},
+    {"--fabric-data", "MODE", "SLIP_FABRIC_DATA",
+     "fabric streams' bytes: write (RMA into the peer's ring), send (into the peer's posted "
+     "receives, for providers without RMA; connected endpoints) or auto (write where it can)",
+     [](const Defaults& d) {
+       using slip::fabric::DataChoice;
+       return std::string(d.fabric.data == DataChoice::kWrite  ? "write"
+                          : d.fabric.data == DataChoice::kSend ? "send"
+                                                               : "auto");
+     }},
     {"--verbs-reuse", "N", "SLIP_VERBS_REUSE",
      "queue pairs kept after their connections closed, for the next ones (0..1024; 0: none)",
      [](const Defaults& d) { return std::to_string(d.verbs.reuse); }},

@@ -44,11 +44,12 @@ TEST(FabricOptions, BadProviderNames) {
     EXPECT_EQ(o.provider, "sentinel");
   }
   const auto names = OptionNames();
-  ASSERT_EQ(names.size(), 4u);
+  ASSERT_EQ(names.size(), 5u);
   EXPECT_STREQ(names[0], "SLIP_FABRIC_PROVIDER");
   EXPECT_STREQ(names[1], "SLIP_FABRIC_ENDPOINT");
   EXPECT_STREQ(names[2], "SLIP_FABRIC_NOTES");
-  EXPECT_STREQ(names[3], "SLIP_NEGATIVE_TTL_MS");
+  EXPECT_STREQ(names[3], "SLIP_FABRIC_DATA");
+  EXPECT_STREQ(names[4], "SLIP_NEGATIVE_TTL_MS");
 }
 
 // The streams' endpoints: auto (the default), msg (connected) or rdm (reliable datagrams).
@@ -94,6 +95,32 @@ TEST(FabricOptions, Notes) {
     EXPECT_FALSE(ParseOptions(Lookup, &env, &kept, &error)) << bad;
     EXPECT_EQ(error.rfind("SLIP_FABRIC_NOTES=\"", 0), 0u) << error;
     EXPECT_TRUE(kept.word_notes);
+  }
+}
+
+// How bytes move: auto (the default), write (RMA) or send (posted receives).
+TEST(FabricOptions, Data) {
+  Options o;
+  EXPECT_EQ(o.data, DataChoice::kAuto);
+  const std::pair<const char*, DataChoice> good[] = {
+      {"send", DataChoice::kSend},
+      {"write", DataChoice::kWrite},
+      {"auto", DataChoice::kAuto},
+  };
+  for (const auto& [value, choice] : good) {
+    Env env{{"SLIP_FABRIC_DATA", value}};
+    std::string error;
+    ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << error;
+    EXPECT_EQ(o.data, choice) << value;
+  }
+  for (const char* bad : {"", "SEND", "rma", "msg", "send "}) {
+    Env env{{"SLIP_FABRIC_DATA", bad}};
+    Options kept;
+    kept.data = DataChoice::kSend;
+    std::string error;
+    EXPECT_FALSE(ParseOptions(Lookup, &env, &kept, &error)) << bad;
+    EXPECT_EQ(error.rfind("SLIP_FABRIC_DATA=\"", 0), 0u) << error;
+    EXPECT_EQ(kept.data, DataChoice::kSend);
   }
 }
 
