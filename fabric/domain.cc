@@ -46,8 +46,9 @@ InfoPtr Query(const std::string& provider, Use use, bool directed, bool delivery
   // context is only the number of its connection (a provider that needs room there cannot
   // serve them).
   hints->mode = use == Use::kTaggedMessages ? FI_CONTEXT | FI_CONTEXT2 : 0;
-  hints->ep_attr->type = use == Use::kStreamConnections ? FI_EP_MSG : FI_EP_RDM;
-  if (use == Use::kStreamConnections) {
+  const bool connected = use == Use::kStreamConnections || use == Use::kStreamSends;
+  hints->ep_attr->type = connected ? FI_EP_MSG : FI_EP_RDM;
+  if (connected) {
     // Writes with remote CQ data that consume a posted receive: we post them.
     hints->mode |= FI_RX_CQ_DATA;
     hints->rx_attr->mode = FI_RX_CQ_DATA;
@@ -60,6 +61,14 @@ InfoPtr Query(const std::string& provider, Use use, bool directed, bool delivery
     hints->caps = FI_TAGGED | (directed ? FI_DIRECTED_RECV : 0);
     hints->tx_attr->msg_order = FI_ORDER_SAS;
     hints->rx_attr->msg_order = FI_ORDER_SAS;
+  } else if (use == Use::kStreamSends) {
+    // A message's bytes go where its order says (the receiver copies them after the ones
+    // before): sends complete at the receiver in the order they were posted.
+    hints->caps = FI_MSG | FI_SEND | FI_RECV;
+    hints->tx_attr->msg_order = FI_ORDER_SAS;
+    hints->rx_attr->msg_order = FI_ORDER_SAS;
+    hints->domain_attr->cq_data_size = 4;
+    hints->domain_attr->resource_mgmt = FI_RM_ENABLED;
   } else {
     // A note's completion says its bytes and every earlier write's have landed.
     hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
@@ -118,7 +127,7 @@ std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::stri
   // with automatic progress tcp runs a thread of its own per domain besides ours. (Over
   // tcp it did not make connected endpoints as fast as ofi_rxm's datagrams: a 64 B round
   // trip stayed 3x theirs on this host, docs/PERFORMANCE.md.)
-  if (use == Use::kStreamConnections)
+  if (use == Use::kStreamConnections || use == Use::kStreamSends)
     list = Query(provider, use, false, false, why, /*manual_progress=*/true);
   for (int want = first; want >= 0 && !list; --want) {
     const bool directed = (want & 2) != 0, delivery = (want & 1) != 0;

@@ -55,11 +55,16 @@ enum class Use : uint8_t {
   // ... or between connected ones (FI_EP_MSG, one per stream), whose remote CQ data may
   // need receive buffers posted (FI_RX_CQ_DATA: verbs).
   kStreamConnections,
+  // The shim's streams where a provider has no RMA: sends into receives the peer posted
+  // (FI_MSG), in order (FI_ORDER_SAS), each with 4 bytes of remote CQ data, between
+  // connected endpoints; a send that finds no receive posted waits at the sender rather
+  // than fail (FI_RM_ENABLED).
+  kStreamSends,
 };
 
 // The providers' domains that can serve `use`, in order, between RDM endpoints (MSG for
-// kStreamConnections; thread safe, memory registration modes we handle). `provider` empty: every
-// provider's, best first. Empty with *why when none.
+// kStreamConnections and kStreamSends; thread safe, memory registration modes we handle).
+// `provider` empty: every provider's, best first. Empty with *why when none.
 std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::string* why);
 
 // Whether the provider moves data without being called (its writes land, its peer's

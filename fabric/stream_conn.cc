@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -17,6 +18,7 @@
 #include "core/proxy.h"
 #include "core/sys.h"
 #include "fabric/stream_fabric.h"
+#include "fabric/stream_wire.h"
 
 namespace slip::fabric {
 
@@ -42,11 +44,22 @@ StreamConn* StreamConn::Create(StreamFabric* fabric, uint32_t ring_size, Reason*
 }
 
 bool StreamConn::Init(Reason* why) noexcept {
-  // [receive ring | its words] [send ring | its words], each ring page aligned.
+  sends_ = fabric_->sends();
+  if (sends_ && ring_size() > (1u << streamwire::kSendsMaxRingLog2)) {
+    SLIP_LOG(kInfo,
+             "fabric: sends carry rings of up to %u bytes, not %u; this connection stays "
+             "plain",
+             1u << streamwire::kSendsMaxRingLog2, ring_size());
+    return false;
+  }
+  // [receive ring | its words] [send ring | its words] [receive slots: sends], each page
+  // aligned.
   const size_t rx_bytes = ring_size() + note::kWordBytes;
   const size_t tx_bytes = ring_size() + kWordSlots * sizeof(uint64_t);
   const size_t tx_at = (rx_bytes + kPage - 1) & ~(kPage - 1);
-  memory_.reset(new (std::nothrow) uint8_t[tx_at + tx_bytes + kPage]);
+  const size_t slots_at = (tx_at + tx_bytes + kPage - 1) & ~(kPage - 1);
+  const size_t slots_bytes = sends_ ? size_t(kSendReceives) * streamwire::kSendBytes : 0;
+  memory_.reset(new (std::nothrow) uint8_t[slots_at + slots_bytes + kPage]);
   if (!memory_) return false;
   auto at = (uintptr_t(memory_.get()) + kPage - 1) & ~uintptr_t(kPage - 1);
   auto* rx = reinterpret_cast<uint8_t*>(at);
@@ -57,13 +70,21 @@ bool StreamConn::Init(Reason* why) noexcept {
   rx_words_ = reinterpret_cast<const volatile uint64_t*>(rx + ring_size());
   tx_words_ = reinterpret_cast<uint64_t*>(tx_ring_ + ring_size());
   uint64_t unused_key = 0;
+  if (sends_) {
+    // Nothing of ours is the peer's to write: it sends from its ring into our slots.
+    slots_ = rx + slots_at;
+    if (!fabric_->Register(slots_, slots_bytes, FI_RECV, &rx_mr_, &unused_key, &rx_desc_, why) ||
+        !fabric_->Register(tx_ring_, tx_bytes, FI_SEND, &tx_mr_, &unused_key, &tx_desc_, why))
+      return false;
+  }
   // The peer writes our receive ring and words; we write from our send ring and words
   // (and post receives into the words' spare room, where notes consume them).
   const uint64_t rx_access = FI_REMOTE_WRITE | (fabric_->posted_receives() ? FI_RECV : 0);
-  if (!fabric_->Register(rx, rx_bytes, rx_access, &rx_mr_, &rx_key_, &rx_desc_, why) ||
-      !fabric_->Register(tx_ring_, tx_bytes, FI_WRITE, &tx_mr_, &unused_key, &tx_desc_, why))
+  if (!sends_ &&
+      (!fabric_->Register(rx, rx_bytes, rx_access, &rx_mr_, &rx_key_, &rx_desc_, why) ||
+       !fabric_->Register(tx_ring_, tx_bytes, FI_WRITE, &tx_mr_, &unused_key, &tx_desc_, why)))
     return false;
-  rx_base_ = fabric_->RmaBase(rx);
+  if (!sends_) rx_base_ = fabric_->RmaBase(rx);
   failover_.SetRings(rx, tx_ring_);
   link_notes_ = fabric_->link_notes(ring_size());
   if (fabric_->connected()) {
@@ -450,6 +471,21 @@ void StreamConn::TxPublish(uint64_t produced) noexcept {
   if (failover_.Publish(produced) != Carriage::kTransport || produced == tx_posted_) return;
   const uint32_t mask = ring_size() - 1;
   uint64_t from = tx_posted_;
+  if (sends_) {
+    // Messages of at most a receive slot each, every one with the cursor at its end (the
+    // receiver checks each against the bytes it has).
+    while (from < produced) {
+      const uint32_t offset = uint32_t(from & mask);
+      uint64_t len = std::min<uint64_t>(produced - from, ring_size() - offset);
+      len = std::min<uint64_t>(len, streamwire::kSendBytes);
+      from += len;
+      if (!Post(tx_ring_ + offset, uint32_t(len), 0, true,
+                note::EncodeLink(note::Kind::kData, from), 0))
+        return;
+    }
+    tx_posted_ = produced;
+    return;
+  }
   while (from < produced) {
     const uint32_t offset = uint32_t(from & mask);
     uint64_t len = produced - from;
@@ -538,15 +574,20 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_
       tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_relaxed)))));
   uint64_t next_look = 0, ended_since = 0;
   for (;;) {
-    const ssize_t rc = fabric_->Write(ep, src, len, tx_desc_, with_note, data, peer_.addr, remote,
-                                      peer_.key, context, delivered);
+    const ssize_t rc = sends_ ? fabric_->Send(ep, src, len, tx_desc_, data, context, delivered)
+                              : fabric_->Write(ep, src, len, tx_desc_, with_note, data, peer_.addr,
+                                               remote, peer_.key, context, delivered);
     if (rc == 0) {
       tx_writes_.fetch_add(1, std::memory_order_acq_rel);
       return true;
     }
     if (rc != -FI_EAGAIN) {
       SLIP_LOG(kWarn, "fabric: %s",
-               FabricError(with_note ? "fi_writedata" : "fi_write", int(rc)).c_str());
+               FabricError(sends_      ? "fi_senddata"
+                           : with_note ? "fi_writedata"
+                                       : "fi_write",
+                           int(rc))
+                   .c_str());
       TransportFailed(wire::FailoverCause::kTransportError);
       return false;
     }

@@ -60,7 +60,8 @@ struct PeerRing {
 
 // A write's context: its connection's tag (bits 0-23), its cursor word's slot (bits
 // 24-31; 0: none) and its number among the connection's writes (bits 32-63). A receive
-// posted for remote CQ data (FI_RX_CQ_DATA) has kReceiveSlot there.
+// posted for remote CQ data (FI_RX_CQ_DATA) or for a message (sends) has kReceiveSlot
+// there, and (sends) its receive slot's number in bits 32-63.
 namespace write_context {
 constexpr uint32_t kReceiveSlot = 0xff;
 constexpr uint64_t Make(uint32_t tag, uint32_t slot, uint32_t seq) noexcept {
@@ -84,6 +85,9 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // (kWordSlots); cursor notes are bounded by the peer's send queue instead, and one that
   // finds none posted waits at the peer (RNR, retried for ever) until our next poll.
   static constexpr int kPostedReceives = 128;
+  // Sends (StreamFabric::sends): receives of streamwire::kSendBytes each, one per message
+  // the peer may have in flight before it waits for us (FI_RM_ENABLED).
+  static constexpr int kSendReceives = 32;
 
   // Rings of `ring_size` bytes, registered; a tag in the fabric's table. nullptr with *why.
   static StreamConn* Create(StreamFabric* fabric, uint32_t ring_size, Reason* why) noexcept;
@@ -114,8 +118,9 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   bool OnLinkRequest(InfoPtr request, uint64_t nonce, fid_eq* eq) noexcept;
   void OnLinkUp() noexcept;
   void OnLinkDown(int error) noexcept;
-  // One of our posted receives was consumed (with the peer's note, where it carries one).
-  void OnReceive(bool has_note, uint64_t data) noexcept;
+  // One of our posted receives was consumed (`context` its, write_context), by `len` bytes
+  // with the peer's note, where it carries one.
+  void OnReceive(uint64_t context, size_t len, bool has_note, uint64_t data) noexcept;
   // Remote CQ data on our own endpoint's queue: only our peer writes there.
   void OnPeerNote(uint64_t data) noexcept;
   // The local proxy end that receives tokens and fill drains (owned from now on).
@@ -246,9 +251,16 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   void TransportFailed(wire::FailoverCause cause) noexcept;
   void SettlePlainLocked(bool gated) noexcept;
   void AfterSettled() noexcept;
-  // Receives for remote CQ data on our own endpoint, where the provider needs them.
+  // Receives for remote CQ data on our own endpoint, where the provider needs them; with
+  // sends, into the receive slots (slot: which one).
   bool PostReceives() noexcept;
-  bool PostReceive() noexcept;
+  bool PostReceive(uint32_t slot) noexcept;
+  // Sends: a message the peer sent into our receive `slot` (its note `data`), whose bytes
+  // go into the ring after the ones before. False: the peer broke the protocol.
+  bool TakeSent(uint32_t slot, size_t len, uint32_t data) noexcept;
+  // Takes what our own receive queue holds; with sends one thread at a time (messages are
+  // copied in their order), and a thread that finds another at it leaves the queue to it.
+  int DrainOwn() noexcept;
   enum class LinkState : uint8_t { kNone, kExpected, kOpening, kUp, kDown };
 
   StreamFabric* const fabric_;
@@ -265,6 +277,15 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   static constexpr uint32_t kWordSlots = 64;
   // Cursor notes instead (StreamFabric::link_notes): no words, one write per publish.
   bool link_notes_ = false;
+  // Sends instead of writes (StreamFabric::sends): the peer's messages land in our receive
+  // slots (kSendReceives of streamwire::kSendBytes, registered for receives) and are copied
+  // into the ring by the one thread draining our queue (rx_draining_; rx_drain_wanted_:
+  // another found it busy), rx_copying_ while a copy is under way (halting waits for it).
+  bool sends_ = false;
+  uint8_t* slots_ = nullptr;
+  std::atomic<bool> rx_draining_{false};
+  std::atomic<bool> rx_drain_wanted_{false};
+  std::atomic<uint32_t> rx_copying_{0};
   const volatile uint64_t* rx_words_ = nullptr;
   uint64_t* tx_words_ = nullptr;
   std::atomic<uint64_t> word_slots_busy_{0};

@@ -36,9 +36,23 @@ constexpr int kArmTries = 16;
 int StreamConn::Poll() noexcept {
   if (!cq_) return fabric_->Poll();
   if (orphaned_.load(std::memory_order_relaxed)) return 0;
-  const int taken =
-      (tx_cq_ ? fabric_->Drain(tx_cq_.get(), this) : 0) + fabric_->Drain(cq_.get(), this);
+  const int taken = (tx_cq_ ? fabric_->Drain(tx_cq_.get(), this) : 0) + DrainOwn();
   if (!watched_.load(std::memory_order_relaxed) && WantsProgress()) WatchFromProgress();
+  return taken;
+}
+
+int StreamConn::DrainOwn() noexcept {
+  if (!sends_) return fabric_->Drain(cq_.get(), this);
+  // Whoever finds the queue busy asks the thread at it for another round (wanted), which
+  // it sees after letting go: a message that came after its last read is never left.
+  int taken = 0;
+  rx_drain_wanted_.store(true, std::memory_order_seq_cst);
+  while (rx_drain_wanted_.load(std::memory_order_seq_cst)) {
+    if (rx_draining_.exchange(true, std::memory_order_seq_cst)) return taken;
+    rx_drain_wanted_.store(false, std::memory_order_seq_cst);
+    taken += fabric_->Drain(cq_.get(), this);
+    rx_draining_.store(false, std::memory_order_seq_cst);
+  }
   return taken;
 }
 
@@ -57,7 +71,7 @@ bool StreamConn::ArmCq() noexcept {
     const int rc = fi_trywait(fabric_->domain().fabric(), &cq, 1);
     if (rc == FI_SUCCESS) return true;
     if (rc != -FI_EAGAIN) return false;
-    fabric_->Drain(cq_.get(), this);
+    DrainOwn();
   }
   return false;
 }

@@ -1,9 +1,12 @@
 // StreamConn's own connected endpoint (SLIP_FABRIC_ENDPOINT=msg, fabric/stream_link.h):
 // a client's connect, a server's accept of the one request its REQ announced, the
 // endpoint's events, and the receives that the peer's notes consume where the provider
-// needs them (FI_RX_CQ_DATA: verbs).
+// needs them (FI_RX_CQ_DATA: verbs), or that its sends fill (SLIP_FABRIC_DATA=send).
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+
+#include <algorithm>
+#include <cstring>
 
 #include "core/log.h"
 #include "fabric/stream_conn.h"
@@ -92,29 +95,94 @@ void StreamConn::OnLinkDown(int error) noexcept {
 
 bool StreamConn::PostReceives() noexcept {
   if (!fabric_->posted_receives()) return true;
-  for (int i = 0; i < kPostedReceives; ++i)
-    if (!PostReceive()) return false;
+  const int count = sends_ ? kSendReceives : kPostedReceives;
+  for (int i = 0; i < count; ++i)
+    if (!PostReceive(uint32_t(i))) return false;
   return true;
 }
 
-bool StreamConn::PostReceive() noexcept {
-  // Empty receives: a note's write lands in the ring memory it names, not here; the
-  // buffer is the words' spare room, in the receive registration (FI_MR_LOCAL).
-  auto* spare = const_cast<uint64_t*>(rx_words_) + 2;
-  void* context =
-      reinterpret_cast<void*>(uintptr_t(write_context::Make(tag_, write_context::kReceiveSlot, 0)));
-  const ssize_t rc = fi_recv(link_.ep(), spare, 0, rx_desc_, FI_ADDR_UNSPEC, context);
+bool StreamConn::PostReceive(uint32_t slot) noexcept {
+  // Writes: empty receives (a note's write lands in the ring memory it names, not here;
+  // the buffer is the words' spare room, in the receive registration: FI_MR_LOCAL). Sends:
+  // the slot the next message fills, named in the context.
+  void* buf = sends_ ? static_cast<void*>(slots_ + size_t(slot) * streamwire::kSendBytes)
+                     : static_cast<void*>(const_cast<uint64_t*>(rx_words_) + 2);
+  const size_t len = sends_ ? streamwire::kSendBytes : 0;
+  void* context = reinterpret_cast<void*>(
+      uintptr_t(write_context::Make(tag_, write_context::kReceiveSlot, sends_ ? slot : 0)));
+  const ssize_t rc = fi_recv(link_.ep(), buf, len, rx_desc_, FI_ADDR_UNSPEC, context);
   if (rc != 0) SLIP_LOG(kWarn, "fabric: %s", FabricError("fi_recv", int(rc)).c_str());
   return rc == 0;
 }
 
-void StreamConn::OnReceive(bool has_note, uint64_t data) noexcept {
-  if (link_.ep() && !PostReceive() && on_fabric()) {
+void StreamConn::OnReceive(uint64_t context, size_t len, bool has_note, uint64_t data) noexcept {
+  const uint32_t slot = write_context::Seq(context);
+  if (sends_) {
+    // Taken before the slot is posted again (the next message overwrites it). Every
+    // message carries its note: one without is the peer's violation.
+    if (slot >= uint32_t(kSendReceives)) return;  // (not a context of ours)
+    if (halted_.load(std::memory_order_acquire) || orphaned_.load(std::memory_order_relaxed) ||
+        error_.load(std::memory_order_acquire) != 0)
+      return;  // (what came before halting or failing is what we received: no more needed)
+    if (!has_note || !TakeSent(slot, len, uint32_t(data))) {
+      if (!has_note) SLIP_LOG(kWarn, "fabric: a message without its note from the peer; resetting");
+      Fail(EPROTO);
+      return;
+    }
+  }
+  if (link_.ep() && !PostReceive(slot) && on_fabric()) {
     // The peer would stall on a receive it cannot consume: take the anchor instead.
     TransportFailed(wire::FailoverCause::kTransportError);
     return;
   }
-  if (has_note) OnPeerNote(data);
+  if (has_note && !sends_) OnPeerNote(data);
+}
+
+bool StreamConn::TakeSent(uint32_t slot, size_t len, uint32_t data) noexcept {
+  // Messages come in the order they were sent and are taken one at a time (DrainOwn): each
+  // must say exactly the bytes after ours, within the ring's room. Read once: the note
+  // from the completion, the bytes from the slot, which only the next message (posted
+  // after this returns) changes.
+  const note::Kind kind = note::LinkKindOf(data);
+  const uint64_t produced = rx_produced_.load(std::memory_order_acquire);
+  if (kind != note::Kind::kData) {
+    // Credits, EOF and CLOSED are empty; an EOF says where the bytes end, which is here.
+    if (len != 0 || (kind == note::Kind::kEof && note::LinkCursor(data, produced) != produced)) {
+      SLIP_LOG(kWarn, "fabric: a malformed %s from the peer; resetting",
+               kind == note::Kind::kEof ? "EOF" : "note");
+      return false;
+    }
+    OnLinkNote(data);
+    return true;
+  }
+  if (len == 0 || len > streamwire::kSendBytes ||
+      note::LinkCursor(data, produced) != produced + len) {
+    SLIP_LOG(kWarn,
+             "fabric: a message of %zu bytes whose note disagrees with the stream; resetting", len);
+    return false;
+  }
+  if (produced + len - failover_.consumed() > ring_size()) {
+    SLIP_LOG(kWarn, "fabric: the peer overran the ring (produced %llu, consumed %llu); resetting",
+             (unsigned long long)(produced + len), (unsigned long long)failover_.consumed());
+    return false;
+  }
+  // Halting waits for a copy under way, or the copy sees it halted and leaves the bytes
+  // out of what we received (the peer sends them again over TCP).
+  rx_copying_.fetch_add(1, std::memory_order_seq_cst);
+  if (halted_.load(std::memory_order_seq_cst)) {
+    rx_copying_.fetch_sub(1, std::memory_order_seq_cst);
+    return true;
+  }
+  uint8_t* ring = rx_ring_.load(std::memory_order_relaxed);
+  const uint8_t* src = slots_ + size_t(slot) * streamwire::kSendBytes;
+  const uint32_t offset = uint32_t(produced & (ring_size() - 1));
+  const size_t first = std::min<size_t>(len, ring_size() - offset);
+  std::memcpy(ring + offset, src, first);
+  if (first < len) std::memcpy(ring, src + first, len - first);
+  rx_produced_.store(produced + len, std::memory_order_release);
+  rx_copying_.fetch_sub(1, std::memory_order_seq_cst);
+  WakeReaderIfSettled();
+  return true;
 }
 
 void StreamConn::OnPeerNote(uint64_t data) noexcept {

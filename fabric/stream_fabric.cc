@@ -42,8 +42,41 @@ constexpr uint64_t kRetireMs = 2000;
 // it is verbs (ofi_rxm only layers datagrams over its RC queue pairs, at 8x the latency in
 // the guest), unless the user named ofi_rxm. Not tcp: there ofi_rxm's datagrams measured
 // faster than the provider's own connected endpoints (docs/PERFORMANCE.md).
-std::vector<InfoPtr> StreamFabric::Domains(const Options& options, bool* connected,
+std::vector<InfoPtr> StreamFabric::Domains(const Options& options, bool* connected, bool* sends,
                                            std::string* why) {
+  *sends = false;
+  if (options.data == DataChoice::kSend) {
+    if (options.endpoint == EndpointChoice::kDatagram) {
+      *why =
+          "sends (SLIP_FABRIC_DATA=send) run over connected endpoints, not "
+          "SLIP_FABRIC_ENDPOINT=rdm";
+      return {};
+    }
+    return SendDomains(options, connected, sends, why);
+  }
+  std::vector<InfoPtr> found = WriteDomains(options, connected, why);
+  if (!found.empty() || options.data == DataChoice::kWrite ||
+      options.endpoint == EndpointChoice::kDatagram)
+    return found;
+  // Auto, and no provider writes: one that sends, if any.
+  std::string send_why;
+  found = SendDomains(options, connected, sends, &send_why);
+  if (found.empty()) *why += "; nor sends over connected endpoints: " + send_why;
+  return found;
+}
+
+std::vector<InfoPtr> StreamFabric::SendDomains(const Options& options, bool* connected, bool* sends,
+                                               std::string* why) {
+  // (Connected endpoints are the core provider's own: "tcp;ofi_rxm" names tcp's.)
+  std::string core = options.provider;
+  if (const size_t semi = core.find(';'); semi != std::string::npos) core.resize(semi);
+  std::vector<InfoPtr> domains = FindDomains(core, Use::kStreamSends, why);
+  *connected = *sends = !domains.empty();
+  return domains;
+}
+
+std::vector<InfoPtr> StreamFabric::WriteDomains(const Options& options, bool* connected,
+                                                std::string* why) {
   *connected = false;
   const bool names_rxm = options.provider.find("ofi_rxm") != std::string::npos;
   if (options.endpoint == EndpointChoice::kDatagram ||
@@ -73,8 +106,8 @@ std::vector<InfoPtr> StreamFabric::Domains(const Options& options, bool* connect
 
 std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hidden_fd_floor,
                                                  std::string* why) {
-  bool connected = false;
-  std::vector<InfoPtr> domains = Domains(options, &connected, why);
+  bool connected = false, sends = false;
+  std::vector<InfoPtr> domains = Domains(options, &connected, &sends, why);
   if (domains.empty()) return nullptr;
   std::unique_ptr<StreamFabric> f(new (std::nothrow) StreamFabric);
   if (!f) {
@@ -89,6 +122,7 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hid
   // The first domain that opens: streams go wherever the provider's best interface reaches
   // (one domain per process; a host with several NICs uses the first).
   f->connected_ = connected;
+  f->sends_ = sends;
   // (Connected: a first queue of a connection's kind, to see that the domain can make them
   // and whether they have a descriptor; it closes at once.)
   CqPtr probe, probe_tx;
@@ -128,7 +162,8 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hid
   }
   const fi_info& info = f->domain_->info();
   f->posted_receives_ =
-      connected && ((info.mode | (info.rx_attr ? info.rx_attr->mode : 0)) & FI_RX_CQ_DATA) != 0;
+      sends ||
+      (connected && ((info.mode | (info.rx_attr ? info.rx_attr->mode : 0)) & FI_RX_CQ_DATA) != 0);
   const uint64_t mr_mode = f->domain_->info().domain_attr->mr_mode;
   f->prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
   f->virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
@@ -142,7 +177,9 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hid
   f->delivery_refused_.store(strcmp(f->provider(), "shm") == 0);
   SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s; %s; %s progress%s)", f->provider(),
            f->domain_->name(), connected ? "connected endpoints" : "one reliable datagram endpoint",
-           f->word_notes_ ? "cursor words, 4-byte doorbells" : "8-byte notes, unchecked",
+           sends            ? "sends into posted receives (no RMA)"
+           : f->word_notes_ ? "cursor words, 4-byte doorbells"
+                            : "8-byte notes, unchecked",
            f->manual_progress_ ? "manual" : "automatic",
            waitable ? "" : "; completions polled, no wait object");
   return f;
@@ -283,10 +320,11 @@ void StreamFabric::RemoveConn(uint32_t tag) noexcept {
 void StreamFabric::Dispatch(const fi_cq_data_entry& e, StreamConn* owner) noexcept {
   const auto context = uint64_t(uintptr_t(e.op_context));
   if (posted_receives_ && write_context::Slot(context) == write_context::kReceiveSlot) {
-    // A receive of ours, consumed by a peer's note (FI_RX_CQ_DATA): it names the
-    // connection whose endpoint took it.
-    WithConn(write_context::Tag(context),
-             [&](StreamConn* c) { c->OnReceive((e.flags & FI_REMOTE_CQ_DATA) != 0, e.data); });
+    // A receive of ours, consumed by a peer's note (FI_RX_CQ_DATA) or filled by its
+    // message (sends): it names the connection whose endpoint took it.
+    WithConn(write_context::Tag(context), [&](StreamConn* c) {
+      c->OnReceive(context, e.len, (e.flags & FI_REMOTE_CQ_DATA) != 0, e.data);
+    });
     return;
   }
   if (e.flags & FI_REMOTE_CQ_DATA) {
@@ -351,10 +389,34 @@ ssize_t StreamFabric::Write(fid_ep* ep, const void* buf, size_t len, void* desc,
   return fi_write(ep, buf, len, desc, peer, remote, key, context);
 }
 
+ssize_t StreamFabric::Send(fid_ep* ep, const void* buf, size_t len, void* desc, uint64_t data,
+                           void* context, bool delivered) noexcept {
+  if (delivered && !delivery_refused_.load(std::memory_order_relaxed)) {
+    iovec iov{const_cast<void*>(buf), len};
+    fi_msg msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &desc;
+    msg.iov_count = 1;
+    msg.addr = FI_ADDR_UNSPEC;
+    msg.context = context;
+    msg.data = data;
+    const ssize_t rc =
+        fi_sendmsg(ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE | FI_REMOTE_CQ_DATA);
+    if (rc == 0 || rc == -FI_EAGAIN) return rc;
+    delivery_refused_.store(true, std::memory_order_relaxed);
+  }
+  return fi_senddata(ep, buf, len, desc, data, FI_ADDR_UNSPEC, context);
+}
+
 void StreamFabric::DispatchError(const fi_cq_err_entry& err) noexcept {
   const auto context = uint64_t(uintptr_t(err.op_context));
-  // A receive flushed (its endpoint closed or broke): our writes on it say what happened.
-  if (posted_receives_ && write_context::Slot(context) == write_context::kReceiveSlot) return;
+  if (posted_receives_ && write_context::Slot(context) == write_context::kReceiveSlot) {
+    // A receive flushed (its endpoint closed or broke): our writes on it say what
+    // happened. But a message longer than the receive it took is the peer's violation.
+    if (sends_ && err.err == FI_ETRUNC)
+      WithConn(write_context::Tag(context), [](StreamConn* c) { c->OnPeerViolation(); });
+    return;
+  }
   const int error = err.err ? err.err : EIO;
   SLIP_LOG(kDebug, "fabric: completion error: %s (flags %llx, provider error %d)",
            fi_strerror(error), (unsigned long long)err.flags, err.prov_errno);

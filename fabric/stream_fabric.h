@@ -64,7 +64,11 @@ class StreamFabric {
   const Domain& domain() const noexcept { return *domain_; }
   // One connected endpoint per stream (else the RDM endpoint, ep()).
   bool connected() const noexcept { return connected_; }
-  // Remote CQ data consumes a posted receive (FI_RX_CQ_DATA): connections post them.
+  // Bytes go as sends into the peer's posted receives (SLIP_FABRIC_DATA=send, or a
+  // provider without RMA), which it copies into its ring; notes are cursor notes on sends.
+  bool sends() const noexcept { return sends_; }
+  // Remote CQ data consumes a posted receive (FI_RX_CQ_DATA), or sends do: connections
+  // post them.
   bool posted_receives() const noexcept { return posted_receives_; }
   // The provider moves data only while it is asked (FI_PROGRESS_MANUAL: tcp): a connected
   // stream's writes in flight want the progress thread, as its waiters do.
@@ -88,8 +92,9 @@ class StreamFabric {
   // a connection with rings of `ring_size` over a connected endpoint puts its cursor in
   // the 4 bytes instead (link_notes), where it fits.
   bool word_notes() const noexcept { return word_notes_; }
+  // (Sends always carry cursor notes: bigger rings are refused there, StreamConn::Init.)
   bool link_notes(uint32_t ring_size) const noexcept {
-    return connected_ && ring_size <= (1u << note::kLinkMaxRingLog2);
+    return connected_ && (sends_ || ring_size <= (1u << note::kLinkMaxRingLog2));
   }
   fid_ep* ep() const noexcept { return endpoint_.ep(); }
   // Our endpoint's address, for REQ and REP (connected: the listener's, for REP, once
@@ -154,6 +159,10 @@ class StreamFabric {
   ssize_t Write(fid_ep* ep, const void* buf, size_t len, void* desc, bool with_data, uint64_t data,
                 fi_addr_t peer, uint64_t remote, uint64_t key, void* context,
                 bool delivered = false) noexcept;
+  // One send of `len` bytes at `buf` (registered: `desc`) through a connected endpoint,
+  // into the peer's next posted receive, with `data` as its remote CQ data.
+  ssize_t Send(fid_ep* ep, const void* buf, size_t len, void* desc, uint64_t data, void* context,
+               bool delivered = false) noexcept;
 
   // A descriptor the progress thread watches beside the completion queue (a listener's
   // UDP socket: its REQs are answered as they come, whether the application is in accept()
@@ -173,7 +182,14 @@ class StreamFabric {
 
  private:
   StreamFabric() = default;
-  static std::vector<InfoPtr> Domains(const Options& options, bool* connected, std::string* why);
+  // The domains streams go over: *connected, over connected endpoints; *sends, with sends
+  // into posted receives (no RMA).
+  static std::vector<InfoPtr> Domains(const Options& options, bool* connected, bool* sends,
+                                      std::string* why);
+  static std::vector<InfoPtr> WriteDomains(const Options& options, bool* connected,
+                                           std::string* why);
+  static std::vector<InfoPtr> SendDomains(const Options& options, bool* connected, bool* sends,
+                                          std::string* why);
   void ProgressLoop() noexcept;
   // Hands the connections' queues whose one shot fired to their connections.
   void TakeConnEvents() noexcept;
@@ -198,6 +214,7 @@ class StreamFabric {
   std::unique_ptr<Domain> domain_;
   Endpoint endpoint_;  // RDM
   bool connected_ = false;
+  bool sends_ = false;
   bool posted_receives_ = false;
   bool manual_progress_ = false;
   int conn_epoll_ = -1;  // connected: the connections' queues the progress thread watches

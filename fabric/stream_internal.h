@@ -93,9 +93,10 @@ class StreamModuleImpl final : public StreamModule {
   // What REQ and REP say of the notes' form of a connection with rings of `ring_size`
   // (both ends must agree).
   uint8_t NoteBytes(uint32_t ring_size) const noexcept {
-    return fabric_->link_notes(ring_size) ? streamwire::kNoteLinkCursor
-           : fabric_->word_notes()        ? streamwire::kNoteWords
-                                          : streamwire::kNoteCursor8;
+    return fabric_->sends()                 ? streamwire::kNoteSends
+           : fabric_->link_notes(ring_size) ? streamwire::kNoteLinkCursor
+           : fabric_->word_notes()          ? streamwire::kNoteWords
+                                            : streamwire::kNoteCursor8;
   }
   streamwire::Endpoints Endpoints() const noexcept {
     return fabric_->connected() ? streamwire::Endpoints::kConnected

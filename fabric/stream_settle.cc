@@ -11,6 +11,7 @@
 // A client's REQ carried its ring, so unlike verbs nothing else must arrive first.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -157,6 +158,9 @@ bool StreamConn::MayDeliver() const noexcept {
 void StreamConn::HaltLocked() noexcept {
   failover_.Begin();
   halted_.store(true, std::memory_order_seq_cst);
+  // (Sends: a message being copied into the ring lands before the copy below, or not at
+  // all; TakeSent.)
+  while (rx_copying_.load(std::memory_order_seq_cst) != 0) sched_yield();
   if (rx_copy_) return;
   // The peer's writes in flight may still land in the registered ring, which stays as it
   // is (taking its registration away would break the provider's connection to that peer

@@ -4,6 +4,16 @@
 
 namespace slip::fabric::streamwire {
 
+namespace {
+
+// Sends name no ring in the peer's memory, and bound the ring (their cursors' 30 bits).
+bool SendsFit(const Message& m) noexcept {
+  return m.note_bytes != kNoteSends ||
+         (m.ring_key == 0 && m.ring_addr == 0 && m.ring_log2 <= kSendsMaxRingLog2);
+}
+
+}  // namespace
+
 bool Encode(const Message& m, uint8_t out[kBytes]) noexcept {
   const bool refuse = m.type == Type::kRefuse;
   if (m.address_len > kMaxAddressBytes) return false;
@@ -14,7 +24,7 @@ bool Encode(const Message& m, uint8_t out[kBytes]) noexcept {
   if (!refuse && (needs_address ? m.address_len == 0 : m.address_len != 0)) return false;
   if (!refuse && (m.ring_log2 < kMinRingLog2 || m.ring_log2 > kMaxRingLog2 || m.note_tag == 0 ||
                   m.note_tag > kMaxNoteTag || !KnownNoteForm(m.note_bytes) ||
-                  (m.note_bytes == kNoteLinkCursor && !connected)))
+                  (ConnectedOnlyForm(m.note_bytes) && !connected) || !SendsFit(m)))
     return false;
   ByteWriter w(out, kBytes);
   w.U32(kMagic);
@@ -75,8 +85,7 @@ bool Parse(const uint8_t* in, size_t len, Message* out) noexcept {
   if ((needs_address ? m.address_len == 0 : m.address_len != 0) || m.ring_log2 < kMinRingLog2 ||
       m.ring_log2 > kMaxRingLog2 || m.note_tag == 0 || m.note_tag > kMaxNoteTag ||
       !KnownNoteForm(m.note_bytes) ||
-      // (A cursor without a tag is only safe where nobody else can write: connected.)
-      (m.note_bytes == kNoteLinkCursor && m.endpoints != Endpoints::kConnected)) {
+      (ConnectedOnlyForm(m.note_bytes) && m.endpoints != Endpoints::kConnected) || !SendsFit(m)) {
     return false;
   }
   *out = m;

@@ -39,12 +39,23 @@ enum class Endpoints : uint8_t {
 };
 
 // The notes' forms (Message::note_bytes): the cursor in 8 bytes of CQ data; a cursor word
-// and a 4-byte doorbell; over connected endpoints, a 30-bit cursor in 4 bytes of CQ data.
+// and a 4-byte doorbell; over connected endpoints, a 30-bit cursor in 4 bytes of CQ data
+// on RMA writes, or on sends into the peer's posted receives (no RMA: the bytes come in
+// messages of at most kSendBytes, which the receiver copies into its ring; the ring key
+// and address are 0, rings at most 2^kSendsMaxRingLog2 bytes).
 constexpr uint8_t kNoteCursor8 = 8;
 constexpr uint8_t kNoteWords = 4;
 constexpr uint8_t kNoteLinkCursor = 30;
+constexpr uint8_t kNoteSends = 31;
+constexpr uint32_t kSendBytes = 65536;
+constexpr uint8_t kSendsMaxRingLog2 = 28;
 constexpr bool KnownNoteForm(uint8_t form) noexcept {
-  return form == kNoteCursor8 || form == kNoteWords || form == kNoteLinkCursor;
+  return form == kNoteCursor8 || form == kNoteWords || form == kNoteLinkCursor ||
+         form == kNoteSends;
+}
+// A cursor without a tag is only safe where nobody else can write: connected endpoints.
+constexpr bool ConnectedOnlyForm(uint8_t form) noexcept {
+  return form == kNoteLinkCursor || form == kNoteSends;
 }
 
 // The smallest and largest rings a message may name (core's SLIP_RING_SIZE bounds).
@@ -71,7 +82,8 @@ struct Message {
   uint32_t note_tag = 0;   // what the peer's notes to the sender must carry to reach its
                            // connection (fabric/stream_note.h): 1 .. kMaxNoteTag
   uint8_t note_bytes = 8;  // the notes' form both ends must use (fabric/stream_note.h):
-                           // kNoteCursor8, kNoteWords or kNoteLinkCursor; 0 in REFUSE
+                           // kNoteCursor8, kNoteWords, kNoteLinkCursor or kNoteSends;
+                           // 0 in REFUSE
   Endpoints endpoints = Endpoints::kReliableDatagram;  // (kReliableDatagram in REFUSE)
   uint8_t address[kMaxAddressBytes] = {};
 };

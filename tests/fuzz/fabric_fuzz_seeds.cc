@@ -74,6 +74,13 @@ std::vector<std::vector<uint8_t>> Seeds() {
       m.note_bytes = sw::kNoteLinkCursor;
       if (!sw::Encode(m, buf)) return {};
       out.emplace_back(buf, buf + sizeof(buf));
+      // Sends (no RMA): no ring key or address, rings up to kSendsMaxRingLog2.
+      m.note_bytes = sw::kNoteSends;
+      m.ring_key = 0;
+      m.ring_addr = 0;
+      if (m.ring_log2 > sw::kSendsMaxRingLog2) m.ring_log2 = sw::kSendsMaxRingLog2;
+      if (!sw::Encode(m, buf)) return {};
+      out.emplace_back(buf, buf + sizeof(buf));
     }
   }
   // A client's connection data.

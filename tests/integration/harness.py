@@ -135,6 +135,9 @@ def _child_env(extra):
     # SLIP_TEST_FABRIC_NOTES=word: the fabric runs with cursor words and 4-byte notes.
     if os.environ.get("SLIP_TEST_FABRIC_NOTES"):
         env["SLIP_FABRIC_NOTES"] = os.environ["SLIP_TEST_FABRIC_NOTES"]
+    # SLIP_TEST_FABRIC_DATA=send|write: how the fabric's streams move their bytes.
+    if os.environ.get("SLIP_TEST_FABRIC_DATA"):
+        env["SLIP_FABRIC_DATA"] = os.environ["SLIP_TEST_FABRIC_DATA"]
     # SLIP_TEST_FABRIC_ENDPOINT=rdm|msg: the fabric's streams use those endpoints.
     if os.environ.get("SLIP_TEST_FABRIC_ENDPOINT"):
         env["SLIP_FABRIC_ENDPOINT"] = os.environ["SLIP_TEST_FABRIC_ENDPOINT"]

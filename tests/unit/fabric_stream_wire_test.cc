@@ -107,6 +107,48 @@ TEST(FabricStreamWire, CursorNotesOnlyBetweenConnectedEndpoints) {
   EXPECT_EQ(out.nonce, untouched.nonce);
 }
 
+// Sends (no RMA): connected endpoints only, no ring in the sender's memory to name, rings
+// whose cursors fit the notes' 30 bits.
+TEST(FabricStreamWire, SendsNameNoRingAndFitTheirCursors) {
+  Message m = SampleReq();
+  m.note_bytes = streamwire::kNoteSends;
+  m.endpoints = streamwire::Endpoints::kConnected;
+  m.address_len = 0;
+  std::memset(m.address, 0, sizeof(m.address));
+  uint8_t buf[streamwire::kBytes];
+  EXPECT_FALSE(streamwire::Encode(m, buf));  // (SampleReq names a key and an address)
+  m.ring_key = 0;
+  m.ring_addr = 0;
+  ASSERT_TRUE(streamwire::Encode(m, buf));
+  Message out;
+  ASSERT_TRUE(streamwire::Parse(buf, sizeof(buf), &out));
+  EXPECT_EQ(out.note_bytes, streamwire::kNoteSends);
+  m.ring_log2 = streamwire::kSendsMaxRingLog2 + 1;
+  EXPECT_FALSE(streamwire::Encode(m, buf));
+  m.ring_log2 = streamwire::kSendsMaxRingLog2;
+  m.endpoints = streamwire::Endpoints::kReliableDatagram;
+  m.address_len = 8;
+  EXPECT_FALSE(streamwire::Encode(m, buf));
+  // A parser sees the same: the form with a key, or over reliable datagrams, is refused.
+  m.endpoints = streamwire::Endpoints::kConnected;
+  m.address_len = 0;
+  ASSERT_TRUE(streamwire::Encode(m, buf));
+  Message keyed = m;
+  keyed.note_bytes = streamwire::kNoteLinkCursor;
+  keyed.ring_key = 0x0102030405060708;
+  uint8_t with_key[streamwire::kBytes];
+  ASSERT_TRUE(streamwire::Encode(keyed, with_key));
+  size_t form_at = 0;
+  for (size_t i = 0; i < sizeof(buf); ++i)
+    if (buf[i] == streamwire::kNoteSends && with_key[i] == streamwire::kNoteLinkCursor) form_at = i;
+  ASSERT_NE(form_at, 0u);
+  with_key[form_at] = streamwire::kNoteSends;
+  const Message untouched = SampleReq();
+  out = untouched;
+  EXPECT_FALSE(streamwire::Parse(with_key, sizeof(with_key), &out));
+  EXPECT_EQ(out.nonce, untouched.nonce);
+}
+
 TEST(FabricStreamNote, CursorNotesExtendFromTheReceiversCopy) {
   using note::Kind;
   for (Kind kind : {Kind::kData, Kind::kCredit, Kind::kEof, Kind::kClosed})

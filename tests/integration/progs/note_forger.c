@@ -16,7 +16,10 @@
 // msg: before its own, it connects an endpoint naming the connection just below its tag
 // with a nonce of its own: the listener must refuse that ("hijack": "refused"); then it
 // connects its own endpoint with its REQ's nonce, which the listener takes, and writes the
-// notes through it.
+// notes through it. A listener whose streams send (SLIP_FABRIC_DATA=send: form 31, no
+// ring key) takes messages instead of writes: the forger sends, through its own endpoint,
+// an empty data note, a 16-byte message whose note says CURSOR, and an EOF past its bytes,
+// each of which the listener must refuse (resetting the forger's connection only).
 // Prints {"rep": true|false, "tag": T, "notes": N} (N: notes that completed here).
 // The wire format is written out here independently of fabric/stream_wire.cc.
 #include <arpa/inet.h>
@@ -111,7 +114,7 @@ int main(int argc, char** argv) {
 
   struct fi_info* hints = fi_allocinfo();
   hints->ep_attr->type = connected ? FI_EP_MSG : FI_EP_RDM;
-  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+  hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | (connected ? FI_MSG | FI_SEND : 0);
   hints->mode = 0;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
   hints->domain_attr->threading = FI_THREAD_SAFE;
@@ -173,12 +176,14 @@ int main(int argc, char** argv) {
   setsockopt(udp, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
   connect(udp, (struct sockaddr*)&to, sizeof(to));
   // The listener refuses notes of another form than its own: ask in each (4: words, 8:
-  // 8-byte notes, 30: cursor notes, connected endpoints only).
-  static const uint8_t forms[3] = {4, 8, 30};
+  // 8-byte notes, 30: cursor notes, 31: sends, connected endpoints only; sends name no
+  // ring key).
+  static const uint8_t forms[4] = {4, 8, 30, 31};
   uint8_t rep[MSG_BYTES + 1];
   ssize_t n = -1;
-  for (int form = 0; form < (connected ? 3 : 2) && !(n == MSG_BYTES && rep[5] == 2); ++form) {
+  for (int form = 0; form < (connected ? 4 : 2) && !(n == MSG_BYTES && rep[5] == 2); ++form) {
     req[76] = forms[form];
+    put_le(req + 56, forms[form] == 31 ? 0 : 0x1111, 8);
     put_le(req + 8, 0x5eed5eed5eed5eedull + (uint64_t)form, 8);
     n = -1;
     for (int tries = 0; tries < 3 && n != MSG_BYTES; ++tries) {
@@ -212,7 +217,26 @@ int main(int argc, char** argv) {
   }
 
   int posted = 0, completed = 0;
-  for (uint32_t t = tag > 8 ? tag - 8 : 1; t < tag; ++t) {
+  if (req[76] == 31) {
+    // Messages: an empty data note, 16 bytes whose note claims CURSOR, an EOF at CURSOR.
+    static char forged[16] = "FORGED BY A PEER";
+    const uint64_t mask = (1ull << 30) - 1;
+    const struct {
+      size_t len;
+      uint64_t note;
+    } msgs[3] = {{0, cursor & mask}, {16, cursor & mask}, {0, 2ull << 30 | (cursor & mask)}};
+    for (int i = 0; i < 3; ++i) {
+      do {
+        rc = (int)fi_senddata(ep, forged, msgs[i].len, NULL, msgs[i].note, 0, NULL);
+        if (rc == -FI_EAGAIN) {
+          struct fi_cq_data_entry e[8];
+          if (fi_cq_read(cq, e, 8) > 0) ++completed;
+        }
+      } while (rc == -FI_EAGAIN);
+      if (rc == 0) ++posted;
+    }
+  }
+  for (uint32_t t = tag > 8 ? tag - 8 : 1; t < tag && req[76] != 31; ++t) {
     const uint64_t notes[3] = {
         (uint64_t)t << 40 | (uint64_t)1 << 36 | (cursor & ((1ull << 36) - 1)),  // 8 bytes
         (uint64_t)t << 8 | 1 << 4,                                              // 4 bytes
