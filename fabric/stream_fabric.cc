@@ -178,6 +178,7 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hid
   SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s; %s; %s progress%s)", f->provider(),
            f->domain_->name(), connected ? "connected endpoints" : "one reliable datagram endpoint",
            sends            ? "sends into posted receives (no RMA)"
+           : connected      ? "cursor notes (words for rings above 256 MiB)"
            : f->word_notes_ ? "cursor words, 4-byte doorbells"
                             : "8-byte notes, unchecked",
            f->manual_progress_ ? "manual" : "automatic",
