@@ -338,6 +338,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   std::atomic<uint64_t> write_seq_{0};
   std::atomic<uint64_t> first_failed_{~uint64_t(0)};
   std::atomic<uint64_t> last_done_{0};
+  std::atomic<bool> write_failed_{false};  // OnWriteFailed looked at a failure already
 
   // Settling: held until the CONFIRM (settle_at_: when Settle runs next, 0 settled).
   std::atomic<uint64_t> settle_at_{0};
