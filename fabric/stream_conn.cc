@@ -134,8 +134,7 @@ StreamConn::~StreamConn() {
     // writes, so the others are there too), and the flush below waits for it. A peer that
     // saw the FIN first would take its unacknowledged bytes for lost (a reset).
     const uint64_t consumed = failover_.consumed();
-    if (consumed != credit_sent_ && PostNote(note::Kind::kCredit, consumed))
-      credit_sent_ = consumed;
+    if (consumed != credit_sent_) PostCredit(consumed);
     if (!eof_posted_.exchange(true)) PostNote(note::Kind::kEof, tx_posted_);
     if (!closed_posted_.exchange(true)) PostNote(note::Kind::kClosed, consumed, /*delivered=*/true);
   }
@@ -157,9 +156,10 @@ StreamConn::~StreamConn() {
   tx_cq_.reset();
   // Writes still in flight may read our send ring, and the peer's may still land in our
   // receive ring: both stay registered until the provider is surely done with them. Not
-  // when every write of ours completed and the peer said its last (its CLOSED follows
-  // everything it wrote), nor once our own endpoint is closed.
-  const bool peer_done = rx_eof_.load() && peer_closed_.load();
+  // when every write of ours completed and the peer is done: it said EOF and CLOSED and
+  // its TCP connection ended (a credit of its after CLOSED, its close's last exact one,
+  // lands before its FIN: PostCredit); nor once our own endpoint is closed.
+  const bool peer_done = rx_eof_.load() && peer_closed_.load() && peer_ended;
   if ((flushed && peer_done) || own_endpoint) {
     rx_mr_.reset();
     tx_mr_.reset();
@@ -458,8 +458,7 @@ void StreamConn::RxConsumed(uint64_t consumed) noexcept {
   if (failover_.carriage() != Carriage::kTransport) return;  // TCP has its own window
   // A sender waits only on a full ring, and a reader that wants more must first empty it:
   // a credit every quarter ring never leaves the two waiting on each other.
-  if (consumed - credit_sent_ >= ring_size() / 4 && PostNote(note::Kind::kCredit, consumed))
-    credit_sent_ = consumed;
+  if (consumed - credit_sent_ >= ring_size() / 4) PostCredit(consumed);
 }
 
 uint64_t StreamConn::TxConsumed() const noexcept {
@@ -534,11 +533,28 @@ void StreamConn::CloseTx() noexcept {
 
 void StreamConn::CloseRx() noexcept {
   rx_close_wanted_.store(true, std::memory_order_seq_cst);
-  if (failover_.carriage() == Carriage::kTransport && !closed_posted_.exchange(true))
+  if (failover_.carriage() == Carriage::kTransport && !closed_posted_.exchange(true)) {
+    // (A credit being posted goes first: none follows CLOSED unannounced, PostCredit.)
+    while (credits_posting_.load(std::memory_order_seq_cst) != 0) sched_yield();
     PostNote(note::Kind::kClosed, failover_.consumed());
+  }
 }
 
 // ------------------------------------------------------------------------ posting
+
+void StreamConn::PostCredit(uint64_t consumed) noexcept {
+  // The peer may let go of its receive ring once it has our EOF and CLOSED and our TCP
+  // connection ended: a credit after CLOSED (a reader still consuming after shutdown(SHUT_RD),
+  // or our close's exact last one) must have landed before our FIN, so it completes only
+  // once delivered (our close's flush waits for it). A write into a registration that is
+  // gone breaks ofi_rxm's connection for every stream between the two processes (seen as
+  // a cascade of failures in one semantics run in 80, after threads_shutrdwr). CloseRx
+  // waits for a credit under way here, so this one knows whether it follows CLOSED.
+  credits_posting_.fetch_add(1, std::memory_order_seq_cst);
+  const bool after_closed = closed_posted_.load(std::memory_order_seq_cst);
+  if (PostNote(note::Kind::kCredit, consumed, /*delivered=*/after_closed)) credit_sent_ = consumed;
+  credits_posting_.fetch_sub(1, std::memory_order_seq_cst);
+}
 
 bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noexcept {
   if (link_notes_)

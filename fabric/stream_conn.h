@@ -215,6 +215,8 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // The note that says `cursor` (an 8-byte note, a word with a 4-byte note, or a cursor
   // note on an empty write).
   bool PostNote(note::Kind kind, uint64_t cursor, bool delivered = false) noexcept;
+  // A credit note for `consumed` (delivered where it follows our CLOSED).
+  void PostCredit(uint64_t consumed) noexcept;
   // While the provider has no room (or no cursor word is free): polls, and gives up when
   // the connection failed, left the fabric or its peer closed or died. False: give up.
   bool AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept;
@@ -331,7 +333,8 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   uint64_t tx_posted_ = 0;
   std::atomic<bool> eof_posted_{false};
   std::atomic<bool> closed_posted_{false};
-  std::atomic<uint64_t> tx_writes_{0};  // posted writes
+  std::atomic<uint32_t> credits_posting_{0};  // PostCredit under way (CloseRx waits)
+  std::atomic<uint64_t> tx_writes_{0};        // posted writes
   std::atomic<uint64_t> tx_completed_{0};
   // Writes' numbers (write_context::Seq has their low 32 bits): the next one, the first
   // that failed (~0: none), one past the last that completed (0: none).
