@@ -544,11 +544,11 @@ void StreamConn::CloseRx() noexcept {
 
 void StreamConn::PostCredit(uint64_t consumed) noexcept {
   // The peer may let go of its receive ring once it has our EOF and CLOSED and our TCP
-  // connection ended: a credit after CLOSED (a reader still consuming after shutdown(SHUT_RD),
-  // or our close's exact last one) must have landed before our FIN, so it completes only
-  // once delivered (our close's flush waits for it). A write into a registration that is
-  // gone breaks ofi_rxm's connection for every stream between the two processes (seen as
-  // a cascade of failures in one semantics run in 80, after threads_shutrdwr). CloseRx
+  // connection ended: a credit after CLOSED (our end's exact last one, after close() sent
+  // CLOSED; or a reader thread still consuming) must have landed before our FIN, so it
+  // completes only once delivered (our end's flush waits for it). A write into a
+  // registration that is gone breaks ofi_rxm's connection for every stream between the
+  // two processes (the cascade of failures seen in one semantics run in 80). CloseRx
   // waits for a credit under way here, so this one knows whether it follows CLOSED.
   credits_posting_.fetch_add(1, std::memory_order_seq_cst);
   const bool after_closed = closed_posted_.load(std::memory_order_seq_cst);

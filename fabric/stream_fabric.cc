@@ -320,10 +320,18 @@ void StreamFabric::RemoveConn(uint32_t tag) noexcept {
 
 void StreamFabric::Dispatch(const fi_cq_data_entry& e, StreamConn* owner) noexcept {
   const auto context = uint64_t(uintptr_t(e.op_context));
+  // On a connection's own queue, what names the connection is the connection polling it
+  // (alive while it polls): no trip through the table.
+  auto with_conn = [&](uint32_t tag, auto&& f) {
+    if (owner && owner->tag() == tag)
+      f(owner);
+    else
+      WithConn(tag, f);
+  };
   if (posted_receives_ && write_context::Slot(context) == write_context::kReceiveSlot) {
     // A receive of ours, consumed by a peer's note (FI_RX_CQ_DATA) or filled by its
     // message (sends): it names the connection whose endpoint took it.
-    WithConn(write_context::Tag(context), [&](StreamConn* c) {
+    with_conn(write_context::Tag(context), [&](StreamConn* c) {
       c->OnReceive(context, e.len, (e.flags & FI_REMOTE_CQ_DATA) != 0, e.data);
     });
     return;
@@ -339,7 +347,7 @@ void StreamFabric::Dispatch(const fi_cq_data_entry& e, StreamConn* owner) noexce
       WithConn(note::TagOf(e.data), [&](StreamConn* c) { c->OnNote(e.data); });
   } else {
     // One of our writes completed; its context names its connection (write_context).
-    WithConn(write_context::Tag(context), [context](StreamConn* c) { c->OnWriteDone(context); });
+    with_conn(write_context::Tag(context), [context](StreamConn* c) { c->OnWriteDone(context); });
   }
 }
 

@@ -77,6 +77,21 @@ TEST(FabricStreamWire, SaysTheNotesForm) {
   EXPECT_EQ(streamwire::RingLog2(1u << 30), 30);
 }
 
+// Puts the notes' form `form` where `encoded` has `had` (found against `model`: the same
+// message encoded in `form`): the parser must refuse the bytes and leave its output as it
+// was.
+void ExpectRefusedAsForm(uint8_t* encoded, uint8_t had, const uint8_t* model, uint8_t form) {
+  size_t form_at = 0;
+  for (size_t i = 0; i < streamwire::kBytes; ++i)
+    if (encoded[i] == had && model[i] == form) form_at = i;
+  ASSERT_NE(form_at, 0u);
+  encoded[form_at] = form;
+  const Message untouched = SampleReq();
+  Message out = untouched;
+  EXPECT_FALSE(streamwire::Parse(encoded, streamwire::kBytes, &out));
+  EXPECT_EQ(out.nonce, untouched.nonce);
+}
+
 TEST(FabricStreamWire, CursorNotesOnlyBetweenConnectedEndpoints) {
   Message m = SampleReq();
   m.note_bytes = streamwire::kNoteLinkCursor;
@@ -96,15 +111,7 @@ TEST(FabricStreamWire, CursorNotesOnlyBetweenConnectedEndpoints) {
   m.address_len = 8;
   uint8_t rdm[streamwire::kBytes];
   ASSERT_TRUE(streamwire::Encode(m, rdm));
-  size_t form_at = 0;
-  for (size_t i = 0; i < sizeof(rdm); ++i)
-    if (rdm[i] == streamwire::kNoteWords && buf[i] == streamwire::kNoteLinkCursor) form_at = i;
-  ASSERT_NE(form_at, 0u);
-  rdm[form_at] = streamwire::kNoteLinkCursor;
-  Message untouched = SampleReq();
-  out = untouched;
-  EXPECT_FALSE(streamwire::Parse(rdm, sizeof(rdm), &out));
-  EXPECT_EQ(out.nonce, untouched.nonce);
+  ExpectRefusedAsForm(rdm, streamwire::kNoteWords, buf, streamwire::kNoteLinkCursor);
 }
 
 // Sends (no RMA): connected endpoints only, no ring in the sender's memory to name, rings
@@ -138,15 +145,7 @@ TEST(FabricStreamWire, SendsNameNoRingAndFitTheirCursors) {
   keyed.ring_key = 0x0102030405060708;
   uint8_t with_key[streamwire::kBytes];
   ASSERT_TRUE(streamwire::Encode(keyed, with_key));
-  size_t form_at = 0;
-  for (size_t i = 0; i < sizeof(buf); ++i)
-    if (buf[i] == streamwire::kNoteSends && with_key[i] == streamwire::kNoteLinkCursor) form_at = i;
-  ASSERT_NE(form_at, 0u);
-  with_key[form_at] = streamwire::kNoteSends;
-  const Message untouched = SampleReq();
-  out = untouched;
-  EXPECT_FALSE(streamwire::Parse(with_key, sizeof(with_key), &out));
-  EXPECT_EQ(out.nonce, untouched.nonce);
+  ExpectRefusedAsForm(with_key, streamwire::kNoteLinkCursor, buf, streamwire::kNoteSends);
 }
 
 TEST(FabricStreamNote, CursorNotesExtendFromTheReceiversCopy) {
