@@ -76,11 +76,15 @@ void CarryOnAnchor(SlipSocket* s, int epfd) noexcept {
 }
 
 // Neither path can carry the stream: both ends see a reset (no FIN first, which the peer
-// would take for an orderly end).
+// would take for an orderly end). A TCP socket connected to AF_UNSPEC is disconnected
+// with a RST at once, and its descriptor stays ours (shutdown would send a FIN, and the
+// RST of a lingering close would come only when the process closes it, after the FIN of
+// an exit: a truncated stream that the peer took for a whole one).
 void ResetAnchor(SlipSocket* s, int epfd) noexcept {
-  linger lg{1, 0};
-  sys::setsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-  sys::shutdown(s->anchor_fd, SHUT_RDWR);
+  sockaddr unspec{};
+  unspec.sa_family = AF_UNSPEC;
+  sys::connect(s->anchor_fd, &unspec, sizeof(unspec));
+  sys::shutdown(s->anchor_fd, SHUT_RDWR);  // (wakes our own waiters; no FIN on a reset one)
   sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
   s->stream->MarkPeerGone(true);
 }
@@ -89,8 +93,7 @@ void TakeFailover(SlipSocket* s, int epfd, const wire::Failover& failover) noexc
   ChannelControl* channel = s->stream->control();
   if (!channel->OnPeerFailover(failover)) {
     SLIP_LOG(kWarn, "anchor fd %d: the peer failed over, and this end cannot; reset", s->anchor_fd);
-    sys::epoll_ctl(epfd, EPOLL_CTL_DEL, s->anchor_fd, nullptr);
-    s->stream->MarkPeerGone(true);
+    ResetAnchor(s, epfd);
     return;
   }
   StatsSetTransport(s->stats, TransportKind::kTcp, Reason::kFailover);
