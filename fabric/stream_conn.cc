@@ -499,10 +499,12 @@ void StreamConn::TxPublish(uint64_t produced) noexcept {
     tx_posted_ = produced;
     return;
   }
+  const uint32_t max_write = fabric_->max_write();
   while (from < produced) {
     const uint32_t offset = uint32_t(from & mask);
     uint64_t len = produced - from;
     if (len > ring_size() - offset) len = ring_size() - offset;
+    if (max_write != 0 && len > max_write) len = max_write;
     from += len;
     // The last write of the publish carries its note (a cursor note, or an 8-byte one; a
     // word's write follows it otherwise).

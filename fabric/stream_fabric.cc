@@ -175,6 +175,12 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hid
   // shm's writes are in the peer's region when they complete (delivered already), and
   // 1.17's shm never completes some writes asked to complete on delivery (seen here).
   f->delivery_refused_.store(strcmp(f->provider(), "shm") == 0);
+  // (shm's writes up to its inject size complete when posted: StreamFabric::max_write.)
+  if (strcmp(f->provider(), "shm") == 0 && !connected && !sends) {
+    const size_t inject =
+        info.tx_attr && info.tx_attr->inject_size ? info.tx_attr->inject_size : 4096;
+    f->max_write_ = uint32_t(std::min<size_t>(inject, 1u << 20));
+  }
   SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s; %s; %s progress%s)", f->provider(),
            f->domain_->name(), connected ? "connected endpoints" : "one reliable datagram endpoint",
            sends            ? "sends into posted receives (no RMA)"

@@ -92,6 +92,12 @@ class StreamFabric {
   // a connection with rings of `ring_size` over a connected endpoint puts its cursor in
   // the 4 bytes instead (link_notes), where it fits.
   bool word_notes() const noexcept { return word_notes_; }
+  // The most bytes one write may carry (0: a ring's worth). shm moves a larger write by the
+  // receiver's process_vm_readv and completes it only once the receiver answered, and
+  // 1.17's shm never answers a write whose key it refuses: one write into a registration
+  // that is gone, or whose key a hostile peer made up, leaves every later completion of
+  // ours behind it for good. Up to its inject size a write completes when posted.
+  uint32_t max_write() const noexcept { return max_write_; }
   // (Sends always carry cursor notes: bigger rings are refused there, StreamConn::Init.)
   bool link_notes(uint32_t ring_size) const noexcept {
     return connected_ && (sends_ || ring_size <= (1u << note::kLinkMaxRingLog2));
@@ -227,6 +233,7 @@ class StreamFabric {
   bool virt_addr_ = false;
   bool local_mr_ = false;
   bool word_notes_ = false;
+  uint32_t max_write_ = 0;
   std::atomic<bool> delivery_refused_{false};  // the provider said no to FI_DELIVERY_COMPLETE
 
   std::mutex mu_;  // the table's free slots, the peers, the thread

@@ -496,6 +496,62 @@ def fabric_forged_notes(t, _):
     t.expect_stats(server, ACCEL, "")
 
 
+@case("fabric_bogus_key", variants=("run",))
+def fabric_bogus_key(t, _):
+    """(SLIP_TEST_TRANSPORT=fabric, shm) A peer on the fabric names a ring key that is none
+    of its registrations (progs/note_forger.c hold: its REQ names a made-up key; this test
+    then makes the TCP connection with the CONFIRM of its nonce), and the server's
+    application sends that connection 64 KiB. 1.17's shm completes a write larger than its
+    inject size only once the receiver answered, and never answers one whose key it
+    refuses: one such write left every later completion of the writer behind it, for good
+    (after 1024 more, its large writes were refused for ever: a hang). The server's next
+    client must then get its 96 MiB (1536 sends of 64 KiB) intact, on the fabric, with no
+    close waiting out its flush: the server's writes over shm are no larger than shm
+    completes at once."""
+    import socket
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent / "progs"))
+    from orphan_confirm import confirm_message
+    if os.environ.get("SLIP_TEST_FABRIC_PROVIDER") != "shm":
+        print("not shm: nothing to run (the attack is shm's)")
+        return
+    total = 96 << 20
+    server = t.serve("server", py("greet.py", "server", "--port", t.port,
+                                  "--totals", f"{64 << 10},{total}"), slip=True)
+    source_port = pick_source_port(t)
+    forger_path = t.settings.build_dir / "tests" / "integration" / "slip_it_note_forger"
+    forger = t.start("forger", [forger_path, "shm", t.port, source_port, 0, "rdm", "hold"])
+    forger.wait_until(lambda: '"nonce"' in forger.stdout(), "the forger's REP")
+    answer = json.loads(forger.stdout().splitlines()[0])
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK, source_port))
+    sock.connect((LOOPBACK, t.port))
+    sock.sendall(confirm_message(answer["nonce"], answer["ring"]))
+    time.sleep(1)  # the server writes its 64 KiB into the forger's "ring" meanwhile
+    sock.setblocking(False)
+    try:
+        nothing = sock.recv(1 << 16)  # (on the fabric, nothing comes here)
+    except BlockingIOError:
+        nothing = b""
+    sock.close()
+    forger.expect_exit(0)
+    client = t.start("client", py("greet.py", "client", "--port", t.port), slip=True)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    sent = server.json_output()
+    got = client.json_output()
+    t.check(nothing == b"", f"the forger's TCP connection carried {len(nothing)} B: the server "
+                            "did not take its CONFIRM")
+    t.check(got["received"] == total and got["received_sha256"] == sent["sent_sha256"][1],
+            f"the client got {got['received']} B (sha256 {got['received_sha256'][:16]}), the "
+            f"server sent {total} B (sha256 {sent['sent_sha256'][1][:16]})")
+    t.check(sent["seconds"][1] < 5, f"the client's connection took {sent['seconds'][1]} s")
+    t.check(not server.stderr().strip(), f"the server said: {server.stderr()[:500]}")
+    t.expect_stats(client, ACCEL, "")
+    t.expect_stats(server, ACCEL, "", count=2)
+
+
 @case("orphan_confirm", variants=("run",))
 def orphan_confirm(t, _):
     """A client's first bytes are a valid CONFIRM with nothing registered for it at the

@@ -21,6 +21,11 @@
 // an empty data note, a 16-byte message whose note says CURSOR, and an EOF past its bytes,
 // each of which the listener must refuse (resetting the forger's connection only).
 // Prints {"rep": true|false, "tag": T, "notes": N} (N: notes that completed here).
+// With a sixth argument "hold" (rdm): the REQ names a ring key that is none of its
+// registrations (it registers nothing) and it forges no notes; it prints
+// {"rep": true, "nonce": N, "ring": BYTES} for the caller, which connects the TCP
+// connection with the CONFIRM of that nonce, and then takes its queue in for HOLD_S
+// seconds: the listener's writes for that connection arrive here and are refused.
 // The wire format is written out here independently of fabric/stream_wire.cc.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -39,6 +44,7 @@
 #include <unistd.h>
 
 #define MSG_BYTES 144
+#define HOLD_S 3
 
 static void put_endpoint(uint8_t* at, uint16_t port) {
   at[0] = 4;
@@ -103,11 +109,12 @@ static int fail(const char* what, int rc) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 5 && argc != 6) {
-    fprintf(stderr, "usage: note_forger PROVIDER PORT SOURCE_PORT CURSOR [rdm|msg]\n");
+  if (argc < 5 || argc > 7) {
+    fprintf(stderr, "usage: note_forger PROVIDER PORT SOURCE_PORT CURSOR [rdm|msg [hold]]\n");
     return 2;
   }
-  const int connected = argc == 6 && strcmp(argv[5], "msg") == 0;
+  const int connected = argc >= 6 && strcmp(argv[5], "msg") == 0;
+  const int hold = argc == 7 && strcmp(argv[6], "hold") == 0 && !connected;
   const uint16_t port = (uint16_t)atoi(argv[2]);
   const uint16_t source_port = (uint16_t)atoi(argv[3]);
   const uint64_t cursor = strtoull(argv[4], NULL, 10);
@@ -214,6 +221,20 @@ int main(int argc, char** argv) {
     if (!ep) return fail("fi_connect", -1);
   } else if (fi_av_insert(av, rep + 80, 1, &listener, 0, NULL) != 1) {
     return fail("fi_av_insert", -1);
+  }
+  if (hold) {
+    printf("{\"rep\": true, \"tag\": %u, \"nonce\": %llu, \"ring\": %u}\n", tag,
+           (unsigned long long)get_le(req + 8, 8), 1u << rep[6]);
+    fflush(stdout);
+    for (int ms = 0; ms < HOLD_S * 1000; ++ms) {
+      struct fi_cq_data_entry e[8];
+      if (fi_cq_read(cq, e, 8) == -FI_EAVAIL) {
+        struct fi_cq_err_entry err = {0};
+        fi_cq_readerr(cq, &err, 0);
+      }
+      usleep(1000);
+    }
+    return 0;
   }
 
   int posted = 0, completed = 0;
