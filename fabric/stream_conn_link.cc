@@ -85,14 +85,12 @@ void StreamConn::OnLinkDown(int error) noexcept {
   link_state_.store(LinkState::kDown, std::memory_order_release);
   SLIP_LOG(kDebug, "fabric: conn %06x: endpoint down (%s)", tag_,
            error ? fi_strerror(error) : "shut down");
-  // A shutdown marks nothing, held or streaming: the event comes on another queue than the
-  // peer's last notes, so a peer that said CLOSED and closed its endpoint may be heard
-  // shutting down before its CLOSED is taken (failing over then broke orderly closes:
-  // semantics.both in the guest; and a client that confirmed and closed at once, 1 run in
-  // 40 under load). A path that broke shows in our writes' completions (behind any note
-  // the peer sent before) and on the anchor; settling without a CONFIRM reads the link's
-  // state. An error event is a broken path: held, settling fails the stream over.
-  if (error != 0 && held()) held_broken_.store(true, std::memory_order_seq_cst);
+  // Held: settling decides. Streaming: nothing here. The event comes on another queue
+  // than the peer's last notes, so a peer that said CLOSED and closed its endpoint may
+  // be heard shutting down before its CLOSED is taken (failing over then broke orderly
+  // closes: semantics.both in the guest). A path that broke shows in our writes'
+  // completions (behind any note the peer sent before) and on the anchor.
+  if (held()) held_broken_.store(true, std::memory_order_seq_cst);
 }
 
 bool StreamConn::PostReceives() noexcept {
