@@ -179,7 +179,7 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hid
   if (strcmp(f->provider(), "shm") == 0 && !connected && !sends) {
     const size_t inject =
         info.tx_attr && info.tx_attr->inject_size ? info.tx_attr->inject_size : 4096;
-    f->max_write_ = uint32_t(std::min<size_t>(inject, 1u << 20));
+    f->max_write_ = uint32_t(inject);
   }
   SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s; %s; %s progress%s)", f->provider(),
            f->domain_->name(), connected ? "connected endpoints" : "one reliable datagram endpoint",

@@ -1,8 +1,9 @@
 """A server that sends each of its connections, one after the other, seeded random bytes.
 
 server --totals A,B,...  accepts len(TOTALS) connections in turn; to the i-th it sends
-                         TOTALS[i] bytes of seed i in 64 KiB send()s, shuts its writing
-                         side down and reads until EOF (or a reset). Reports {"sent_sha256": [...],
+                         TOTALS[i] random bytes of seed i in send()s of random sizes up to
+                         128 KiB (common.random_chunks), shuts its writing side down and
+                         reads until EOF (or a reset). Reports {"sent_sha256": [...],
                          "seconds": [...]} (per connection).
 client                   receives until EOF, then closes. Reports {"received",
                          "received_sha256"}.
@@ -13,22 +14,18 @@ import random
 import socket
 import time
 
-from common import argument_parser, listen, open_connection, report
+from common import argument_parser, listen, open_connection, random_chunks, report
 
-PIECE = 64 * 1024
+MAX_SEND = 128 * 1024
 
 
 def serve(listener, seed, total):
     sock, _ = listener.accept()
     started = time.monotonic()
-    rng = random.Random(seed)
     sha = hashlib.sha256()
-    left = total
-    while left:
-        piece = rng.randbytes(min(PIECE, left))
+    for piece in random_chunks(random.Random(seed), total, MAX_SEND):
         sock.sendall(piece)
         sha.update(piece)
-        left -= len(piece)
     sock.shutdown(socket.SHUT_WR)
     try:
         while sock.recv(1 << 16):
