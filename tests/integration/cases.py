@@ -421,9 +421,18 @@ def fabric_failover(t, _):
         time.sleep(0.02)
     t.check(links, "no provider connection of the client's appeared (not over tcp;ofi_rxm?)")
     # The provider connects at the first write, and may connect again from the other side:
-    # every connection of the client's but the test's goes, a few times over.
+    # every connection of the client's but the test's goes, a few times over, and again
+    # until a side has seen it (under load the stream's bytes may start flowing only after
+    # the first cuts, over a connection made again: the cut then broke nothing).
+    def seen():
+        return any(said in log.read_text(errors="replace")
+                   for log in logs.values() if log.exists()
+                   for said in ("continues on TCP", "cannot be trusted; resetting"))
+
     cut = set()
-    for _ in range(5):
+    rounds = 0
+    while (rounds < 5 or not seen()) and rounds < 200 and client.popen.poll() is None:
+        rounds += 1
         time.sleep(0.05)
         for local, peer in provider_connections(client.popen.pid, t.port):
             (lhost, lport), (phost, pport) = (a.rsplit(":", 1) for a in (local, peer))
@@ -431,7 +440,7 @@ def fabric_failover(t, _):
                             "dst", phost.strip("[]"), "dport", "=", f":{pport}"],
                            capture_output=True, check=False)
             cut.add((local, peer))
-    print(f"cut the provider's connections {sorted(cut)}")
+    print(f"cut the provider's connections {sorted(cut)} in {rounds} rounds")
     # (A side that already ended with an error is judged below: the reset that the
     # provider's reordering calls for can come within the cut's few milliseconds.)
     t.check(client.popen.poll() != 0 and server.popen.poll() != 0,
