@@ -338,6 +338,8 @@ uint64_t StreamConn::WriteSeq(uint64_t context) const noexcept {
 
 void StreamConn::OnWriteDone(uint64_t context) noexcept {
   ReleaseWordSlot(write_context::Slot(context));
+  if (write_context::Slot(context) == write_context::kDataSlot)
+    data_landed_.fetch_add(1, std::memory_order_acq_rel);
   const uint64_t done = WriteSeq(context) + 1;
   uint64_t known = last_done_.load(std::memory_order_acquire);
   while (done > known && !last_done_.compare_exchange_weak(known, done)) {
@@ -500,6 +502,7 @@ void StreamConn::TxPublish(uint64_t produced) noexcept {
     return;
   }
   const uint32_t max_write = fabric_->max_write();
+  const bool defer = fabric_->defers_notes();
   while (from < produced) {
     const uint32_t offset = uint32_t(from & mask);
     uint64_t len = produced - from;
@@ -507,15 +510,19 @@ void StreamConn::TxPublish(uint64_t produced) noexcept {
     if (max_write != 0 && len > max_write) len = max_write;
     from += len;
     // The last write of the publish carries its note (a cursor note, or an 8-byte one; a
-    // word's write follows it otherwise).
+    // word's write follows it otherwise, and a deferred note follows its bytes' delivery).
     const bool last = from == produced;
-    const bool with_note = last && (link_notes_ || !fabric_->word_notes());
+    const bool with_note = last && !defer && (link_notes_ || !fabric_->word_notes());
     const uint64_t data = !with_note    ? 0
                           : link_notes_ ? note::EncodeLink(note::Kind::kData, produced)
                                         : note::Encode(peer_.note_tag, note::Kind::kData, produced);
-    if (!Post(tx_ring_ + offset, uint32_t(len), peer_.base + offset, with_note, data, 0)) return;
+    if (!Post(tx_ring_ + offset, uint32_t(len), peer_.base + offset, with_note, data,
+              write_context::kDataSlot, /*delivered=*/defer))
+      return;
   }
-  if (!link_notes_ && fabric_->word_notes() && !PostNote(note::Kind::kData, produced)) return;
+  if (defer && !AwaitLanded()) return;
+  if ((defer || (!link_notes_ && fabric_->word_notes())) && !PostNote(note::Kind::kData, produced))
+    return;
   tx_posted_ = produced;
 }
 
@@ -610,6 +617,7 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_
                               : fabric_->Write(ep, src, len, tx_desc_, with_note, data, peer_.addr,
                                                remote, peer_.key, context, delivered);
     if (rc == 0) {
+      if (slot == write_context::kDataSlot) data_posted_.fetch_add(1, std::memory_order_relaxed);
       tx_writes_.fetch_add(1, std::memory_order_acq_rel);
       return true;
     }
@@ -647,6 +655,17 @@ bool StreamConn::AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept 
     SLIP_LOG(kInfo, "fabric: the peer is gone with our writes queued; resetting");
     Fail(ECONNRESET);
     return false;
+  }
+  return true;
+}
+
+bool StreamConn::AwaitLanded() noexcept {
+  // (Only the sender posts our bytes; a failed write is never counted as landed.)
+  const uint64_t posted = data_posted_.load(std::memory_order_relaxed);
+  uint64_t next_look = 0, ended_since = 0;
+  while (data_landed_.load(std::memory_order_acquire) != posted) {
+    if (first_failed_.load(std::memory_order_acquire) != ~uint64_t(0)) return false;
+    if (!AwaitRoom(&next_look, &ended_since)) return false;
   }
   return true;
 }

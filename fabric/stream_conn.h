@@ -64,6 +64,7 @@ struct PeerRing {
 // there, and (sends) its receive slot's number in bits 32-63.
 namespace write_context {
 constexpr uint32_t kReceiveSlot = 0xff;
+constexpr uint32_t kDataSlot = 0xfe;  // a write of the stream's bytes (StreamConn::AwaitLanded)
 constexpr uint64_t Make(uint32_t tag, uint32_t slot, uint32_t seq) noexcept {
   return uint64_t(seq) << 32 | uint64_t(slot) << 24 | tag;
 }
@@ -228,6 +229,10 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // when that cannot have happened: every write completed (waiting up to `timeout_ms`) and
   // none completed after a failed one.
   bool WritesLandedInOrder(int timeout_ms) noexcept;
+  // StreamFabric::defers_notes: waits (polling) until every write of our bytes posted so
+  // far was delivered. False: one failed, or the connection failed, left the fabric or its
+  // peer closed or died; then no note may claim them.
+  bool AwaitLanded() noexcept;
   uint64_t WriteSeq(uint64_t context) const noexcept;
   void Fail(int error) noexcept;
   // The anchor says the peer's TCP connection ended (closed, or the peer's FIN in), from
@@ -342,6 +347,9 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   std::atomic<uint64_t> first_failed_{~uint64_t(0)};
   std::atomic<uint64_t> last_done_{0};
   std::atomic<bool> write_failed_{false};  // OnWriteFailed looked at a failure already
+  // Writes of our bytes (kDataSlot) posted, and delivered: equal, every one landed.
+  std::atomic<uint64_t> data_posted_{0};
+  std::atomic<uint64_t> data_landed_{0};
 
   // Settling: held until the CONFIRM (settle_at_: when Settle runs next, 0 settled).
   std::atomic<uint64_t> settle_at_{0};

@@ -181,12 +181,14 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hid
         info.tx_attr && info.tx_attr->inject_size ? info.tx_attr->inject_size : 4096;
     f->max_write_ = uint32_t(inject);
   }
-  SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s; %s; %s progress%s)", f->provider(),
+  f->defers_notes_ = !connected && strstr(f->provider(), "ofi_rxm") != nullptr;
+  SLIP_LOG(kInfo, "fabric: streams over %s (domain %s; %s; %s%s; %s progress%s)", f->provider(),
            f->domain_->name(), connected ? "connected endpoints" : "one reliable datagram endpoint",
            sends            ? "sends into posted receives (no RMA)"
            : connected      ? "cursor notes (words for rings above 256 MiB)"
            : f->word_notes_ ? "cursor words, 4-byte doorbells"
                             : "8-byte notes, unchecked",
+           f->defers_notes_ ? ", each once its bytes were delivered" : "",
            f->manual_progress_ ? "manual" : "automatic",
            waitable ? "" : "; completions polled, no wait object");
   return f;
@@ -396,8 +398,9 @@ ssize_t StreamFabric::Write(fid_ep* ep, const void* buf, size_t len, void* desc,
     const uint64_t flags =
         FI_COMPLETION | FI_DELIVERY_COMPLETE | (with_data ? FI_REMOTE_CQ_DATA : 0);
     const ssize_t rc = fi_writemsg(ep, &msg, flags);
-    if (rc == 0 || rc == -FI_EAGAIN) return rc;
-    // (A provider that cannot: the write goes as any other, and we stop asking.)
+    // (A provider that cannot: the write goes as any other, and we stop asking; unless
+    // notes wait for delivery, defers_notes: the connection fails over.)
+    if (rc == 0 || rc == -FI_EAGAIN || defers_notes_) return rc;
     delivery_refused_.store(true, std::memory_order_relaxed);
   }
   if (with_data) return fi_writedata(ep, buf, len, desc, data, peer, remote, key, context);

@@ -98,6 +98,13 @@ class StreamFabric {
   // that is gone, or whose key a hostile peer made up, leaves every later completion of
   // ours behind it for good. Up to its inject size a write completes when posted.
   uint32_t max_write() const noexcept { return max_write_; }
+  // A publish's note goes only once its bytes were delivered (FI_DELIVERY_COMPLETE), not
+  // behind them in the provider's order: ofi_rxm makes a peer's connection again after it
+  // broke, so a note written after bytes that were lost with the old connection could land
+  // on the new one and claim them (seen: a receiver's application read bytes its peer never
+  // sent, in 18 of 40 runs with the provider's connections cut). Costs a round trip per
+  // publish on such providers' reliable datagrams.
+  bool defers_notes() const noexcept { return defers_notes_; }
   // (Sends always carry cursor notes: bigger rings are refused there, StreamConn::Init.)
   bool link_notes(uint32_t ring_size) const noexcept {
     return connected_ && (sends_ || ring_size <= (1u << note::kLinkMaxRingLog2));
@@ -234,6 +241,7 @@ class StreamFabric {
   bool local_mr_ = false;
   bool word_notes_ = false;
   uint32_t max_write_ = 0;
+  bool defers_notes_ = false;
   std::atomic<bool> delivery_refused_{false};  // the provider said no to FI_DELIVERY_COMPLETE
 
   std::mutex mu_;  // the table's free slots, the peers, the thread

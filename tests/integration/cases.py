@@ -404,8 +404,10 @@ def fabric_failover(t, _):
     connection's endpoint, or ofi_rxm's, fail);
     both ends fail over to their anchor and the streams go on over TCP from where both
     stand: 384 MiB each way with content checked, transport tcp, reason failover, on both
-    sides. Or, where ofi_rxm's reconnect let a later write land after an earlier one
-    failed, the sender says so and resets: never a stream with bytes that never came."""
+    sides. Over ofi_rxm too, which connects again for writes posted after the cut: a note
+    goes only once its bytes were delivered, so none claims bytes lost with the old
+    connection (before, a receiver read bytes never sent in 18 of 40 such runs, and the
+    sender then reset)."""
     t.check(os.geteuid() == 0, "needs root (ss -K)")
     total = 384 * MiB  # a few seconds: the cut must come before the end even under load
     logs = {name: t.dir / f"{name}.log" for name in ("server", "client")}
@@ -427,7 +429,7 @@ def fabric_failover(t, _):
     def seen():
         return any(said in log.read_text(errors="replace")
                    for log in logs.values() if log.exists()
-                   for said in ("continues on TCP", "cannot be trusted; resetting"))
+                   for said in ("continues on TCP", "resetting"))
 
     cut = set()
     rounds = 0
@@ -441,21 +443,10 @@ def fabric_failover(t, _):
                            capture_output=True, check=False)
             cut.add((local, peer))
     print(f"cut the provider's connections {sorted(cut)} in {rounds} rounds")
-    # (A side that already ended with an error is judged below: the reset that the
-    # provider's reordering calls for can come within the cut's few milliseconds.)
     t.check(client.popen.poll() != 0 and server.popen.poll() != 0,
             "the transfer ended before the provider's connection was cut (too fast)")
     statuses = (client.wait(), server.wait())
-    if statuses != (0, 0):
-        # ofi_rxm connects again for writes posted after the cut: a later write may land
-        # where an earlier one failed, and then the count the peer reports covers bytes that
-        # never came. The sender must see it and reset rather than fail over.
-        said = any("cannot be trusted; resetting" in log.read_text(errors="replace")
-                   for log in logs.values() if log.exists())
-        t.check(said, f"a side failed (exit statuses {statuses}) without saying the "
-                      f"provider reordered our writes")
-        print("the provider reordered writes across its reconnect: reset, not failed over")
-        return
+    t.check(statuses == (0, 0), f"a side failed (exit statuses {statuses})")
     server_report, client_report = server.json_output(), client.json_output()
     t.expect_same_stream("client -> server", client_report, server_report)
     t.expect_same_stream("server -> client", server_report, client_report)
