@@ -15,7 +15,7 @@ namespace slip::fabric {
 
 // Which endpoints the shim's streams use.
 enum class EndpointChoice : uint8_t {
-  kAuto,  // connected ones over verbs, else reliable datagrams
+  kAuto,  // connected ones where the provider has them (tcp, verbs), else reliable datagrams
   kConnected,
   kDatagram,
 };
@@ -36,9 +36,8 @@ struct Options {
   // SLIP_FABRIC_ENDPOINT (streams): "msg", one connected endpoint (FI_EP_MSG) per stream,
   // as verbs' queue pairs (the tcp and verbs providers have them); "rdm", one reliable
   // datagram endpoint (FI_EP_RDM) per process that every stream shares (ofi_rxm over tcp
-  // or verbs, shm, efa); "auto" (the default): msg over the verbs provider (unless
-  // SLIP_FABRIC_PROVIDER names ofi_rxm), rdm elsewhere (over tcp ofi_rxm measured faster
-  // than the provider's connected endpoints).
+  // or verbs, shm, efa); "auto" (the default): msg where the provider has connected
+  // endpoints (unless SLIP_FABRIC_PROVIDER names ofi_rxm), rdm elsewhere (shm, efa).
   EndpointChoice endpoint = EndpointChoice::kAuto;
   // SLIP_FABRIC_NOTES (streams): "word" (the default) writes each cursor into a word of
   // the peer's ring memory, which only the connection's two ends can write, and rings a

@@ -38,10 +38,12 @@ constexpr uint64_t kRetireMs = 2000;
 }  // namespace
 
 // The domains streams go over, and whether over connected endpoints (options.h,
-// SLIP_FABRIC_ENDPOINT). Auto: the reliable-datagram best match's provider, connected where
-// it is verbs (ofi_rxm only layers datagrams over its RC queue pairs, at 8x the latency in
-// the guest), unless the user named ofi_rxm. Not tcp: there ofi_rxm's datagrams measured
-// faster than the provider's own connected endpoints (docs/PERFORMANCE.md).
+// SLIP_FABRIC_ENDPOINT). Auto: the reliable-datagram best match's provider, over its own
+// connected endpoints where it has them (tcp, verbs), unless the user named ofi_rxm. A
+// connection that breaks is then broken for good, and failover resends exactly what the
+// peer lacks; ofi_rxm, which layers datagrams over such connections, makes a broken one
+// again (defers_notes), and costs 8x the latency over verbs in the guest. Over tcp its
+// datagrams were faster, but the tcp provider is no faster than kernel TCP either way.
 std::vector<InfoPtr> StreamFabric::Domains(const Options& options, bool* connected, bool* sends,
                                            std::string* why) {
   *sends = false;
@@ -89,8 +91,6 @@ std::vector<InfoPtr> StreamFabric::WriteDomains(const Options& options, bool* co
     if (!rdm.empty()) core = rdm.front()->fabric_attr->prov_name;
   }
   if (const size_t semi = core.find(';'); semi != std::string::npos) core.resize(semi);
-  if (options.endpoint == EndpointChoice::kAuto && core != "verbs")
-    return FindDomains(options.provider, Use::kStreamRings, why);
   std::string msg_why;
   std::vector<InfoPtr> domains = FindDomains(core, Use::kStreamConnections, &msg_why);
   if (!domains.empty()) {

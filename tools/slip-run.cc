@@ -134,7 +134,7 @@ const Option kOptions[] = {
      [](const Defaults& d) { return PathText(d.fabric.provider, "the best match"); }},
     {"--fabric-endpoint", "TYPE", "SLIP_FABRIC_ENDPOINT",
      "fabric streams' endpoints: msg (one connected endpoint per stream), rdm (one reliable "
-     "datagram endpoint per process), auto (msg over verbs, rdm elsewhere)",
+     "datagram endpoint per process), auto (msg where the provider has it, else rdm)",
      [](const Defaults& d) {
        using slip::fabric::EndpointChoice;
        return std::string(d.fabric.endpoint == EndpointChoice::kConnected  ? "msg"

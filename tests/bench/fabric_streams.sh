@@ -2,9 +2,10 @@
 # The shim's streams over libfabric against kernel TCP and Slipstream's shm, in one run on
 # this host (make bench-fabric): slip-perf's ping-pong latency and one-stream bandwidth
 # (the server checks every session's count and content), plain, under slip-run with shm,
-# and under slip-run with fabric over the tcp and shm providers, and over tcp's connected
-# endpoints with RMA writes and with the send/receive variant (SLIP_FABRIC_DATA, the
-# variant for providers without RMA). Prints slip-perf's CSV
+# and under slip-run with fabric over the tcp provider (its connected endpoints, the
+# default; and its reliable datagrams through ofi_rxm, SLIP_FABRIC_ENDPOINT=rdm) and the shm
+# provider, and over tcp's connected endpoints with the send/receive variant
+# (SLIP_FABRIC_DATA, the variant for providers without RMA). Prints slip-perf's CSV
 # rows, one set per configuration (columns: slip-perf --format csv).
 # Usage: tests/bench/fabric_streams.sh [BUILD] [SIZES] [DURATION]
 set -eu
@@ -32,8 +33,7 @@ echo "# label,transport,test,size,... (slip-perf --format csv)"
 run kernel-tcp SLIP_ENABLE=0
 run slipstream-shm SLIP_TRANSPORTS=shm,tcp
 run fabric-tcp SLIP_TRANSPORTS=fabric,tcp SLIP_FABRIC_PROVIDER=tcp
+run fabric-tcp-rdm SLIP_TRANSPORTS=fabric,tcp SLIP_FABRIC_PROVIDER=tcp SLIP_FABRIC_ENDPOINT=rdm
 run fabric-shm SLIP_TRANSPORTS=fabric,tcp SLIP_FABRIC_PROVIDER=shm
-run fabric-tcp-msg-write SLIP_TRANSPORTS=fabric,tcp SLIP_FABRIC_PROVIDER=tcp \
-  SLIP_FABRIC_ENDPOINT=msg SLIP_FABRIC_DATA=write
 run fabric-tcp-msg-send SLIP_TRANSPORTS=fabric,tcp SLIP_FABRIC_PROVIDER=tcp \
   SLIP_FABRIC_ENDPOINT=msg SLIP_FABRIC_DATA=send
