@@ -338,7 +338,7 @@ uint64_t StreamConn::WriteSeq(uint64_t context) const noexcept {
 
 void StreamConn::OnWriteDone(uint64_t context) noexcept {
   ReleaseWordSlot(write_context::Slot(context));
-  if (write_context::Slot(context) == write_context::kDataSlot)
+  if (write_context::Slot(context) == write_context::kDataSlot && fabric_->defers_notes())
     data_landed_.fetch_add(1, std::memory_order_acq_rel);
   const uint64_t done = WriteSeq(context) + 1;
   uint64_t known = last_done_.load(std::memory_order_acquire);
@@ -617,7 +617,7 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_
                               : fabric_->Write(ep, src, len, tx_desc_, with_note, data, peer_.addr,
                                                remote, peer_.key, context, delivered);
     if (rc == 0) {
-      if (slot == write_context::kDataSlot) data_posted_.fetch_add(1, std::memory_order_relaxed);
+      if (slot == write_context::kDataSlot && delivered) ++data_posted_;
       tx_writes_.fetch_add(1, std::memory_order_acq_rel);
       return true;
     }
@@ -660,10 +660,9 @@ bool StreamConn::AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept 
 }
 
 bool StreamConn::AwaitLanded() noexcept {
-  // (Only the sender posts our bytes; a failed write is never counted as landed.)
-  const uint64_t posted = data_posted_.load(std::memory_order_relaxed);
+  // (A failed write is never counted as landed.)
   uint64_t next_look = 0, ended_since = 0;
-  while (data_landed_.load(std::memory_order_acquire) != posted) {
+  while (data_landed_.load(std::memory_order_acquire) != data_posted_) {
     if (first_failed_.load(std::memory_order_acquire) != ~uint64_t(0)) return false;
     if (!AwaitRoom(&next_look, &ended_since)) return false;
   }

@@ -336,6 +336,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   uint64_t credit_sent_ = 0;
   // Sender thread only.
   uint64_t tx_posted_ = 0;
+  uint64_t data_posted_ = 0;
   std::atomic<bool> eof_posted_{false};
   std::atomic<bool> closed_posted_{false};
   std::atomic<uint32_t> credits_posting_{0};  // PostCredit under way (CloseRx waits)
@@ -347,8 +348,8 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   std::atomic<uint64_t> first_failed_{~uint64_t(0)};
   std::atomic<uint64_t> last_done_{0};
   std::atomic<bool> write_failed_{false};  // OnWriteFailed looked at a failure already
-  // Writes of our bytes (kDataSlot) posted, and delivered: equal, every one landed.
-  std::atomic<uint64_t> data_posted_{0};
+  // StreamFabric::defers_notes: writes of our bytes delivered (data_posted_: posted, by
+  // the sender); equal, every one landed.
   std::atomic<uint64_t> data_landed_{0};
 
   // Settling: held until the CONFIRM (settle_at_: when Settle runs next, 0 settled).
