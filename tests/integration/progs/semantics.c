@@ -94,8 +94,21 @@ static const char* test_host(void) {
   return host && *host ? host : "127.0.0.1";
 }
 
+// Debugging a rare failure: SLIP_TEST_ON_FAIL is a shell command run once, at this
+// process's first failed check, with SLIP_IT_PID set to its pid (e.g. to take every
+// thread's stack with gdb while the failure is still there).
+static void on_first_failure(void) {
+  static atomic_bool ran;
+  const char* cmd = getenv("SLIP_TEST_ON_FAIL");
+  if (cmd == NULL || atomic_exchange(&ran, true)) return;
+  char line[1024];
+  snprintf(line, sizeof line, "SLIP_IT_PID=%d %s", (int)getpid(), cmd);
+  if (system(line) != 0) fprintf(stderr, "SLIP_TEST_ON_FAIL: `%s` failed\n", cmd);
+}
+
 static int fail(struct ctx* c, int line, const char* fmt, ...) {
   if (c->why[0] != '\0') return -1;
+  on_first_failure();
   int n = snprintf(c->why, sizeof c->why, "line %d: ", line);
   va_list ap;
   va_start(ap, fmt);
