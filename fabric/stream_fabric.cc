@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -586,6 +587,7 @@ void StreamFabric::UnwatchFd(int fd) noexcept {
 
 void StreamFabric::ProgressLoop() noexcept {
   int nap_us = 0;
+  int stuck_nap_us = 0;
   fid* cq = connected_ ? nullptr : &endpoint_.cq()->fid;
   const int cq_fd = connected_ ? -1 : endpoint_.wait_fd();
   uint64_t next_turn_ms = 0;
@@ -633,13 +635,39 @@ void StreamFabric::ProgressLoop() noexcept {
       }
     }
     if (ready <= 0) continue;
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    for (nfds_t i = 0; i < n; ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLERR))) continue;
-      for (const Watch& w : watches_)
-        if (w.fd == fds[i].fd) w.serve(w.ctx);
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      for (nfds_t i = 0; i < n; ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLERR))) continue;
+        for (const Watch& w : watches_)
+          if (w.fd == fds[i].fd) w.serve(w.ctx);
+      }
+    }
+    // A descriptor that stays readable after its serve took everything (the tcp
+    // provider's event queue once spun this thread at 100% CPU: readable, and fi_eq_read
+    // empty) would make every turn immediate: such turns nap, longer while it lasts.
+    // (The watches only: the queues' descriptors are drained by the next turn, and a busy
+    // connection's must not slow the wake-ups of its readers.)
+    if (StillReady(fds, conn_watch)) {
+      stuck_nap_us = std::min(kNapMaxUs, stuck_nap_us ? stuck_nap_us * 2 : 20);
+      const timespec nap{0, long(stuck_nap_us) * 1000};
+      nanosleep(&nap, nullptr);
+    } else {
+      stuck_nap_us = 0;
     }
   }
+}
+
+bool StreamFabric::StillReady(pollfd* fds, nfds_t n) noexcept {
+  bool any = false;
+  for (nfds_t i = 0; i < n; ++i) {
+    const bool was = (fds[i].revents & (POLLIN | POLLERR)) != 0;
+    any = any || was;
+    if (!was) fds[i].fd = -1;  // (one that turned ready meanwhile is news, not stuck)
+    fds[i].revents = 0;
+  }
+  timespec now{0, 0};
+  return any && sys::ppoll(fds, n, &now) > 0;
 }
 
 bool StreamFabric::StartProgress() noexcept {

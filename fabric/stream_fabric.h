@@ -204,6 +204,8 @@ class StreamFabric {
   static std::vector<InfoPtr> SendDomains(const Options& options, bool* connected, bool* sends,
                                           std::string* why);
   void ProgressLoop() noexcept;
+  // After the watches in fds[0..n) that were ready were served: whether one still is.
+  static bool StillReady(pollfd* fds, nfds_t n) noexcept;
   // Hands the connections' queues whose one shot fired to their connections.
   void TakeConnEvents() noexcept;
   void Dispatch(const fi_cq_data_entry& entry, StreamConn* owner) noexcept;
