@@ -329,4 +329,8 @@ bool Endpoint::Insert(const uint8_t* address, size_t len, fi_addr_t* out) noexce
   return true;
 }
 
+bool Endpoint::Remove(fi_addr_t addr) noexcept {
+  return av_ && fi_av_remove(av_.get(), &addr, 1, 0) == 0;
+}
+
 }  // namespace slip::fabric

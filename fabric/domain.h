@@ -136,6 +136,8 @@ class Endpoint {
   bool Name(uint8_t* out, size_t* len) const noexcept;
   // A peer's address into the address vector. False when the provider rejects it.
   bool Insert(const uint8_t* address, size_t len, fi_addr_t* out) noexcept;
+  // Takes an entry out of the address vector. False when the provider refuses.
+  bool Remove(fi_addr_t addr) noexcept;
 
   // At exit, where the endpoint stays open (other threads may still use it): removes the
   // name new peers would find it by (shm's file in /dev/shm, which only closing removes).

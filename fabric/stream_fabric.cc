@@ -35,6 +35,9 @@ constexpr int kWaitMs = 100;
 constexpr int kNapMaxUs = 1000;
 // How long a retired receive ring stays registered after its connection let go of it.
 constexpr uint64_t kRetireMs = 2000;
+// How long a peer must have had no connection before its address may make room for
+// another's (StreamFabric::AddPeer), well past kRetireMs.
+constexpr uint64_t kPeerIdleMs = 10000;
 
 }  // namespace
 
@@ -285,9 +288,21 @@ fi_addr_t StreamFabric::AddPeer(const uint8_t* address, size_t len) noexcept {
     }
   }
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
-  if (!endpoint_.Insert(address, len, &addr)) return FI_ADDR_NOTAVAIL;
+  // A provider may take only so many peers (shm in libfabric 1.17: 256 inserts into an
+  // address vector, fewer only by removals): those long without a connection make room.
+  if (!endpoint_.Insert(address, len, &addr) &&
+      !(EvictIdlePeersLocked(sys::MonotonicMs()) && endpoint_.Insert(address, len, &addr))) {
+    if (!peers_refused_) {
+      peers_refused_ = true;
+      SLIP_LOG(kWarn,
+               "fabric: %s refuses another peer's address (%zu peers known, none idle for %llu "
+               "s); connections to new peers stay plain while it does",
+               provider(), peers_.size(), (unsigned long long)(kPeerIdleMs / 1000));
+    }
+    return FI_ADDR_NOTAVAIL;
+  }
   try {
-    peers_.push_back(Peer{std::vector<uint8_t>(address, address + len), addr, 1});
+    peers_.push_back(Peer{std::vector<uint8_t>(address, address + len), addr, 1, 0});
   } catch (...) {
     return FI_ADDR_NOTAVAIL;  // (the entry stays in the vector, unused)
   }
@@ -295,11 +310,36 @@ fi_addr_t StreamFabric::AddPeer(const uint8_t* address, size_t len) noexcept {
 }
 
 void StreamFabric::RemovePeer(fi_addr_t addr) noexcept {
-  // Entries stay in the address vector: removing one tears down ofi_rxm's connection to
-  // that host, which a later connection there would build again.
+  // Entries stay in the address vector while the provider has room: removing one tears
+  // down ofi_rxm's connection to that host, which a later connection there would build
+  // again (EvictIdlePeersLocked).
   std::lock_guard<std::mutex> lock(mu_);
   for (Peer& p : peers_)
-    if (p.addr == addr && p.users > 0) --p.users;
+    if (p.addr == addr && p.users > 0 && --p.users == 0) p.idle_since_ms = sys::MonotonicMs();
+}
+
+bool StreamFabric::EvictIdlePeersLocked(uint64_t now_ms) noexcept {
+  // Only a peer idle long past any write of its (its streams' last writes land within a
+  // retired ring's kRetireMs): shm answers some writes through the sender's entry.
+  bool evicted = false;
+  for (size_t i = 0; i < peers_.size();) {
+    Peer& p = peers_[i];
+    if (p.users != 0 || now_ms - p.idle_since_ms < kPeerIdleMs || !endpoint_.Remove(p.addr)) {
+      ++i;
+      continue;
+    }
+    p = std::move(peers_.back());
+    peers_.pop_back();
+    evicted = true;
+  }
+  if (evicted) {
+    peers_refused_ = false;
+    SLIP_LOG(kInfo,
+             "fabric: %s took no more peers: those without a connection for %llu s left its "
+             "address vector (%zu peers known now)",
+             provider(), (unsigned long long)(kPeerIdleMs / 1000), peers_.size());
+  }
+  return evicted;
 }
 
 uint32_t StreamFabric::AddConn(StreamConn* conn) noexcept {

@@ -139,7 +139,8 @@ class StreamFabric {
   void Retire(MrPtr rx, MrPtr tx, std::unique_ptr<uint8_t[]> memory, size_t bytes) noexcept;
 
   // A peer's endpoint address into the address vector (counted per address: a peer host
-  // with many connections is one entry). FI_ADDR_NOTAVAIL when the provider rejects it.
+  // with many connections is one entry). FI_ADDR_NOTAVAIL when the provider rejects it,
+  // even after peers long without a connection made room.
   fi_addr_t AddPeer(const uint8_t* address, size_t len) noexcept;
   void RemovePeer(fi_addr_t addr) noexcept;
 
@@ -253,8 +254,13 @@ class StreamFabric {
     std::vector<uint8_t> address;
     fi_addr_t addr;
     uint32_t users;
+    uint64_t idle_since_ms;  // when users fell to 0
   };
+  // Under mu_: takes the peers without a connection for kPeerIdleMs out of the address
+  // vector. Whether any went.
+  bool EvictIdlePeersLocked(uint64_t now_ms) noexcept;
   std::vector<Peer> peers_;
+  bool peers_refused_ = false;  // under mu_: the provider refused a new peer (logged once)
   struct Watch {
     int fd;
     ServeFn serve;

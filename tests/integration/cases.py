@@ -564,6 +564,38 @@ def fabric_bogus_key(t, _):
     t.expect_stats(server, ACCEL, "", count=2)
 
 
+@case("fabric_many_peers", variants=("run",))
+def fabric_many_peers(t, _):
+    """(SLIP_TEST_TRANSPORT=fabric, shm) A server whose clients are more processes over its
+    life than the provider takes peers: 1.17's shm refuses a 257th insert into an address
+    vector (entries are never removed while there is room). 256 client processes, one
+    echo connection each (content checked), then, once they have been gone for the 10 s
+    after which a peer may make room, 8 more: every one of the 264 connections is on the
+    fabric (before: the 257th and later were plain)."""
+    t.check(os.environ.get("SLIP_TEST_FABRIC_PROVIDER") == "shm",
+            "fabric_many_peers runs over shm (SLIP_TEST_FABRIC_PROVIDER=shm)")
+    first, later = 256, 8
+    server = t.serve("server", py("echo_server.py", "--port", t.port, "--connections",
+                                  first + later, "--impl", "poll"), slip=True)
+
+    def clients(start, count, parallel):
+        running = []
+        for i in range(start, start + count):
+            running.append(t.start(f"client{i}", py("echo_client.py", "--port", t.port,
+                                                    "--connections", 1, "--messages", 2,
+                                                    "--seed", i, "--impl", "poll"), slip=True))
+            if len(running) >= parallel:
+                running.pop(0).expect_exit(0)
+        for client in running:
+            client.expect_exit(0)
+
+    clients(0, first, 4)
+    time.sleep(10.5)
+    clients(first, later, 1)
+    server.expect_exit(0)
+    t.expect_stats(server, ACCEL, "", count=first + later)
+
+
 @case("orphan_confirm", variants=("run",))
 def orphan_confirm(t, _):
     """A client's first bytes are a valid CONFIRM with nothing registered for it at the
