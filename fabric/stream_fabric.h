@@ -105,6 +105,13 @@ class StreamFabric {
   // sent, in 18 of 40 runs with the provider's connections cut). Costs a round trip per
   // publish on such providers' reliable datagrams.
   bool defers_notes() const noexcept { return defers_notes_; }
+  // Whether a failover must first check that no write of ours completed after one that
+  // failed (StreamConn::WritesLandedInOrder): over reliable datagrams whose notes go behind
+  // their bytes, a later write's note would claim the failed one's bytes. Not over a
+  // connected endpoint (nothing lands after it broke; a delivery-complete write can fail on
+  // its lost acknowledgement while a later one completed when sent: a reset for nothing),
+  // nor where notes wait for their bytes' delivery.
+  bool checks_write_order() const noexcept { return !connected_ && !defers_notes_; }
   // (Sends always carry cursor notes: bigger rings are refused there, StreamConn::Init.)
   bool link_notes(uint32_t ring_size) const noexcept {
     return connected_ && (sends_ || ring_size <= (1u << note::kLinkMaxRingLog2));

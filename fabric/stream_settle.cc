@@ -213,13 +213,9 @@ bool StreamConn::OnPeerFailover(const wire::Failover& peer) noexcept {
   // We resend from what the peer says it received, which is only so if no write of ours
   // landed after an earlier one failed (a note of the later one would claim the earlier
   // one's bytes): failing over then would deliver bytes that never came. Reset instead.
-  // Not over a connected endpoint: nothing lands after it broke, so a write that completed
-  // after one that failed landed before the break (a write asked to complete on delivery
-  // fails when its acknowledgement is lost, while a later one completed when sent: reset
-  // for nothing, seen under load). Nor where notes wait for their bytes' delivery: none
-  // claims a byte that did not land.
-  if (peer.cause != wire::FailoverCause::kHandBack && !fabric_->connected() &&
-      !fabric_->defers_notes() && !WritesLandedInOrder(kOrderWaitMs)) {
+  // (Where that can happen: StreamFabric::checks_write_order.)
+  if (peer.cause != wire::FailoverCause::kHandBack && fabric_->checks_write_order() &&
+      !WritesLandedInOrder(kOrderWaitMs)) {
     SLIP_LOG(kWarn,
              "fabric: a write failed and a later one may have landed (the provider connected "
              "again): the peer's count of our bytes cannot be trusted; resetting");
