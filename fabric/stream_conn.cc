@@ -300,10 +300,15 @@ StreamConn::Took StreamConn::TakeProduced(uint64_t data) noexcept {
   const uint64_t ahead = note::Ahead(data, known);
   if (ahead == 0 || note::Stale(ahead)) return Took::kNothing;  // (a later note said more)
   const uint64_t produced = known + ahead;
-  // A peer that claims more than the ring holds would make us read garbage.
-  if (produced - failover_.consumed() > ring_size()) {
+  // A peer that claims more than the ring holds would make us read garbage. (A note that
+  // the reader already read past is stale, not an overrun: another poller took a later
+  // one after our load of `known`, and the reader consumed what it said. Seen as a false
+  // reset under iperf3 over shm, 1 run in ~30 under load.)
+  const uint64_t consumed = failover_.consumed();
+  if (produced <= consumed) return Took::kNothing;
+  if (produced - consumed > ring_size()) {
     SLIP_LOG(kWarn, "fabric: the peer overran the ring (produced %llu, consumed %llu); resetting",
-             (unsigned long long)produced, (unsigned long long)failover_.consumed());
+             (unsigned long long)produced, (unsigned long long)consumed);
     Fail(EPROTO);
     return Took::kViolation;
   }
