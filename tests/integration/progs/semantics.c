@@ -2581,17 +2581,33 @@ int main(int argc, char** argv) {
   set_timeout(c->ctl, SO_SNDTIMEO, 0);
   set_int(c->ctl, IPPROTO_TCP, TCP_NODELAY, 1);  // commands and answers are small writes
 
+  // Debugging: SLIP_TEST_SUBTESTS="name,name,..." runs those (in that order, repeats
+  // allowed) instead of every subtest once, in both roles; both processes must agree.
+  static const struct subtest* plan[1024];
+  size_t planned = 0;
+  const char* only = getenv("SLIP_TEST_SUBTESTS");
+  for (const char* p = only; p != NULL && *p != '\0' && planned < 1024;) {
+    size_t len = strcspn(p, ",");
+    size_t i = 0;
+    while (i < NSUBTESTS && (strlen(SUBTESTS[i].name) != len || strncmp(SUBTESTS[i].name, p, len)))
+      i++;
+    if (i == NSUBTESTS) fatal("SLIP_TEST_SUBTESTS: no subtest \"%.*s\"", (int)len, p);
+    plan[planned++] = &SUBTESTS[i];
+    p += len + (p[len] == ',');
+  }
+  for (size_t i = 0; only == NULL && i < NSUBTESTS; i++) plan[planned++] = &SUBTESTS[i];
+
   int tested = 0, failed = 0;
   for (int round = 0; round < 2; round++) {
     const char* role = round == 0 ? "client" : "server";
     bool tester = (round == 0) != c->is_server;
-    for (size_t i = 0; i < NSUBTESTS; i++) {
+    for (size_t i = 0; i < planned; i++) {
       open_data(c);
       if (tester) {
         tested++;
-        failed += !run_tester(c, &SUBTESTS[i], role);
+        failed += !run_tester(c, plan[i], role);
       } else {
-        run_helper(c, &SUBTESTS[i]);
+        run_helper(c, plan[i]);
       }
     }
   }
