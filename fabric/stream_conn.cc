@@ -31,6 +31,9 @@ constexpr int kCloseFlushMs = 5000;
 constexpr int kEndedFlushMs = 100;
 // How long a stream whose peer's TCP connection ended waits for the peer's last notes.
 constexpr uint64_t kPeerGoneWaitMs = 50;
+// A write the provider refuses (-FI_EAGAIN) this long with its peer alive is said once, at
+// info (a peer that is stopped, or slow to take its queue in, does it too).
+constexpr uint64_t kRefusedWarnMs = 1000;
 }  // namespace
 
 StreamConn::StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept
@@ -578,8 +581,19 @@ bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noex
                 delivered);
   uint32_t slot;
   uint64_t next_look = 0, ended_since = 0;
-  while ((slot = TakeWordSlot()) == 0)
+  const uint64_t since = sys::MonotonicMs();
+  bool said = false;
+  while ((slot = TakeWordSlot()) == 0) {
     if (!AwaitRoom(&next_look, &ended_since)) return false;
+    if (!said && sys::MonotonicMs() - since >= kRefusedWarnMs) {
+      said = true;
+      SLIP_LOG(kInfo,
+               "fabric: conn %06x: every cursor word has been in flight for %llu ms (%llu writes "
+               "posted, %llu completed)",
+               tag_, (unsigned long long)kRefusedWarnMs, (unsigned long long)tx_writes_.load(),
+               (unsigned long long)tx_completed_.load());
+    }
+  }
   uint64_t* word = &tx_words_[slot - 1];
   // The end stays flagged in later writes of the same word (a credit after CLOSED).
   const bool end = kind == note::Kind::kEof || kind == note::Kind::kClosed ||
@@ -616,7 +630,7 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_
     return false;
   void* context = reinterpret_cast<void*>(uintptr_t(write_context::Make(
       tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_relaxed)))));
-  uint64_t next_look = 0, ended_since = 0;
+  uint64_t next_look = 0, ended_since = 0, refused_since = 0;
   for (;;) {
     const ssize_t rc = sends_ ? fabric_->Send(ep, src, len, tx_desc_, data, context, delivered)
                               : fabric_->Write(ep, src, len, tx_desc_, with_note, data, peer_.addr,
@@ -638,6 +652,20 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_
     }
     // The provider's queue is full: completions free it.
     if (!AwaitRoom(&next_look, &ended_since)) return false;
+    const uint64_t now = sys::MonotonicMs();
+    if (refused_since == 0) {
+      refused_since = now;
+    } else if (now - refused_since >= kRefusedWarnMs && refused_since != ~uint64_t(0)) {
+      // The peer's process takes nothing in, or the provider holds our writes back for
+      // something of its own.
+      SLIP_LOG(kInfo,
+               "fabric: conn %06x: the provider has refused a write of %u bytes%s for %llu ms "
+               "(%llu writes posted, %llu completed)",
+               tag_, len, delivered ? " (delivery complete)" : "",
+               (unsigned long long)(now - refused_since), (unsigned long long)tx_writes_.load(),
+               (unsigned long long)tx_completed_.load());
+      refused_since = ~uint64_t(0);
+    }
   }
 }
 
