@@ -304,9 +304,11 @@ static int expect_data(struct ctx* c, int line, int fd, uint64_t len, uint32_t s
   while (got < len) {
     int rev = poll_one(fd, POLLIN, WAIT_MS);
     if (rev <= 0) {
-      return fail(c, line, "%s: %s after %llu of %llu B", what,
+      // Readable at once after the wait said nothing: a lost wake-up, not a late arrival.
+      ssize_t late = recv(fd, buf, 1, MSG_DONTWAIT | MSG_PEEK);
+      return fail(c, line, "%s: %s after %llu of %llu B (then recv at once: %s)", what,
                   rev == 0 ? "nothing more within the wait" : res(rev), (unsigned long long)got,
-                  (unsigned long long)len);
+                  (unsigned long long)len, res(late));
     }
     size_t want = len - got < CHUNK ? (size_t)(len - got) : CHUNK;
     ssize_t n = recv(fd, buf, want, MSG_DONTWAIT);
