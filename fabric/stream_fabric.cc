@@ -328,7 +328,7 @@ bool StreamFabric::EvictIdlePeersLocked(uint64_t now_ms) noexcept {
       ++i;
       continue;
     }
-    p = std::move(peers_.back());
+    if (i + 1 != peers_.size()) p = std::move(peers_.back());
     peers_.pop_back();
     evicted = true;
   }
