@@ -581,11 +581,13 @@ bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noex
                 delivered);
   uint32_t slot;
   uint64_t next_look = 0, ended_since = 0;
-  const uint64_t since = sys::MonotonicMs();
+  uint64_t since = 0;  // (the clock is read only once a note has to wait)
   bool said = false;
   while ((slot = TakeWordSlot()) == 0) {
     if (!AwaitRoom(&next_look, &ended_since)) return false;
-    if (!said && sys::MonotonicMs() - since >= kRefusedWarnMs) {
+    const uint64_t now = sys::MonotonicMs();
+    if (since == 0) since = now;
+    if (!said && now - since >= kRefusedWarnMs) {
       said = true;
       SLIP_LOG(kInfo,
                "fabric: conn %06x: every cursor word has been in flight for %llu ms (%llu writes "
