@@ -1,5 +1,6 @@
 #include "core/proxy.h"
 
+#include <atomic>
 #include <cerrno>
 
 #include "core/sys.h"
@@ -42,6 +43,10 @@ void DrainAllTokens(WakeState* wake, int a_fd) noexcept {
     do {
       left = tokens > uint32_t(n) ? tokens - uint32_t(n) : 0;
     } while (!wake->tokens.compare_exchange_weak(tokens, left, std::memory_order_relaxed));
+    // Ordered before the receiver's next look at its ring (Stream::Armed): an arming that
+    // saw bytes and a token, and so wrote none, saw it before this took it; then the
+    // receiver sees those bytes too.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (n < ssize_t(sizeof(buf))) return;
   }
 }

@@ -1,11 +1,12 @@
 // RearmList: the streams whose readiness proxies must be armed again before a thread of
 // the process sleeps in epoll_wait, poll or select.
 //
-// A stream's proxy shows its ring's bytes to the kernel only while the stream is armed:
-// its reader asked for a token on the next publish (WakeState::reader_waiting), or a token
-// is queued on the proxy. A publish turns the ask into a token, and only the stream's own
-// reader takes tokens away (a receive that empties the ring). So a stream can stop being
-// armed only in its own receive path, and that path lists it here (Stream::Recv). Before a
+// A stream's proxy shows its ring's bytes to the kernel only while the stream is armed: a
+// token is queued on the proxy, or its ring is empty and its reader asked for a token on
+// the next publish (WakeState::reader_waiting; an ask shows no bytes that came before it).
+// A publish turns the ask into a token, and only the stream's own reader takes tokens away
+// (a receive that empties the ring). So a stream can stop being armed only in its own
+// receive path, and that path lists it here (Stream::Recv). Before a
 // wait that may sleep, the face arms the listed streams and nothing else: the cost of a
 // wait is the number of streams read since the last one, not the number of connections.
 //

@@ -351,8 +351,9 @@ int Stream::RecvEndState() noexcept {
 
 ssize_t Stream::Recv(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept {
   const ssize_t rc = RecvUntilDone(iov, iovcnt, flags, nonblocking);
-  // The receive may have taken the last token with no ask pending: then the proxy would not
-  // show the next publish, and whoever sleeps next must arm it first.
+  // The receive may have left the stream unarmed (the last token taken, and no ask pending
+  // or bytes left behind one): then the proxy would not show them, and whoever sleeps next
+  // must arm it first.
   // (A stream already listed stays so until the next sleep arms it: no lock then, as for a
   // program that never waits in epoll_wait, poll or select.)
   if (!rearm_listed_.load(std::memory_order_relaxed) && !Armed()) {
@@ -363,8 +364,14 @@ ssize_t Stream::Recv(const iovec* iov, int iovcnt, int flags, bool nonblocking) 
 
 bool Stream::Armed() const noexcept {
   const WakeState* wake = channel_->RxWake();
-  return wake->reader_waiting.load(std::memory_order_relaxed) != 0 ||
-         wake->tokens.load(std::memory_order_relaxed) != 0;
+  if (wake->tokens.load(std::memory_order_relaxed) != 0) return true;
+  // An ask is taken by the next publish, not by one that came before it: bytes left in
+  // the ring that the asker did not see (a blocking receive that asked, then found bytes
+  // and did not sleep; an arming that saw bytes and a token the reader was draining)
+  // would stay unshown with nothing more to come. Seen as a poll that slept through a
+  // full ring (threads_accept over fabric, a settling connection with other threads in
+  // epoll_wait).
+  return wake->reader_waiting.load(std::memory_order_relaxed) != 0 && !HasRxData();
 }
 
 void Stream::SetEdgeTriggered(bool on) noexcept {

@@ -111,7 +111,8 @@ class Stream {
   friend class RearmList;
 
   ssize_t RecvUntilDone(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept;
-  // Armed: the peer's next publish writes a token, or one is queued (rearm_list.h).
+  // Armed: the proxy shows what comes next (rearm_list.h). A token is queued, or the ring
+  // is empty and the next publish writes one.
   bool Armed() const noexcept;
   uint32_t Ask() const noexcept {
     return edge_triggered_.load(std::memory_order_relaxed) ? kAskEvery : kAskOnce;

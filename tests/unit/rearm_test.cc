@@ -89,6 +89,32 @@ TEST(RearmListTest, BytesThatArriveUnarmedShowOnceArmed) {
   EXPECT_EQ(RecvAll(pair.server.get()), "b");
 }
 
+// An ask shows only what is published after it. A blocking receive asks, then finds that
+// bytes came meanwhile and does not sleep: its ask stays, with bytes left that no publish
+// will come to show. A receive that leaves them so must list the stream (seen as a poll
+// that slept through a full ring, threads_accept over fabric).
+TEST(RearmListTest, BytesLeftBehindALateAskShowAtTheNextSleep) {
+  RearmList list;
+  StreamPair pair;
+  ASSERT_TRUE(MakeStreamPair(kRing, {}, &pair));
+  pair.server->SetRearmList(&list);
+  ASSERT_EQ(list.PrepareChanged(), 1u);
+  WakeState* wake = pair.server->channel()->RxWake();
+  // The interleaving: the publish finds no ask, then the receiver makes its ask.
+  wake->reader_waiting.store(kAskNone);
+  ASSERT_EQ(SendText(pair.client.get(), "abcdefgh"), 8);
+  wake->reader_waiting.store(kAskOnce);
+  EXPECT_FALSE(Readable(pair.server_fd));
+
+  char buf[4];
+  iovec iov{buf, sizeof(buf)};
+  ASSERT_EQ(pair.server->Recv(&iov, 1, 0, /*nonblocking=*/true), 4);
+  EXPECT_EQ(std::string(buf, 4), "abcd");
+  EXPECT_EQ(list.PrepareChanged(), 1u);  // listed by that receive, and armed now
+  EXPECT_TRUE(Readable(pair.server_fd));
+  EXPECT_EQ(RecvAll(pair.server.get()), "efgh");
+}
+
 TEST(RearmListTest, AWaitCostsTheStreamsThatWereReadNotTheIdleOnes) {
   RearmList list;
   std::vector<StreamPair> pairs(200);
