@@ -34,6 +34,28 @@ constexpr uint64_t kPeerGoneWaitMs = 50;
 // A write the provider refuses (-FI_EAGAIN) this long with its peer alive is said once, at
 // info (a peer that is stopped, or slow to take its queue in, does it too).
 constexpr uint64_t kRefusedWarnMs = 1000;
+
+// A wait that is said once it has lasted kRefusedWarnMs. The clock is read only while
+// waiting, never on the path that does not wait.
+class LongWait {
+ public:
+  // True once: at the first look after the wait has lasted kRefusedWarnMs.
+  bool DueNow() noexcept {
+    if (said_) return false;
+    const uint64_t now = sys::MonotonicMs();
+    if (since_ == 0) since_ = now;
+    if (now - since_ < kRefusedWarnMs) return false;
+    said_ = true;
+    waited_ms_ = now - since_;
+    return true;
+  }
+  unsigned long long waited_ms() const noexcept { return waited_ms_; }
+
+ private:
+  uint64_t since_ = 0;
+  uint64_t waited_ms_ = 0;
+  bool said_ = false;
+};
 }  // namespace
 
 StreamConn::StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept
@@ -581,18 +603,14 @@ bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noex
                 delivered);
   uint32_t slot;
   uint64_t next_look = 0, ended_since = 0;
-  uint64_t since = 0;  // (the clock is read only once a note has to wait)
-  bool said = false;
+  LongWait wait;
   while ((slot = TakeWordSlot()) == 0) {
     if (!AwaitRoom(&next_look, &ended_since)) return false;
-    const uint64_t now = sys::MonotonicMs();
-    if (since == 0) since = now;
-    if (!said && now - since >= kRefusedWarnMs) {
-      said = true;
+    if (wait.DueNow()) {
       SLIP_LOG(kInfo,
                "fabric: conn %06x: every cursor word has been in flight for %llu ms (%llu writes "
                "posted, %llu completed)",
-               tag_, (unsigned long long)kRefusedWarnMs, (unsigned long long)tx_writes_.load(),
+               tag_, wait.waited_ms(), (unsigned long long)tx_writes_.load(),
                (unsigned long long)tx_completed_.load());
     }
   }
@@ -632,7 +650,8 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_
     return false;
   void* context = reinterpret_cast<void*>(uintptr_t(write_context::Make(
       tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_relaxed)))));
-  uint64_t next_look = 0, ended_since = 0, refused_since = 0;
+  uint64_t next_look = 0, ended_since = 0;
+  LongWait refused;
   for (;;) {
     const ssize_t rc = sends_ ? fabric_->Send(ep, src, len, tx_desc_, data, context, delivered)
                               : fabric_->Write(ep, src, len, tx_desc_, with_note, data, peer_.addr,
@@ -654,19 +673,14 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_
     }
     // The provider's queue is full: completions free it.
     if (!AwaitRoom(&next_look, &ended_since)) return false;
-    const uint64_t now = sys::MonotonicMs();
-    if (refused_since == 0) {
-      refused_since = now;
-    } else if (now - refused_since >= kRefusedWarnMs && refused_since != ~uint64_t(0)) {
+    if (refused.DueNow()) {
       // The peer's process takes nothing in, or the provider holds our writes back for
       // something of its own.
       SLIP_LOG(kInfo,
                "fabric: conn %06x: the provider has refused a write of %u bytes%s for %llu ms "
                "(%llu writes posted, %llu completed)",
-               tag_, len, delivered ? " (delivery complete)" : "",
-               (unsigned long long)(now - refused_since), (unsigned long long)tx_writes_.load(),
-               (unsigned long long)tx_completed_.load());
-      refused_since = ~uint64_t(0);
+               tag_, len, delivered ? " (delivery complete)" : "", refused.waited_ms(),
+               (unsigned long long)tx_writes_.load(), (unsigned long long)tx_completed_.load());
     }
   }
 }
