@@ -163,6 +163,14 @@ class ListenerTwin {
   // Another transport carries this connection: what was offered here for it is forged or
   // stale, and goes now rather than at its expiry.
   virtual void Drop(const wire::Endpoint& client, const wire::Endpoint& server) noexcept = 0;
+  // Why this twin refused what a client offered for `client` -> `server` lately (the
+  // client was told, and goes plain); kNone when it refused nothing for it. So that the
+  // server's stats say the reason, not that the peer is not Slipstream.
+  virtual Reason Refused(const wire::Endpoint& client, const wire::Endpoint& server) noexcept {
+    (void)client;
+    (void)server;
+    return Reason::kNone;
+  }
   // A descriptor readable when the twin has work that must not wait for accept() (shm:
   // registrations to answer), watched by the face's service thread; -1 when none.
   virtual int ServiceFd() const noexcept { return -1; }

@@ -52,6 +52,9 @@ class StreamModule {
   // The listening socket is shared by processes (fork): REQs are refused from now on, since
   // the process that answers one may not be the one whose accept() takes its SYN.
   virtual void Share(StreamListener* listener) noexcept = 0;
+  // Why a REQ for `client` -> `server` was refused lately; kNone if none was.
+  virtual Reason Refused(StreamListener* listener, const wire::Endpoint& client,
+                         const wire::Endpoint& server) noexcept = 0;
   virtual bool HasPending(StreamListener* listener, const wire::Endpoint& client,
                           const wire::Endpoint& server) noexcept = 0;
   virtual void DropPending(StreamListener* listener, const wire::Endpoint& client,

@@ -36,7 +36,17 @@ struct StreamListener {
   wire::Endpoint local;  // the TCP listener's address (any address: all zero)
   std::mutex mu;
   std::vector<PendingStream> pending;  // under mu
-  std::atomic<bool> shared{false};     // fork: REQs are refused
+  // The latest refused REQs (under mu), so that accept() can say why its connection is
+  // plain: a ring of kRefusals, the oldest overwritten.
+  struct Refusal {
+    wire::Endpoint client, server;
+    Reason why = Reason::kNone;
+    uint64_t until_ms = 0;
+  };
+  static constexpr size_t kRefusals = 16;
+  Refusal refused[kRefusals];
+  size_t refused_next = 0;
+  std::atomic<bool> shared{false};  // fork: REQs are refused
 };
 
 struct StreamClient {
@@ -64,6 +74,8 @@ class StreamModuleImpl final : public StreamModule {
   int ServiceFd(StreamListener* listener) noexcept override { return listener->udp; }
   bool Service(StreamListener* listener) noexcept override;
   void Share(StreamListener* listener) noexcept override { listener->shared.store(true); }
+  Reason Refused(StreamListener* listener, const wire::Endpoint& client,
+                 const wire::Endpoint& server) noexcept override;
   bool HasPending(StreamListener* listener, const wire::Endpoint& client,
                   const wire::Endpoint& server) noexcept override;
   void DropPending(StreamListener* listener, const wire::Endpoint& client,
@@ -111,6 +123,8 @@ class StreamModuleImpl final : public StreamModule {
   void Answer(StreamListener* l, const uint8_t* in, size_t len, const sockaddr* from,
               socklen_t from_len) noexcept;
   void ExpireLocked(StreamListener* l, uint64_t now_ms) noexcept;
+  void RecordRefusalLocked(StreamListener* l, const streamwire::Message& req, uint64_t now_ms,
+                           Reason why) noexcept;
   // The progress thread's call for a listener whose UDP socket is readable.
   static void ServeListener(void* ctx) noexcept;
   // A descriptor of ours, above the application's (close-on-exec), or -1 (closed).

@@ -170,10 +170,21 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
                : req.note_bytes != NoteBytes(ring_size) ? "its notes have another form"
                : req.endpoints != Endpoints()           ? "its endpoints are of another type"
                                                         : "too many requests pending");
+      // (Not `same`: the request held for that connection settles it, or the deadline.)
+      if (!same) {
+        RecordRefusalLocked(l, req, now,
+                            l->shared.load() || forked_.load() ? Reason::kAcceptedElsewhere
+                            : l->pending.size() >= kMaxPending || from_source >= kMaxPerSource
+                                ? Reason::kRendezvousBusy
+                                : Reason::kDeclined);
+      }
     } else {
-      Reason why = Reason::kNone;
+      Reason why = Reason::kResources;
       StreamConn* conn = NewConn(ring_size, &why);
-      if (conn && Connect(conn, req)) {
+      const bool connected = conn && Connect(conn, req);
+      // (The provider refusing the client's address: no path, as that client says.)
+      if (conn && !connected) why = Reason::kNoRdmaPath;
+      if (connected) {
         if (fabric_->connected()) conn->ExpectLink(req.nonce);
         try {
           l->pending.push_back(
@@ -182,10 +193,12 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
           rep.type = streamwire::Type::kRep;
         } catch (...) {
           delete conn;
+          why = Reason::kResources;
         }
       } else {
         delete conn;
       }
+      if (rep.type != streamwire::Type::kRep) RecordRefusalLocked(l, req, now, why);
     }
     if (rep.type == streamwire::Type::kRep) {
       rep.ring_log2 = streamwire::RingLog2(same->conn->ring_size());
@@ -201,6 +214,26 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
   uint8_t out[streamwire::kBytes];
   if (streamwire::Encode(rep, out))
     sys::sendto(l->udp, out, sizeof(out), MSG_DONTWAIT | MSG_NOSIGNAL, from, from_len);
+}
+
+void StreamModuleImpl::RecordRefusalLocked(StreamListener* l, const streamwire::Message& req,
+                                           uint64_t now_ms, Reason why) noexcept {
+  StreamListener::Refusal& r = l->refused[l->refused_next++ % StreamListener::kRefusals];
+  r.client = req.client;
+  r.server = req.server;
+  r.why = why == Reason::kNone ? Reason::kResources : why;
+  r.until_ms = now_ms + kPendingMs;
+}
+
+Reason StreamModuleImpl::Refused(StreamListener* l, const wire::Endpoint& client,
+                                 const wire::Endpoint& server) noexcept {
+  std::lock_guard<std::mutex> lock(l->mu);
+  const uint64_t now = sys::MonotonicMs();
+  for (const StreamListener::Refusal& r : l->refused) {
+    if (r.why != Reason::kNone && now < r.until_ms && r.client == client && r.server == server)
+      return r.why;
+  }
+  return Reason::kNone;
 }
 
 bool StreamModuleImpl::HasPending(StreamListener* l, const wire::Endpoint& client,

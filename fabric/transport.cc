@@ -176,6 +176,9 @@ class FabricTwin final : public ListenerTwin {
   void Drop(const wire::Endpoint& client, const wire::Endpoint& server) noexcept override {
     m_->DropPending(l_, client, server);
   }
+  Reason Refused(const wire::Endpoint& client, const wire::Endpoint& server) noexcept override {
+    return m_->Refused(l_, client, server);
+  }
   // REQs are answered by the face's service thread as they come (the client's SYN waits
   // for the REP), and in accept() for those that came just before the SYN.
   int ServiceFd() const noexcept override { return m_->ServiceFd(l_); }

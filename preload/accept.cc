@@ -89,9 +89,17 @@ Outcome NothingOffered(SlipSocket* listener, SlipSocket* s, int fd, const Ends& 
     MarkPlain(s, fd, Reason::kDeclined, kRoleServer);
     return Outcome::kPlain;
   }
-  SLIP_LOG(kDebug, "fd %d: nothing offered for the connection from port %u: plain", fd,
-           ends.client.port);
-  MarkPlain(s, fd, listener->no_offer, kRoleServer, ends.peer_sa(), ends.local_sa());
+  Reason why = listener->no_offer;
+  for (size_t i = 0; i < Transports().size(); ++i) {
+    ListenerTwin* twin = listener->twins[i].get();
+    const Reason refused = twin ? twin->Refused(ends.client, ends.server) : Reason::kNone;
+    if (refused == Reason::kNone) continue;
+    why = refused;
+    break;
+  }
+  SLIP_LOG(kDebug, "fd %d: nothing offered for the connection from port %u: plain (%s)", fd,
+           ends.client.port, ReasonName(why));
+  MarkPlain(s, fd, why, kRoleServer, ends.peer_sa(), ends.local_sa());
   return Outcome::kPlain;
 }
 

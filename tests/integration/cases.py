@@ -344,8 +344,10 @@ def fabric_forged(t, _):
     way twice (REP, or REFUSE where the provider rejects the forger's address). The client
     then connects from that port (it binds it, so it stays plain: "unsupported"); where
     the listener took the forged REQ, the accepted connection is held for it and, with no
-    CONFIRM from its client, goes plain ("peer_not_slipstream"): the forger gained nothing,
-    no byte of its reached either program, and both streams are intact."""
+    CONFIRM from its client, goes plain ("peer_not_slipstream"); where it refused it (the
+    forger's notes are of another form), the server's stats say so ("declined": a request
+    for that connection was refused). The forger gained nothing, no byte of its reached
+    either program, and both streams are intact."""
     source_port = pick_source_port(t)
     answered = []
 
@@ -366,7 +368,8 @@ def fabric_forged(t, _):
     server, client, traffic = run_bulk(t, True, True, client_args=("--source-port", source_port),
                                        before_client=forge)
     t.expect_stats(client, "tcp", "unsupported", traffic=traffic[client])
-    t.expect_stats(server, "tcp", "peer_not_slipstream", traffic=traffic[server])
+    t.expect_stats(server, "tcp", "peer_not_slipstream" if answered[0] == 2 else "declined",
+                   traffic=traffic[server])
 
 
 def fabric_endpoints():
@@ -562,6 +565,18 @@ def fabric_bogus_key(t, _):
     t.expect_stats(client, ACCEL, "")
     # (A failover the forger never answered did not move its stream: still the fabric's.)
     t.expect_stats(server, ACCEL, "", count=2)
+
+
+@case("fabric_refused", variants=("run",))
+def fabric_refused(t, _):
+    """(SLIP_TEST_TRANSPORT=fabric) The listener refuses the client's request (the client's
+    ring is larger than the server's: SLIP_RING_SIZE 256K against 64K): the connection is
+    plain TCP, both streams exact, and both ends say why in their stats: "declined" (the
+    server said "peer_not_slipstream" before, as if no request had come)."""
+    server, client, traffic = run_bulk(t, True, True, client_env={"SLIP_RING_SIZE": "256K"},
+                                       server_env={"SLIP_RING_SIZE": "64K"})
+    t.expect_stats(client, "tcp", "declined", traffic=traffic[client])
+    t.expect_stats(server, "tcp", "declined", traffic=traffic[server])
 
 
 @case("fabric_many_peers", variants=("run",))
