@@ -238,6 +238,10 @@ class Transport {
   virtual void ForkChild() noexcept {}
   // At exit: waits (bounded) until what was sent is delivered, as TCP would.
   virtual void Flush(int timeout_ms) noexcept { (void)timeout_ms; }
+  // exec(): the image is about to be replaced, its connections handed back to TCP. What
+  // only this image's exit would clean up goes now (a file in /dev/shm); where exec fails,
+  // the image goes on, and the transport may make no new connections.
+  virtual void BeforeExec() noexcept {}
 };
 
 // The process's transports: every one the face knows, and the order the user chose.

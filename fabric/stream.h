@@ -95,6 +95,9 @@ class StreamModule {
   // At exit: waits (bounded) until every connection's writes completed, and removes what
   // the provider would leave behind (shm's region file).
   virtual void FlushAll(int timeout_ms) noexcept = 0;
+  // exec(): the image is about to be replaced (its connections handed back to TCP). What
+  // only this image's exit would clean up goes now; no new connections after.
+  virtual void BeforeExec() noexcept = 0;
 };
 
 }  // namespace slip::fabric

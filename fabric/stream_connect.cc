@@ -29,7 +29,7 @@ constexpr int kSends = 3;
 StreamClient* StreamModuleImpl::Start(const sockaddr* dest, sockaddr_storage* source,
                                       Reason* why) noexcept {
   *why = Reason::kResources;
-  if (forked_.load()) return nullptr;
+  if (!MakesNew()) return nullptr;
   std::unique_ptr<StreamClient> c(new (std::nothrow) StreamClient);
   if (!c || !wire::EndpointFromSockaddr(dest, &c->dest)) return nullptr;
   if (negative_.Lookup(c->dest, sys::MonotonicMs(), why)) return nullptr;

@@ -97,6 +97,7 @@ class StreamModuleImpl final : public StreamModule {
   void ForkPrepare() noexcept override;
   void ForkParent() noexcept override;
   void ForkChild() noexcept override;
+  void BeforeExec() noexcept override;
   void FlushAll(int timeout_ms) noexcept override;
 
  private:
@@ -135,7 +136,9 @@ class StreamModuleImpl final : public StreamModule {
   const int floor_;
   std::unique_ptr<StreamFabric> fabric_;
   NegativeCache negative_;
-  std::atomic<bool> forked_{false};  // a fork child: nothing new
+  bool MakesNew() const noexcept { return !forked_.load() && !exec_retired_.load(); }
+  std::atomic<bool> forked_{false};        // a fork child: nothing new
+  std::atomic<bool> exec_retired_{false};  // an exec was tried: nothing new
 };
 
 }  // namespace slip::fabric

@@ -46,7 +46,7 @@ int StreamModuleImpl::Hide(int fd) const noexcept {
 
 StreamListener* StreamModuleImpl::Listen(const sockaddr* local, bool v6only, Reason* why) noexcept {
   *why = Reason::kResources;
-  if (forked_.load()) return nullptr;
+  if (!MakesNew()) return nullptr;
   std::unique_ptr<StreamListener> l(new (std::nothrow) StreamListener);
   if (!l || !wire::EndpointFromSockaddr(local, &l->local)) return nullptr;
   const int family = local->sa_family;
@@ -160,12 +160,13 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
     }
     if (same && same->nonce == req.nonce) {
       rep.type = streamwire::Type::kRep;  // its REP was lost: the same again
-    } else if (same || l->shared.load() || forked_.load() || ring_size > config_->ring_size ||
+    } else if (same || l->shared.load() || !MakesNew() || ring_size > config_->ring_size ||
                req.note_bytes != NoteBytes(ring_size) || req.endpoints != Endpoints() ||
                l->pending.size() >= kMaxPending || from_source >= kMaxPerSource) {
       SLIP_LOG(kInfo, "fabric: refusing a REQ for port %u (%s)", unsigned(l->local.port),
                same                                     ? "its connection has another request"
-               : l->shared.load() || forked_.load()     ? "the listener is shared by processes"
+               : l->shared.load()                       ? "the listener is shared by processes"
+               : !MakesNew()                            ? "this process makes no new connections"
                : ring_size > config_->ring_size         ? "its ring is larger than ours"
                : req.note_bytes != NoteBytes(ring_size) ? "its notes have another form"
                : req.endpoints != Endpoints()           ? "its endpoints are of another type"
@@ -173,7 +174,7 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
       // (Not `same`: the request held for that connection settles it, or the deadline.)
       if (!same) {
         RecordRefusalLocked(l, req, now,
-                            l->shared.load() || forked_.load() ? Reason::kAcceptedElsewhere
+                            l->shared.load() || !MakesNew() ? Reason::kAcceptedElsewhere
                             : l->pending.size() >= kMaxPending || from_source >= kMaxPerSource
                                 ? Reason::kRendezvousBusy
                                 : Reason::kDeclined);

@@ -9,7 +9,7 @@ namespace slip::fabric {
 
 StreamConn* StreamModuleImpl::NewConn(uint32_t ring_size, Reason* why) noexcept {
   *why = Reason::kResources;
-  if (forked_.load() || !fabric_->StartProgress()) return nullptr;
+  if (!MakesNew() || !fabric_->StartProgress()) return nullptr;
   return StreamConn::Create(fabric_.get(), ring_size, why);
 }
 
@@ -40,6 +40,15 @@ void StreamModuleImpl::ForkChild() noexcept {
   forked_.store(true);
   fabric_->ForEachConn([](StreamConn* c) { c->Orphan(); });
   fabric_->Abandon();
+}
+
+void StreamModuleImpl::BeforeExec() noexcept {
+  // The next image is another program, and nothing of ours runs at its exit to unlink
+  // shm's region file (each exec left one in /dev/shm): it goes now. Every connection that
+  // exec keeps was handed back to TCP, and a new one could not be reached by a new peer:
+  // where exec fails, this image makes no new ones (plain TCP).
+  if (exec_retired_.exchange(true)) return;
+  fabric_->Unpublish();
 }
 
 void StreamModuleImpl::FlushAll(int timeout_ms) noexcept {

@@ -194,6 +194,9 @@ class FabricTwin final : public ListenerTwin {
 
 class FabricTransport final : public ModuleTransport<StreamModule> {
  public:
+  void BeforeExec() noexcept override {
+    if (StreamModule* m = Loaded()) m->BeforeExec();
+  }
   TransportKind kind() const noexcept override { return TransportKind::kFabric; }
   bool ReadOptions(EnvLookup lookup, void* ctx, std::string* error) noexcept override {
     return ParseOptions(lookup, ctx, &options_, error);

@@ -35,6 +35,7 @@
 #include "preload/fd_table.h"
 #include "preload/libc.h"
 #include "preload/runtime.h"
+#include "preload/transports.h"
 
 using namespace slip;
 using namespace slip::preload;
@@ -188,7 +189,12 @@ ExecGuard::ExecGuard() noexcept {
   // A socket still connecting is a placeholder the new program could never use: let the
   // connects in flight settle first (bounded), as fork does.
   ConnectorForkPrepare();
-  if (!AccelListNonEmpty()) return;
+  if (AccelListNonEmpty()) HandBackAll();
+  // Then what no exit of this image will clean up (after the hand-backs, which may need it).
+  for (size_t i = 0; i < Transports().size(); ++i) Transports()[i]->BeforeExec();
+}
+
+void ExecGuard::HandBackAll() noexcept {
   // So must connections that are still settling: only a settled one can be handed back.
   ControlWaitSettled(2 * uint64_t(GetRuntime().config.handshake_timeout_ms) + 1000);
   auto* plan = new (std::nothrow) ExecPlan();

@@ -27,6 +27,8 @@ class ExecGuard {
   ExecGuard& operator=(const ExecGuard&) = delete;
 
  private:
+  void HandBackAll() noexcept;
+
   ExecPlan* plan_ = nullptr;
 };
 

@@ -1345,7 +1345,8 @@ def exec_handback(t, _):
     after a failed exec of a missing program: the connection goes back to TCP at the byte
     the old program had read, and the new program continues both streams (seeded random,
     up to 6 MiB each way, every byte checked on both sides). The client, which never
-    noticed, ends up on TCP with reason failover; the server logged the hand-back."""
+    noticed, ends up on TCP with reason failover; the server logged the hand-back, and left
+    nothing in /dev/shm."""
     env = {"SLIP_LOG": "info"}
     seed = random.randrange(1 << 30)
     print(f"exec: seed {seed}")
@@ -1362,6 +1363,10 @@ def exec_handback(t, _):
     t.check("handed the connection back to TCP (exec)" in client.stderr(),
             "the client's log does not say its peer handed the connection back")
     t.expect_stats(client, "tcp", "failover")
+    # Nothing of the exec'd image is left in /dev/shm (a fabric shm endpoint's region file
+    # outlived every exec before: nothing of ours ran at the old image's exit).
+    left = sorted(Path("/dev/shm").glob(f"slip-{server.popen.pid}-*"))
+    t.check(not left, f"the server left {[p.name for p in left]} in /dev/shm")
 
 
 @case("exec_shared", variants=("both",))
