@@ -102,6 +102,18 @@ static struct fid_ep* connect_ep(struct fid_domain* domain, struct fi_info* info
   return ep;
 }
 
+// Closes what main opened. An shm endpoint left open at exit leaves its region file in
+// /dev/shm ("<pid>:0:0"), and a later forger given the same pid cannot enable its own.
+static void close_fabric(struct fid_ep* ep, struct fid_cq* cq, struct fid_eq* eq, struct fid_av* av,
+                         struct fid_domain* domain, struct fid_fabric* fabric) {
+  if (ep) fi_close(&ep->fid);
+  fi_close(&cq->fid);
+  if (eq) fi_close(&eq->fid);
+  if (av) fi_close(&av->fid);
+  fi_close(&domain->fid);
+  fi_close(&fabric->fid);
+}
+
 static int fail(const char* what, int rc) {
   fprintf(stderr, "note_forger: %s: %s (%d)\n", what, fi_strerror(-rc), rc);
   printf("{\"rep\": false, \"tag\": 0, \"notes\": 0, \"error\": \"%s\"}\n", what);
@@ -200,6 +212,7 @@ int main(int argc, char** argv) {
   }
   if (n != MSG_BYTES || rep[5] != 2) {
     printf("{\"rep\": false, \"tag\": 0, \"notes\": 0}\n");
+    close_fabric(ep, cq, eq, av, domain, fabric);
     return 0;
   }
   const uint64_t ring_key = get_le(rep + 56, 8);
@@ -234,6 +247,7 @@ int main(int argc, char** argv) {
       }
       usleep(1000);
     }
+    close_fabric(ep, cq, eq, av, domain, fabric);
     return 0;
   }
 
@@ -289,12 +303,7 @@ int main(int argc, char** argv) {
   printf("{\"rep\": true, \"tag\": %u, \"posted\": %d, \"notes\": %d, \"hijack\": \"%s\"}\n", tag,
          posted, completed, hijack);
   fflush(stdout);
-  fi_close(&ep->fid);
-  fi_close(&cq->fid);
-  if (eq) fi_close(&eq->fid);
-  if (av) fi_close(&av->fid);
-  fi_close(&domain->fid);
-  fi_close(&fabric->fid);
+  close_fabric(ep, cq, eq, av, domain, fabric);
   fi_freeinfo(info);
   fi_freeinfo(hints);
   close(udp);
