@@ -47,7 +47,9 @@ void StreamModuleImpl::BeforeExec() noexcept {
   // shm's region file (each exec left one in /dev/shm): it goes now. Every connection that
   // exec keeps was handed back to TCP, and a new one could not be reached by a new peer:
   // where exec fails, this image makes no new ones (plain TCP).
-  if (exec_retired_.exchange(true)) return;
+  // A fork child's endpoint is its parent's: the file is the parent's to remove (a child
+  // that execs, as subprocesses do, must not take the parent's new peers from it).
+  if (forked_.load() || exec_retired_.exchange(true)) return;
   fabric_->Unpublish();
 }
 

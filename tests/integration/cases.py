@@ -579,6 +579,29 @@ def fabric_refused(t, _):
     t.expect_stats(server, "tcp", "declined", traffic=traffic[server])
 
 
+@case("fabric_fork_exec", variants=("run",))
+def fabric_fork_exec(t, _):
+    """(SLIP_TEST_TRANSPORT=fabric, shm) A client process's child forks and execs a program
+    (as a subprocess does) while the client holds a fabric connection (progs/
+    fork_exec_client.py). An exec removes the exec'ing image's shm region file (nothing of
+    ours runs at its exit), but a fork child's endpoint is its parent's: the client's file
+    must still be there after the child's exec (new peers find the client by it), and the
+    connection goes on, echoed bytes checked."""
+    t.check(os.environ.get("SLIP_TEST_FABRIC_PROVIDER") == "shm",
+            "fabric_fork_exec runs over shm (SLIP_TEST_FABRIC_PROVIDER=shm)")
+    server = t.serve("server", py("echo_server.py", "--port", t.port, "--connections", 1,
+                                  "--impl", "poll"), slip=True)
+    client = t.start("client", py("fork_exec_client.py", "--port", t.port), slip=True)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    r = client.json_output()
+    t.check(r["before"], f"the client has no shm region file of its own: {r}")
+    t.check(r["after"] == r["before"],
+            f"the client's region files before its child's exec {r['before']}, after {r['after']}")
+    t.expect_stats(client, ACCEL, "")
+    t.expect_stats(server, ACCEL, "")
+
+
 @case("fabric_many_peers", variants=("run",))
 def fabric_many_peers(t, _):
     """(SLIP_TEST_TRANSPORT=fabric, shm) A server whose clients are more processes over its
