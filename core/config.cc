@@ -185,7 +185,7 @@ constexpr Option kOptions[] = {
      [](std::string_view v, Config* c, Why* why) {
        return EmptyList(v) || ParseCidrs(v, &c->exclude_cidrs, why);
      }},
-    {"SLIP_RENDEZVOUS_DIR", "expected an absolute directory path of at most 48 characters",
+    {"SLIP_RENDEZVOUS_DIR", "expected an absolute directory path of at most 255 characters",
      [](std::string_view v, Config* c, Why*) {
        v = Trim(v);
        if (!v.empty() && (v.front() != '/' || v.size() > Config::kMaxRendezvousDirLength ||

@@ -85,7 +85,7 @@ struct Config {
   // addresses they are reached at, so that shm serves connections between namespaces.
   // Absolute, at most kMaxRendezvousDirLength characters; empty: none.
   std::string rendezvous_dir;
-  static constexpr size_t kMaxRendezvousDirLength = 48;  // the names fit a sockaddr_un
+  static constexpr size_t kMaxRendezvousDirLength = 255;  // (reached through a descriptor)
 
   // SLIP_FAILOVER=0|1: a connection whose transport fails continues on its TCP connection
   // (0: it resets, as before failover existed; for tests and for the cautious).

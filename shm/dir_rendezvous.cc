@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/config.h"
 #include "core/local_address.h"
 #include "core/log.h"
 #include "core/sock_diag.h"
@@ -61,23 +62,56 @@ bool IsStale(const sockaddr_un& path, socklen_t len) noexcept {
   return stale;
 }
 
+// The first directory the process trusted, kept (never freed: any thread may be using it).
+struct KeptDir {
+  char path[Config::kMaxRendezvousDirLength + 1];
+  TrustedDir dir;
+};
+std::atomic<KeptDir*> g_kept{nullptr};
+std::atomic<bool> g_untrusted_said{false};
+
 }  // namespace
 
-bool DirRendezvousName(const char* dir, const wire::Endpoint& server, sockaddr_un* out,
-                       socklen_t* len) noexcept {
+bool RendezvousDir::Open(const char* path) noexcept {
+  KeptDir* kept = g_kept.load(std::memory_order_acquire);
+  if (kept && std::strcmp(kept->path, path) == 0 && kept->dir.StillValid()) {
+    kept_ = &kept->dir;
+    return true;
+  }
+  const int floor = sys::HiddenFdFloor();
+  PathVerdict verdict;
+  if (!own_.Open(path, floor, &verdict)) {
+    if (!g_untrusted_said.exchange(true, std::memory_order_relaxed))
+      SLIP_LOG(kWarn,
+               "SLIP_RENDEZVOUS_DIR %s is not trusted: %s; connections to other network "
+               "namespaces stay plain (untrusted_rendezvous)",
+               path, verdict.why);
+    return false;
+  }
+  if (!kept && std::strlen(path) < sizeof(KeptDir::path)) {
+    auto* fresh = new (std::nothrow) KeptDir;
+    if (fresh && own_.Duplicate(floor, &fresh->dir)) {
+      std::strcpy(fresh->path, path);
+      if (g_kept.compare_exchange_strong(kept, fresh, std::memory_order_acq_rel)) fresh = nullptr;
+    }
+    delete fresh;  // (none made, or another thread's is kept: nobody saw this one)
+  }
+  return true;
+}
+
+bool DirEntryName(const wire::Endpoint& server, char* out, size_t len) noexcept {
   char text[INET6_ADDRSTRLEN];
   if ((server.family != 4 && server.family != 6) ||
       !inet_ntop(server.family == 4 ? AF_INET : AF_INET6, server.addr, text, sizeof(text)))
     return false;
-  std::memset(out, 0, sizeof(*out));
-  out->sun_family = AF_UNIX;
   // "slip3": the registration protocol of the abstract names (shm/rendezvous_name.cc),
   // with the client's TCP socket as a fifth descriptor.
-  const int n = std::snprintf(out->sun_path, sizeof(out->sun_path), "%s/slip3-%s-%u", dir, text,
-                              unsigned(server.port));
-  if (n <= 0 || size_t(n) >= sizeof(out->sun_path)) return false;
-  *len = socklen_t(offsetof(sockaddr_un, sun_path) + size_t(n) + 1);
-  return true;
+  const int n = std::snprintf(out, len, "slip3-%s-%u", text, unsigned(server.port));
+  return n > 0 && size_t(n) < len;
+}
+
+bool TrustedEntry(const TrustedDir& dir, const struct stat& st, uid_t peer) noexcept {
+  return S_ISSOCK(st.st_mode) && st.st_uid == peer && TrustedInDir(peer, geteuid(), dir.owner());
 }
 
 size_t ReachableEndpoints(const wire::Endpoint& local, bool v6only, wire::Endpoint* out,
@@ -150,43 +184,55 @@ ClientSocket LookAtClientSocket(int sock, const wire::Endpoint& client,
 
 // ----------------------------------------------------------------------------- listener
 
-size_t Rendezvous::PublishInDir(const char* dir, const wire::Endpoint* reached,
+size_t Rendezvous::PublishInDir(const TrustedDir& dir, const wire::Endpoint* reached,
                                 size_t count) noexcept {
   const int floor = sys::HiddenFdFloor();
   std::lock_guard<std::mutex> lock(mu_);
   static_assert(sizeof(dir_names_) / sizeof(dir_names_[0]) == kMaxDirNames);
+  static_assert(sizeof(DirName::entry) == kDirEntryNameMax);
+  if (!dir_.is_open() && !dir.Duplicate(floor, &dir_)) {
+    SLIP_LOG(kWarn, "rendezvous: no descriptor for SLIP_RENDEZVOUS_DIR; not publishing there");
+    return 0;
+  }
   for (size_t i = 0; i < count && dir_count_ < kMaxDirNames; ++i) {
     DirName& name = dir_names_[dir_count_];
     name = DirName();
     name.server = reached[i];
-    if (!DirRendezvousName(dir, reached[i], &name.path, &name.len)) continue;
-    const auto* path = reinterpret_cast<const sockaddr*>(&name.path);
+    sockaddr_un path;
+    socklen_t len;
+    if (!DirEntryName(reached[i], name.entry, sizeof(name.entry)) ||
+        !dir_.Address(name.entry, &path, &len))
+      continue;
+    const auto* addr = reinterpret_cast<const sockaddr*>(&path);
     name.fd = sys::MoveAbove(sys::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0),
                              floor);
     if (name.fd < 0) break;
-    int rc = sys::bind(name.fd, path, name.len);
-    if (rc != 0 && errno == EADDRINUSE && IsStale(name.path, name.len)) {
-      unlink(name.path.sun_path);  // (a dead listener's; a live one's is left alone)
-      rc = sys::bind(name.fd, path, name.len);
+    // (bind never follows a link at the name: whatever is there, it fails.)
+    int rc = sys::bind(name.fd, addr, len);
+    struct stat st;
+    if (rc != 0 && errno == EADDRINUSE && dir_.Stat(name.entry, &st) == 0 && S_ISSOCK(st.st_mode) &&
+        IsStale(path, len)) {
+      unlinkat(dir_.fd(), name.entry, 0);  // (a dead listener's; a live one's is left alone)
+      rc = sys::bind(name.fd, addr, len);
     }
     const bool bound = rc == 0;
+    if (bound) name.inode = dir_.Stat(name.entry, &st) == 0 ? st.st_ino : 0;
     // Anybody may connect (registrations are bounded per uid); whom a client trusts is the
-    // client's check (TrustedInDir).
-    if (rc == 0) rc = chmod(name.path.sun_path, 0666);
+    // client's check (TrustedEntry).
+    if (rc == 0 && (rc = dir_.OpenSocketToAll(name.entry)) != 0) errno = -rc;
     if (rc == 0) rc = sys::listen(name.fd, 4096);
     if (rc == 0 && !Watch(name.fd)) rc = -1;
     if (rc != 0) {
       const int err = errno;
       if (err == EADDRINUSE)
-        SLIP_LOG(kInfo, "rendezvous %s is held by another listener; not published",
-                 name.path.sun_path);
+        SLIP_LOG(kInfo, "rendezvous %s is held by another listener; not published", name.entry);
       else
         SLIP_LOG(kWarn,
                  "cannot publish rendezvous %s (%s): clients in other network "
                  "namespaces stay plain",
-                 name.path.sun_path, strerror(err));
+                 name.entry, strerror(err));
       sys::close(name.fd);
-      if (bound) unlink(name.path.sun_path);
+      if (bound) dir_.RemoveSocket(name.entry, name.inode);
       name = DirName();
       continue;
     }
@@ -204,7 +250,7 @@ size_t Rendezvous::PublishInDir(const char* dir, const wire::Endpoint* reached,
     }
     if (timer_fd_ < 0) {
       // (Without it a client whose connection went elsewhere would wait for its own 30 s.)
-      SLIP_LOG(kWarn, "rendezvous: no timer; not publishing in %s", dir);
+      SLIP_LOG(kWarn, "rendezvous: no timer; not publishing in SLIP_RENDEZVOUS_DIR");
       WithdrawDirNames(/*unlink_names=*/true);
     }
   }
@@ -232,7 +278,8 @@ void Rendezvous::WithdrawDirNames(bool unlink_names) noexcept {
     // Clients already queued are told at once (EOF: they stay plain), not left waiting for
     // an answer nobody reads. (A process that only inherited the names leaves them and
     // their queue to the publisher.)
-    for (bool drain = unlink_names && unlink(name.path.sun_path) == 0; drain;) {
+    const bool removed = unlink_names && dir_.RemoveSocket(name.entry, name.inode);
+    for (bool drain = removed; drain;) {
       const int conn = sys::accept4(name.fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (conn < 0) break;
       sys::close(conn);

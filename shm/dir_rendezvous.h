@@ -5,29 +5,57 @@
 // A listener publishes, beside its abstract name, one path name per address other
 // namespaces reach it at, in SLIP_RENDEZVOUS_DIR. The kernel cannot tell a client there
 // which socket listens (it is in another namespace), so trust and proof come from
-// elsewhere: the directory's owner decides who may publish in it (TrustedInDir), and the
+// elsewhere: the directory is trusted only as StrictModes trusts one (RendezvousDirectory),
+// its owner decides who may publish in it (TrustedEntry), and the
 // client hands its TCP socket over with the registration, which proves to the listener,
 // once the connection is accepted, that the registration is the connection's own
 // (ProvesConnection).
 #pragma once
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/un.h>
 
 #include <cstddef>
 
+#include "core/trusted_path.h"
 #include "core/wire.h"
 
 namespace slip::shm {
 
 // The most names one listener publishes (a wildcard listener: one per address).
 constexpr size_t kMaxDirNames = 8;
+// The longest entry name: "slip3-" + an IPv6 address + "-" + a port, and its NUL.
+constexpr size_t kDirEntryNameMax = 64;
 
-// "<dir>/slip3-<address>-<port>" for a listener reached at `server`. False when it does
-// not fit a sockaddr_un.
-bool DirRendezvousName(const char* dir, const wire::Endpoint& server, sockaddr_un* out,
-                       socklen_t* len) noexcept;
+// SLIP_RENDEZVOUS_DIR for one lookup or publication: opened and checked as a trusted
+// directory (core/trusted_path.h: root's or ours at every component, writable by nobody
+// else but a sticky directory of root's), names in it then reached only through its
+// descriptor. The process keeps the first one it trusts (an fstat per use checks that its
+// descriptor still names it); another path, or a kept one that is gone, is opened for the
+// one use. Any thread.
+class RendezvousDir {
+ public:
+  // False when the directory is not trusted (said once, at warn, with the reason).
+  bool Open(const char* path) noexcept;
+  const TrustedDir& get() const noexcept { return kept_ ? *kept_ : own_; }
+
+ private:
+  const TrustedDir* kept_ = nullptr;  // the process's (never freed)
+  TrustedDir own_;
+};
+
+// "slip3-<address>-<port>", the entry of a listener reached at `server`. False for an
+// endpoint of no known family.
+bool DirEntryName(const wire::Endpoint& server, char* out, size_t len) noexcept;
+
+// Whether an entry of `dir`, `st` as fstatat saw it without following links, may be the
+// rendezvous of a listener whose socket is held by `peer` (SO_PEERCRED): a socket (never
+// a link) made by the peer's uid, and that uid this process's own or the directory
+// owner's (root or ours). In a sticky directory anybody may make names, so the entry's
+// owner is what ties it to the process that answers.
+bool TrustedEntry(const TrustedDir& dir, const struct stat& st, uid_t peer) noexcept;
 
 // The endpoints at which other namespaces reach a listener bound to `local`: `local`
 // itself, or for a wildcard every address of this namespace's interfaces but loopback and

@@ -1,6 +1,7 @@
 // shm's message face: listening, connecting and accepting (shm/msg.h).
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -12,8 +13,11 @@
 #include <cstring>
 #include <new>
 
+#include "core/config.h"
 #include "core/log.h"
 #include "core/sys.h"
+#include "core/trusted_path.h"
+#include "shm/dir_rendezvous.h"
 #include "shm/fd_passing.h"
 #include "shm/msg.h"
 #include "shm/msg_internal.h"
@@ -29,7 +33,7 @@ using msg::Status;
 
 std::atomic<uint32_t> g_ring_size{1u << 20};
 // SLIP_RENDEZVOUS_DIR, set once before the first listen or connect; empty: none.
-char g_dir[128];
+char g_dir[Config::kMaxRendezvousDirLength + 1];
 std::atomic<bool> g_dir_set{false};
 
 // How long an accepted connection may take to send its HELLO before it is dropped (a
@@ -44,16 +48,15 @@ socklen_t AbstractName(uint32_t pid, uint64_t token, sockaddr_un* addr) noexcept
   return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + size_t(n));
 }
 
-// The name in the rendezvous directory, for senders in other network namespaces. False when
-// it does not fit.
-bool DirName(uint32_t pid, uint64_t token, sockaddr_un* addr, socklen_t* len) noexcept {
-  std::memset(addr, 0, sizeof(*addr));
-  addr->sun_family = AF_UNIX;
-  const int n =
-      snprintf(addr->sun_path, sizeof(addr->sun_path), "%s/nccl-%u-%016" PRIx64, g_dir, pid, token);
-  if (n <= 0 || size_t(n) >= sizeof(addr->sun_path)) return false;
-  *len = socklen_t(offsetof(sockaddr_un, sun_path) + size_t(n) + 1);
-  return true;
+// The entry in the rendezvous directory, for senders in other network namespaces.
+void DirEntry(uint32_t pid, uint64_t token, char (&out)[kDirEntryNameMax]) noexcept {
+  snprintf(out, sizeof(out), "nccl-%u-%016" PRIx64, pid, token);
+}
+
+// The process's rendezvous directory when there is one and it is trusted (said once when
+// not: shm/dir_rendezvous.h).
+bool OpenDirectory(RendezvousDir* dir) noexcept {
+  return g_dir_set.load(std::memory_order_acquire) && dir->Open(g_dir);
 }
 
 int ListeningSocket(const sockaddr_un& addr, socklen_t len) noexcept {
@@ -76,15 +79,23 @@ bool PeerCred(int sock, ucred* cred) noexcept {
 
 class ShmListener final : public msg::Listener {
  public:
-  // `fd`: the abstract name's socket; `dir_fd` (or -1): the one at `dir_path`.
-  ShmListener(int fd, int dir_fd, const sockaddr_un& dir_path, uint64_t secret) noexcept
-      : fds_{fd, dir_fd}, dir_path_(dir_path), owner_(getpid()), secret_(secret) {}
+  // `fd`: the abstract name's socket; `dir_fd` (or -1): the one at entry `dir_entry` of
+  // `dir`, the socket `dir_inode`.
+  ShmListener(int fd, int dir_fd, TrustedDir&& dir, const char* dir_entry, ino_t dir_inode,
+              uint64_t secret) noexcept
+      : fds_{fd, dir_fd},
+        dir_(std::move(dir)),
+        dir_inode_(dir_inode),
+        owner_(getpid()),
+        secret_(secret) {
+    snprintf(dir_entry_, sizeof(dir_entry_), "%s", dir_entry);
+  }
   ~ShmListener() override {
     for (auto& p : pending_)
       if (p.fd >= 0) sys::close(p.fd);
     for (int fd : fds_)
       if (fd >= 0) sys::close(fd);
-    if (fds_[1] >= 0 && getpid() == owner_) unlink(dir_path_.sun_path);
+    if (fds_[1] >= 0 && getpid() == owner_) dir_.RemoveSocket(dir_entry_, dir_inode_);
   }
 
   Status Accept(std::unique_ptr<msg::RecvComm>* out) noexcept override {
@@ -180,8 +191,10 @@ class ShmListener final : public msg::Listener {
   }
 
   const int fds_[2];
-  const sockaddr_un dir_path_;
-  const pid_t owner_;  // the process that bound dir_path_ (and may unlink it)
+  const TrustedDir dir_;  // where dir_entry_ is (or none)
+  char dir_entry_[kDirEntryNameMax];
+  const ino_t dir_inode_;
+  const pid_t owner_;  // the process that bound the entry (and may remove it)
   const uint64_t secret_;
   Pending pending_[8];
 };
@@ -211,26 +224,34 @@ class ShmMessageTransport final : public msg::Transport {
       return Status::kSystem;
     }
     // Senders in other network namespaces of this host (pods) reach it in the rendezvous
-    // directory, when there is one.
+    // directory, when there is one and it is trusted.
+    RendezvousDir opened;
+    TrustedDir dir;
+    char entry[kDirEntryNameMax];
+    DirEntry(h.pid, h.name_token, entry);
     sockaddr_un dir_addr{};
     socklen_t dir_len = 0;
     int dir_fd = -1;
-    if (g_dir_set.load(std::memory_order_acquire) &&
-        DirName(h.pid, h.name_token, &dir_addr, &dir_len)) {
+    ino_t dir_inode = 0;
+    if (OpenDirectory(&opened) && opened.get().Duplicate(sys::HiddenFdFloor(), &dir) &&
+        dir.Address(entry, &dir_addr, &dir_len)) {
+      struct stat st;
       dir_fd = ListeningSocket(dir_addr, dir_len);
+      if (dir_fd >= 0 && dir.Stat(entry, &st) == 0) dir_inode = st.st_ino;
       if (dir_fd < 0)
-        SLIP_LOG(kWarn, "NCCL listener over shm: cannot listen at %s (%s): same namespace only",
-                 dir_addr.sun_path, strerror(errno));
+        SLIP_LOG(kWarn, "NCCL listener over shm: cannot listen at %s/%s (%s): same namespace only",
+                 g_dir, entry, strerror(errno));
       else
         h.flags |= msgwire::kHandleInDir;
     }
-    auto listener = std::unique_ptr<msg::Listener>(new (std::nothrow)
-                                                       ShmListener(fd, dir_fd, dir_addr, h.secret));
+    if (dir_fd < 0) dir = TrustedDir();
+    auto listener = std::unique_ptr<msg::Listener>(
+        new (std::nothrow) ShmListener(fd, dir_fd, std::move(dir), entry, dir_inode, h.secret));
     if (!listener) {
       sys::close(fd);
       if (dir_fd >= 0) {
         sys::close(dir_fd);
-        unlink(dir_addr.sun_path);
+        dir.RemoveSocket(entry, dir_inode);  // (not moved from: no listener was made)
       }
       return Status::kSystem;
     }
@@ -255,10 +276,14 @@ class ShmMessageTransport final : public msg::Transport {
     const bool same_namespace = h.host == here;
     sockaddr_un addr;
     socklen_t len = 0;
+    RendezvousDir opened;
+    const TrustedDir* dir = nullptr;
+    char entry[kDirEntryNameMax];
+    DirEntry(h.pid, h.name_token, entry);
     if (same_namespace) {
       len = AbstractName(h.pid, h.name_token, &addr);
-    } else if (!(h.flags & msgwire::kHandleInDir) || !g_dir_set.load(std::memory_order_acquire) ||
-               !DirName(h.pid, h.name_token, &addr, &len)) {
+    } else if (!(h.flags & msgwire::kHandleInDir) || !OpenDirectory(&opened) ||
+               !(dir = &opened.get())->Address(entry, &addr, &len)) {
       SLIP_LOG(kWarn,
                "NCCL connect: the listener is in another network namespace of this host; shm "
                "reaches it when both set SLIP_RENDEZVOUS_DIR to a directory they share");
@@ -281,10 +306,13 @@ class ShmMessageTransport final : public msg::Transport {
     }
     // The socket must be held by the handle's owner: an abstract name has no owner, so by
     // its process too (a pid in another pid namespace, as from another pod, means nothing
-    // here: in the directory, whose entries only its trusted users can make, the uid).
+    // here: in the trusted directory, a socket made and held by the uid; connect() follows
+    // a link, so the entry is looked at after it).
     ucred cred{};
+    struct stat st;
     if (!PeerCred(fd, &cred) || cred.uid != h.uid ||
-        (same_namespace && uint32_t(cred.pid) != h.pid)) {
+        (same_namespace && uint32_t(cred.pid) != h.pid) ||
+        (!same_namespace && (dir->Stat(entry, &st) != 0 || !TrustedEntry(*dir, st, cred.uid)))) {
       SLIP_LOG(kWarn,
                "NCCL connect over shm: the listener's name is held by pid %d uid %u, not by "
                "the handle's pid %u: refused",

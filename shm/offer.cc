@@ -117,28 +117,36 @@ int FindRendezvous(const sockaddr* dest, const sockaddr* source, uint64_t* membe
   return sock;
 }
 
-int FindDirRendezvous(const char* dir, const sockaddr* dest) noexcept {
+int FindDirRendezvous(const char* dir_path, const sockaddr* dest) noexcept {
   wire::Endpoint ep;
   if (!wire::EndpointFromSockaddr(dest, &ep)) return -EAFNOSUPPORT;
-  sockaddr_un name;
-  socklen_t len;
-  if (!DirRendezvousName(dir, ep, &name, &len)) return -ENAMETOOLONG;
+  char entry[kDirEntryNameMax];
+  if (!DirEntryName(ep, entry, sizeof(entry))) return -ENAMETOOLONG;
+  // A directory another user could change is no proof of anything (said once).
+  RendezvousDir handle;
+  if (!handle.Open(dir_path)) return -EPERM;
+  const TrustedDir* dir = &handle.get();
   // No name, no Slipstream listener there in any namespace of this host: the usual answer
   // for a remote or plain peer, found with one lookup rather than a socket's five calls.
-  if (access(name.sun_path, F_OK) != 0) return errno == ENOENT ? -ENOENT : -ECONNREFUSED;
+  struct stat st;
+  if (int rc = dir->Stat(entry, &st); rc != 0) return rc == -ENOENT ? -ENOENT : -ECONNREFUSED;
+  sockaddr_un name;
+  socklen_t len;
+  if (!dir->Address(entry, &name, &len)) return -ENAMETOOLONG;
   const int sock = ConnectRendezvous(name, len);
   if (sock < 0) return sock;  // (-ENOENT: no Slipstream listener there, in any namespace)
-  // Whoever can create files in the directory can publish any name: only its owner's and
-  // our own uid's rendezvous are used (docs/SECURITY.md, "The rendezvous directory").
+  // Whoever can create entries in the directory can publish any name: only a socket made
+  // by its owner or our own uid, and held by that uid, is used (docs/SECURITY.md, "The
+  // rendezvous directory"). The entry is looked at again after connect(), which follows a
+  // link: whatever it reached, the name must be that uid's socket now.
   ucred peer{};
   socklen_t plen = sizeof(peer);
-  struct stat st;
-  if (sys::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0 || stat(dir, &st) != 0 ||
-      !TrustedInDir(peer.uid, geteuid(), st.st_uid)) {
+  if (sys::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0 ||
+      dir->Stat(entry, &st) != 0 || !TrustedEntry(*dir, st, peer.uid)) {
     SLIP_LOG(kWarn,
-             "rendezvous %s is held by pid %d uid %u, neither this process's uid nor the "
-             "owner of %s: not registering there (plain TCP)",
-             name.sun_path, int(peer.pid), unsigned(peer.uid), dir);
+             "rendezvous %s/%s is held by pid %d uid %u, not a socket of this process's uid "
+             "or of the directory's owner: not registering there (plain TCP)",
+             dir_path, entry, int(peer.pid), unsigned(peer.uid));
     sys::close(sock);
     return -EPERM;
   }

@@ -45,6 +45,7 @@
 
 #include "core/channel.h"
 #include "core/stream.h"
+#include "core/trusted_path.h"
 #include "core/wire.h"
 #include "shm/sibling_queue.h"
 
@@ -139,9 +140,10 @@ int FindRendezvous(const sockaddr* dest, const sockaddr* source = nullptr,
                    uint64_t* member = nullptr) noexcept;
 
 // Connects to the rendezvous that a listener in another network namespace of this host
-// published in `dir` (SLIP_RENDEZVOUS_DIR) for `dest`, and verifies it: held by this
-// process's uid or the directory's owner. Returns the socket, or -errno: -ENOENT (no such
-// name), -ECONNREFUSED (a name nobody serves), -EAGAIN, -EPERM (held by anybody else:
+// published in `dir` (SLIP_RENDEZVOUS_DIR) for `dest`, and verifies it: the directory
+// trusted, the name a socket made and held by this process's uid or the directory's
+// owner. Returns the socket, or -errno: -ENOENT (no such name), -ECONNREFUSED (a name
+// nobody serves), -EAGAIN, -EPERM (an untrusted directory, or a name of anybody else's:
 // not used), other errors. shm/dir_rendezvous.h.
 int FindDirRendezvous(const char* dir, const sockaddr* dest) noexcept;
 
@@ -288,12 +290,12 @@ class Rendezvous {
   // Before a fork: makes the siblings' queue (shm/sibling_queue.h) unless there is one.
   void PrepareSharing() noexcept;
 
-  // Publishes, in `dir` (SLIP_RENDEZVOUS_DIR), a name for each of the `count` endpoints
-  // `reached` at which other network namespaces of this host reach the listener
-  // (ReachableEndpoints, shm/dir_rendezvous.h): clients there register through it with
-  // their TCP socket as proof. Returns how many names it holds; a name held by a live
-  // rendezvous already (another member of an SO_REUSEPORT group) is left to it.
-  size_t PublishInDir(const char* dir, const wire::Endpoint* reached, size_t count) noexcept;
+  // Publishes, in `dir` (SLIP_RENDEZVOUS_DIR, trusted: RendezvousDir), a name for
+  // each of the `count` endpoints `reached` at which other network namespaces of this
+  // host reach the listener (ReachableEndpoints, shm/dir_rendezvous.h): clients there
+  // register through it with their TCP socket as proof. Returns how many names it holds; a name
+  // held by a live rendezvous already (another member of an SO_REUSEPORT group) is left to it.
+  size_t PublishInDir(const TrustedDir& dir, const wire::Endpoint* reached, size_t count) noexcept;
 
   // Limits (docs/SECURITY.md, "Resource exhaustion").
   size_t capacity() const noexcept { return capacity_; }
@@ -309,8 +311,8 @@ class Rendezvous {
   struct DirName {  // a name published in the rendezvous directory
     int fd = -1;    // its listening socket
     wire::Endpoint server;
-    sockaddr_un path{};
-    socklen_t len = 0;
+    char entry[64] = {};  // its name in the directory (kDirEntryNameMax)
+    ino_t inode = 0;      // the entry bound, so that only it is ever removed
   };
 
   Rendezvous() noexcept = default;
@@ -361,6 +363,7 @@ class Rendezvous {
   uint32_t listener_flags_ = 0;  // kListener*, for the clients
   DirName dir_names_[8];         // [0, dir_count_): kMaxDirNames
   size_t dir_count_ = 0;
+  TrustedDir dir_;       // where they are
   pid_t publisher_ = 0;  // the process that bound them (and may unlink them)
   // Ticks in the epoll set while registrations from the directory wait: their clients
   // cannot see where their connections went, so the control thread looks (GoneElsewhere).

@@ -370,7 +370,9 @@ class ShmTransport final : public Transport {
     if (!req.config->rendezvous_dir.empty()) {
       wire::Endpoint reached[kMaxDirNames];
       const size_t count = ReachableEndpoints(local, req.v6only, reached, kMaxDirNames);
-      rendezvous->PublishInDir(req.config->rendezvous_dir.c_str(), reached, count);
+      RendezvousDir dir;
+      if (count > 0 && dir.Open(req.config->rendezvous_dir.c_str()))
+        rendezvous->PublishInDir(dir.get(), reached, count);
     }
     std::unique_ptr<ListenerTwin> twin(new (std::nothrow) ShmTwin(std::move(rendezvous)));
     if (!twin) *why = Reason::kResources;

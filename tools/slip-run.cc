@@ -164,7 +164,7 @@ const Option kOptions[] = {
      }},
     {"--rendezvous-dir", "DIR", "SLIP_RENDEZVOUS_DIR",
      "a directory shared with other network namespaces of this host (pods), for shm "
-     "between them (absolute, at most 48 characters)",
+     "between them (absolute, at most 255 characters)",
      [](const Defaults& d) { return PathText(d.core.rendezvous_dir, "none"); }},
     {"--failover", "0|1", "SLIP_FAILOVER",
      "continue a connection on TCP when its RDMA path fails mid-stream (0: reset it)",

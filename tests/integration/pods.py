@@ -8,19 +8,14 @@ Needs root (ip netns); the harness runs as root in CI and in `make test`.
 """
 
 import collections
-import contextlib
 import signal
-import subprocess
 import tempfile
-import time
-import uuid
 from pathlib import Path
 
 from cases import case, connection_stats, listener_count, run_bulk
-from harness import PYTHON, TestFailure, py
+from harness import PYTHON, py
+from netns import SERVER_ADDRESS, SERVER_ADDRESS6, two_pods
 
-SERVER_ADDRESS, CLIENT_ADDRESS = "10.231.7.1", "10.231.7.2"
-SERVER_ADDRESS6, CLIENT_ADDRESS6 = "fd00:231::1", "fd00:231::2"
 STORM_CONNECTIONS = 60
 # A name in the directory held by another uid than the client's or the directory owner's.
 SQUATTER = """
@@ -33,49 +28,8 @@ time.sleep(120)
 """
 
 
-def _ip(*args):
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-@contextlib.contextmanager
-def two_pods():
-    """Namespaces (server's, client's) joined by a veth pair, each with its address and
-    its loopback up, removed afterwards. The names are unique: tests run in parallel."""
-    tag = uuid.uuid4().hex[:6]
-    server_ns, client_ns = f"slipit-{tag}-s", f"slipit-{tag}-c"
-    made = []
-    try:
-        for ns in (server_ns, client_ns):
-            # (Two first `ip netns add` at once may race on mounting /run/netns: again.)
-            for attempt in range(5):
-                try:
-                    _ip("netns", "add", ns)
-                    break
-                except subprocess.CalledProcessError:
-                    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-                    if attempt == 4:
-                        raise
-                    time.sleep(0.2)
-            made.append(ns)
-        _ip("link", "add", f"sp{tag}s", "type", "veth", "peer", "name", f"sp{tag}c")
-        for ns, end, address, address6 in ((server_ns, "s", SERVER_ADDRESS, SERVER_ADDRESS6),
-                                           (client_ns, "c", CLIENT_ADDRESS, CLIENT_ADDRESS6)):
-            _ip("link", "set", f"sp{tag}{end}", "netns", ns)
-            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", f"sp{tag}{end}")
-            # (nodad: usable at once, not after duplicate address detection)
-            _ip("-n", ns, "addr", "add", f"{address6}/64", "dev", f"sp{tag}{end}", "nodad")
-            _ip("-n", ns, "link", "set", f"sp{tag}{end}", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield server_ns, client_ns
-    except subprocess.CalledProcessError as e:
-        raise TestFailure(f"cannot make network namespaces (root needed): {e.stderr.strip()}")
-    finally:
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
 def rendezvous_dir():
-    """A fresh directory short enough for the names (SLIP_RENDEZVOUS_DIR: 48 characters)."""
+    """A fresh directory, trusted: root's, mode 0755, under /tmp (root's and sticky)."""
     path = Path(tempfile.mkdtemp(prefix="slip-rdv-", dir="/tmp"))
     path.chmod(0o755)
     return path

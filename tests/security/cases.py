@@ -75,13 +75,15 @@ def world_dir(t):
     return path
 
 
-def launch(t, name, argv, slip=False, env=None, prefix=(), role="client", stats_dir=None):
+def launch(t, name, argv, slip=False, env=None, prefix=(), role="client", stats_dir=None,
+           netns=None):
     """Starts `argv` (under slip-run when `slip`) behind `prefix` (prlimit, setpriv), which
-    runs outside slip-run, so that the stats record is the program's own."""
+    runs outside slip-run, so that the stats record is the program's own; in network
+    namespace `netns` when given."""
     stats = Path(stats_dir or t.dir) / f"{name}.stats.jsonl"
     cmd = [*prefix, str(t.settings.slip_run), f"--stats={stats}", "--", *argv] if slip \
         else [*prefix, *argv]
-    proc = t.start(name, cmd, role=role, slip=False, env=env)
+    proc = t.start(name, cmd, role=role, slip=False, env=env, netns=netns)
     if slip:
         proc.slip = True
         proc.stats_path = stats
@@ -187,6 +189,30 @@ def random_total(rng, low, high):
 
 # ------------------------------------------------------------------------------ 1
 
+def squatter_got_nothing(t, squatter):
+    """Stops progs/squatter.py and checks that it ran as nobody and was handed no message
+    and no descriptor; returns its report."""
+    stop(squatter)
+    said = last_json(squatter)
+    t.check(said["uid"] == 65534, f"the squatter ran as uid {said['uid']}, not nobody")
+    t.check(not said["messages"] and said["fds"] == 0,
+            f"the squatter (uid nobody) holding {said['bound']} received "
+            f"{len(said['messages'])} message(s) and {said['fds']} descriptor(s) from the "
+            f"root client: {said['messages'][:3]}")
+    return said
+
+
+def check_bulk_pair(t, statuses, server, client):
+    """Both ends of a progs/bulk.py exchange exited 0, and each read exactly what the other
+    sent (the server's application: exactly the client's bytes)."""
+    for proc, status in statuses.items():
+        t.check(status == 0, f"{proc.name}: {status_text(status)}")
+    server_said, client_said = last_json(server), last_json(client)
+    t.expect_same_stream("client -> server (what the server's application read)",
+                         client_said, server_said)
+    t.expect_same_stream("server -> client", server_said, client_said)
+
+
 def printed_inode(proc):
     """The listening socket's inode that progs/late_listen.py printed ("INODE <n>")."""
     for line in proc.stdout().splitlines():
@@ -226,19 +252,8 @@ def rendezvous_squat(t, variant):
     client = launch(t, "client", integ("bulk.py", "client", "--port", t.port,
                                        "--seed", seeds[1], "--total", total), slip=True)
     statuses = {p: finish(p, 20) for p in (client, server)}
-    stop(squatter)
-    said = last_json(squatter)
-    t.check(said["uid"] == 65534, f"the squatter ran as uid {said['uid']}, not nobody")
-    t.check(not said["messages"] and said["fds"] == 0,
-            f"the squatter (uid nobody) holding {said['bound']} received "
-            f"{len(said['messages'])} message(s) and {said['fds']} descriptor(s) from the "
-            f"root client: {said['messages'][:3]}")
-    for proc, status in statuses.items():
-        t.check(status == 0, f"{proc.name}: {status_text(status)}")
-    server_said, client_said = last_json(server), last_json(client)
-    t.expect_same_stream("client -> server (what the server's application read)",
-                         client_said, server_said)
-    t.expect_same_stream("server -> client", server_said, client_said)
+    said = squatter_got_nothing(t, squatter)
+    check_bulk_pair(t, statuses, server, client)
     conns = connections(t, client, t.port, "remote")
     print(f"client: {describe_connections(conns)}; server: "
           f"{describe_connections(connections(t, server, t.port, 'local'))}; squatter saw "

@@ -15,6 +15,8 @@ import sys
 from cases import CASES, SERIAL
 from harness import main
 
+import paths  # noqa: F401,E402  (registers its cases)
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--list-serial"]:
         print("\n".join(sorted(SERIAL)))

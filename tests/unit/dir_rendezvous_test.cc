@@ -43,26 +43,22 @@ constexpr uint32_t kRing = 4096;
 constexpr uid_t kNobody = 65534;
 
 std::string NameOf(const char* dir, const wire::Endpoint& ep) {
-  sockaddr_un name;
-  socklen_t len = 0;
-  if (!DirRendezvousName(dir, ep, &name, &len)) return "";
-  EXPECT_EQ(len, offsetof(sockaddr_un, sun_path) + std::strlen(name.sun_path) + 1);
-  return name.sun_path;
+  char entry[kDirEntryNameMax];
+  if (!DirEntryName(ep, entry, sizeof(entry))) return "";
+  return std::string(dir) + "/" + entry;
 }
 
-TEST(DirRendezvousNameTest, AddressAndPortInTheDirectoryOrRefusedWhenTooLong) {
+TEST(DirEntryNameTest, AddressAndPort) {
   EXPECT_EQ(NameOf("/run/slip", Ep("10.1.2.3", 8080)), "/run/slip/slip3-10.1.2.3-8080");
   EXPECT_EQ(NameOf("/d", Ep("fd00::1", 443)), "/d/slip3-fd00::1-443");
   // A v4-mapped destination is its IPv4 address (the wire's form).
   EXPECT_EQ(NameOf("/d", Ep("::ffff:10.0.0.9", 7)), "/d/slip3-10.0.0.9-7");
-  const std::string longest(sizeof(sockaddr_un::sun_path) - 1 - std::strlen("/slip3-1.2.3.4-5"),
-                            'x');
-  EXPECT_FALSE(NameOf(longest.c_str(), Ep("1.2.3.4", 5)).empty());
-  EXPECT_TRUE(NameOf((longest + "x").c_str(), Ep("1.2.3.4", 5)).empty());
+  // The longest fits.
+  EXPECT_EQ(NameOf("/d", Ep("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 65535)),
+            "/d/slip3-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff-65535");
   wire::Endpoint unknown;  // family 0
-  sockaddr_un name;
-  socklen_t len;
-  EXPECT_FALSE(DirRendezvousName("/d", unknown, &name, &len));
+  char entry[kDirEntryNameMax];
+  EXPECT_FALSE(DirEntryName(unknown, entry, sizeof(entry)));
 }
 
 TEST(ReachableEndpointsTest, LoopbackNoneAnAddressItselfAWildcardEveryOtherAddress) {
@@ -166,7 +162,9 @@ class DirRegistrationTest : public ::testing::Test {
     ASSERT_TRUE(rv_);
     server_ = Ep("127.0.0.1", port_);
     dest_ = Addr("127.0.0.1", port_);
-    ASSERT_EQ(rv_->PublishInDir(dir_.c_str(), &server_, 1), 1u);
+    RendezvousDir dir;
+    ASSERT_TRUE(dir.Open(dir_.c_str()));
+    ASSERT_EQ(rv_->PublishInDir(dir.get(), &server_, 1), 1u);
     name_ = NameOf(dir_.c_str(), server_);
   }
   void TearDown() override {
@@ -378,7 +376,9 @@ TEST_F(DirRegistrationTest, AStaleNameIsReplacedALiveOneLeftAlone) {
   const int tcp2 = TcpSocket(Addr("127.0.0.1", 0), false, true);
   auto second = Rendezvous::Publish(PortOf(tcp2), InodeOf(tcp2), StreamOptions{}, &error);
   ASSERT_TRUE(second);
-  EXPECT_EQ(second->PublishInDir(dir_.c_str(), &server_, 1), 0u);
+  RendezvousDir dir;
+  ASSERT_TRUE(dir.Open(dir_.c_str()));
+  EXPECT_EQ(second->PublishInDir(dir.get(), &server_, 1), 0u);
   second.reset();  // (leaves the first one's name)
   const int sock = FindDirRendezvous(dir_.c_str(), Sa(dest_));
   EXPECT_GE(sock, 0) << "the live name was taken away";
@@ -394,7 +394,7 @@ TEST_F(DirRegistrationTest, AStaleNameIsReplacedALiveOneLeftAlone) {
   EXPECT_EQ(FindDirRendezvous(dir_.c_str(), Sa(dest_)), -ECONNREFUSED);
   rv_ = Rendezvous::Publish(port_, InodeOf(tcp_), StreamOptions{}, &error);
   ASSERT_TRUE(rv_);
-  EXPECT_EQ(rv_->PublishInDir(dir_.c_str(), &server_, 1), 1u);
+  EXPECT_EQ(rv_->PublishInDir(dir.get(), &server_, 1), 1u);
   const int fresh = FindDirRendezvous(dir_.c_str(), Sa(dest_));
   EXPECT_GE(fresh, 0);
   if (fresh >= 0) close(fresh);
@@ -417,7 +417,7 @@ TEST(DirTrustTest, OnlyOurOwnUidOrTheDirectoryOwnerIsTrusted) {
   const socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + path.size() + 1);
   const sockaddr_storage dest = Addr("127.0.0.1", 9);
   {
-    Squatter squatter;  // nobody, in root's directory: not trusted
+    Squatter squatter;  // nobody, in root's sticky directory: not trusted
     ASSERT_TRUE(squatter.Start(name, len, kNobody));
     EXPECT_EQ(FindDirRendezvous(tmpl, Sa(dest)), -EPERM);
     const Squatter::Report report = squatter.Finish();
@@ -425,14 +425,17 @@ TEST(DirTrustTest, OnlyOurOwnUidOrTheDirectoryOwnerIsTrusted) {
     EXPECT_EQ(report.fds, 0);
   }
   unlink(path.c_str());
-  ASSERT_EQ(chown(tmpl, kNobody, kNobody), 0);  // nobody's directory: nobody is trusted
+  // nobody's own directory: no proof of anything, whoever holds the name (it used to be
+  // trusted as its owner's, and nobody received the client's region and TCP socket).
+  ASSERT_EQ(chown(tmpl, kNobody, kNobody), 0);
+  ASSERT_EQ(chmod(tmpl, 0755), 0);
   {
     Squatter squatter;
     ASSERT_TRUE(squatter.Start(name, len, kNobody));
-    const int sock = FindDirRendezvous(tmpl, Sa(dest));
-    EXPECT_GE(sock, 0) << std::strerror(-sock);
-    if (sock >= 0) close(sock);
-    squatter.Finish();
+    EXPECT_EQ(FindDirRendezvous(tmpl, Sa(dest)), -EPERM);
+    const Squatter::Report report = squatter.Finish();
+    EXPECT_EQ(report.accepted, 0) << "an untrusted directory's name was connected to";
+    EXPECT_EQ(report.fds, 0);
   }
   unlink(path.c_str());
   rmdir(tmpl);

@@ -11,8 +11,9 @@ Protocol v3 names one rendezvous per TCP listening socket:
 predict the inode (socket inodes come from a counter) or race the server between its
 socket() and listen(); the test makes it deterministic: its server prints the inode after
 bind() and listens only once we hold the name (progs/late_listen.py). Binds the name for
-each --inode as a SOCK_SEQPACKET listener, prints READY, then accepts every connection and
-records every message and every descriptor it is sent. On SIGTERM it prints one JSON line:
+each --inode as a SOCK_SEQPACKET listener (and each --path: a name in a rendezvous
+directory, SLIP_RENDEZVOUS_DIR, whose names are path names), prints READY, then accepts
+every connection and records every message and every descriptor it is sent. On SIGTERM it prints one JSON line:
   {"uid", "bound": [names], "connections": n, "peers": [{"pid", "uid"} of each connection,
    SO_PEERCRED], "messages": [{"name", "bytes", "fds", "type", "head"}], "fds": total
    descriptors received}
@@ -31,20 +32,26 @@ import sys
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--inode", type=int, action="append", required=True,
-                        help="the listening socket's inode (repeatable)")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--inode", type=int, action="append", default=[],
+                        help="the listening socket's inode (repeatable; needs --port)")
+    parser.add_argument("--path", action="append", default=[],
+                        help="a path name to bind (repeatable)")
     args = parser.parse_args()
+    if not args.path and not (args.inode and args.port):
+        parser.error("--port and --inode, or --path")
 
     sel = selectors.DefaultSelector()
     bound = []
-    for inode in args.inode:
-        name = f"\0slipstream-v3:{args.port}:{inode}"
+    names = [f"\0slipstream-v3:{args.port}:{inode}" for inode in args.inode] + args.path
+    for name in names:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sock.bind(name)
+        if not name.startswith("\0"):
+            os.chmod(name, 0o666)  # (a client of another uid must be able to connect)
         sock.listen(64)
         sel.register(sock, selectors.EVENT_READ, ("listener", name))
-        bound.append(name[1:])
+        bound.append(name.lstrip("\0"))
     state = {"connections": 0, "peers": [], "messages": [], "fds": 0}
 
     def finish(*_):
@@ -79,7 +86,7 @@ def main():
                 os.close(fd)
             if data or fds:
                 state["fds"] += len(fds)
-                state["messages"].append({"name": name[1:], "bytes": len(data), "fds": len(fds),
+                state["messages"].append({"name": name.lstrip("\0"), "bytes": len(data), "fds": len(fds),
                                           "type": data[5] if len(data) > 5 else None,
                                           "head": data[:24].hex()})
             if not data:
