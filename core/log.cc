@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/sys.h"
+#include "core/trusted_path.h"
 
 namespace slip {
 namespace {
@@ -94,17 +95,19 @@ bool Admit(LogSite* site, uint64_t now, uint64_t* suppressed) {
 }
 
 // Opens the log file among the hidden descriptors, and never on 0-2: a host that closed
-// stdio must not later write its own output into our log (or we into its stdout).
-int OpenLogFile(const char* path) {
-  int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+// stdio must not later write its own output into our log (or we into its stdout). The file
+// is ours or none (core/trusted_path.h): a link another user put there would have us append
+// to whatever it names, a FIFO would hold us (before main) or hand every line to its reader.
+int OpenLogFile(const char* path, PathVerdict* verdict) {
+  int fd = OpenOwnFileForAppend(path, verdict);
   return fd < 0 ? fd : sys::MoveHigh(fd, std::max(STDERR_FILENO + 1, sys::HiddenFdFloor()));
 }
 
 // Points our one file descriptor at `path`. A re-init keeps the number other threads may
 // be writing to and retargets it with dup3 (atomic): closing it instead could let a late
 // writer hit a descriptor the application has just reused.
-int AttachFile(const char* path) {
-  int fd = OpenLogFile(path);
+int AttachFile(const char* path, PathVerdict* verdict) {
+  int fd = OpenLogFile(path, verdict);
   if (fd >= 0 && g_file_fd >= 0 && sys::dup3(fd, g_file_fd, O_CLOEXEC) >= 0) {
     sys::close(fd);
     return g_file_fd;
@@ -120,10 +123,11 @@ void LogInit(LogLevel level, const char* path) noexcept {
   g_level.store(static_cast<int>(level), std::memory_order_relaxed);
   int fd = STDERR_FILENO;
   if (path != nullptr && path[0] != '\0') {
-    fd = AttachFile(path);
+    PathVerdict verdict;
+    fd = AttachFile(path, &verdict);
     if (fd < 0) {
-      LogAlways("warn: cannot open SLIP_LOG_FILE \"%s\": %s; logging to stderr", path,
-                strerror(errno));
+      LogAlways("warn: SLIP_LOG_FILE \"%s\" not used: %s; logging to stderr", path,
+                verdict.why[0] ? verdict.why : strerror(errno));
       fd = STDERR_FILENO;
     }
   }

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +17,7 @@
 
 #include "core/log.h"
 #include "core/sys.h"
+#include "core/trusted_path.h"
 
 namespace slip {
 namespace {
@@ -33,7 +35,7 @@ pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 std::atomic<StatsHeader*> g_header{nullptr};
 std::atomic<pid_t> g_owner{0};     // pid whose file is mapped
 std::atomic<bool> g_armed{false};  // StatsInit called: create the file on first StatsOpen
-char g_path[64];                   // that file
+char g_path[96];                   // that file
 size_t g_populated = 0;            // bytes of the mapping known to be backed by tmpfs pages
 uint32_t g_reuse_next = 0;         // where the next search for a closed slot starts
 
@@ -95,14 +97,40 @@ void RetireLocked() {
   g_reuse_next = 0;
 }
 
+// The file is named after the pid, which is how slip-stat finds it. /dev/shm is writable by
+// every user, so another may have taken that name first (a file, a directory, a link): to
+// deny us our stats, or to have its own shown as ours. A file of ours there was left by a
+// dead process that had our pid (crashes skip StatsShutdown) and is replaced; anything
+// else is left alone, and ours takes a name nobody can predict, "<name>.<random hex>",
+// which slip-stat reads too (believing only files of the process's own uid).
 int CreateFile(pid_t pid) {
-  snprintf(g_path, sizeof(g_path), "/dev/shm/slipstream-stats.%d", static_cast<int>(pid));
-  int fd = open(g_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == EEXIST) {
-    // Left by a dead process that had our pid (crashes skip StatsShutdown).
-    unlink(g_path);
-    fd = open(g_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  TrustedDir dir;
+  PathVerdict verdict;
+  if (!dir.Open(kStatsDir, 0, &verdict)) {
+    SLIP_LOG(kWarn, "stats disabled: %s is not trusted: %s", kStatsDir, verdict.why);
+    errno = EPERM;
+    return -1;
   }
+  constexpr int kCreate = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  char name[48];
+  snprintf(name, sizeof(name), "%s%d", kStatsPrefix, static_cast<int>(pid));
+  int fd = openat(dir.fd(), name, kCreate, 0600);
+  struct stat st;
+  if (fd < 0 && errno == EEXIST && fstatat(dir.fd(), name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (S_ISREG(st.st_mode) && st.st_uid == geteuid() && unlinkat(dir.fd(), name, 0) == 0) {
+      fd = openat(dir.fd(), name, kCreate, 0600);
+    } else {
+      SLIP_LOG(kInfo, "stats: %s/%s belongs to uid %u; using another name", kStatsDir, name,
+               unsigned(st.st_uid));
+      errno = EEXIST;
+    }
+  }
+  for (int attempt = 0; fd < 0 && errno == EEXIST && attempt < 8; ++attempt) {
+    snprintf(name, sizeof(name), "%s%d.%016llx", kStatsPrefix, static_cast<int>(pid),
+             static_cast<unsigned long long>(sys::RandomNonce()));
+    fd = openat(dir.fd(), name, kCreate, 0600);
+  }
+  snprintf(g_path, sizeof(g_path), "%s/%s", kStatsDir, name);
   return fd;
 }
 
@@ -328,8 +356,10 @@ std::string BuildExitRecord(StatsHeader* h) {
 
 // Whole or not at all: a record cut by the file size limit would leave a line that does not
 // parse, and one written past it would raise SIGXFSZ (EFBIG instead, sys::WriteFitting).
-bool AppendToFile(const char* path, const std::string& data) {
-  int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+// The file is ours or none (core/trusted_path.h): never a link, a FIFO (which would hold the
+// exit for its reader) or another user's file; *verdict says why not.
+bool AppendToFile(const char* path, const std::string& data, PathVerdict* verdict) {
+  int fd = OpenOwnFileForAppend(path, verdict);
   if (fd < 0) return false;
   bool ok = sys::WriteFitting(fd, data.data(), data.size());
   int err = errno;
@@ -445,12 +475,15 @@ void StatsWriteExitRecord(const char* path) noexcept {
   // slot states tell us what is complete.
   try {
     const std::string record = BuildExitRecord(OwnTable());
-    if (AppendToFile(path, record)) return;
+    PathVerdict verdict;
+    if (AppendToFile(path, record, &verdict)) return;
     if (errno == EFBIG) {
       SLIP_LOG(kWarn, "stats not written: %zu more bytes would take %s past RLIMIT_FSIZE",
                record.size(), path);
+    } else if (verdict.why[0]) {
+      SLIP_LOG(kWarn, "SLIP_STATS_FILE %s not used: %s; stats not written", path, verdict.why);
     } else {
-      SLIP_LOG(kWarn, "cannot append stats to %s: %s", path, strerror(errno));
+      SLIP_LOG(kWarn, "cannot append stats to SLIP_STATS_FILE %s: %s", path, strerror(errno));
     }
   } catch (const std::bad_alloc&) {
     SLIP_LOG(kWarn, "cannot write stats to %s: out of memory", path);

@@ -1,6 +1,7 @@
 // Per-connection counters, live in shared memory for slip-stat, and the exit record.
 //
-// Each process under Slipstream owns one file /dev/shm/slipstream-stats.<pid> holding a
+// Each process under Slipstream owns one file /dev/shm/slipstream-stats.<pid> (or, when
+// another user took that name first, slipstream-stats.<pid>.<random hex>) holding a
 // StatsHeader and a fixed array of ConnSlot. Slots are claimed under a process-local mutex
 // (control path); counters are updated lock-free with relaxed atomics (data path).
 // Readers in other processes (slip-stat) see a consistent-enough snapshot: counters are
@@ -47,6 +48,10 @@ enum class Reason : uint8_t {
 const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
 
 enum class SlotState : uint32_t { kFree = 0, kOpen = 1, kClosed = 2 };
+
+// Where the files are: kStatsDir/kStatsPrefix<pid>[.<16 hex digits>].
+constexpr const char* kStatsDir = "/dev/shm";
+constexpr const char* kStatsPrefix = "slipstream-stats.";
 
 constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
 constexpr uint32_t kStatsVersion = 8;  // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit;

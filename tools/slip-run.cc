@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/trusted_path.h"
 #include "fabric/options.h"
 #include "tools/slip-stat/exit_records.h"
 #include "tools/slip-stat/summary.h"
@@ -312,8 +313,12 @@ bool ChooseStatsFile(StatsTarget* target) {
   const char* given = getenv("SLIP_STATS_FILE");
   if (given != nullptr && *given != '\0') {
     target->path = given;
+    // Only a file of ours is read (or appended to: core/stats.cc), never through a link.
+    slip::PathVerdict verdict;
+    const int fd = slip::OpenOwnFileForRead(given, &verdict);
     struct stat st;
-    if (stat(given, &st) == 0) target->offset = static_cast<uint64_t>(st.st_size);
+    if (fd >= 0 && fstat(fd, &st) == 0) target->offset = static_cast<uint64_t>(st.st_size);
+    if (fd >= 0) close(fd);
     return true;
   }
   const char* tmp = getenv("TMPDIR");

@@ -268,7 +268,7 @@ def check_shm_dir(t, before, pairs):
     ours = {str(pid) for p in pairs for pid in p.pids.values()}
     left = []
     for name in shm_files() - before:
-        m = re.fullmatch(r"slipstream-stats\.(\d+)", name)
+        m = re.fullmatch(r"slipstream-stats\.(\d+)(\.[0-9a-f]{16})?", name)
         if m and m.group(1) not in ours and pid_alive(int(m.group(1))):
             continue  # another process on this host, running now
         left.append(name)

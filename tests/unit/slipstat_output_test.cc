@@ -309,6 +309,37 @@ TEST_F(slipstat_exit_records, MissingFileHoldsNone) {
             "x: no process opened a TCP connection under Slipstream\n");
 }
 
+// Only a file of ours, and at most kMaxExitRecordBytes of it: slip-run --summary read a
+// link to /dev/zero until it died of std::bad_alloc.
+TEST_F(slipstat_exit_records, ReadsOnlyItsOwnFileAndABoundedPart) {
+  const std::string link = path_ + ".link";
+  ASSERT_EQ(symlink("/dev/zero", link.c_str()), 0);
+  ExitRecords records;
+  std::string error;
+  EXPECT_FALSE(ReadExitRecords(link, 0, &records, &error));
+  EXPECT_NE(error.find("symbolic link"), std::string::npos) << error;
+  unlink(link.c_str());
+  EXPECT_FALSE(ReadExitRecords("/dev/zero", 0, &records, &error));
+  EXPECT_NE(error.find("not a regular file"), std::string::npos) << error;
+
+  sockaddr_in local{}, remote{};
+  local.sin_family = remote.sin_family = AF_INET;
+  slip::StatsOpen(slip::TransportKind::kShm, slip::Reason::kNone, 0,
+                  reinterpret_cast<sockaddr*>(&local), reinterpret_cast<sockaddr*>(&remote));
+  slip::StatsWriteExitRecord(path_.c_str());
+  const uint64_t record = Size();
+  ASSERT_GT(record, 0u);
+  // Past the bound: zeros (a sparse file; no byte is written).
+  ASSERT_EQ(truncate(path_.c_str(), off_t(kMaxExitRecordBytes + (1 << 20))), 0);
+  ASSERT_TRUE(ReadExitRecords(path_, 0, &records, &error)) << error;
+  EXPECT_EQ(records.processes.size(), 1u);
+  EXPECT_EQ(records.unread_bytes, (1u << 20)) << "read " << record << " B of records";
+  const std::string summary = RenderSummary(records, "x: ");
+  EXPECT_NE(summary.find("only the first 64 MiB of the stats file read; 1048576 bytes more"),
+            std::string::npos)
+      << summary;
+}
+
 TEST_F(slipstat_exit_records, RejectsRecordsMissingFields) {
   Process p;
   std::string error;

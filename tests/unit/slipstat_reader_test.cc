@@ -366,6 +366,45 @@ TEST_F(slipstat_reader, ScanListsLiveProcessesAndIgnoresOtherNames) {
   }
 }
 
+// The name the core takes when another user holds the pid's own: ".<16 hex digits>" more.
+TEST_F(slipstat_reader, ScanReadsTheSuffixedNameAndNoLookalike) {
+  const std::string plain = std::string(kStatsPrefix) + std::to_string(getpid());
+  LayoutFile f(PathOf((plain + ".0123456789abcdef").c_str()), getpid());
+  f.Add(SlotState::kOpen, TransportKind::kShm, Reason::kNone, "a", "b");
+  for (const std::string& name :
+       {plain + ".0123456789ABCDEF", plain + ".0123456789abcde", plain + ".0123456789abcdef0",
+        plain + "-0123456789abcdef", plain + ".0123456789abcdeg"}) {
+    LayoutFile lookalike(PathOf(name.c_str()), getpid());
+    lookalike.Add(SlotState::kOpen, TransportKind::kShm, Reason::kNone, "c", "d");
+  }
+  ScanResult scan = Scan(Options());
+  ASSERT_EQ(scan.processes.size(), 1u);
+  ASSERT_EQ(scan.processes[0].connections.size(), 1u);
+  EXPECT_EQ(scan.processes[0].connections[0].local, "a");
+}
+
+// Anybody may write /dev/shm: a file of another uid than the process's is not its.
+TEST_F(slipstat_reader, ScanSkipsAFileOfAnotherUid) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (a file of another uid)";
+  {
+    LayoutFile forged(PathFor(getpid()), getpid());
+    forged.Add(SlotState::kOpen, TransportKind::kShm, Reason::kNone, "forged", "x");
+  }
+  ASSERT_EQ(chown(PathFor(getpid()).c_str(), 65534, 65534), 0);
+  ScanResult scan = Scan(Options());
+  EXPECT_TRUE(scan.processes.empty());
+  ASSERT_EQ(scan.notes.size(), 1u);
+  EXPECT_NE(scan.notes[0].find("made by uid 65534"), std::string::npos) << scan.notes[0];
+  // The process's own file beside it (under the suffixed name) is the one listed.
+  const std::string own = PathFor(getpid()) + ".00000000000000ff";
+  LayoutFile real(own, getpid());
+  real.Add(SlotState::kOpen, TransportKind::kShm, Reason::kNone, "real", "y");
+  scan = Scan(Options());
+  ASSERT_EQ(scan.processes.size(), 1u);
+  ASSERT_EQ(scan.processes[0].connections.size(), 1u);
+  EXPECT_EQ(scan.processes[0].connections[0].local, "real");
+}
+
 TEST_F(slipstat_reader, ScanRemovesFilesOfExitedProcesses) {
   pid_t dead = DeadPid();
   { LayoutFile f(PathFor(dead), dead); }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -369,14 +370,46 @@ TEST_F(StatsTest, StaleFileFromDeadProcessIsReplaced) {
 }
 
 TEST_F(StatsTest, CreateFailureDisablesUntilNextInit) {
-  std::string path = ShmPath(getpid());
-  ASSERT_EQ(mkdir(path.c_str(), 0700), 0);  // neither openable nor unlinkable as a file
-  EXPECT_EQ(OpenConn(), nullptr);
-  rmdir(path.c_str());
+  // No descriptor left: the soft limit at the lowest free number.
+  rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  const int lowest = dup(0);
+  ASSERT_GE(lowest, 0);
+  close(lowest);
+  rlimit tight = saved;
+  tight.rlim_cur = rlim_t(lowest);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  ConnSlot* refused = OpenConn();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_EQ(refused, nullptr);
   EXPECT_EQ(OpenConn(), nullptr);  // no retry on every connection
-  EXPECT_FALSE(Exists(path));
+  EXPECT_FALSE(Exists(ShmPath(getpid())));
   StatsInit();
   EXPECT_NE(OpenConn(), nullptr);
+}
+
+// The pid's name taken by something that is not a file of ours (here a directory; another
+// user's file or link alike): it is left alone, and the table goes under a name with a
+// random suffix, which slip-stat reads too.
+TEST_F(StatsTest, ANameTakenByAnythingElseGetsAnUnpredictableOne) {
+  StatsShutdown();
+  const std::string path = ShmPath(getpid());
+  ASSERT_EQ(mkdir(path.c_str(), 0700), 0);
+  StatsInit();
+  EXPECT_NE(OpenConn(), nullptr);
+  struct stat st;
+  EXPECT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode)) << "the directory was touched";
+  std::vector<std::string> ours;
+  for (const auto& entry : std::filesystem::directory_iterator(kStatsDir)) {
+    const std::string name = entry.path().filename();
+    if (name.starts_with(path.substr(path.rfind('/') + 1) + ".")) ours.push_back(entry.path());
+  }
+  ASSERT_EQ(ours.size(), 1u);
+  EXPECT_EQ(ours[0].size(), path.size() + 17);  // "." and 16 hex digits
+  StatsShutdown();
+  EXPECT_FALSE(Exists(ours[0]));  // removed at shutdown like the usual name
+  rmdir(path.c_str());
 }
 
 TEST_F(StatsTest, ShutdownLeavesOldSlotPointersHarmless) {

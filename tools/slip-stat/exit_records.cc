@@ -1,12 +1,15 @@
 #include "tools/slip-stat/exit_records.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 
+#include "core/trusted_path.h"
 #include "tools/slip-stat/json_reader.h"
 
 namespace slipstat {
@@ -32,12 +35,14 @@ bool ToConnection(const JsonValue& v, Connection* c) {
          (v.Find("provider") == nullptr || StringField(v, "provider", &c->provider));
 }
 
-// Appends everything in fd from `offset` on to *out.
-bool ReadFrom(int fd, uint64_t offset, std::string* out) {
+// Appends what is in fd from `offset` on to *out, up to `max` bytes; *unread says how many
+// more there were (as fstat tells: a file that grows meanwhile may have more still).
+bool ReadFrom(int fd, uint64_t offset, uint64_t max, std::string* out, uint64_t* unread) {
   char buf[64 * 1024];
   auto at = static_cast<off_t>(offset);
-  while (true) {
-    ssize_t n = pread(fd, buf, sizeof(buf), at);
+  while (out->size() < max) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(sizeof(buf), max - out->size()));
+    ssize_t n = pread(fd, buf, want, at);
     if (n == 0) return true;
     if (n < 0 && errno != EINTR) return false;
     if (n > 0) {
@@ -45,6 +50,9 @@ bool ReadFrom(int fd, uint64_t offset, std::string* out) {
       at += n;
     }
   }
+  struct stat st;
+  if (fstat(fd, &st) == 0 && st.st_size > at) *unread = static_cast<uint64_t>(st.st_size - at);
+  return true;
 }
 
 }  // namespace
@@ -77,12 +85,17 @@ bool ParseExitRecord(std::string_view line, Process* out, std::string* error) {
 
 bool ReadExitRecords(const std::string& path, uint64_t offset, ExitRecords* out,
                      std::string* error) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  slip::PathVerdict verdict;
+  int fd = slip::OpenOwnFileForRead(path.c_str(), &verdict);
   if (fd < 0 && errno == ENOENT) return true;
+  if (fd < 0) {
+    *error = path + ": " + verdict.why;
+    return false;
+  }
   std::string text;
-  bool ok = fd >= 0 && ReadFrom(fd, offset, &text);
+  bool ok = ReadFrom(fd, offset, kMaxExitRecordBytes, &text, &out->unread_bytes);
   int err = errno;
-  if (fd >= 0) close(fd);
+  close(fd);
   if (!ok) {
     *error = path + ": " + strerror(err);
     return false;

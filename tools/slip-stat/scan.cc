@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <climits>
@@ -13,7 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "tools/slip-stat/format.h"
@@ -22,18 +25,42 @@
 namespace slipstat {
 namespace {
 
-// The pid in a stats file's name, 0 if the name is not one. Only the decimal form the core
-// writes counts, so that no process can be listed twice.
+// The pid in a stats file's name, 0 if the name is not one: the prefix, the pid in decimal
+// (no leading zero), and maybe "." and 16 hex digits (the name the core takes when another
+// user holds the plain one). Nothing else counts, so that no other name can pose as one.
 pid_t PidOfName(std::string_view name) {
   std::string_view prefix = kStatsPrefix;
   if (!name.starts_with(prefix)) return 0;
   std::string_view digits = name.substr(prefix.size());
   int pid = 0;
   auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
-  if (ec != std::errc() || end != digits.data() + digits.size() || pid <= 0 || digits[0] == '0') {
-    return 0;
+  if (ec != std::errc() || pid <= 0 || digits[0] == '0') return 0;
+  std::string_view rest(end, static_cast<size_t>(digits.data() + digits.size() - end));
+  if (rest.empty()) return pid;
+  constexpr size_t kSuffix = 1 + 16;
+  if (rest.size() != kSuffix || rest[0] != '.') return 0;
+  for (char c : rest.substr(1)) {
+    if (!std::isxdigit(static_cast<unsigned char>(c)) ||
+        std::isupper(static_cast<unsigned char>(c)))
+      return 0;
   }
   return pid;
+}
+
+// The uids of process `pid` (real, effective, saved, filesystem), from /proc/<pid>/status;
+// empty when that cannot be read.
+std::vector<uid_t> ProcessUids(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (!line.starts_with("Uid:")) continue;
+    std::vector<uid_t> uids;
+    std::istringstream fields(line.substr(4));
+    unsigned long uid;
+    while (fields >> uid) uids.push_back(static_cast<uid_t>(uid));
+    return uids;
+  }
+  return {};
 }
 
 bool Wanted(const ScanOptions& options, pid_t pid) {
@@ -103,6 +130,11 @@ std::vector<std::pair<pid_t, std::string>> ListFiles(const ScanOptions& options,
 ScanResult Scan(const ScanOptions& options) {
   ScanResult result;
   size_t not_readable = 0;
+  struct Found {
+    Process process;
+    timespec changed;  // the file's ctime: of two for one pid, the newer is the process's
+  };
+  std::vector<Found> found;
   for (const auto& [pid, name] : ListFiles(options, &result.notes)) {
     std::string path = options.dir + "/" + name;
     struct stat seen;
@@ -112,6 +144,16 @@ ScanResult Scan(const ScanOptions& options) {
         result.notes.push_back("removed " + path + ": process " + std::to_string(pid) +
                                " has exited");
       }
+      continue;
+    }
+    // Anybody may create files in /dev/shm: a file is the process's only if one of the
+    // process's uids made it (a forged one would show another user's connections as its).
+    const std::vector<uid_t> uids = ProcessUids(pid);
+    if (uids.empty()) continue;  // (gone meanwhile)
+    if (std::find(uids.begin(), uids.end(), seen.st_uid) == uids.end()) {
+      result.notes.push_back("skipped " + path + ": made by uid " + std::to_string(seen.st_uid) +
+                             ", not by process " + std::to_string(pid) + "'s uid " +
+                             std::to_string(uids.size() > 1 ? uids[1] : uids[0]));
       continue;
     }
     Process process;
@@ -131,8 +173,18 @@ ScanResult Scan(const ScanOptions& options) {
                              running + (options.clean ? "" : " (--clean removes it)"));
       continue;
     }
-    result.processes.push_back(std::move(process));
+    // (Two files of one pid and uid: one left by a crash of an earlier process of that pid.)
+    auto same = std::find_if(found.begin(), found.end(),
+                             [&](const Found& f) { return f.process.pid == pid; });
+    Found here{std::move(process), seen.st_ctim};
+    if (same == found.end()) {
+      found.push_back(std::move(here));
+    } else if (std::tie(here.changed.tv_sec, here.changed.tv_nsec) >
+               std::tie(same->changed.tv_sec, same->changed.tv_nsec)) {
+      *same = std::move(here);
+    }
   }
+  for (Found& f : found) result.processes.push_back(std::move(f.process));
   if (not_readable > 0) {
     result.notes.push_back(Plural(not_readable, "stats file", "stats files") +
                            " of other users not readable: run as root to see every process");

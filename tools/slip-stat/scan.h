@@ -1,6 +1,7 @@
 // Finding the processes under Slipstream: every stats file in /dev/shm, read with
 // stats_file.h, with the files that no longer belong to a running Slipstream process
-// (stale) set aside.
+// (stale), or that are not the process's own (another user's: /dev/shm is writable by
+// all), set aside.
 #pragma once
 
 #include <sys/types.h>
@@ -8,12 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "core/stats.h"
 #include "tools/slip-stat/model.h"
 
 namespace slipstat {
 
-constexpr const char* kStatsDir = "/dev/shm";
-constexpr const char* kStatsPrefix = "slipstream-stats.";  // + pid (core/stats.cc)
+using slip::kStatsDir;     // core/stats.h
+using slip::kStatsPrefix;  // + pid, or + pid "." 16 hex digits (core/stats.cc)
 
 struct ScanOptions {
   std::string dir = kStatsDir;

@@ -25,6 +25,11 @@ std::string RenderSummary(const ExitRecords& records, std::string_view prefix) {
     out += Plural(records.processes.size(), "process", "processes") + ", " + Describe(total) +
            "\n" + lines;
   }
+  if (records.unread_bytes > 0) {
+    out += lead + "only the first " + std::to_string(kMaxExitRecordBytes >> 20) +
+           " MiB of the stats file read; " + std::to_string(records.unread_bytes) +
+           " bytes more not summarized\n";
+  }
   if (records.bad_lines > 0) {
     out +=
         lead + Plural(records.bad_lines, "line", "lines") + " of the stats file not understood\n";
