@@ -66,6 +66,14 @@ int OpenOwnFile(const char* path, int flags, bool create, PathVerdict* verdict) 
   }
   TrustedDir dir;
   if (!dir.Open(dir_path, 0, verdict)) return -1;
+  // Not even opened unless it is a regular file (opening a device can act on it); what
+  // is opened is looked at again, since the entry may change in between.
+  struct stat st;
+  if (fstatat(dir.fd(), name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+    Say(verdict, "%s", S_ISLNK(st.st_mode) ? "it is a symbolic link" : "it is not a regular file");
+    errno = EPERM;
+    return -1;
+  }
   const int base = flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
   int fd = openat(dir.fd(), name, base);
   if (fd < 0 && errno == ENOENT && create)
@@ -80,7 +88,6 @@ int OpenOwnFile(const char* path, int flags, bool create, PathVerdict* verdict) 
     errno = err;
     return -1;
   }
-  struct stat st;
   const char* bad = nullptr;
   if (fstat(fd, &st) != 0)
     bad = "it cannot be examined";
