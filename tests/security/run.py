@@ -12,6 +12,7 @@ SLIP_TEST_PLAIN=1 skips them.
 import os
 import sys
 
+import preproof  # noqa: F401  (registers its cases)
 from cases import CASES, SERIAL
 from harness import main
 

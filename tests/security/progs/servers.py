@@ -5,8 +5,11 @@ exit handlers run and its stats line is written).
 
 --impl threaded    accept loop, one thread per connection echoing until EOF (blocking
                    recv/sendall); --accept-delay S sleeps before every accept(); with
-                   --wait-signal it accepts nothing until SIGUSR1. Runs until SIGTERM.
-                   Reports {"connections", "echoed", "ended": {"eof": n, "<errno>": n}}.
+                   --wait-signal it accepts nothing until SIGUSR1; with --keep-accepting an
+                   accept() that fails is counted by errno and tried again 10 ms later, as
+                   production servers do (without it, the failure ends the program). Runs
+                   until SIGTERM. Reports {"connections", "echoed", "ended": {"eof": n,
+                   "<errno>": n}, "accept_errors": {"<errno>": n}}.
 --impl sequential  accepts --count connections one after another, each echoed until EOF and
                    closed. --free-fds N first opens /dev/null until open() fails with EMFILE,
                    then closes the last N opened, so that only N descriptors are free.
@@ -93,12 +96,13 @@ def stop_on_sigterm(report_fn):
 
 def serve_threaded(args):
     totals = Totals()
+    accept_errors = {}
     go = threading.Event()
     if not args.wait_signal:
         go.set()
     signal.signal(signal.SIGUSR1, lambda *_: go.set())
     stop_on_sigterm(lambda: report(connections=totals.connections, echoed=totals.echoed,
-                                   ended=totals.ended))
+                                   ended=totals.ended, accept_errors=accept_errors))
     listener = listen(args.bind, args.port)
     while not go.is_set():
         go.wait(0.05)
@@ -106,7 +110,14 @@ def serve_threaded(args):
     while True:
         if args.accept_delay:
             time.sleep(args.accept_delay)
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except OSError as e:
+            if not args.keep_accepting:
+                raise
+            accept_errors[error_name(e)] = accept_errors.get(error_name(e), 0) + 1
+            time.sleep(0.01)
+            continue
 
         def run(conn=conn):
             totals.add(*echo(conn))
@@ -260,6 +271,7 @@ def main():
     parser.add_argument("--free-fds", type=int)
     parser.add_argument("--accept-delay", type=float, default=0.0)
     parser.add_argument("--wait-signal", action="store_true")
+    parser.add_argument("--keep-accepting", action="store_true")
     args = parser.parse_args()
     IMPLS[args.impl](args)
 
