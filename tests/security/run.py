@@ -12,11 +12,11 @@ SLIP_TEST_PLAIN=1 skips them.
 import os
 import sys
 
-import preproof  # noqa: F401  (registers its cases)
 from cases import CASES, SERIAL
 from harness import main
 
 import paths  # noqa: F401,E402  (registers its cases)
+import preproof  # noqa: F401,E402  (registers its cases)
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--list-serial"]:
