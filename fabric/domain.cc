@@ -240,15 +240,19 @@ bool MovesDataItself(const fi_info& info) noexcept {
 }
 
 bool OpenCq(fid_domain* domain, size_t entries, fi_cq_format format, bool waitable, CqPtr* out,
-            int* wait_fd, std::string* why) {
+            int* wait_fd, std::string* why, bool* out_of_fds) {
   fi_cq_attr cq_attr{};
   cq_attr.format = format;
   cq_attr.wait_obj = waitable ? FI_WAIT_FD : FI_WAIT_NONE;
   cq_attr.size = entries;
   fid_cq* cq = nullptr;
   int rc = fi_cq_open(domain, &cq_attr, &cq, nullptr);
-  if (rc != 0 && waitable) {
-    // A provider without wait objects: polled (the progress thread naps instead).
+  const bool no_fds = rc == -FI_EMFILE || rc == -ENFILE;
+  if (out_of_fds) *out_of_fds = no_fds;
+  if (rc != 0 && waitable && !no_fds) {
+    // A provider without wait objects: polled (the progress thread naps instead). Not one
+    // that ran out of descriptors: a queue polled for that would cost the progress thread
+    // its sleep for a connection that is better plain.
     cq_attr.wait_obj = FI_WAIT_NONE;
     waitable = false;
     rc = fi_cq_open(domain, &cq_attr, &cq, nullptr);

@@ -75,9 +75,11 @@ std::vector<InfoPtr> FindDomains(const std::string& provider, Use use, std::stri
 bool MovesDataItself(const fi_info& info) noexcept;
 
 // A completion queue of `entries` entries in `format`, with a descriptor to wait on where
-// `waitable` and the provider has one (*wait_fd, else -1). False with *why.
+// `waitable` and the provider has one (*wait_fd, else -1). False with *why, and with
+// *out_of_fds (when given) where the process had no descriptor left for it (the shim keeps
+// libfabric's above the hidden-descriptor floor: preload/hidden_fds.h).
 bool OpenCq(fid_domain* domain, size_t entries, fi_cq_format format, bool waitable, CqPtr* out,
-            int* wait_fd, std::string* why);
+            int* wait_fd, std::string* why, bool* out_of_fds = nullptr);
 
 // One domain, opened: shared by the endpoints and registrations made in it.
 class Domain {

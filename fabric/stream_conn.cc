@@ -114,8 +114,10 @@ bool StreamConn::Init(Reason* why) noexcept {
   link_notes_ = fabric_->link_notes(ring_size());
   if (fabric_->connected()) {
     std::string cq_why;
-    if (!fabric_->OpenConnCqs(&cq_, &cq_fd_, &tx_cq_, &cq_why)) {
+    bool out_of_fds = false;
+    if (!fabric_->OpenConnCqs(&cq_, &cq_fd_, &tx_cq_, &cq_why, &out_of_fds)) {
       SLIP_LOG(kWarn, "fabric: no completion queue for a connection (%s)", cq_why.c_str());
+      if (out_of_fds) *why = Reason::kFdLimit;
       return false;
     }
     if (cq_fd_ < 0) fabric_->CountPolledConn(1);

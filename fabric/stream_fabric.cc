@@ -150,7 +150,7 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hid
   probe_tx.reset();
   if (connected) {
     const int ep = ::epoll_create1(EPOLL_CLOEXEC);
-    f->conn_epoll_ = ep < 0 ? -1 : sys::MoveHigh(ep, hidden_fd_floor);
+    f->conn_epoll_ = sys::MoveAbove(ep, hidden_fd_floor);
     if (f->conn_epoll_ < 0) {
       *why = std::string("epoll_create1: ") + strerror(errno);
       return nullptr;
@@ -211,18 +211,19 @@ StreamFabric::~StreamFabric() {
   if (conn_epoll_ >= 0) sys::close(conn_epoll_);
 }
 
-bool StreamFabric::OpenConnCqs(CqPtr* rx, int* rx_fd, CqPtr* tx, std::string* why) noexcept {
+bool StreamFabric::OpenConnCqs(CqPtr* rx, int* rx_fd, CqPtr* tx, std::string* why,
+                               bool* out_of_fds) noexcept {
   // Every completion each can hold at once: a write's per slot of the send queue, a
   // receive's per posted receive, so that neither overruns.
   const fi_info& info = domain_->info();
   const size_t writes = (info.tx_attr ? info.tx_attr->size : 0) + 64;
   const size_t receives = size_t(StreamConn::kPostedReceives) + 64;
   if (!OpenCq(domain_->domain(), manual_progress_ ? writes + receives : receives, FI_CQ_FORMAT_DATA,
-              /*waitable=*/true, rx, rx_fd, why))
+              /*waitable=*/true, rx, rx_fd, why, out_of_fds))
     return false;
   int unused_fd = -1;
   return manual_progress_ || OpenCq(domain_->domain(), writes, FI_CQ_FORMAT_DATA,
-                                    /*waitable=*/false, tx, &unused_fd, why);
+                                    /*waitable=*/false, tx, &unused_fd, why, out_of_fds);
 }
 
 bool StreamFabric::WatchConn(int fd, uint32_t tag, std::atomic<bool>* added) noexcept {

@@ -79,7 +79,9 @@ class StreamFabric {
   // only, so that a reader asleep on `rx` is not woken by its own writes' completions.
   // Where the provider moves data only when asked, `tx` stays null and `rx` takes both
   // (whoever is woken progresses everything). Each is sized for all it may hold at once.
-  bool OpenConnCqs(CqPtr* rx, int* rx_fd, CqPtr* tx, std::string* why) noexcept;
+  // *out_of_fds (when given): it failed for want of a descriptor.
+  bool OpenConnCqs(CqPtr* rx, int* rx_fd, CqPtr* tx, std::string* why,
+                   bool* out_of_fds = nullptr) noexcept;
   void CountPolledConn(int delta) noexcept {
     polled_conns_.fetch_add(uint32_t(delta), std::memory_order_relaxed);
   }

@@ -39,6 +39,9 @@ struct TransportCode {
   std::atomic<int> count{-1};  // -1: not known yet
 };
 TransportCode g_code;
+// Whether the module was ever asked for: the one load that the application's interposed
+// calls pay before libc's (a global, not a member behind a static's guard).
+std::atomic<bool> g_in_use{false};
 
 void NoteTransportCode() noexcept {
   struct Found {
@@ -243,13 +246,11 @@ class FabricTransport final : public ModuleTransport<StreamModule> {
     return twin;
   }
 
-  bool in_use() const noexcept { return in_use_.load(std::memory_order_acquire); }
-
  private:
   // Loads the module on the first call; the configuration must outlive it. libfabric's
   // code is known from then on (its own sockets and waits go to libc).
   StreamModule* Get(const Config* config) noexcept {
-    in_use_.store(true, std::memory_order_release);
+    g_in_use.store(true, std::memory_order_release);
     return module_.Get([&] {
       StreamModule* m = Load(config, &options_);
       NoteTransportCode();
@@ -258,7 +259,6 @@ class FabricTransport final : public ModuleTransport<StreamModule> {
   }
 
   Options options_;
-  std::atomic<bool> in_use_{false};
 };
 
 FabricTransport* Instance() noexcept {
@@ -273,7 +273,7 @@ Transport* TheTransport() noexcept {
 }
 
 bool ModuleInUse() noexcept {
-  return Instance()->in_use();
+  return g_in_use.load(std::memory_order_acquire);
 }
 
 bool IsTransportLibraryCaller(const void* code) noexcept {

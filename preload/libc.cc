@@ -14,6 +14,7 @@ void Resolve(F*& slot, const char* name) noexcept {
 LibcCalls Load() noexcept {
   LibcCalls c{};
   Resolve(c.socket, "socket");
+  Resolve(c.socketpair, "socketpair");
   Resolve(c.bind, "bind");
   Resolve(c.listen, "listen");
   Resolve(c.accept, "accept");
@@ -43,6 +44,11 @@ LibcCalls Load() noexcept {
   Resolve(c.dup, "dup");
   Resolve(c.dup2, "dup2");
   Resolve(c.dup3, "dup3");
+  Resolve(c.epoll_create, "epoll_create");
+  Resolve(c.epoll_create1, "epoll_create1");
+  Resolve(c.eventfd, "eventfd");
+  Resolve(c.pipe, "pipe");
+  Resolve(c.pipe2, "pipe2");
   Resolve(c.epoll_ctl, "epoll_ctl");
   Resolve(c.epoll_wait, "epoll_wait");
   Resolve(c.epoll_pwait, "epoll_pwait");

@@ -14,6 +14,7 @@ namespace slip::preload {
 
 struct LibcCalls {
   int (*socket)(int, int, int);
+  int (*socketpair)(int, int, int, int*);
   int (*bind)(int, const sockaddr*, socklen_t);
   int (*listen)(int, int);
   int (*accept)(int, sockaddr*, socklen_t*);
@@ -43,6 +44,11 @@ struct LibcCalls {
   int (*dup)(int);
   int (*dup2)(int, int);
   int (*dup3)(int, int, int);
+  int (*epoll_create)(int);
+  int (*epoll_create1)(int);
+  int (*eventfd)(unsigned int, int);
+  int (*pipe)(int*);
+  int (*pipe2)(int*, int);
   int (*epoll_ctl)(int, int, int, epoll_event*);
   int (*epoll_wait)(int, epoll_event*, int, int);
   int (*epoll_pwait)(int, epoll_event*, int, int, const sigset_t*);

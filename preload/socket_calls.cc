@@ -15,6 +15,7 @@
 #include "preload/export.h"
 #include "preload/fd_table.h"
 #include "preload/handshake.h"
+#include "preload/hidden_fds.h"
 #include "preload/libc.h"
 #include "preload/runtime.h"
 #include "preload/transports.h"
@@ -106,11 +107,13 @@ void TrackDup(int oldfd, int newfd, bool cloexec = false) noexcept {
 
 SLIP_EXPORT int socket(int domain, int type, int protocol) {
   int fd = Libc().socket(domain, type, protocol);
-  if (fd < 0 || !IsTcpSocket(domain, type, protocol) || !Enabled()) return fd;
+  if (fd < 0) return fd;
   // A transport library's own sockets (libfabric's tcp provider connects and listens on
   // TCP) are never ours to carry: its listen() would load the transport from inside its
-  // own loading, and its connections would be offered to itself.
-  if (TransportLibraryCall(__builtin_return_address(0))) return fd;
+  // own loading, and its connections would be offered to itself. They are hidden
+  // descriptors (preload/hidden_fds.h).
+  if (TransportLibraryCall(__builtin_return_address(0))) return HideTransportFd(fd);
+  if (!IsTcpSocket(domain, type, protocol) || !Enabled()) return fd;
   if (SlipSocket* s = NewSocket(SockKind::kTcp, domain)) {
     s->nonblocking.store(type & SOCK_NONBLOCK, std::memory_order_relaxed);
     Install(fd, s);
@@ -135,14 +138,26 @@ SLIP_EXPORT int listen(int fd, int backlog) {
   return rc;
 }
 
-SLIP_EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
+namespace {
+
+// accept4 for the code at `caller` (the return address of the entry point it called:
+// accept's own, not a frame of the shim's).
+int AcceptFor(const void* caller, int fd, sockaddr* addr, socklen_t* len, int flags) noexcept {
   SocketRef ref(fd);
-  if (!ref || ref->kind != SockKind::kListener) return Libc().accept4(fd, addr, len, flags);
-  return SlipAccept(ref.get(), fd, addr, len, flags);
+  if (ref && ref->kind == SockKind::kListener) return SlipAccept(ref.get(), fd, addr, len, flags);
+  const int conn = Libc().accept4(fd, addr, len, flags);
+  if (conn < 0 || !TransportLibraryCall(caller)) return conn;
+  return HideTransportFd(conn);
+}
+
+}  // namespace
+
+SLIP_EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len, int flags) {
+  return AcceptFor(__builtin_return_address(0), fd, addr, len, flags);
 }
 
 SLIP_EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
-  return accept4(fd, addr, len, 0);
+  return AcceptFor(__builtin_return_address(0), fd, addr, len, 0);
 }
 
 SLIP_EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {

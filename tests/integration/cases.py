@@ -579,6 +579,32 @@ def fabric_refused(t, _):
     t.expect_stats(server, "tcp", "declined", traffic=traffic[server])
 
 
+@case("fabric_hidden_fds", variants=("run",))
+def fabric_hidden_fds(t, _):
+    """(SLIP_TEST_TRANSPORT=fabric) Four fabric connections, echoed (SHA-256 checked), held
+    open by both sides (progs/hidden_fds.py): every descriptor that appeared below the
+    hidden-descriptor floor meanwhile is one of the program's own sockets. libfabric's
+    (its endpoints' sockets, its completion queues' socket pairs and epoll sets, the
+    client's first load of the provider) are the shim's, above the floor (before: four of
+    libfabric's below it per connection, at the numbers the application's next accept()
+    or open() would get)."""
+    server = t.serve("server", py("hidden_fds.py", "server", "--port", t.port, "--count", 4),
+                     slip=True)
+    client = t.start("client", py("hidden_fds.py", "client", "--port", t.port, "--count", 4,
+                                  "--seed", random.randrange(1 << 30)), slip=True)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    for proc in (server, client):
+        said = proc.json_output()
+        t.check(said["exact"], f"{proc.name}: the echo came back different")
+        theirs = {int(fd): link for fd, link in said["new"].items()
+                  if int(fd) not in said["own"]}
+        t.check(not theirs, f"{proc.name}: descriptors below the floor ({said['floor']}) that "
+                            f"are not the program's: {theirs}")
+    t.expect_stats(client, ACCEL, "", count=4)
+    t.expect_stats(server, ACCEL, "", count=4)
+
+
 @case("fabric_fork_exec", variants=("run",))
 def fabric_fork_exec(t, _):
     """(SLIP_TEST_TRANSPORT=fabric, shm) A client process's child forks and execs a program
