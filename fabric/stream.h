@@ -98,6 +98,9 @@ class StreamModule {
   // exec(): the image is about to be replaced (its connections handed back to TCP). What
   // only this image's exit would clean up goes now; no new connections after.
   virtual void BeforeExec() noexcept = 0;
+  // The face saw libfabric accept `fd` on `listening` (fd already above the floor): the
+  // connection listener's sockets are bounded and given a deadline (fabric/link_sockets.h).
+  virtual void ProviderAccepted(int listening, int fd) noexcept = 0;
 };
 
 }  // namespace slip::fabric

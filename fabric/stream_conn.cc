@@ -170,6 +170,9 @@ StreamConn::~StreamConn() {
     flushed = Flush(peer_ended ? kEndedFlushMs : kCloseFlushMs);
     if (!on_fabric() && !aborting_ && failover_.on_tcp()) failover_.FinishOnClose(kCloseFlushMs);
     fabric_->RemoveConn(tag_);
+    // (No dispatch runs now: nothing else takes it out of kExpected.)
+    if (link_state_.load(std::memory_order_acquire) == LinkState::kExpected)
+      fabric_->ExpectingLinks(-1);
   }
   // Our own endpoint goes first: nothing of ours is in flight after, and the peer cannot
   // write through it any more.

@@ -51,6 +51,7 @@ Link::Step StreamConn::PollLink() noexcept {
 
 void StreamConn::ExpectLink(uint64_t nonce) noexcept {
   link_nonce_ = nonce;
+  fabric_->ExpectingLinks(+1);
   link_state_.store(LinkState::kExpected, std::memory_order_release);
 }
 
@@ -62,6 +63,7 @@ bool StreamConn::OnLinkRequest(InfoPtr request, uint64_t nonce, fid_eq* eq) noex
   if (nonce != link_nonce_) return false;
   LinkState expected = LinkState::kExpected;
   if (!link_state_.compare_exchange_strong(expected, LinkState::kOpening)) return false;
+  fabric_->ExpectingLinks(-1);
   std::string why;
   if (!link_.Open(fabric_->domain(), request.get(), nullptr, tx_cq(), cq_.get(), eq, tag_, &why) ||
       !PostReceives() || !link_.Accept(&why)) {

@@ -127,6 +127,7 @@ std::unique_ptr<StreamFabric> StreamFabric::Open(const Options& options, int hid
   // (one domain per process; a host with several NICs uses the first).
   f->connected_ = connected;
   f->sends_ = sends;
+  f->link_sockets_.set_floor(hidden_fd_floor);
   // (Connected: a first queue of a connection's kind, to see that the domain can make them
   // and whether they have a descriptor; it closes at once.)
   CqPtr probe, probe_tx;
@@ -572,6 +573,18 @@ bool StreamFabric::Listen() noexcept {
   return StartProgress();
 }
 
+void StreamFabric::ProviderAccepted(int listening, int fd) noexcept {
+  if (!connected_ || !listening_.load(std::memory_order_acquire)) return;
+  // Ours only if it is the connection listener's socket (an application may use libfabric
+  // too, with listeners of its own).
+  sockaddr_storage name{};
+  socklen_t len = sizeof(name);
+  if (sys::getsockname(listening, reinterpret_cast<sockaddr*>(&name), &len) != 0 ||
+      len > listener_.address_len() || std::memcmp(&name, listener_.address(), len) != 0)
+    return;
+  link_sockets_.Accepted(fd, links_expected_.load(std::memory_order_relaxed), sys::MonotonicMs());
+}
+
 void StreamFabric::ServeLinks(void* ctx) noexcept {
   static_cast<StreamFabric*>(ctx)->TakeLinkEvents();
 }
@@ -584,6 +597,9 @@ void StreamFabric::TakeLinkEvents() noexcept {
     if (event.kind == FI_CONNREQ) {
       // A client's fi_connect: the data names the connection that waits for it (the REP's
       // tag) and the REQ's nonce; the connection checks both and who asks.
+      if (event.info)
+        link_sockets_.Requested(static_cast<const sockaddr*>(event.info->dest_addr),
+                                socklen_t(event.info->dest_addrlen));
       bool taken = false;
       streamwire::LinkParam param;
       if (event.info && streamwire::ParseLink(event.param, event.param_len, &param))
@@ -640,6 +656,7 @@ void StreamFabric::ProgressLoop() noexcept {
     }
     ReleaseRetired(sys::MonotonicMs());
     TakeLinkEvents();
+    link_sockets_.Expire(sys::MonotonicMs());
     nfds_t n = 0;
     {
       std::lock_guard<std::mutex> lock(watch_mu_);

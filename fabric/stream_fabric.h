@@ -33,6 +33,7 @@
 
 #include "core/stats.h"
 #include "fabric/domain.h"
+#include "fabric/link_sockets.h"
 #include "fabric/options.h"
 #include "fabric/stream_link.h"
 #include "fabric/stream_note.h"
@@ -128,6 +129,14 @@ class StreamFabric {
   // Connected: the connection listener, opened once and watched by the progress thread
   // (its requests go to the connection their data names: StreamConn::OnLinkRequest).
   bool Listen() noexcept;
+  // The face's news that the provider accepted `fd` on `listening`: if that is the
+  // connection listener's socket, `fd` waits for its connection request in link_sockets_.
+  void ProviderAccepted(int listening, int fd) noexcept;
+  // A pending connection of ours starts (+1) or stops (-1) waiting for its client's
+  // endpoint: what the connection listener's silent sockets are bounded by.
+  void ExpectingLinks(int delta) noexcept {
+    links_expected_.fetch_add(size_t(ptrdiff_t(delta)), std::memory_order_relaxed);
+  }
 
   // Registers `len` bytes at `buf` for `access` (FI_WRITE, FI_REMOTE_WRITE). *key is what
   // a peer names it by, *desc what a local operation passes (null unless FI_MR_LOCAL).
@@ -246,6 +255,8 @@ class StreamFabric {
   std::atomic<uint32_t> polled_conns_{0};  // connections whose queue has no descriptor
   LinkListener listener_;                  // under mu_ until open
   std::atomic<bool> listening_{false};
+  LinkSockets link_sockets_;  // the listener's sockets before their request
+  std::atomic<size_t> links_expected_{0};
   uint8_t address_[64] = {};
   size_t address_len_ = 0;
   bool prov_key_ = false;

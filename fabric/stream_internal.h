@@ -99,6 +99,9 @@ class StreamModuleImpl final : public StreamModule {
   void ForkChild() noexcept override;
   void BeforeExec() noexcept override;
   void FlushAll(int timeout_ms) noexcept override;
+  void ProviderAccepted(int listening, int fd) noexcept override {
+    if (!forked_.load()) fabric_->ProviderAccepted(listening, fd);
+  }
 
  private:
   // A new connection's rings and tag, the progress thread running. nullptr with *why.

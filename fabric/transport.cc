@@ -289,6 +289,11 @@ bool IsTransportLibraryCaller(const void* code) noexcept {
   return false;
 }
 
+int ProviderAccepted(int listening, int conn) noexcept {
+  if (StreamModule* m = Instance()->Loaded()) m->ProviderAccepted(listening, conn);
+  return conn;
+}
+
 const char* LoadedProvider() noexcept {
   StreamModule* m = Instance()->Loaded();
   return m ? m->provider() : nullptr;

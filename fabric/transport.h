@@ -33,5 +33,8 @@ bool ModuleInUse() noexcept;
 // Whether `code` (a return address) lies in libfabric, one of its providers or this
 // module: a face leaves the sockets such code makes and its waits alone.
 bool IsTransportLibraryCaller(const void* code) noexcept;
+// Transport-library code accepted `conn` on `listening` (the face hid it already): the
+// stream module bounds and times the sockets of its connection listener. Returns `conn`.
+int ProviderAccepted(int listening, int conn) noexcept;
 
 }  // namespace slip::fabric

@@ -10,6 +10,7 @@
 #include <cstdarg>
 
 #include "core/sys.h"
+#include "fabric/transport.h"
 #include "preload/connector.h"
 #include "preload/exec.h"
 #include "preload/export.h"
@@ -147,7 +148,8 @@ int AcceptFor(const void* caller, int fd, sockaddr* addr, socklen_t* len, int fl
   if (ref && ref->kind == SockKind::kListener) return SlipAccept(ref.get(), fd, addr, len, flags);
   const int conn = Libc().accept4(fd, addr, len, flags);
   if (conn < 0 || !TransportLibraryCall(caller)) return conn;
-  return HideTransportFd(conn);
+  const int hidden = HideTransportFd(conn);
+  return hidden < 0 ? hidden : fabric::ProviderAccepted(fd, hidden);
 }
 
 }  // namespace

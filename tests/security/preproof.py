@@ -230,18 +230,21 @@ def fabric_requests(t, endpoint):
           f"{said['sent']} REQs ({said['rep']} answered REP) and a sustained flood")
 
 
-@case("fabric_links", serial=True)
-def fabric_links(t, _):
+@case("fabric_links", ("run", "header"), serial=True)
+def fabric_links(t, variant):
     """A user (nobody) learns the root server's fabric connection listener from the REP to
     one REQ (connected endpoints over the tcp provider: a passive endpoint on the domain's
     address) and opens 1100 TCP connections to it (more than the server's RLIMIT_NOFILE)
     that never send the provider's connection request (progs/fabric_link_hold.py), held
-    open; then 6 legitimate clients connect and echo. As fabric_requests: the server's
-    accept() never fails, every echo is exact and on the fabric, its descriptors below the
-    floor do not grow, its memory stays within the same budget, and it spends at most half
-    a CPU while they are held."""
+    open; then 6 legitimate clients connect and echo. header: one connection only, which
+    sends the request's header promising 16 bytes of connection data and never sends them
+    (the provider read the rest from a blocking socket, in the thread that answers every
+    REQ). As fabric_requests: the server's accept() never fails, every echo is exact and on
+    the fabric, its descriptors below the floor do not grow, its memory stays within the
+    same budget, and it spends at most half a CPU while they are held."""
     server, before = start_victim(t, "msg")
-    holder = launch(t, "holder", sec("fabric_link_hold.py", "--port", t.port, "--count", LINKS,
+    shape = ["--count", LINKS] if variant == "run" else ["--count", 1, "--promise", 16]
+    holder = launch(t, "holder", sec("fabric_link_hold.py", "--port", t.port, *shape,
                                      "--hold", 30, "--seed", random.randrange(1 << 30)),
                     prefix=[*MANY_FDS_LIMIT, *NOBODY])
     holder.wait_output("HELD")

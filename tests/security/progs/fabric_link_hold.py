@@ -10,6 +10,11 @@ it) brings a REP whose address is the connection listener's (a sockaddr). Then -
 TCP connections to it, each left silent; "HELD" is printed once they are made, then one
 JSON line {"uid", "listener": "ADDR:PORT", "answer": "rep"|..., "held", "failed"}, and the
 connections stay open for --hold s (or until the program is killed).
+
+--promise N: each connection then sends the provider's connection-request header (its
+version, type 0 = connreq) saying that N bytes of connection data follow, and never
+sends them. libfabric 1.17's tcp provider reads the request from a blocking socket: the
+thread that takes the listener's events would wait in recv() for those bytes.
 """
 
 import argparse
@@ -37,6 +42,15 @@ def listener_address(rep):
     return socket.AF_INET6, (socket.inet_ntop(socket.AF_INET6, address[8:24]), port)
 
 
+def connreq_header(data_bytes):
+    """struct ofi_ctrl_hdr (libfabric's include/ofi_proto.h) as the tcp provider's connection
+    request starts: version 3 (TCPX_CTRL_HDR_VERSION), type 0 (ofi_ctrl_connreq),
+    seg_size (network order) the bytes of connection data that follow, seg_no, conn_id,
+    msg_id, conn_data (1: the sender's byte order matches)."""
+    return struct.pack("<BB", 3, 0) + struct.pack(">H", data_bytes) + \
+        struct.pack("<IQQQ", 0, 0, 0, 1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,6 +58,7 @@ def main():
     parser.add_argument("--count", type=int, default=700)
     parser.add_argument("--hold", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--promise", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -75,6 +90,8 @@ def main():
         sock.settimeout(1.0)
         try:
             sock.connect(address)
+            if args.promise:
+                sock.sendall(connreq_header(args.promise))
             held.append(sock)
         except OSError:
             failed += 1
