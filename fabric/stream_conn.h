@@ -116,7 +116,10 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // up at OnLinkUp. A client that confirms before its endpoint is up here waits for it at
   // settling.
   void ExpectLink(uint64_t nonce) noexcept;
-  bool OnLinkRequest(InfoPtr request, uint64_t nonce, fid_eq* eq) noexcept;
+  // Takes *request (leaving it null) only when it is this connection's: one it refuses
+  // stays the caller's to reject (a request nobody rejects or accepts holds the
+  // provider's socket for good).
+  bool OnLinkRequest(InfoPtr* request, uint64_t nonce, fid_eq* eq) noexcept;
   void OnLinkUp() noexcept;
   void OnLinkDown(int error) noexcept;
   // One of our posted receives was consumed (`context` its, write_context), by `len` bytes

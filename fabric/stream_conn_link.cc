@@ -55,7 +55,7 @@ void StreamConn::ExpectLink(uint64_t nonce) noexcept {
   link_state_.store(LinkState::kExpected, std::memory_order_release);
 }
 
-bool StreamConn::OnLinkRequest(InfoPtr request, uint64_t nonce, fid_eq* eq) noexcept {
+bool StreamConn::OnLinkRequest(InfoPtr* offered, uint64_t nonce, fid_eq* eq) noexcept {
   // One request per connection, with the nonce of the REQ that made it: a stranger learns
   // the tag from no REP of its own connections, and the nonce from no message at all.
   // (The request's source is not checked: a host may reach the fabric from another
@@ -64,15 +64,23 @@ bool StreamConn::OnLinkRequest(InfoPtr request, uint64_t nonce, fid_eq* eq) noex
   LinkState expected = LinkState::kExpected;
   if (!link_state_.compare_exchange_strong(expected, LinkState::kOpening)) return false;
   fabric_->ExpectingLinks(-1);
+  InfoPtr request = std::move(*offered);
   std::string why;
   if (!link_.Open(fabric_->domain(), request.get(), nullptr, tx_cq(), cq_.get(), eq, tag_, &why) ||
       !PostReceives() || !link_.Accept(&why)) {
     SLIP_LOG(kInfo, "fabric: conn %06x cannot accept its client's endpoint (%s)", tag_,
              why.c_str());
+    // (An endpoint made for the request owns its socket, and closes it; without one the
+    // request still does: the caller rejects it.)
+    const bool owned = link_.ep() != nullptr;
     link_.Close();
     OnLinkDown(EIO);
+    if (!owned) {
+      *offered = std::move(request);
+      return false;
+    }
   }
-  return true;  // (refused or not, it was ours: nobody else's to reject)
+  return true;
 }
 
 void StreamConn::OnLinkUp() noexcept {

@@ -604,7 +604,7 @@ void StreamFabric::TakeLinkEvents() noexcept {
       streamwire::LinkParam param;
       if (event.info && streamwire::ParseLink(event.param, event.param_len, &param))
         WithConn(param.server_tag, [&](StreamConn* c) {
-          taken = c->OnLinkRequest(std::move(event.info), param.nonce, listener_.eq());
+          taken = c->OnLinkRequest(&event.info, param.nonce, listener_.eq());
         });
       if (!taken) {
         SLIP_LOG(kDebug, "fabric: a connection request for no connection of ours; rejected");

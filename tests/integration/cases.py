@@ -465,7 +465,7 @@ def fabric_forged_notes(t, _):
     the listener's), then writes data notes, in both forms, naming the tags just below its
     own, with a cursor 4 KiB past what the live connection's client sent. With connected
     endpoints it first tries to connect one for the live connection (refused: the nonce
-    is not its), then writes through its own. The server of the
+    is not its: refused at once), then writes through its own. The server of the
     live connection, paused mid-stream, must receive exactly what its client sent: notes
     that do not come from a connection's peer are dropped."""
     release = t.dir / "release"
@@ -487,6 +487,10 @@ def fabric_forged_notes(t, _):
     if endpoints == "msg":
         t.check(r.get("hijack") == "refused",
                 f"forger: the listener took an endpoint for another connection: {r}")
+        # (Refused, not left unanswered: a request nobody rejects holds the provider's
+        # socket, and its client waits out its own timeout, 2 s here.)
+        t.check(r.get("hijack_ms", -1) < 1000,
+                f"forger: the refusal of its endpoint took {r.get('hijack_ms')} ms")
     time.sleep(0.3)  # (notes that were believed would show as bytes now)
     release.touch()
     client.expect_exit(0)

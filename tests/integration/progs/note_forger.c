@@ -14,7 +14,8 @@
 // CURSOR, which names no connection at all: a listener that believed any of them for
 // another connection than the forger's own would deliver bytes its client never sent.
 // msg: before its own, it connects an endpoint naming the connection just below its tag
-// with a nonce of its own: the listener must refuse that ("hijack": "refused"); then it
+// with a nonce of its own: the listener must refuse that ("hijack": "refused", within
+// "hijack_ms": a request it leaves unanswered holds the provider's socket); then it
 // connects its own endpoint with its REQ's nonce, which the listener takes, and writes the
 // notes through it. A listener whose streams send (SLIP_FABRIC_DATA=send: form 31, no
 // ring key) takes messages instead of writes: the forger sends, through its own endpoint,
@@ -41,6 +42,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MSG_BYTES 144
@@ -112,6 +114,12 @@ static void close_fabric(struct fid_ep* ep, struct fid_cq* cq, struct fid_eq* eq
   if (av) fi_close(&av->fid);
   fi_close(&domain->fid);
   fi_close(&fabric->fid);
+}
+
+static long elapsed_ms(const struct timespec* since) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (now.tv_sec - since->tv_sec) * 1000 + (now.tv_nsec - since->tv_nsec) / 1000000;
 }
 
 static int fail(const char* what, int rc) {
@@ -220,14 +228,18 @@ int main(int argc, char** argv) {
   const uint32_t tag = (uint32_t)get_le(rep + 72, 4);
   fi_addr_t listener = FI_ADDR_UNSPEC;
   const char* hijack = "none";
+  long hijack_ms = -1;
   if (connected) {
     // The REP names the listener's connection listener (a sockaddr_in).
     struct sockaddr_in server;
     memcpy(&server, rep + 80, sizeof(server));
     if (server.sin_addr.s_addr == htonl(INADDR_ANY))
       server.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timespec asked;
+    clock_gettime(CLOCK_MONOTONIC, &asked);
     struct fid_ep* stolen = connect_ep(domain, info, cq, eq, &server, tag - 1, 0x0badc0de);
     hijack = stolen ? "accepted" : "refused";
+    hijack_ms = elapsed_ms(&asked);
     if (stolen) fi_close(&stolen->fid);
     const uint64_t nonce = get_le(req + 8, 8);
     ep = connect_ep(domain, info, cq, eq, &server, tag, nonce);
@@ -300,8 +312,10 @@ int main(int argc, char** argv) {
     }
     usleep(1000);
   }
-  printf("{\"rep\": true, \"tag\": %u, \"posted\": %d, \"notes\": %d, \"hijack\": \"%s\"}\n", tag,
-         posted, completed, hijack);
+  printf(
+      "{\"rep\": true, \"tag\": %u, \"posted\": %d, \"notes\": %d, \"hijack\": \"%s\", "
+      "\"hijack_ms\": %ld}\n",
+      tag, posted, completed, hijack, hijack_ms);
   fflush(stdout);
   close_fabric(ep, cq, eq, av, domain, fabric);
   fi_freeinfo(info);
