@@ -71,9 +71,10 @@ int KeyFor(const sockaddr* sa, __be32* addr, __be16* port, uint32_t* scope) noex
 
 // The socket whose local end is `local` and remote end `remote` (null: a listener, which
 // has none), as the kernel finds it for a packet coming from `remote`.
-bool RequestFor(const sockaddr* local, const sockaddr* remote, inet_diag_req_v2* req) noexcept {
+bool RequestFor(const sockaddr* local, const sockaddr* remote, inet_diag_req_v2* req,
+                uint8_t protocol = IPPROTO_TCP) noexcept {
   std::memset(req, 0, sizeof(*req));
-  req->sdiag_protocol = IPPROTO_TCP;
+  req->sdiag_protocol = protocol;
   req->idiag_states = ~0u;
   req->id.idiag_cookie[0] = req->id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
   const int family = KeyFor(local, req->id.idiag_src, &req->id.idiag_sport, &req->id.idiag_if);
@@ -203,6 +204,19 @@ int FindConnection(const sockaddr* local, const sockaddr* remote, SocketInfo* ou
     return ParseAnswer(buf, len, seq, out);
   });
   return rc == 0 && out->listening ? -ENOENT : rc;
+}
+
+int FindUdpSender(const sockaddr* receiver, const sockaddr* sender, SocketInfo* out) noexcept {
+  struct {
+    nlmsghdr header;
+    inet_diag_req_v2 body;
+  } request{};
+  // udp_diag looks up the socket a datagram from the request's source to its destination
+  // reaches: from us (the receiver) to the sender, the sender's own socket.
+  if (!RequestFor(receiver, sender, &request.body, IPPROTO_UDP)) return -EAFNOSUPPORT;
+  return Exchange(&request, [out](const uint8_t* buf, size_t len, uint32_t seq) {
+    return ParseAnswer(buf, len, seq, out);
+  });
 }
 
 int UnixPeer(uint64_t inode, uint64_t* peer, int* type) noexcept {

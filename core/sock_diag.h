@@ -41,6 +41,13 @@ int FindListener(const sockaddr* dest, SocketInfo* out, const sockaddr* source =
 // listener's queue (no process has accepted it yet).
 int FindConnection(const sockaddr* local, const sockaddr* remote, SocketInfo* out) noexcept;
 
+// The UDP socket of this namespace that sent a datagram from `sender` to `receiver` (the
+// address it was sent to): the one a datagram from `receiver` to `sender` would reach, as
+// the kernel finds it. Returns 0 (out->uid its owner), -ENOENT (none: a remote sender, or
+// one that closed its socket), or another -errno. A listener uses it to tell which local
+// user sent a request, whatever loopback address it sent it from.
+int FindUdpSender(const sockaddr* receiver, const sockaddr* sender, SocketInfo* out) noexcept;
+
 // The inode of the socket connected to the AF_UNIX socket `inode` (its peer), and its type
 // (SOCK_STREAM, ...) when `type` is not null. Returns 0,
 // -ENOENT (no such socket, or no peer), or another -errno. A server uses it to check that

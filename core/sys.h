@@ -40,6 +40,10 @@ inline ssize_t sendmsg(int fd, const msghdr* msg, int flags) noexcept {
 inline ssize_t recvmsg(int fd, msghdr* msg, int flags) noexcept {
   return ::syscall(SYS_recvmsg, fd, msg, flags);
 }
+// (No timeout: with MSG_DONTWAIT, what is queued now, up to `n` datagrams.)
+inline int recvmmsg(int fd, mmsghdr* msgs, unsigned n, int flags) noexcept {
+  return static_cast<int>(::syscall(SYS_recvmmsg, fd, msgs, n, flags, nullptr));
+}
 inline ssize_t read(int fd, void* buf, size_t len) noexcept {
   return ::syscall(SYS_read, fd, buf, len);
 }
