@@ -66,7 +66,7 @@ void LinkSockets::Expire(uint64_t now_ms) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   size_t expired = 0;
   while (count_.load(std::memory_order_relaxed) > 0 &&
-         now_ms - entries_[0].accepted_ms >= kRequestMs) {
+         now_ms >= entries_[0].accepted_ms + kRequestMs) {  // (now_ms may be older)
     DropLocked(0);
     ++expired;
   }

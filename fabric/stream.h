@@ -45,10 +45,8 @@ class StreamModule {
   // Binds the UDP twin of the TCP listener bound to `local`. nullptr with *why when it
   // cannot (the UDP port is another program's, ...).
   virtual StreamListener* Listen(const sockaddr* local, bool v6only, Reason* why) noexcept = 0;
+  // (Its REQs are answered by the module's progress thread alone, as they come.)
   virtual void Unlisten(StreamListener* listener) noexcept = 0;
-  // Readable when REQs wait; Service answers them (within a budget: true when more wait).
-  virtual int ServiceFd(StreamListener* listener) noexcept = 0;
-  virtual bool Service(StreamListener* listener) noexcept = 0;
   // The listening socket is shared by processes (fork): REQs are refused from now on, since
   // the process that answers one may not be the one whose accept() takes its SYN.
   virtual void Share(StreamListener* listener) noexcept = 0;

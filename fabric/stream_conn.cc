@@ -84,10 +84,9 @@ bool StreamConn::Init(Reason* why) noexcept {
   const size_t tx_at = (rx_bytes + kPage - 1) & ~(kPage - 1);
   const size_t slots_at = (tx_at + tx_bytes + kPage - 1) & ~(kPage - 1);
   const size_t slots_bytes = sends_ ? size_t(kSendReceives) * streamwire::kSendBytes : 0;
-  memory_.reset(new (std::nothrow) uint8_t[slots_at + slots_bytes + kPage]);
+  memory_ = RingMemory::Map((slots_at + slots_bytes + kPage - 1) & ~(kPage - 1));
   if (!memory_) return false;
-  auto at = (uintptr_t(memory_.get()) + kPage - 1) & ~uintptr_t(kPage - 1);
-  auto* rx = reinterpret_cast<uint8_t*>(at);
+  uint8_t* rx = memory_.get();
   rx_ring_.store(rx, std::memory_order_release);
   tx_ring_ = rx + tx_at;
   std::memset(rx + ring_size(), 0, note::kWordBytes);
@@ -188,13 +187,15 @@ StreamConn::~StreamConn() {
   // receive ring: both stay registered until the provider is surely done with them. Not
   // when every write of ours completed and the peer is done: it said EOF and CLOSED and
   // its TCP connection ended (a credit of its after CLOSED, its close's last exact one,
-  // lands before its FIN: PostCredit); nor once our own endpoint is closed.
+  // lands before its FIN: PostCredit); nor over connected endpoints, whose peer writes only
+  // through our own endpoint, closed now (or never opened: a request nobody connected for).
   const bool peer_done = rx_eof_.load() && peer_closed_.load() && peer_ended;
-  if ((flushed && peer_done) || own_endpoint) {
+  if ((flushed && peer_done) || own_endpoint || fabric_->connected()) {
     rx_mr_.reset();
     tx_mr_.reset();
   } else if (rx_mr_ || tx_mr_) {
-    fabric_->Retire(std::move(rx_mr_), std::move(tx_mr_), std::move(memory_), 2 * ring_size());
+    const size_t bytes = memory_.size();
+    fabric_->Retire(std::move(rx_mr_), std::move(tx_mr_), std::move(memory_), bytes, unproven_);
   }
   if (peer_.addr != FI_ADDR_NOTAVAIL) fabric_->RemovePeer(peer_.addr);
   if (proxy_b_ >= 0) sys::close(proxy_b_);

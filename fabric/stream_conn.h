@@ -43,6 +43,7 @@
 #include "core/settle_gate.h"
 #include "core/wire.h"
 #include "fabric/domain.h"
+#include "fabric/ring_memory.h"
 #include "fabric/stream_link.h"
 #include "fabric/stream_note.h"
 
@@ -132,6 +133,15 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // Server: held until the client proves in band that it made the request (a CONFIRM with
   // `nonce`); Settle decides by `deadline_ms`.
   void Hold(uint64_t nonce, uint64_t deadline_ms) noexcept;
+  // The same for a connection whose request the listener answered and then dropped before
+  // its TCP connection came (fabric/pending_requests.h): nothing of the client's reaches
+  // this connection on the fabric, so its CONFIRM settles it onto the TCP connection (a
+  // failover from byte 0), and its other bytes make it plain (kRendezvousBusy).
+  void HoldForDroppedRequest(uint64_t nonce, uint64_t deadline_ms) noexcept;
+  // A listener's connection for a request not yet proven by its TCP connection: its rings,
+  // should they have to retire (a peer may still write them), count against the budget of
+  // unproven requests (StreamFabric::Retire), not the connections'.
+  void MarkUnproven() noexcept { unproven_ = true; }
   bool held() const noexcept { return failover_.held(); }
 
   // The completion queue's news for this connection (any thread that polled it).
@@ -275,7 +285,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
 
   StreamFabric* const fabric_;
   uint32_t tag_ = 0;
-  std::unique_ptr<uint8_t[]> memory_;  // both rings and their words, page aligned inside
+  RingMemory memory_;  // both rings and their words (and the receive slots: sends)
   // The receive ring: the registered one, or its copy once halted (the registered one may
   // still take the peer's last writes, and retires).
   std::atomic<uint8_t*> rx_ring_{nullptr};
@@ -361,6 +371,8 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   std::atomic<bool> rx_close_wanted_{false};
   uint64_t held_nonce_ = 0;
   uint64_t deadline_ms_ = 0;
+  Reason plain_reason_ = Reason::kPeerNotSlipstream;  // bytes that are not a CONFIRM
+  bool unproven_ = false;
   SettleGate gate_;
 
   AnchorFailover failover_;

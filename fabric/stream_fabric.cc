@@ -33,10 +33,10 @@ constexpr size_t kCqEntries = 16384;
 // How long the progress thread sleeps in the provider's wait, and naps where it has none.
 constexpr int kWaitMs = 100;
 constexpr int kNapMaxUs = 1000;
-// How long a retired receive ring stays registered after its connection let go of it.
-constexpr uint64_t kRetireMs = 2000;
+// How long a watch whose serve was busy is left alone.
+constexpr uint64_t kRestUs = 1000;
 // How long a peer must have had no connection before its address may make room for
-// another's (StreamFabric::AddPeer), well past kRetireMs.
+// another's (StreamFabric::AddPeer), well past a retired ring's 2 s (stream_retire.cc).
 constexpr uint64_t kPeerIdleMs = 10000;
 
 }  // namespace
@@ -322,7 +322,7 @@ void StreamFabric::RemovePeer(fi_addr_t addr) noexcept {
 
 bool StreamFabric::EvictIdlePeersLocked(uint64_t now_ms) noexcept {
   // Only a peer idle long past any write of its (its streams' last writes land within a
-  // retired ring's kRetireMs): shm answers some writes through the sender's entry.
+  // retired ring's 2 s): shm answers some writes through the sender's entry.
   bool evicted = false;
   for (size_t i = 0; i < peers_.size();) {
     Peer& p = peers_[i];
@@ -486,59 +486,6 @@ void StreamFabric::DispatchError(const fi_cq_err_entry& err) noexcept {
            [error, context](StreamConn* c) { c->OnWriteFailed(error, context); });
 }
 
-void StreamFabric::Retire(MrPtr rx, MrPtr tx, std::unique_ptr<uint8_t[]> memory,
-                          size_t bytes) noexcept {
-  const uint64_t until = sys::MonotonicMs() + kRetireMs;
-  bool over = false;
-  {
-    std::lock_guard<std::mutex> lock(retired_mu_);
-    try {
-      retired_.push_back(Retired{std::move(rx), std::move(tx), std::move(memory), until, bytes});
-    } catch (...) {
-      // No room to remember it: it stays registered and allocated for good (never freed
-      // under a peer that may still write it).
-      (void)rx.release();
-      (void)tx.release();
-      (void)memory.release();
-      return;
-    }
-    retired_bytes_ += bytes;
-    over = retired_bytes_ > kRetiredMax;
-    uint64_t expected = 0;
-    next_expiry_ms_.compare_exchange_strong(expected, until);
-  }
-  if (over) ReleaseRetired(sys::MonotonicMs(), /*force=*/true);
-}
-
-void StreamFabric::ReleaseRetired(uint64_t now_ms, bool force) noexcept {
-  const uint64_t next = next_expiry_ms_.load(std::memory_order_relaxed);
-  if (!force && (next == 0 || now_ms < next)) return;
-  std::vector<Retired> done;
-  {
-    std::lock_guard<std::mutex> lock(retired_mu_);
-    // (In the order they retired: the oldest first.)
-    size_t keep_from = 0;
-    while (keep_from < retired_.size() &&
-           (retired_[keep_from].until_ms <= now_ms || (force && retired_bytes_ > kRetiredMax))) {
-      retired_bytes_ -= retired_[keep_from].bytes;
-      ++keep_from;
-    }
-    try {
-      done.reserve(keep_from);
-    } catch (...) {
-      return;
-    }
-    for (size_t i = 0; i < keep_from; ++i) done.push_back(std::move(retired_[i]));
-    retired_.erase(retired_.begin(), retired_.begin() + ptrdiff_t(keep_from));
-    next_expiry_ms_.store(retired_.empty() ? 0 : retired_.front().until_ms,
-                          std::memory_order_relaxed);
-  }
-  for (Retired& r : done) {
-    r.rx.reset();
-    r.tx.reset();
-  }
-}
-
 bool StreamFabric::Listen() noexcept {
   if (!connected_) return true;
   bool opened = false;
@@ -585,8 +532,9 @@ void StreamFabric::ProviderAccepted(int listening, int fd) noexcept {
   link_sockets_.Accepted(fd, links_expected_.load(std::memory_order_relaxed), sys::MonotonicMs());
 }
 
-void StreamFabric::ServeLinks(void* ctx) noexcept {
+bool StreamFabric::ServeLinks(void* ctx) noexcept {
   static_cast<StreamFabric*>(ctx)->TakeLinkEvents();
+  return false;
 }
 
 void StreamFabric::TakeLinkEvents() noexcept {
@@ -624,7 +572,7 @@ bool StreamFabric::WatchFd(int fd, ServeFn serve, void* ctx) noexcept {
   std::lock_guard<std::mutex> lock(watch_mu_);
   if (watches_.size() >= kMaxWatches) return false;
   try {
-    watches_.push_back(Watch{fd, serve, ctx});
+    watches_.push_back(Watch{fd, serve, ctx, 0});
   } catch (...) {
     return false;
   }
@@ -654,13 +602,24 @@ void StreamFabric::ProgressLoop() noexcept {
       nap_us = 0;
       continue;
     }
-    ReleaseRetired(sys::MonotonicMs());
+    const uint64_t turn_ms = sys::MonotonicMs();
+    ReleaseRetired(turn_ms);
     TakeLinkEvents();
-    link_sockets_.Expire(sys::MonotonicMs());
+    link_sockets_.Expire(turn_ms);
+    if (turn_) turn_(turn_ctx_, turn_ms);
     nfds_t n = 0;
+    const uint64_t now_ns = sys::MonotonicNs();
+    uint64_t resting_until_ns = 0;  // the first resting watch's (0: none rests)
     {
       std::lock_guard<std::mutex> lock(watch_mu_);
-      for (const Watch& w : watches_) fds[n++] = pollfd{w.fd, POLLIN, 0};
+      for (const Watch& w : watches_) {
+        if (w.rest_until_ns > now_ns) {
+          if (resting_until_ns == 0 || w.rest_until_ns < resting_until_ns)
+            resting_until_ns = w.rest_until_ns;
+          continue;
+        }
+        fds[n++] = pollfd{w.fd, POLLIN, 0};
+      }
     }
     timespec wait{0, 0};
     const bool polled = connected_ ? polled_conns_.load(std::memory_order_relaxed) != 0 : cq_fd < 0;
@@ -679,6 +638,8 @@ void StreamFabric::ProgressLoop() noexcept {
       fds[n++] = pollfd{cq_fd, POLLIN, 0};
       wait.tv_nsec = long(kWaitMs) * 1000000;
     }
+    if (resting_until_ns != 0 && long(resting_until_ns - now_ns) < wait.tv_nsec)
+      wait.tv_nsec = long(resting_until_ns - now_ns);
     // The raw call: the face's ppoll would take this thread for an application thread
     // going to sleep (arming every stream, spinning first; found in a hung iperf3).
     const int ready = sys::ppoll(fds, n, &wait);
@@ -695,10 +656,15 @@ void StreamFabric::ProgressLoop() noexcept {
     if (ready <= 0) continue;
     {
       std::lock_guard<std::mutex> lock(watch_mu_);
-      for (nfds_t i = 0; i < n; ++i) {
+      for (nfds_t i = 0; i < conn_watch; ++i) {
         if (!(fds[i].revents & (POLLIN | POLLERR))) continue;
-        for (const Watch& w : watches_)
-          if (w.fd == fds[i].fd) w.serve(w.ctx);
+        for (Watch& w : watches_) {
+          if (w.fd != fds[i].fd || !w.serve(w.ctx)) continue;
+          // Busy (many taken at once, more likely queued): it rests, and what comes
+          // meanwhile is taken in one go rather than in a wake-up each. (Not stuck.)
+          w.rest_until_ns = sys::MonotonicNs() + kRestUs * 1000;
+          fds[i].revents = 0;
+        }
       }
     }
     // A descriptor that stays readable after its serve took everything (the tcp

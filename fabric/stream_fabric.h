@@ -35,6 +35,7 @@
 #include "fabric/domain.h"
 #include "fabric/link_sockets.h"
 #include "fabric/options.h"
+#include "fabric/ring_memory.h"
 #include "fabric/stream_link.h"
 #include "fabric/stream_note.h"
 
@@ -153,8 +154,17 @@ class StreamFabric {
   // stream it carries (ofi_rxm over tcp: EPIPE). The progress thread lets go of it later.
   // (The send ring's registration goes with it: writes of ours still in flight read it.)
   // At most kRetiredMax bytes wait: past it the oldest go early (a peer that slow risks
-  // its connection, not our memory).
-  void Retire(MrPtr rx, MrPtr tx, std::unique_ptr<uint8_t[]> memory, size_t bytes) noexcept;
+  // its connection, not our memory). `unproven`: the rings of a request whose TCP
+  // connection never came, kept apart and counted in unproven_retired_bytes(): they are
+  // the pending requests' budget's (fabric/pending_requests.h), and go early when a new
+  // request needs the room (ReleaseUnproven), since their peer is most likely whoever
+  // floods us with requests.
+  void Retire(MrPtr rx, MrPtr tx, RingMemory memory, size_t bytes, bool unproven) noexcept;
+  size_t unproven_retired_bytes() const noexcept {
+    return unproven_bytes_.load(std::memory_order_relaxed);
+  }
+  // Lets go of unproven rings, the oldest first, until at most `keep` bytes of them wait.
+  void ReleaseUnproven(size_t keep) noexcept;
 
   // A peer's endpoint address into the address vector (counted per address: a peer host
   // with many connections is one entry). FI_ADDR_NOTAVAIL when the provider rejects it,
@@ -199,10 +209,19 @@ class StreamFabric {
   // A descriptor the progress thread watches beside the completion queue (a listener's
   // UDP socket: its REQs are answered as they come, whether the application is in accept()
   // or not), and what it calls when the descriptor turns readable. After UnwatchFd returns
-  // the call is not running and will not run again.
-  using ServeFn = void (*)(void* ctx) noexcept;
+  // the call is not running and will not run again. A serve that returns true was busy
+  // (it took many at once; more are likely queued): the descriptor rests for a millisecond,
+  // so that a flood of datagrams is taken in batches, not in a wake-up each.
+  using ServeFn = bool (*)(void* ctx) noexcept;
   bool WatchFd(int fd, ServeFn serve, void* ctx) noexcept;
   void UnwatchFd(int fd) noexcept;
+  // What the progress thread calls at every turn (at least every 100 ms): the listeners'
+  // timers. Set before the thread starts, once.
+  using TurnFn = void (*)(void* ctx, uint64_t now_ms) noexcept;
+  void SetTurn(TurnFn turn, void* ctx) noexcept {
+    turn_ = turn;
+    turn_ctx_ = ctx;
+  }
 
   // The progress thread (started with the first connection or listener), and fork's view of it.
   bool StartProgress() noexcept;
@@ -230,7 +249,7 @@ class StreamFabric {
   void Dispatch(const fi_cq_data_entry& entry, StreamConn* owner) noexcept;
   void DispatchError(const fi_cq_err_entry& err) noexcept;
   // The progress thread's call for the connection listener's event queue.
-  static void ServeLinks(void* ctx) noexcept;
+  static bool ServeLinks(void* ctx) noexcept;
   void TakeLinkEvents() noexcept;
   // Calls f(conn) if `tag` names a connection in the table, which stays there until f
   // returns (RemoveConn waits).
@@ -285,11 +304,14 @@ class StreamFabric {
     int fd;
     ServeFn serve;
     void* ctx;
+    uint64_t rest_until_ns;  // busy: not polled until then
   };
+  TurnFn turn_ = nullptr;
+  void* turn_ctx_ = nullptr;
   struct Retired {
+    RingMemory memory;  // (first: unmapped after both registrations went)
     MrPtr rx;
     MrPtr tx;
-    std::unique_ptr<uint8_t[]> memory;
     uint64_t until_ms;
     size_t bytes;
   };
@@ -297,6 +319,12 @@ class StreamFabric {
   size_t retired_bytes_ = 0;  // under retired_mu_
   std::mutex retired_mu_;
   std::vector<Retired> retired_;
+  std::vector<Retired> unproven_;  // under retired_mu_, oldest first
+  std::atomic<size_t> unproven_bytes_{0};
+  // Under retired_mu_: moves the front of `from` whose `take` holds into *done.
+  template <typename Take>
+  static void TakeFrontLocked(std::vector<Retired>* from, std::vector<Retired>* done,
+                              Take take) noexcept;
   std::atomic<uint64_t> next_expiry_ms_{0};  // 0: nothing retired
   // `force`: the oldest go whatever their time, until retired_bytes_ fits kRetiredMax.
   void ReleaseRetired(uint64_t now_ms, bool force = false) noexcept;

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "core/negative_cache.h"
+#include "fabric/pending_requests.h"
+#include "fabric/request_rates.h"
 #include "fabric/stream.h"
 #include "fabric/stream_conn.h"
 #include "fabric/stream_fabric.h"
@@ -19,34 +21,16 @@
 
 namespace slip::fabric {
 
-// A request answered, waiting for its connection's accept().
-struct PendingStream {
-  wire::Endpoint client;
-  wire::Endpoint server;
-  uint64_t nonce = 0;
-  uint64_t expires_ms = 0;
-  StreamConn* conn = nullptr;  // owned
-};
-
 class StreamModuleImpl;
 
+// A TCP listener's UDP twin. Its requests are the module's (PendingRequests).
 struct StreamListener {
   StreamModuleImpl* module = nullptr;
   int udp = -1;
-  wire::Endpoint local;  // the TCP listener's address (any address: all zero)
-  std::mutex mu;
-  std::vector<PendingStream> pending;  // under mu
-  // The latest refused REQs (under mu), so that accept() can say why its connection is
-  // plain: a ring of kRefusals, the oldest overwritten.
-  struct Refusal {
-    wire::Endpoint client, server;
-    Reason why = Reason::kNone;
-    uint64_t until_ms = 0;
-  };
-  static constexpr size_t kRefusals = 16;
-  Refusal refused[kRefusals];
-  size_t refused_next = 0;
-  std::atomic<bool> shared{false};  // fork: REQs are refused
+  wire::Endpoint local;   // the TCP listener's address (any address: all zero)
+  RequestOwner requests;  // its share of the module's table
+  TokenBucket answers = RequestRates::ListenerBucket();  // (under RequestRates' mutex)
+  std::atomic<bool> shared{false};                       // fork: REQs are refused
 };
 
 struct StreamClient {
@@ -65,14 +49,17 @@ class StreamModuleImpl final : public StreamModule {
  public:
   StreamModuleImpl(const Config* config, const Options* options, int hidden_fd_floor,
                    std::unique_ptr<StreamFabric> fabric) noexcept
-      : config_(config), options_(options), floor_(hidden_fd_floor), fabric_(std::move(fabric)) {}
+      : config_(config), options_(options), floor_(hidden_fd_floor), fabric_(std::move(fabric)) {
+    fabric_->SetTurn(&StreamModuleImpl::Turn, this);
+  }
+  ~StreamModuleImpl() override {
+    while (StreamConn* conn = pending_.ForgetOneOf(nullptr)) delete conn;
+  }
 
   const char* provider() const noexcept override { return fabric_->provider(); }
 
   StreamListener* Listen(const sockaddr* local, bool v6only, Reason* why) noexcept override;
   void Unlisten(StreamListener* listener) noexcept override;
-  int ServiceFd(StreamListener* listener) noexcept override { return listener->udp; }
-  bool Service(StreamListener* listener) noexcept override;
   void Share(StreamListener* listener) noexcept override { listener->shared.store(true); }
   Reason Refused(StreamListener* listener, const wire::Endpoint& client,
                  const wire::Endpoint& server) noexcept override;
@@ -123,14 +110,26 @@ class StreamModuleImpl final : public StreamModule {
   // Its peer's ring, and with RDM its endpoint, from a REQ or REP. False when the provider
   // rejects the address.
   bool Connect(StreamConn* conn, const streamwire::Message& m) noexcept;
+  // The datagrams waiting at a listener's UDP socket, a few batches of them: true when
+  // more are likely queued (StreamFabric::ServeFn).
+  bool Service(StreamListener* l) noexcept;
   // One datagram for a listener: answered, refused or dropped.
   void Answer(StreamListener* l, const uint8_t* in, size_t len, const sockaddr* from,
               socklen_t from_len) noexcept;
-  void ExpireLocked(StreamListener* l, uint64_t now_ms) noexcept;
-  void RecordRefusalLocked(StreamListener* l, const streamwire::Message& req, uint64_t now_ms,
-                           Reason why) noexcept;
-  // The progress thread's call for a listener whose UDP socket is readable.
-  static void ServeListener(void* ctx) noexcept;
+  // A REFUSE for `req` (recorded, for accept()'s reason: `why`).
+  void Refuse(StreamListener* l, const streamwire::Message& req, Reason why, const sockaddr* from,
+              socklen_t from_len, uint64_t now_ms) noexcept;
+  // Who sent a REQ from `source` to `server`, for sharing (PendingRequests' Principal).
+  Principal WhoSent(const wire::Endpoint& source, const wire::Endpoint& server) noexcept;
+  // What a request with rings of `ring_size` is charged against the budget.
+  size_t Charge(uint32_t ring_size) const noexcept;
+  // The tables, made at the first listener (clients never pay for them).
+  bool HaveTables() noexcept;
+  // The progress thread's calls: a listener's UDP socket is readable; a turn (the requests
+  // whose grace is over: PendingRequests::TakeDue).
+  static bool ServeListener(void* ctx) noexcept;
+  static void Turn(void* ctx, uint64_t now_ms) noexcept;
+  void CheckRequests(uint64_t now_ms) noexcept;
   // A descriptor of ours, above the application's (close-on-exec), or -1 (closed).
   int Hide(int fd) const noexcept;
 
@@ -139,6 +138,10 @@ class StreamModuleImpl final : public StreamModule {
   const int floor_;
   std::unique_ptr<StreamFabric> fabric_;
   NegativeCache negative_;
+  std::mutex tables_mu_;
+  std::atomic<bool> tables_{false};  // pending_ and rates_ are made
+  PendingRequests pending_;
+  RequestRates rates_;
   bool MakesNew() const noexcept { return !forked_.load() && !exec_retired_.load(); }
   std::atomic<bool> forked_{false};        // a fork child: nothing new
   std::atomic<bool> exec_retired_{false};  // an exec was tried: nothing new

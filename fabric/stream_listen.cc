@@ -1,21 +1,27 @@
 // The listener's side of the fabric rendezvous: a UDP socket on the TCP listener's address
 // and port, whose REQs are answered (a connection's rings made, our REP sent) and kept
-// under their 4-tuple until accept() takes them.
+// under their 4-tuple until accept() takes them (fabric/pending_requests.h).
 //
 // Who may ask: a REQ must come from the client address it names and for this listener's
-// port; at most kMaxPending wait per listener, kMaxPerSource from one address (a host that
-// floods REQs holds no more than its share of ring memory), each for kPendingMs. One
-// request per 4-tuple: a second one with another nonce is refused (the first may be a
-// forger's; its client then goes plain, never wrong), a repeat of the same one is answered
-// again (its REP was lost).
+// port; it is answered within the rates of fabric/request_rates.h, and kept within the
+// budget and shares of fabric/pending_requests.h. One request per 4-tuple: a second one
+// with another nonce is refused (the first may be a forger's; its client then goes plain,
+// never wrong), a repeat of the same one is answered again (its REP was lost).
+//
+// One thread serves the socket: the module's progress thread, in batches (recvmmsg). A
+// client sends its SYN only once it has our REP, so the request of a connection that
+// accept() sees is kept already: accept() only looks its 4-tuple up, and a flood of REQs
+// never runs on the application's threads.
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
 
 #include "core/log.h"
+#include "core/sock_diag.h"
 #include "core/sys.h"
 #include "fabric/stream_internal.h"
 
@@ -23,10 +29,17 @@ namespace slip::fabric {
 
 namespace {
 
-constexpr size_t kMaxPending = 1024;
-constexpr size_t kMaxPerSource = 64;
-constexpr uint64_t kPendingMs = 30000;  // as long as a backlog may hold a connection
-constexpr int kServiceBudget = 32;      // datagrams per Service call
+constexpr unsigned kBatch = 32;  // datagrams per recvmmsg
+constexpr int kBatches = 8;      // recvmmsg calls per serve
+// A serve that took this many was busy: the socket rests a moment (StreamFabric::ServeFn),
+// so that a flood is taken in batches rather than in a wake-up per datagram.
+constexpr int kBusy = 16;
+constexpr size_t kChecks = 64;   // requests asked about per round (PendingRequests::TakeDue)
+constexpr int kCheckRounds = 8;  // rounds per turn
+// The budget of unproven requests' rings when a process has no other (bytes): at least
+// kMinRequests requests' worth at its ring size.
+constexpr size_t kDefaultBudget = size_t(192) << 20;
+constexpr size_t kMinRequests = 8;
 
 bool SameAddress(const wire::Endpoint& a, const wire::Endpoint& b) noexcept {
   return a.family == b.family && std::memcmp(a.addr, b.addr, sizeof(a.addr)) == 0;
@@ -38,15 +51,39 @@ bool IsAnyAddress(const wire::Endpoint& e) noexcept {
   return true;
 }
 
+// 127/8, ::1, and 127/8 mapped into IPv6: any local user may send from any of them.
+bool IsLoopback(const wire::Endpoint& e) noexcept {
+  static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  static constexpr uint8_t kOne[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  if (e.family == 4) return e.addr[0] == 127;
+  return std::memcmp(e.addr, kOne, 16) == 0 ||
+         (std::memcmp(e.addr, kMapped, 12) == 0 && e.addr[12] == 127);
+}
+
 }  // namespace
 
 int StreamModuleImpl::Hide(int fd) const noexcept {
   return sys::MoveAbove(fd, floor_);
 }
 
+size_t StreamModuleImpl::Charge(uint32_t ring_size) const noexcept {
+  const size_t slots = fabric_->sends() ? StreamConn::kSendReceives * streamwire::kSendBytes : 0;
+  return 2 * size_t(ring_size) + 2 * 4096 + slots + PendingRequests::kOverheadBytes;
+}
+
+bool StreamModuleImpl::HaveTables() noexcept {
+  if (tables_.load(std::memory_order_acquire)) return true;
+  std::lock_guard<std::mutex> lock(tables_mu_);
+  if (tables_.load(std::memory_order_relaxed)) return true;
+  const size_t budget = std::max(kDefaultBudget, kMinRequests * Charge(config_->ring_size));
+  if (!pending_.Init(budget) || !rates_.Init()) return false;
+  tables_.store(true, std::memory_order_release);
+  return true;
+}
+
 StreamListener* StreamModuleImpl::Listen(const sockaddr* local, bool v6only, Reason* why) noexcept {
   *why = Reason::kResources;
-  if (!MakesNew()) return nullptr;
+  if (!MakesNew() || !HaveTables()) return nullptr;
   std::unique_ptr<StreamListener> l(new (std::nothrow) StreamListener);
   if (!l || !wire::EndpointFromSockaddr(local, &l->local)) return nullptr;
   const int family = local->sa_family;
@@ -76,53 +113,74 @@ StreamListener* StreamModuleImpl::Listen(const sockaddr* local, bool v6only, Rea
   }
   // Its REQs are answered by the progress thread as they come: a client's SYN waits for
   // the REP, and the application may be in poll() rather than accept().
+  l->module = this;
   if (!fabric_->WatchFd(l->udp, &StreamModuleImpl::ServeListener, l.get())) {
     sys::close(l->udp);
     return nullptr;
   }
-  l->module = this;
   return l.release();
 }
 
-void StreamModuleImpl::ServeListener(void* ctx) noexcept {
+bool StreamModuleImpl::ServeListener(void* ctx) noexcept {
   auto* l = static_cast<StreamListener*>(ctx);
-  l->module->Service(l);
+  return l->module->Service(l);
 }
 
 void StreamModuleImpl::Unlisten(StreamListener* l) noexcept {
-  fabric_->UnwatchFd(l->udp);
-  {
-    std::lock_guard<std::mutex> lock(l->mu);
-    for (PendingStream& p : l->pending) delete p.conn;
-    l->pending.clear();
-  }
+  fabric_->UnwatchFd(l->udp);  // (no serve runs from here on)
+  while (StreamConn* conn = pending_.ForgetOneOf(&l->requests)) delete conn;
   sys::close(l->udp);
   delete l;
 }
 
-void StreamModuleImpl::ExpireLocked(StreamListener* l, uint64_t now_ms) noexcept {
-  for (size_t i = 0; i < l->pending.size();) {
-    if (l->pending[i].expires_ms > now_ms) {
-      ++i;
-      continue;
+bool StreamModuleImpl::Service(StreamListener* l) noexcept {
+  uint8_t bufs[kBatch][streamwire::kBytes + 1];  // (one byte more: a longer one is no REQ)
+  sockaddr_storage from[kBatch];
+  iovec iov[kBatch];
+  mmsghdr msgs[kBatch];
+  int taken = 0;
+  for (int round = 0; round < kBatches; ++round) {
+    for (unsigned i = 0; i < kBatch; ++i) {
+      iov[i] = iovec{bufs[i], sizeof(bufs[i])};
+      msgs[i] = mmsghdr{};
+      msgs[i].msg_hdr.msg_name = &from[i];
+      msgs[i].msg_hdr.msg_namelen = sizeof(from[i]);
+      msgs[i].msg_hdr.msg_iov = &iov[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
     }
-    delete l->pending[i].conn;
-    l->pending[i] = l->pending.back();
-    l->pending.pop_back();
+    const int n = sys::recvmmsg(l->udp, msgs, kBatch, MSG_DONTWAIT);
+    if (n <= 0) break;  // (EAGAIN: nothing more)
+    for (int i = 0; i < n; ++i)
+      Answer(l, bufs[i], msgs[i].msg_len, reinterpret_cast<const sockaddr*>(&from[i]),
+             msgs[i].msg_hdr.msg_namelen);
+    taken += n;
+    if (unsigned(n) < kBatch) break;
   }
+  return taken >= kBusy;
 }
 
-bool StreamModuleImpl::Service(StreamListener* l) noexcept {
-  uint8_t buf[streamwire::kBytes + 1];
-  for (int i = 0; i < kServiceBudget; ++i) {
-    sockaddr_storage from{};
-    socklen_t from_len = sizeof(from);
-    const ssize_t n = sys::recvfrom(l->udp, buf, sizeof(buf), MSG_DONTWAIT,
-                                    reinterpret_cast<sockaddr*>(&from), &from_len);
-    if (n < 0) return false;  // (EAGAIN: nothing more; an ICMP error for a REP: ignored)
-    Answer(l, buf, size_t(n), reinterpret_cast<const sockaddr*>(&from), from_len);
+Principal StreamModuleImpl::WhoSent(const wire::Endpoint& source,
+                                    const wire::Endpoint& server) noexcept {
+  // The kernel knows the socket that sent it, while it is open (a client's is: it waits
+  // for our REP), and whose it is, whichever loopback address it used.
+  Principal who;
+  sockaddr_storage us{}, them{};
+  SocketInfo info;
+  if (wire::SockaddrFromEndpoint(server, &us) && wire::SockaddrFromEndpoint(source, &them) &&
+      FindUdpSender(reinterpret_cast<sockaddr*>(&us), reinterpret_cast<sockaddr*>(&them), &info) ==
+          0) {
+    who.kind = Principal::Kind::kUid;
+    who.uid = info.uid;
+    return who;
   }
-  return true;
+  if (IsLoopback(source)) {
+    who.kind = Principal::Kind::kLoopback;
+    return who;
+  }
+  who.kind = Principal::Kind::kAddress;
+  who.address = source;
+  who.address.port = 0;
+  return who;
 }
 
 void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
@@ -142,150 +200,199 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
     SLIP_LOG(kDebug, "fabric: a REQ for a connection its sender does not make; dropped");
     return;
   }
-  streamwire::Message rep;
-  rep.type = streamwire::Type::kRefuse;
-  rep.nonce = req.nonce;
-  rep.client = req.client;
-  rep.server = req.server;
-  const uint32_t ring_size = 1u << req.ring_log2;
-  {
-    std::lock_guard<std::mutex> lock(l->mu);
-    const uint64_t now = sys::MonotonicMs();
-    ExpireLocked(l, now);
-    PendingStream* same = nullptr;
-    size_t from_source = 0;
-    for (PendingStream& p : l->pending) {
-      if (p.client == req.client && p.server == req.server) same = &p;
-      if (SameAddress(p.client, source)) ++from_source;
-    }
-    if (same && same->nonce == req.nonce) {
-      rep.type = streamwire::Type::kRep;  // its REP was lost: the same again
-    } else if (same || l->shared.load() || !MakesNew() || ring_size > config_->ring_size ||
-               req.note_bytes != NoteBytes(ring_size) || req.endpoints != Endpoints() ||
-               l->pending.size() >= kMaxPending || from_source >= kMaxPerSource) {
-      SLIP_LOG(kInfo, "fabric: refusing a REQ for port %u (%s)", unsigned(l->local.port),
-               same                                     ? "its connection has another request"
-               : l->shared.load()                       ? "the listener is shared by processes"
-               : !MakesNew()                            ? "this process makes no new connections"
-               : ring_size > config_->ring_size         ? "its ring is larger than ours"
-               : req.note_bytes != NoteBytes(ring_size) ? "its notes have another form"
-               : req.endpoints != Endpoints()           ? "its endpoints are of another type"
-                                                        : "too many requests pending");
-      // (Not `same`: the request held for that connection settles it, or the deadline.)
-      if (!same) {
-        RecordRefusalLocked(l, req, now,
-                            l->shared.load() || !MakesNew() ? Reason::kAcceptedElsewhere
-                            : l->pending.size() >= kMaxPending || from_source >= kMaxPerSource
-                                ? Reason::kRendezvousBusy
-                                : Reason::kDeclined);
+  const uint64_t now_us = sys::MonotonicNs() / 1000;
+  const uint64_t now_ms = now_us / 1000;
+  if (!rates_.Admit(&l->answers, source, now_us)) {
+    // Beyond the rates: dropped, told so while that is cheap (and not recorded by 4-tuple:
+    // rates_ remembers the source, for accept()'s reason).
+    if (rates_.MayRefuse(now_us)) Refuse(l, req, Reason::kNone, from, from_len, now_ms);
+    return;
+  }
+  const Tuple tuple{req.client, req.server};
+  PendingRequests::Answer answer;
+  switch (pending_.Find(tuple, req.nonce, &answer)) {
+    case PendingRequests::Found::kSame:
+      break;  // its REP was lost: the same again
+    case PendingRequests::Found::kOther:
+      // (Not recorded: the request kept for that connection settles it, or its deadline.)
+      SLIP_LOG(kInfo, "fabric: refusing a REQ for port %u (its connection has another request)",
+               unsigned(l->local.port));
+      Refuse(l, req, Reason::kNone, from, from_len, now_ms);
+      return;
+    case PendingRequests::Found::kNone: {
+      const uint32_t ring_size = 1u << req.ring_log2;
+      const char* policy = l->shared.load() ? "the listener is shared by processes"
+                           : !MakesNew()    ? "this process makes no new connections"
+                           : ring_size > config_->ring_size         ? "its ring is larger than ours"
+                           : req.note_bytes != NoteBytes(ring_size) ? "its notes have another form"
+                           : req.endpoints != Endpoints() ? "its endpoints are of another type"
+                                                          : nullptr;
+      if (policy) {
+        SLIP_LOG(kInfo, "fabric: refusing a REQ for port %u (%s)", unsigned(l->local.port), policy);
+        Refuse(l, req,
+               l->shared.load() || !MakesNew() ? Reason::kAcceptedElsewhere : Reason::kDeclined,
+               from, from_len, now_ms);
+        return;
       }
-    } else {
+      PendingRequests::Room room;
+      const PendingRequests::Admitted admitted = pending_.Reserve(
+          &l->requests, WhoSent(source, req.server), Charge(ring_size), now_ms, &room);
+      for (size_t i = 0; i < room.evicted_count; ++i) delete room.evicted[i];
+      // (Rings that must still retire are the budget's too: the oldest go early.)
+      fabric_->ReleaseUnproven(pending_.budget() - std::min(pending_.budget(), pending_.charged()));
+      if (admitted != PendingRequests::Admitted::kYes) {
+        SLIP_LOG(kDebug, "fabric: refusing a REQ for port %u (%s)", unsigned(l->local.port),
+                 admitted == PendingRequests::Admitted::kPrincipalFull
+                     ? "its sender has as many requests kept as it may"
+                     : "as many requests are kept as the listener may");
+        Refuse(l, req, Reason::kRendezvousBusy, from, from_len, now_ms);
+        return;
+      }
       Reason why = Reason::kResources;
       StreamConn* conn = NewConn(ring_size, &why);
       const bool connected = conn && Connect(conn, req);
       // (The provider refusing the client's address: no path, as that client says.)
       if (conn && !connected) why = Reason::kNoRdmaPath;
-      if (connected) {
-        if (fabric_->connected()) conn->ExpectLink(req.nonce);
-        try {
-          l->pending.push_back(
-              PendingStream{req.client, req.server, req.nonce, now + kPendingMs, conn});
-          same = &l->pending.back();
-          rep.type = streamwire::Type::kRep;
-        } catch (...) {
-          delete conn;
-          why = Reason::kResources;
-        }
-      } else {
+      if (!connected) {
         delete conn;
+        pending_.Release(&room);
+        Refuse(l, req, why, from, from_len, now_ms);
+        return;
       }
-      if (rep.type != streamwire::Type::kRep) RecordRefusalLocked(l, req, now, why);
-    }
-    if (rep.type == streamwire::Type::kRep) {
-      rep.ring_log2 = streamwire::RingLog2(same->conn->ring_size());
-      rep.ring_key = same->conn->rx_key();
-      rep.ring_addr = same->conn->rx_base();
-      rep.note_tag = same->conn->tag();
-      rep.note_bytes = NoteBytes(same->conn->ring_size());
-      rep.endpoints = Endpoints();
-      rep.address_len = uint8_t(fabric_->address_len());
-      std::memcpy(rep.address, fabric_->address(), fabric_->address_len());
+      conn->MarkUnproven();
+      if (fabric_->connected()) conn->ExpectLink(req.nonce);
+      answer.ring_size = conn->ring_size();
+      answer.ring_key = conn->rx_key();
+      answer.ring_addr = conn->rx_base();
+      answer.note_tag = conn->tag();
+      SLIP_LOG(kDebug, "fabric: conn %06x answers a REQ from port %u", conn->tag(),
+               unsigned(req.client.port));
+      pending_.Keep(&room, tuple, req.nonce, conn, answer, now_ms);  // (accept() may take it now)
+      break;
     }
   }
+  streamwire::Message rep;
+  rep.type = streamwire::Type::kRep;
+  rep.nonce = req.nonce;
+  rep.client = req.client;
+  rep.server = req.server;
+  rep.ring_log2 = streamwire::RingLog2(answer.ring_size);
+  rep.ring_key = answer.ring_key;
+  rep.ring_addr = answer.ring_addr;
+  rep.note_tag = answer.note_tag;
+  rep.note_bytes = NoteBytes(answer.ring_size);
+  rep.endpoints = Endpoints();
+  rep.address_len = uint8_t(fabric_->address_len());
+  std::memcpy(rep.address, fabric_->address(), fabric_->address_len());
   uint8_t out[streamwire::kBytes];
   if (streamwire::Encode(rep, out))
     sys::sendto(l->udp, out, sizeof(out), MSG_DONTWAIT | MSG_NOSIGNAL, from, from_len);
 }
 
-void StreamModuleImpl::RecordRefusalLocked(StreamListener* l, const streamwire::Message& req,
-                                           uint64_t now_ms, Reason why) noexcept {
-  StreamListener::Refusal& r = l->refused[l->refused_next++ % StreamListener::kRefusals];
-  r.client = req.client;
-  r.server = req.server;
-  r.why = why == Reason::kNone ? Reason::kResources : why;
-  r.until_ms = now_ms + kPendingMs;
+void StreamModuleImpl::Refuse(StreamListener* l, const streamwire::Message& req, Reason why,
+                              const sockaddr* from, socklen_t from_len, uint64_t now_ms) noexcept {
+  if (why != Reason::kNone) pending_.RecordRefusal(Tuple{req.client, req.server}, why, now_ms);
+  streamwire::Message rep;
+  rep.type = streamwire::Type::kRefuse;
+  rep.nonce = req.nonce;
+  rep.client = req.client;
+  rep.server = req.server;
+  uint8_t out[streamwire::kBytes];
+  if (streamwire::Encode(rep, out))
+    sys::sendto(l->udp, out, sizeof(out), MSG_DONTWAIT | MSG_NOSIGNAL, from, from_len);
+}
+
+void StreamModuleImpl::Turn(void* ctx, uint64_t now_ms) noexcept {
+  auto* m = static_cast<StreamModuleImpl*>(ctx);
+  if (!m->tables_.load(std::memory_order_acquire)) return;
+  const uint64_t due = m->pending_.next_due_ms();
+  if (due != 0 && due <= now_ms) m->CheckRequests(now_ms);
+}
+
+void StreamModuleImpl::CheckRequests(uint64_t now_ms) noexcept {
+  // A request whose grace is over is kept only if the kernel shows its TCP connection at
+  // this host (in the handshake, queued, or accepted): what it is waiting for.
+  PendingRequests::Check checks[kChecks];
+  StreamConn* done[kChecks + 16];
+  for (int round = 0; round < kCheckRounds; ++round) {
+    const size_t n = pending_.TakeDue(now_ms, checks, kChecks);
+    for (size_t i = 0; i < n; ++i) {
+      sockaddr_storage server{}, client{};
+      SocketInfo info;
+      checks[i].connected = wire::SockaddrFromEndpoint(checks[i].tuple.server, &server) &&
+                            wire::SockaddrFromEndpoint(checks[i].tuple.client, &client) &&
+                            FindConnection(reinterpret_cast<sockaddr*>(&server),
+                                           reinterpret_cast<sockaddr*>(&client), &info) == 0;
+    }
+    size_t count = 0;
+    pending_.Settle(checks, n, now_ms, done, sizeof(done) / sizeof(done[0]), &count);
+    if (count > 0)
+      SLIP_LOG(kDebug,
+               "fabric: %zu requests dropped (no TCP connection after their grace) or expired",
+               count);
+    for (size_t i = 0; i < count; ++i) delete done[i];
+    if (count > 0)
+      fabric_->ReleaseUnproven(pending_.budget() - std::min(pending_.budget(), pending_.charged()));
+    if (n < kChecks && count < sizeof(done) / sizeof(done[0])) return;
+  }
 }
 
 Reason StreamModuleImpl::Refused(StreamListener* l, const wire::Endpoint& client,
                                  const wire::Endpoint& server) noexcept {
-  std::lock_guard<std::mutex> lock(l->mu);
+  (void)l;
+  if (!tables_.load(std::memory_order_acquire)) return Reason::kNone;
   const uint64_t now = sys::MonotonicMs();
-  for (const StreamListener::Refusal& r : l->refused) {
-    if (r.why != Reason::kNone && now < r.until_ms && r.client == client && r.server == server)
-      return r.why;
-  }
-  return Reason::kNone;
+  const Reason why = pending_.Refused(Tuple{client, server}, now);
+  if (why != Reason::kNone) return why;
+  // Its REQs may have been dropped for their source's rate (nothing recorded by 4-tuple).
+  return rates_.DroppedLately(client, now) ? Reason::kRendezvousBusy : Reason::kNone;
 }
 
 bool StreamModuleImpl::HasPending(StreamListener* l, const wire::Endpoint& client,
                                   const wire::Endpoint& server) noexcept {
-  // REQs that arrived before the SYN may still wait in the socket: answer them first.
-  Service(l);
-  std::lock_guard<std::mutex> lock(l->mu);
-  for (const PendingStream& p : l->pending)
-    if (p.client == client && p.server == server) return true;
-  return false;
+  (void)l;
+  return tables_.load(std::memory_order_acquire) &&
+         pending_.Has(Tuple{client, server}, sys::MonotonicMs());
 }
 
 void StreamModuleImpl::DropPending(StreamListener* l, const wire::Endpoint& client,
                                    const wire::Endpoint& server) noexcept {
-  std::lock_guard<std::mutex> lock(l->mu);
-  for (size_t i = 0; i < l->pending.size(); ++i) {
-    if (l->pending[i].client == client && l->pending[i].server == server) {
-      delete l->pending[i].conn;
-      l->pending[i] = l->pending.back();
-      l->pending.pop_back();
-      return;
-    }
-  }
+  (void)l;
+  if (tables_.load(std::memory_order_acquire))
+    delete pending_.Forget(Tuple{client, server}, sys::MonotonicMs());
 }
 
 std::unique_ptr<Channel> StreamModuleImpl::AcceptPending(StreamListener* l,
                                                          const wire::Endpoint& client,
                                                          const wire::Endpoint& server, int proxy_b,
                                                          Reason* why, bool* committed) noexcept {
-  PendingStream taken;
-  {
-    std::lock_guard<std::mutex> lock(l->mu);
-    for (size_t i = 0; i < l->pending.size(); ++i) {
-      if (l->pending[i].client == client && l->pending[i].server == server) {
-        taken = l->pending[i];
-        l->pending[i] = l->pending.back();
-        l->pending.pop_back();
-        break;
-      }
-    }
-  }
+  PendingRequests::Taken taken;
   *why = Reason::kConnectSlow;
-  if (!taken.conn) return nullptr;
+  if (!tables_.load(std::memory_order_acquire) ||
+      !pending_.Take(Tuple{client, server}, sys::MonotonicMs(), &taken))
+    return nullptr;
   *committed = true;  // its client had our REP: its CONFIRM may be on its way
-  SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) accepted from port %u", taken.conn->tag(),
-           unsigned(taken.conn->peer_tag()), unsigned(client.port));
   std::unique_ptr<StreamConn> conn(taken.conn);
+  if (taken.dropped) {
+    // Dropped before its connection came (its grace, or room for another's): a connection
+    // without a fabric path stands in, so that a CONFIRM of the client's goes onto TCP.
+    conn.reset(NewConn(1u << taken.ring_log2, why));
+    if (!conn) return nullptr;
+    SLIP_LOG(kDebug, "fabric: conn %06x stands in for a dropped request from port %u", conn->tag(),
+             unsigned(client.port));
+  } else {
+    rates_.Refund(&l->answers, client);  // (proven: its tokens come back)
+    SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) accepted from port %u", conn->tag(),
+             unsigned(conn->peer_tag()), unsigned(client.port));
+  }
   const int own_b = sys::DupAbove(proxy_b, floor_);
   *why = Reason::kResources;
   if (own_b < 0) return nullptr;
-  conn->Hold(taken.nonce, sys::MonotonicMs() + config_->handshake_timeout_ms);
+  const uint64_t deadline = sys::MonotonicMs() + config_->handshake_timeout_ms;
+  if (taken.dropped)
+    conn->HoldForDroppedRequest(taken.nonce, deadline);
+  else
+    conn->Hold(taken.nonce, deadline);
   conn->SetProxy(own_b);
   return conn;
 }

@@ -54,7 +54,14 @@ bool AnchorGone(int fd) noexcept {
 
 }  // namespace
 
+void StreamConn::HoldForDroppedRequest(uint64_t nonce, uint64_t deadline_ms) noexcept {
+  link_state_.store(LinkState::kDown, std::memory_order_release);  // (nothing to wait for)
+  plain_reason_ = Reason::kRendezvousBusy;
+  Hold(nonce, deadline_ms);
+}
+
 void StreamConn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
+  unproven_ = false;  // (its TCP connection is accepted)
   held_nonce_ = nonce;
   deadline_ms_ = deadline_ms;
   held_broken_.store(error_.exchange(0) != 0, std::memory_order_relaxed);
@@ -84,10 +91,12 @@ ChannelControl::Settlement StreamConn::Settle(uint64_t now_ms, Reason* why) noex
         Fail(ECONNRESET);
         return Settlement::kReset;
       }
-      if (fabric_->connected() && ep_.load(std::memory_order_acquire) == nullptr) {
+      if (ep_.load(std::memory_order_acquire) == nullptr) {
         // Its client's endpoint was connected before its SYN left, but ours may hear of it
-        // a moment later (the provider's last handshake message, the progress thread).
-        if (link_state_.load(std::memory_order_acquire) != LinkState::kDown &&
+        // a moment later (the provider's last handshake message, the progress thread). No
+        // endpoint at all (a dropped request's: HoldForDroppedRequest): nothing to wait for.
+        if (fabric_->connected() &&
+            link_state_.load(std::memory_order_acquire) != LinkState::kDown &&
             now_ms < deadline_ms_) {
           settle_at_.store(now_ms + 1, std::memory_order_release);
           return Settlement::kPending;
@@ -102,7 +111,7 @@ ChannelControl::Settlement StreamConn::Settle(uint64_t now_ms, Reason* why) noex
       // Bytes that are not a CONFIRM come from a plain client (whoever sent the REQ was
       // not its client): they are the application's.
       SettlePlainLocked(/*gated=*/false);
-      *why = Reason::kPeerNotSlipstream;
+      *why = plain_reason_;
       return Settlement::kPlain;
     } else if (held_broken_.load(std::memory_order_seq_cst)) {
       SettlePlainLocked(/*gated=*/true);

@@ -182,10 +182,9 @@ class FabricTwin final : public ListenerTwin {
   Reason Refused(const wire::Endpoint& client, const wire::Endpoint& server) noexcept override {
     return m_->Refused(l_, client, server);
   }
-  // REQs are answered by the face's service thread as they come (the client's SYN waits
-  // for the REP), and in accept() for those that came just before the SYN.
-  int ServiceFd() const noexcept override { return m_->ServiceFd(l_); }
-  bool Service() noexcept override { return m_->Service(l_); }
+  // (No ServiceFd: REQs are answered by the module's progress thread alone. A client sends
+  // its SYN only once it has our REP, so accept() finds its request kept already and
+  // never reads the socket, where a flood would run on the application's thread.)
   void SharedByProcesses() noexcept override { m_->Share(l_); }
   void BeforeFork() noexcept override { m_->Share(l_); }
 

@@ -262,3 +262,36 @@ def fabric_links(t, variant):
     holder.kill()
     judge(t, server, legit, legit_status, before, after, (cpu, window),
           f"{said['held']} silent connections to the connection listener")
+
+
+@case("fabric_late_syn", ("msg", "rdm"), serial=True)
+def fabric_late_syn(t, endpoint):
+    """A client's TCP connection comes after the listener dropped its request: a REQ
+    answered, then 1.6 s of silence (past the listener's grace: the kernel showed no
+    connection for its 4-tuple), then the connection, its CONFIRM and plain bytes, played
+    by hand (progs/fabric_late_syn.py) against a server under slip-run that reads what
+    comes. The CONFIRM must never reach the server's application (nor come back): the
+    dropped request's record makes accept() hold the connection, and the CONFIRM moves
+    it onto TCP, so that the server's FAILOVER is the first thing the client reads. (Over
+    connected endpoints a request kept that long fails over too: its client never
+    connected an endpoint. Over rdm it carried the connection on the fabric: there the
+    FAILOVER is what says the request was dropped, and its record found.)"""
+    server = launch(t, "server", sec("fabric_late_syn.py", "server", "--port", t.port),
+                    slip=True, role="server", env=fabric_env(endpoint))
+    wait_listening(server, t.port)
+    client = launch(t, "client", sec("fabric_late_syn.py", "client", "--port", t.port,
+                                     "--endpoints", endpoint, "--wait", 1.6,
+                                     "--seed", random.randrange(1 << 30)))
+    client_status = finish(client, 20)
+    server_status = finish(server, 20)
+    t.check(client_status == 0, f"client: {status_text(client_status)}")
+    t.check(server_status == 0, f"server: {status_text(server_status)}")
+    said, read = last_json(client), last_json(server)
+    print(f"client: {said}\nserver's application read: {read}")
+    t.check(said["rep"], "precondition: the listener did not answer the REQ")
+    t.check(not said["echoed_confirm"], "the CONFIRM came back: the application read it as data")
+    t.check(not bytes.fromhex(read["received"]).startswith(b"SLIP"),
+            f"the server's application read the CONFIRM: {read['received'][:64]}")
+    if endpoint == "rdm":
+        t.check(said["first_type"] == 6,
+                f"the first message back is type {said['first_type']}, not FAILOVER (6)")

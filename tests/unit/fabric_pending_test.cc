@@ -1,0 +1,245 @@
+// Unit tests for fabric/pending_requests.h and fabric/request_rates.h: what a fabric
+// listener keeps for requests not yet proven by their TCP connection, and how fast it
+// answers them.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "fabric/pending_requests.h"
+#include "fabric/request_rates.h"
+
+namespace slip::fabric {
+namespace {
+
+// The table never touches a connection: opaque pointers stand for them.
+StreamConn* Conn(uintptr_t n) {
+  return reinterpret_cast<StreamConn*>(n << 4);
+}
+
+wire::Endpoint At(uint8_t last, uint16_t port) {
+  wire::Endpoint e;
+  e.family = 4;
+  e.port = port;
+  e.addr[0] = 127;
+  e.addr[3] = last;
+  return e;
+}
+
+Tuple TupleOf(uint8_t client, uint16_t port) {
+  return Tuple{At(client, port), At(1, 5000)};
+}
+
+Principal Uid(uint32_t uid) {
+  Principal p;
+  p.kind = Principal::Kind::kUid;
+  p.uid = uid;
+  return p;
+}
+
+class PendingTest : public ::testing::Test {
+ protected:
+  static constexpr size_t kCharge = 1000;
+  void SetUp() override { ASSERT_TRUE(table_.Init(budget_)); }
+  void TearDown() override {
+    while (table_.ForgetOneOf(nullptr)) {
+    }
+  }
+  // Keeps a request for `t` from `who`; false when refused. Evicted ones are collected.
+  bool Keep(const Tuple& t, const Principal& who, uint64_t nonce, uint64_t now_ms,
+            size_t charge = kCharge) {
+    PendingRequests::Room room;
+    const auto admitted = table_.Reserve(&owner_, who, charge, now_ms, &room);
+    for (size_t i = 0; i < room.evicted_count; ++i) evicted_.insert(room.evicted[i]);
+    if (admitted != PendingRequests::Admitted::kYes) {
+      last_refusal_ = admitted;
+      return false;
+    }
+    PendingRequests::Answer answer;
+    answer.ring_size = 1 << 16;
+    answer.ring_key = nonce ^ 0xabc;
+    answer.note_tag = uint32_t(nonce);
+    table_.Keep(&room, t, nonce, Conn(nonce), answer, now_ms);
+    return true;
+  }
+
+  size_t budget_ = 100 * kCharge;
+  PendingRequests table_;
+  RequestOwner owner_;
+  std::set<StreamConn*> evicted_;
+  PendingRequests::Admitted last_refusal_ = PendingRequests::Admitted::kYes;
+  uint64_t now_ = 5000;  // (the lookups' clock)
+};
+
+TEST_F(PendingTest, KeepsOneRequestPerTupleAndAnswersItsRepeat) {
+  ASSERT_TRUE(Keep(TupleOf(2, 100), Uid(7), 11, 1000));
+  PendingRequests::Answer a;
+  EXPECT_EQ(table_.Find(TupleOf(2, 100), 11, &a), PendingRequests::Found::kSame);
+  EXPECT_EQ(a.ring_key, 11u ^ 0xabc);
+  EXPECT_EQ(table_.Find(TupleOf(2, 100), 12, &a), PendingRequests::Found::kOther);
+  EXPECT_EQ(table_.Find(TupleOf(2, 101), 11, &a), PendingRequests::Found::kNone);
+  EXPECT_TRUE(table_.Has(TupleOf(2, 100), now_));
+  EXPECT_EQ(owner_.kept, 1u);
+  PendingRequests::Taken taken;
+  ASSERT_TRUE(table_.Take(TupleOf(2, 100), now_, &taken));
+  EXPECT_EQ(taken.conn, Conn(11));
+  EXPECT_EQ(taken.nonce, 11u);
+  EXPECT_FALSE(taken.dropped);
+  EXPECT_FALSE(table_.Has(TupleOf(2, 100), now_));
+  EXPECT_EQ(owner_.kept, 0u);
+  EXPECT_EQ(table_.charged(), 0u);
+}
+
+TEST_F(PendingTest, OnePrincipalHoldsAtMostItsShare) {
+  for (uint16_t i = 0; i < PendingRequests::kMaxPerPrincipal; ++i)
+    ASSERT_TRUE(Keep(TupleOf(2, 1000 + i), Uid(65534), 100 + i, 1000));
+  // Whatever address it sends from.
+  EXPECT_FALSE(Keep(TupleOf(3, 1), Uid(65534), 99, 1000));
+  EXPECT_EQ(last_refusal_, PendingRequests::Admitted::kPrincipalFull);
+  EXPECT_TRUE(Keep(TupleOf(3, 1), Uid(0), 98, 1000));
+}
+
+// The budget is full: the holder with the most gives up its oldest, and what it gave up
+// leaves a record, so that a late connection of its client is still told apart.
+TEST_F(PendingTest, AFullBudgetTakesTheOldestOfTheHolderWithTheMost) {
+  budget_ = 10 * kCharge;
+  TearDown();
+  ASSERT_TRUE(table_.Init(budget_));
+  for (uint16_t i = 0; i < 8; ++i)
+    ASSERT_TRUE(Keep(TupleOf(2, 2000 + i), Uid(65534), 200 + i, 1000 + i));
+  ASSERT_TRUE(Keep(TupleOf(9, 1), Uid(0), 1, 1000));
+  ASSERT_TRUE(Keep(TupleOf(9, 2), Uid(0), 2, 1001));
+  EXPECT_TRUE(evicted_.empty());
+  ASSERT_TRUE(Keep(TupleOf(9, 3), Uid(0), 3, 1500));
+  ASSERT_EQ(evicted_, std::set<StreamConn*>{Conn(200)});
+  PendingRequests::Taken taken;
+  ASSERT_TRUE(table_.Take(TupleOf(2, 2000), now_, &taken));
+  EXPECT_TRUE(taken.dropped);
+  EXPECT_EQ(taken.conn, nullptr);
+  EXPECT_EQ(taken.nonce, 200u);
+  EXPECT_EQ(taken.ring_log2, 16);
+  EXPECT_FALSE(table_.Has(TupleOf(2, 2000), now_));  // (taken once)
+  // Root's three are all there.
+  for (uint16_t p = 1; p <= 3; ++p) EXPECT_TRUE(table_.Has(TupleOf(9, p), now_));
+  EXPECT_LE(table_.charged(), budget_);
+}
+
+TEST_F(PendingTest, AfterTheGraceOnlyConnectedRequestsStay) {
+  ASSERT_TRUE(Keep(TupleOf(2, 1), Uid(1), 1, 1000));
+  ASSERT_TRUE(Keep(TupleOf(2, 2), Uid(1), 2, 1000));
+  ASSERT_TRUE(Keep(TupleOf(2, 3), Uid(1), 3, 1500));
+  EXPECT_EQ(table_.next_due_ms(), 1000 + PendingRequests::kGraceMs);
+  PendingRequests::Check checks[8];
+  EXPECT_EQ(table_.TakeDue(1999, checks, 8), 0u);
+  ASSERT_EQ(table_.TakeDue(2000, checks, 8), 2u);
+  EXPECT_TRUE(checks[0].tuple == TupleOf(2, 1));
+  checks[1].connected = true;  // (2, 2)'s SYN came
+  StreamConn* done[8];
+  size_t count = 0;
+  table_.Settle(checks, 2, 2000, done, 8, &count);
+  ASSERT_EQ(count, 1u);
+  EXPECT_EQ(done[0], Conn(1));
+  PendingRequests::Answer a;
+  EXPECT_EQ(table_.Find(TupleOf(2, 1), 1, &a), PendingRequests::Found::kNone);
+  EXPECT_TRUE(table_.Has(TupleOf(2, 1), now_));  // (its record, until its request's time)
+  EXPECT_FALSE(table_.Has(TupleOf(2, 1), 1000 + PendingRequests::kPendingMs));
+  EXPECT_EQ(table_.Find(TupleOf(2, 2), 2, &a), PendingRequests::Found::kSame);
+  // The connected one waits for accept() until kPendingMs, then goes without a record.
+  const uint64_t expiry = 1000 + PendingRequests::kPendingMs;
+  EXPECT_EQ(table_.TakeDue(2500, checks, 8), 1u);  // (2, 3)
+  checks[0].connected = true;
+  table_.Settle(checks, 1, 2500, done, 8, &count);
+  EXPECT_EQ(count, 0u);
+  table_.Settle(checks, 0, expiry, done, 8, &count);
+  ASSERT_EQ(count, 1u);
+  EXPECT_EQ(done[0], Conn(2));
+  EXPECT_FALSE(table_.Has(TupleOf(2, 2), now_));
+  // A request taken by accept() meanwhile is not settled twice.
+  ASSERT_TRUE(Keep(TupleOf(2, 4), Uid(1), 4, 3000));
+  ASSERT_EQ(table_.TakeDue(4000, checks, 8), 1u);
+  PendingRequests::Taken taken;
+  ASSERT_TRUE(table_.Take(TupleOf(2, 4), now_, &taken));
+  table_.Settle(checks, 1, 4000, done, 8, &count);
+  EXPECT_EQ(count, 0u);
+}
+
+TEST_F(PendingTest, AListenerHoldsAtMostItsCeiling) {
+  budget_ = 2 * PendingRequests::kMaxPerListener;
+  TearDown();
+  ASSERT_TRUE(table_.Init(budget_));
+  for (uint32_t i = 0; i < PendingRequests::kMaxPerListener; ++i)
+    ASSERT_TRUE(Keep(TupleOf(uint8_t(2 + i / 64), uint16_t(i)), Uid(i / 64), i + 1, 1000, 1));
+  EXPECT_FALSE(Keep(TupleOf(200, 1), Uid(9999), 5000, 1000, 1));
+  EXPECT_EQ(last_refusal_, PendingRequests::Admitted::kListenerFull);
+  RequestOwner other;
+  PendingRequests::Room room;
+  EXPECT_EQ(table_.Reserve(&other, Uid(9999), 1, 1000, &room), PendingRequests::Admitted::kYes);
+  table_.Release(&room);
+  EXPECT_EQ(other.kept, 0u);
+  size_t forgotten = 0;
+  while (table_.ForgetOneOf(&owner_)) ++forgotten;
+  EXPECT_EQ(forgotten, PendingRequests::kMaxPerListener);
+  EXPECT_EQ(owner_.kept, 0u);
+}
+
+TEST_F(PendingTest, RefusalsAreRememberedByTuple) {
+  table_.RecordRefusal(TupleOf(2, 1), Reason::kRendezvousBusy, 1000);
+  table_.RecordRefusal(TupleOf(2, 2), Reason::kDeclined, 1000);
+  EXPECT_EQ(table_.Refused(TupleOf(2, 1), 1001), Reason::kRendezvousBusy);
+  EXPECT_EQ(table_.Refused(TupleOf(2, 2), 1001), Reason::kDeclined);
+  EXPECT_EQ(table_.Refused(TupleOf(2, 3), 1001), Reason::kNone);
+  EXPECT_EQ(table_.Refused(TupleOf(2, 1), 1000 + PendingRequests::kPendingMs), Reason::kNone);
+  // A flood of refusals overwrites the oldest only, kRefusals of them at once.
+  for (uint32_t i = 0; i < PendingRequests::kRefusals - 1; ++i)
+    table_.RecordRefusal(TupleOf(3, uint16_t(i)), Reason::kRendezvousBusy, 1100);
+  EXPECT_EQ(table_.Refused(TupleOf(2, 2), 1200), Reason::kDeclined);
+  EXPECT_EQ(table_.Refused(TupleOf(2, 1), 1200), Reason::kNone);
+}
+
+TEST(RequestRatesTest, ASourceGetsItsBurstThenItsRate) {
+  RequestRates rates;
+  ASSERT_TRUE(rates.Init());
+  TokenBucket listener = RequestRates::ListenerBucket();
+  uint64_t now = 1000000;
+  int answered = 0;
+  for (int i = 0; i < 1000; ++i) answered += rates.Admit(&listener, At(2, uint16_t(i)), now);
+  EXPECT_EQ(answered, int(RequestRates::kSourceBurst));
+  EXPECT_TRUE(rates.DroppedLately(At(2, 9), now / 1000));
+  EXPECT_FALSE(rates.DroppedLately(At(3, 9), now / 1000));
+  now += 500000;  // half a second: half its rate
+  answered = 0;
+  for (int i = 0; i < 1000; ++i) answered += rates.Admit(&listener, At(2, uint16_t(i)), now);
+  EXPECT_EQ(answered, int(RequestRates::kSourceRate / 2));
+}
+
+// A flood from many addresses empties the listener's bucket; a source that is not
+// flooding is still answered, and one whose requests were proven gets its tokens back.
+TEST(RequestRatesTest, QuietAndProvenSourcesAreAnsweredThroughAFlood) {
+  RequestRates rates;
+  ASSERT_TRUE(rates.Init());
+  TokenBucket listener = RequestRates::ListenerBucket();
+  uint64_t now = 1000000;
+  auto flood = [&] {
+    for (int s = 0; s < 64; ++s)
+      for (int i = 0; i < 100; ++i) rates.Admit(&listener, At(uint8_t(10 + s), uint16_t(i)), now);
+  };
+  flood();
+  now += 100000;
+  flood();
+  EXPECT_FALSE(rates.Admit(&listener, At(10, 1), now));
+  int answered = 0;
+  for (int i = 0; i < 8; ++i) answered += rates.Admit(&listener, At(2, uint16_t(i)), now);
+  EXPECT_EQ(answered, 8);
+  // A busy client whose connections are real: each accepted one gives its tokens back.
+  answered = 0;
+  for (int i = 0; i < 200; ++i) {
+    if (rates.Admit(&listener, At(3, uint16_t(i)), now)) {
+      ++answered;
+      rates.Refund(&listener, At(3, uint16_t(i)));
+    }
+  }
+  EXPECT_EQ(answered, 200);
+}
+
+}  // namespace
+}  // namespace slip::fabric
