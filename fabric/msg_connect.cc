@@ -2,7 +2,9 @@
 // connection (fabric/msg.h, fabric/msg_wire.h), one step per call.
 //
 //   sender                                   listener (Accept)
-//   connect() to the handle's address  ───>  accept4(), kept pending (at most 16)
+//   connect() to the handle's address  ───>  accept4(), kept pending (at most 16; a
+//                                            newcomer takes the place of the oldest that
+//                                            has not sent its REQ)
 //   REQ: first half, sender's address  ───>  checks the half; the receiving comm's endpoint,
 //                                            the sender's address in it
 //                                      <───  REP: second half, tag key, receiver's address
@@ -18,6 +20,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -37,6 +40,11 @@ using msgwire::kHelloBytes;
 
 constexpr int kListenBacklog = 64;
 constexpr size_t kMaxPendingAccepts = 16;
+// How long a connection may take to send its REQ. A sender writes it as soon as its
+// connect completes: the rest of the connect timeout is for the answered ones (their hello
+// on the fabric). Anybody who reaches the address can connect and say nothing, so this is
+// what a silent connection holds a slot for, unless a newcomer takes it sooner.
+constexpr uint64_t kReqWaitMs = 3000;
 
 socklen_t AddressLength(const sockaddr_storage& a) noexcept {
   return a.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
@@ -149,6 +157,7 @@ class FabricListener final : public msg::Listener {
       }
       const int tcp = p.fd;
       p.fd = -1;
+      p.deadline_ms = now + Setup().connect_timeout_ms;
       p.link = Open(tcp, req);  // (then its hello, above, on a later call)
     }
     return Status::kAgain;
@@ -160,6 +169,7 @@ class FabricListener final : public msg::Listener {
     int fd = -1;
     uint8_t in[kHelloBytes] = {};
     size_t got = 0;
+    uint64_t accepted_ms = 0;
     uint64_t deadline_ms = 0;
     std::unique_ptr<Link> link;
   };
@@ -168,17 +178,31 @@ class FabricListener final : public msg::Listener {
     for (;;) {
       const int fd = sys::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;
+      // A free slot, else the one of the oldest connection that has not sent its REQ: a
+      // sender sends it at once, so whoever fills the slots with silent connections makes
+      // room for each newcomer (it was refused, and NCCL's setup failed with it).
       Pending* slot = nullptr;
-      for (Pending& p : pending_)
-        if (p.fd < 0 && !p.link) slot = &p;
+      Pending* silent = nullptr;
+      for (Pending& p : pending_) {
+        if (p.fd < 0 && !p.link)
+          slot = &p;
+        else if (p.fd >= 0 && (!silent || p.accepted_ms < silent->accepted_ms))
+          silent = &p;
+      }
+      if (!slot && silent) {
+        Drop(silent, "it sent no REQ while newer connections came");
+        slot = silent;
+      }
       if (!slot) {
         SLIP_LOG(kWarn, "fabric: NCCL listener refused a connection: too many pending");
         sys::close(fd);
         continue;
       }
+      const uint64_t now = sys::MonotonicMs();
       *slot = Pending{};
       slot->fd = fd;
-      slot->deadline_ms = sys::MonotonicMs() + Setup().connect_timeout_ms;
+      slot->accepted_ms = now;
+      slot->deadline_ms = now + std::min<uint64_t>(kReqWaitMs, Setup().connect_timeout_ms);
     }
   }
 

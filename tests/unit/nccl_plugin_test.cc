@@ -1070,6 +1070,42 @@ TEST_F(NcclPlugin, BadFabricHandlesAreErrors) {
   EXPECT_EQ(send, nullptr);
 }
 
+// Anybody who reaches a fabric listener's TCP address can connect and say nothing: 40
+// such connections, held open, must not keep a real sender out (the listener keeps 16
+// waiting for their REQ; before, 16 silent ones made it close every newcomer, the real
+// sender's too, for the 20 s each was kept). The comm then carries messages exactly.
+TEST_F(NcclPlugin, SilentConnectionsDoNotKeepARealSenderOut) {
+  if (!OverFabric()) GTEST_SKIP() << "ctest's nccl_plugin.fabric_* runs";
+  namespace fw = slip::fabric::msgwire;
+  fw::Handle h;
+  ASSERT_TRUE(fw::ParseHandle(reinterpret_cast<uint8_t*>(handle), sizeof(handle), &h));
+  const socklen_t len = h.address.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  std::vector<int> silent;
+  for (int i = 0; i < 40; ++i) {
+    const int fd = socket(h.address.ss_family, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&h.address), len), 0);
+    silent.push_back(fd);
+  }
+  for (int i = 0; i < 20; ++i) {  // (the listener takes them in when NCCL polls it)
+    void* recv = nullptr;
+    ASSERT_EQ(a.accept(listen, &recv), ncclSuccess);
+    ASSERT_EQ(recv, nullptr);
+  }
+  void *send = nullptr, *recv = nullptr;
+  ASSERT_TRUE(Pair(a, handle, listen, &send, &recv));
+  const auto plan = Plan(77, 20, 200000);
+  int rc_send = -1;
+  std::thread sender([&] { rc_send = SendPlan(a, send, plan, 7700); });
+  const int rc_recv = RecvPlan(a, recv, plan, 7700);
+  sender.join();
+  EXPECT_EQ(rc_recv, 0);
+  EXPECT_EQ(rc_send, 0);
+  EXPECT_EQ(a.close_send(send), ncclSuccess);
+  EXPECT_EQ(a.close_recv(recv), ncclSuccess);
+  for (int fd : silent) close(fd);
+}
+
 // Whoever connects to a listener's abstract name (listed in /proc/net/unix) and sends
 // garbage is dropped; the listener goes on serving its real senders.
 TEST_F(NcclPlugin, ForeignHelloIsDroppedAndListenerGoesOn) {
