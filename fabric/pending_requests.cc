@@ -24,11 +24,12 @@ std::unique_ptr<T[]> Table(size_t n) noexcept {
 
 }  // namespace
 
-bool PendingRequests::Init(size_t budget_bytes) noexcept {
+bool PendingRequests::Init(size_t budget_bytes, size_t max_kept) noexcept {
   uint64_t key[2];
   if (getrandom(key, sizeof(key), 0) != ssize_t(sizeof(key))) return false;
   hash_.SetKey(key[0], key[1]);
   budget_ = budget_bytes;
+  max_kept_ = max_kept < kMaxRequests ? max_kept : kMaxRequests;
   requests_ = Table<Request>(kMaxRequests);
   request_heads_ = Table<uint32_t>(kMaxRequests);
   holders_ = Table<Holder>(kMaxRequests);
@@ -155,11 +156,13 @@ PendingRequests::Admitted PendingRequests::Reserve(RequestOwner* l, const Princi
   // A record for every unproven request, should each be dropped (this one's too): when
   // there is none to spare, nothing is kept until records expire.
   if (dropped_free() <= unproven_) return Admitted::kFull;
-  // A slot and the budget: the holder with the most makes room, its oldest first.
-  auto fits = [&] { return requests_used_ < kMaxRequests && charged_ + charge <= budget_; };
+  // A slot and the budget: the holder with the most makes room, its oldest first; unless
+  // that is the newcomer's own (its older request for a newer one is churn for nothing,
+  // and may be one about to be accepted): then the newcomer is refused.
+  auto fits = [&] { return requests_used_ < max_kept_ && charged_ + charge <= budget_; };
   while (!fits() && room->evicted_count < kMaxEvicted) {
     const uint32_t victim = VictimLocked();
-    if (victim == kNil) break;
+    if (victim == kNil || (known != kNil && requests_[victim].principal == known)) break;
     room->evicted[room->evicted_count++] = DropLocked(victim, now_ms);
   }
   if (!fits()) return Admitted::kFull;

@@ -7,7 +7,8 @@
 //
 // - Memory: the requests' rings (and the rings of those dropped that must still retire:
 //   StreamFabric::Retire's unproven ones) fit a byte budget per process; at most
-//   kMaxPerListener requests per listener and kMaxRequests in all.
+//   kMaxPerListener requests per listener and a ceiling in all (kMaxRequests, less where
+//   each holds descriptors: a share of those above the hidden floor).
 // - Sharing: each request belongs to a principal, the local user whose socket sent it
 //   where the kernel names it (inet_diag), else its source address; loopback senders it
 //   cannot name share one. A principal holds at most kMaxPerPrincipal. When the budget or
@@ -87,8 +88,9 @@ class PendingRequests {
   PendingRequests(const PendingRequests&) = delete;
   PendingRequests& operator=(const PendingRequests&) = delete;
 
-  // The tables (fixed from now on). False: no memory.
-  bool Init(size_t budget_bytes) noexcept;
+  // The tables (fixed from now on), for at most `max_kept` requests (<= kMaxRequests) in
+  // `budget_bytes`. False: no memory.
+  bool Init(size_t budget_bytes, size_t max_kept = kMaxRequests) noexcept;
   size_t budget() const noexcept { return budget_; }
   // Bytes the kept requests are charged now.
   size_t charged() const noexcept;
@@ -226,6 +228,7 @@ class PendingRequests {
   mutable std::mutex mu_;
   KeyedHash hash_;
   size_t budget_ = 0;
+  size_t max_kept_ = kMaxRequests;
   size_t charged_ = 0;  // under mu_
   std::unique_ptr<Request[]> requests_;
   std::unique_ptr<uint32_t[]> request_heads_;  // kMaxRequests chains

@@ -40,6 +40,11 @@ constexpr int kCheckRounds = 8;  // rounds per turn
 // kMinRequests requests' worth at its ring size.
 constexpr size_t kDefaultBudget = size_t(192) << 20;
 constexpr size_t kMinRequests = 8;
+// Over connected endpoints each kept request holds its completion queue's descriptors
+// (three, the tcp provider's socket pair and epoll set) above the hidden floor: the
+// requests may hold a quarter of the numbers there (about as many as the floor), so that
+// the connections that do come find theirs.
+constexpr size_t kFdsPerRequest = 3;
 
 bool SameAddress(const wire::Endpoint& a, const wire::Endpoint& b) noexcept {
   return a.family == b.family && std::memcmp(a.addr, b.addr, sizeof(a.addr)) == 0;
@@ -76,7 +81,10 @@ bool StreamModuleImpl::HaveTables() noexcept {
   std::lock_guard<std::mutex> lock(tables_mu_);
   if (tables_.load(std::memory_order_relaxed)) return true;
   const size_t budget = std::max(kDefaultBudget, kMinRequests * Charge(config_->ring_size));
-  if (!pending_.Init(budget) || !rates_.Init()) return false;
+  const size_t by_fds = fabric_->connected()
+                            ? std::max(kMinRequests, size_t(floor_) / 4 / kFdsPerRequest)
+                            : PendingRequests::kMaxRequests;
+  if (!pending_.Init(budget, by_fds) || !rates_.Init()) return false;
   tables_.store(true, std::memory_order_release);
   return true;
 }

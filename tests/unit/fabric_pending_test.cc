@@ -182,6 +182,28 @@ TEST_F(PendingTest, AListenerHoldsAtMostItsCeiling) {
   EXPECT_EQ(owner_.kept, 0u);
 }
 
+// Where each request holds descriptors, the table holds fewer than its ceiling: a
+// newcomer past it takes the oldest of the holder with the most, as for the budget.
+TEST_F(PendingTest, ACeilingOfRequestsIsAFullTableToo) {
+  TearDown();
+  ASSERT_TRUE(table_.Init(budget_, 3));
+  ASSERT_TRUE(Keep(TupleOf(2, 1), Uid(65534), 1, 1000));
+  ASSERT_TRUE(Keep(TupleOf(2, 2), Uid(65534), 2, 1001));
+  ASSERT_TRUE(Keep(TupleOf(9, 1), Uid(0), 3, 1002));
+  ASSERT_TRUE(Keep(TupleOf(9, 2), Uid(0), 4, 1003));
+  EXPECT_EQ(evicted_, std::set<StreamConn*>{Conn(1)});
+  EXPECT_EQ(owner_.kept, 3u);
+  // The holder with the most (root's 2) asks again: it is refused, not made to give up
+  // its own; a third sender takes root's oldest.
+  EXPECT_FALSE(Keep(TupleOf(9, 3), Uid(0), 5, 1004));
+  EXPECT_EQ(last_refusal_, PendingRequests::Admitted::kFull);
+  EXPECT_EQ(evicted_.size(), 1u);
+  ASSERT_TRUE(Keep(TupleOf(7, 1), Uid(5), 6, 1005));
+  EXPECT_EQ(evicted_, (std::set<StreamConn*>{Conn(1), Conn(3)}));
+  PendingRequests::Answer a;
+  EXPECT_EQ(table_.Find(TupleOf(9, 2), 4, &a), PendingRequests::Found::kSame);
+}
+
 TEST_F(PendingTest, RefusalsAreRememberedByTuple) {
   table_.RecordRefusal(TupleOf(2, 1), Reason::kRendezvousBusy, 1000);
   table_.RecordRefusal(TupleOf(2, 2), Reason::kDeclined, 1000);
