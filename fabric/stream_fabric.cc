@@ -532,13 +532,6 @@ void StreamFabric::ProviderAccepted(int listening, int fd) noexcept {
   link_sockets_.Accepted(fd, links_expected_.load(std::memory_order_relaxed), sys::MonotonicMs());
 }
 
-bool StreamFabric::ArmLinkEvents() noexcept {
-  if (!listening_.load(std::memory_order_acquire) || listener_.wait_fd() < 0) return true;
-  fid* eq = &listener_.eq()->fid;
-  const int rc = fi_trywait(domain_->fabric(), &eq, 1);
-  return rc != -FI_EAGAIN;  // (events waiting: take them before sleeping)
-}
-
 bool StreamFabric::ServeLinks(void* ctx) noexcept {
   static_cast<StreamFabric*>(ctx)->TakeLinkEvents();
   return false;
@@ -612,11 +605,6 @@ void StreamFabric::ProgressLoop() noexcept {
     const uint64_t turn_ms = sys::MonotonicMs();
     ReleaseRetired(turn_ms);
     TakeLinkEvents();
-    // The listener's event queue keeps its descriptor readable after every event written
-    // to it (libfabric's wait signal) until a trywait resets it: without this, the
-    // descriptor stayed readable with nothing to read, and every turn napped instead of
-    // sleeping (~1000 turns a second, once a connection request had come).
-    if (!ArmLinkEvents()) continue;
     link_sockets_.Expire(turn_ms);
     if (turn_) turn_(turn_ctx_, turn_ms);
     nfds_t n = 0;

@@ -251,9 +251,6 @@ class StreamFabric {
   // The progress thread's call for the connection listener's event queue.
   static bool ServeLinks(void* ctx) noexcept;
   void TakeLinkEvents() noexcept;
-  // Resets the listener's event queue's wake-up before the thread sleeps on it: false when
-  // events wait (take them first).
-  bool ArmLinkEvents() noexcept;
   // Calls f(conn) if `tag` names a connection in the table, which stays there until f
   // returns (RemoveConn waits).
   template <typename F>
