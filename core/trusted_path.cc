@@ -76,8 +76,12 @@ int OpenOwnFile(const char* path, int flags, bool create, PathVerdict* verdict) 
   }
   const int base = flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
   int fd = openat(dir.fd(), name, base);
-  if (fd < 0 && errno == ENOENT && create)
+  // Several processes may create it at once (a server's workers write their stats at
+  // exit together): the one that loses the exclusive create opens the winner's file.
+  for (int tries = 0; fd < 0 && errno == ENOENT && create && tries < 3; ++tries) {
     fd = openat(dir.fd(), name, base | O_CREAT | O_EXCL, 0644);
+    if (fd < 0 && errno == EEXIST) fd = openat(dir.fd(), name, base);
+  }
   if (fd < 0) {
     const int err = errno;
     // (O_NOFOLLOW's ELOOP, and O_NONBLOCK's ENXIO for a FIFO nobody reads, say what it is.)
@@ -276,8 +280,12 @@ bool TrustedDir::Open(const char* path, int fd_floor, PathVerdict* verdict) noex
 
 bool TrustedDir::StillValid() const noexcept {
   struct stat st;
+  // Its owner and mode are looked at again too: a directory handed to another user, or
+  // opened to other users' writes, since it was checked is no longer trusted.
   return fd_ >= 0 && fstat(fd_, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_ &&
-         st.st_nlink > 0;
+         st.st_nlink > 0 && st.st_uid == owner_ &&
+         ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) == shared_ &&
+         UntrustedBecause(st, geteuid()) == nullptr;
 }
 
 bool TrustedDir::Duplicate(int fd_floor, TrustedDir* out) const noexcept {

@@ -49,8 +49,9 @@ class TrustedDir {
   // Writable by other users (a sticky directory of root's): any uid may create entries,
   // so an entry is believed only as its owner's.
   bool shared() const noexcept { return shared_; }
-  // Whether the descriptor still names the directory that was checked: the same inode, not
-  // removed since. (A program that closed it and reused the number fails this.)
+  // Whether the descriptor still names the directory that was checked (the same inode, not
+  // removed since; a program that closed it and reused the number fails this) and the
+  // directory itself would still pass: the same owner, nobody else newly allowed to write.
   bool StillValid() const noexcept;
   // A second handle on the same directory (its descriptor duplicated at or above
   // `fd_floor`), for an owner that keeps it. False when no descriptor is free.

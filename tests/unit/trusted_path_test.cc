@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -162,6 +163,17 @@ TEST_F(TrustedPathTest, TheDescriptorIsWhatIsUsedAfterwards) {
   EXPECT_TRUE(dir.RemoveSocket("s", st.st_ino));
   EXPECT_NE(dir.Stat("s", &st), 0);
   close(s);
+  // Opened to other users' writes since, or given to another user: no longer valid.
+  ASSERT_EQ(chmod(moved.c_str(), 0777), 0);
+  EXPECT_FALSE(dir.StillValid());
+  ASSERT_EQ(chmod(moved.c_str(), 0755), 0);
+  EXPECT_TRUE(dir.StillValid());
+  if (NeedRoot()) {
+    ASSERT_EQ(chown(moved.c_str(), kNobody, kNobody), 0);
+    EXPECT_FALSE(dir.StillValid());
+    ASSERT_EQ(chown(moved.c_str(), 0, 0), 0);
+    EXPECT_TRUE(dir.StillValid());
+  }
   // Gone: no longer valid.
   TrustedDir copy;
   ASSERT_TRUE(dir.Duplicate(0, &copy));
@@ -219,6 +231,45 @@ TEST_F(TrustedPathTest, OwnFilesOnly) {
   EXPECT_LT(OpenOwnFileForRead("/dev/zero", &verdict), 0);
   EXPECT_LT(OpenOwnFileForAppend(dir.c_str(), &verdict), 0);
   EXPECT_LT(OpenOwnFileForAppend((dir + "/").c_str(), &verdict), 0);
+}
+
+TEST_F(TrustedPathTest, ProcessesCreatingTheSameFileAtOnceAllOpenIt) {
+  // A server's workers exit together and append their stats to one file that none has
+  // made yet: each loser of the exclusive create opens the winner's file.
+  const std::string dir = Sub("stats", 0755);
+  constexpr int kProcs = 8;
+  constexpr int kRounds = 50;
+  for (int round = 0; round < kRounds; ++round) {
+    const std::string file = dir + "/s" + std::to_string(round);
+    int go[2];
+    ASSERT_EQ(pipe(go), 0);
+    pid_t kids[kProcs];
+    for (pid_t& kid : kids) {
+      kid = fork();
+      ASSERT_GE(kid, 0);
+      if (kid == 0) {
+        char c;
+        close(go[1]);
+        if (read(go[0], &c, 1) != 0) _exit(3);  // all start when the pipe closes
+        PathVerdict verdict;
+        const int fd = OpenOwnFileForAppend(file.c_str(), &verdict);
+        if (fd < 0) _exit(1);
+        _exit(write(fd, "x", 1) == 1 ? 0 : 2);
+      }
+    }
+    close(go[0]);
+    close(go[1]);
+    int failed = 0;
+    for (pid_t kid : kids) {
+      int status = 0;
+      ASSERT_EQ(waitpid(kid, &status, 0), kid);
+      failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    struct stat st;
+    ASSERT_EQ(stat(file.c_str(), &st), 0);
+    ASSERT_EQ(failed, 0) << "round " << round;
+    ASSERT_EQ(st.st_size, kProcs);
+  }
 }
 
 TEST_F(TrustedPathTest, FilesOfOthersOrInOthersDirectories) {
