@@ -1,11 +1,13 @@
 #include "core/module_loader.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdio>
 #include <cstring>
 
 #include "core/log.h"
+#include "core/own_fds.h"
 
 namespace slip {
 
@@ -27,7 +29,13 @@ void* OpenModuleBeside(const void* anchor, const char* library, char* error,
   std::memcpy(path, info.dli_fname, dir);
   std::memcpy(path + dir, library, name);
   void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!handle) snprintf(error, error_len, "%s", dlerror());
+  if (!handle) {
+    snprintf(error, error_len, "%s", dlerror());
+    return nullptr;
+  }
+  // The module's calls to names the face interposes are about its own descriptors.
+  link_map* map = nullptr;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map) NoteOwnCode(map->l_ld);
   return handle;
 }
 

@@ -22,25 +22,50 @@ void SetHiddenFdFloor(int floor) noexcept {
   g_hidden_floor.store(floor, std::memory_order_relaxed);
 }
 
-int MoveHigh(int fd, int floor) noexcept {
-  if (floor <= fd) return fd;
-  int moved = fcntl(fd, F_DUPFD_CLOEXEC, floor);
-  if (moved < 0) {
-    // The floor may be out of reach (RLIMIT_NOFILE); keep the low number rather than fail.
-    int rc = fcntl(fd, F_SETFD, FD_CLOEXEC);
-    (void)rc;
-    return fd;
+namespace {
+
+int MoveHighMarked(int fd, int floor, bool mark) noexcept {
+  if (fd < 0) return fd;
+  int moved = fd;
+  if (floor > fd) {
+    moved = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+    if (moved < 0) {
+      // The floor may be out of reach (RLIMIT_NOFILE); keep the low number rather than fail.
+      int rc = fcntl(fd, F_SETFD, FD_CLOEXEC);
+      (void)rc;
+      moved = fd;
+    } else {
+      close(fd);
+    }
   }
-  close(fd);
+  if (mark) MarkOwnFd(moved);
   return moved;
 }
 
+}  // namespace
+
+int MoveHigh(int fd, int floor) noexcept {
+  return MoveHighMarked(fd, floor, true);
+}
+
+int MoveLibraryFdHigh(int fd, int floor) noexcept {
+  return MoveHighMarked(fd, floor, false);
+}
+
 int MoveAbove(int fd, int floor) noexcept {
-  if (fd < 0 || floor <= fd) return fd;
+  if (fd < 0) return fd;
+  if (floor <= fd) {
+    MarkOwnFd(fd);
+    return fd;
+  }
   const int moved = fcntl(fd, F_DUPFD_CLOEXEC, floor);
   const int err = errno;
   close(fd);
-  if (moved < 0) errno = err == EINVAL ? EMFILE : err;  // EINVAL: the floor is past the limit
+  if (moved < 0) {
+    errno = err == EINVAL ? EMFILE : err;  // EINVAL: the floor is past the limit
+    return moved;
+  }
+  MarkOwnFd(moved);
   return moved;
 }
 
@@ -58,12 +83,15 @@ void CloseHandedOver(int fd) noexcept {
 int DupAbove(int fd, int floor) noexcept {
   const int copy = fcntl(fd, F_DUPFD_CLOEXEC, floor);
   if (copy < 0 && errno == EINVAL) errno = EMFILE;
+  if (copy >= 0) MarkOwnFd(copy);
   return copy;
 }
 
 int DupHigh(int fd, int floor) noexcept {
-  const int copy = fcntl(fd, F_DUPFD_CLOEXEC, floor);
-  return copy >= 0 ? copy : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  int copy = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+  if (copy < 0) copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy >= 0) MarkOwnFd(copy);
+  return copy;
 }
 
 namespace {

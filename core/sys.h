@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "core/own_fds.h"
+
 namespace slip::sys {
 
 inline ssize_t recv(int fd, void* buf, size_t len, int flags) noexcept {
@@ -50,11 +52,16 @@ inline ssize_t read(int fd, void* buf, size_t len) noexcept {
 inline ssize_t write(int fd, const void* buf, size_t len) noexcept {
   return ::syscall(SYS_write, fd, buf, len);
 }
+// (A descriptor of ours is forgotten as it closes, and its mark follows a dup3 onto it:
+// core/own_fds.h.)
 inline int close(int fd) noexcept {
+  ForgetOwnFd(fd);
   return static_cast<int>(::syscall(SYS_close, fd));
 }
 inline int dup3(int oldfd, int newfd, int flags) noexcept {
-  return static_cast<int>(::syscall(SYS_dup3, oldfd, newfd, flags));
+  const int rc = static_cast<int>(::syscall(SYS_dup3, oldfd, newfd, flags));
+  if (rc >= 0) RemarkOwnFd(newfd);
+  return rc;
 }
 inline int fcntl(int fd, int cmd, long arg = 0) noexcept {
   return static_cast<int>(::syscall(SYS_fcntl, fd, cmd, arg));
@@ -139,9 +146,16 @@ inline uint64_t RandomNonce() noexcept {
   return nonce;
 }
 
+// The helpers below make descriptors of ours: each marks what it returns
+// (core/own_fds.h), so that the application's calls find it as a number that is not open.
+//
 // Moves `fd` to a descriptor number at or above `floor` (close-on-exec) and closes the
 // original. Keeps hidden descriptors out of the low numbers the application expects.
 int MoveHigh(int fd, int floor) noexcept;
+// The same for a descriptor a system library keeps and uses itself (rdma-core's event
+// channels), left unmarked: the library's own calls on it (its close, its fcntl) come
+// from code the face cannot tell from the program's, and must reach the kernel.
+int MoveLibraryFdHigh(int fd, int floor) noexcept;
 // The same, but never below the floor: when no number at or above it is free, closes `fd`
 // and fails (-1, errno EMFILE). Slipstream's own descriptors of a connection never take
 // the numbers the application would get: a connection that cannot have its descriptors

@@ -290,7 +290,7 @@ bool TrustedDir::StillValid() const noexcept {
 
 bool TrustedDir::Duplicate(int fd_floor, TrustedDir* out) const noexcept {
   if (fd_ < 0) return false;
-  const int fd = sys::fcntl(fd_, F_DUPFD_CLOEXEC, fd_floor);
+  const int fd = sys::DupAbove(fd_, fd_floor);
   if (fd < 0) return false;
   TrustedDir copy;
   copy.fd_ = fd;

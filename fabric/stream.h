@@ -25,6 +25,7 @@
 
 #include "core/channel.h"
 #include "core/config.h"
+#include "core/own_fds.h"
 #include "core/stats.h"
 #include "core/wire.h"
 #include "fabric/options.h"
@@ -106,9 +107,10 @@ class StreamModule {
 extern "C" {
 // The process's stream module, or nullptr with a one-line reason in `error` (no provider
 // can serve). `config` and `options` must outlive it; descriptors it keeps go at or above
-// `hidden_fd_floor`.
+// `hidden_fd_floor`, and are marked in `own_fds` (the face's table, core/own_fds.h).
 slip::fabric::StreamModule* slip_fabric_stream_module(const slip::Config* config,
                                                       const slip::fabric::Options* options,
-                                                      int hidden_fd_floor, char* error,
+                                                      int hidden_fd_floor,
+                                                      slip::OwnFdTable* own_fds, char* error,
                                                       size_t error_len);
 }

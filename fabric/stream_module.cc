@@ -65,12 +65,14 @@ void StreamModuleImpl::FlushAll(int timeout_ms) noexcept {
 
 extern "C" __attribute__((visibility("default"))) slip::fabric::StreamModule*
 slip_fabric_stream_module(const slip::Config* config, const slip::fabric::Options* options,
-                          int hidden_fd_floor, char* error, size_t error_len) {
+                          int hidden_fd_floor, slip::OwnFdTable* own_fds, char* error,
+                          size_t error_len) {
   using slip::fabric::StreamFabric;
   // The module's log lines go where the face's do, and its copy of core's descriptors
   // (the kernel's socket table, core/sock_diag.h) where the face's own go.
   slip::LogInit(config->log_level, config->log_file.c_str());
   slip::sys::SetHiddenFdFloor(hidden_fd_floor);
+  slip::UseOwnFds(own_fds);
   std::string why;
   std::unique_ptr<StreamFabric> fabric;
   try {

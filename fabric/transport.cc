@@ -85,13 +85,13 @@ StreamModule* Load(const Config* config, const Options* options) noexcept {
     SLIP_LOG(kInfo, "fabric transport unavailable: %s", error);
     return nullptr;
   }
-  using Entry = StreamModule* (*)(const Config*, const Options*, int, char*, size_t);
+  using Entry = StreamModule* (*)(const Config*, const Options*, int, OwnFdTable*, char*, size_t);
   auto entry = reinterpret_cast<Entry>(dlsym(handle, "slip_fabric_stream_module"));
   if (!entry) {
     SLIP_LOG(kWarn, "fabric transport unavailable: libslipstream-fabric.so has no entry point");
     return nullptr;
   }
-  StreamModule* m = entry(config, options, sys::HiddenFdFloor(), error, sizeof(error));
+  StreamModule* m = entry(config, options, sys::HiddenFdFloor(), OwnFds(), error, sizeof(error));
   if (!m) SLIP_LOG(kWarn, "fabric transport unavailable: %s", error);
   return m;
 }

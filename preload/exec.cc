@@ -110,7 +110,7 @@ void LeaveToOtherHolder(SlipSocket* s, ExecPlan* plan) noexcept {
   int reset = MakeResetSocket();
   for (const ExecPlan::Entry& e : plan->fds) {
     if (e.s != s || e.cloexec) continue;
-    int proxy = reset < 0 ? -1 : sys::fcntl(e.fd, F_DUPFD_CLOEXEC, sys::HiddenFdFloor());
+    int proxy = reset < 0 ? -1 : sys::DupAbove(e.fd, sys::HiddenFdFloor());
     if (proxy < 0) continue;
     try {
       plan->saved.push_back({e.fd, proxy, e.cloexec});

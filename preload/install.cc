@@ -45,7 +45,9 @@ int HideAnchor(int fd, int fd_flags, int anchor_slot) noexcept {
   const int dup_cmd = (fd_flags & FD_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD;
   int anchor = sys::fcntl(fd, dup_cmd, sys::HiddenFdFloor());
   if (anchor < 0) anchor = sys::fcntl(fd, dup_cmd, 0);
-  return anchor < 0 ? -errno : anchor;
+  if (anchor < 0) return -errno;
+  MarkOwnFd(anchor);
+  return anchor;
 }
 
 // Puts `proxy_a` at the application's number `fd`, with its epoll registrations. epoll

@@ -34,6 +34,9 @@ LibcCalls Load() noexcept {
   Resolve(c.sendmmsg, "sendmmsg");
   Resolve(c.sendfile, "sendfile");
   Resolve(c.close, "close");
+  Resolve(c.closefrom, "closefrom");
+  Resolve(c.fstat, "fstat");
+  Resolve(c.fstat64, "fstat64");
   Resolve(c.shutdown, "shutdown");
   Resolve(c.fcntl, "fcntl");
   Resolve(c.ioctl, "ioctl");

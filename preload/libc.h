@@ -7,6 +7,7 @@
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -34,6 +35,9 @@ struct LibcCalls {
   int (*sendmmsg)(int, mmsghdr*, unsigned, int);
   ssize_t (*sendfile)(int, int, off_t*, size_t);
   int (*close)(int);
+  void (*closefrom)(int);
+  int (*fstat)(int, struct stat*);
+  int (*fstat64)(int, struct stat64*);
   int (*shutdown)(int, int);
   int (*fcntl)(int, int, ...);
   int (*ioctl)(int, unsigned long, ...);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "core/own_fds.h"
 #include "core/stats.h"
 #include "core/sys.h"
 #include "preload/closer.h"
@@ -47,6 +48,10 @@ Runtime Initialise() noexcept {
   rt.enabled = rt.config.enabled;
   if (!rt.enabled) return rt;
   sys::SetHiddenFdFloor(ChooseHiddenFloor());  // first: the log file goes above it
+  // Every descriptor of ours from here on is marked, and the program's calls find it not
+  // open (preload/fd_calls.cc); our own code's calls are recognised by where they come from.
+  EnableOwnFds();
+  NoteOwnCode(reinterpret_cast<const void*>(&ChooseHiddenFloor));
   LogInit(rt.config.log_level, rt.config.log_file.c_str());
   try {
     const std::vector<const char*> known = TransportOptionNames();

@@ -1,14 +1,20 @@
-// Interposed socket lifecycle calls: socket, listen, accept, connect, close, shutdown,
-// dup*, fcntl, ioctl, socket options and names. Each is a table lookup and a dispatch;
-// untracked descriptors go straight to libc.
+// Interposed socket lifecycle calls: socket, listen, accept, connect, close, close_range,
+// closefrom, shutdown, dup*, fcntl, ioctl, socket options and names. Each is a table lookup and a
+// dispatch; untracked descriptors go straight to libc.
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdarg>
 
+#include "core/log.h"
+#include "core/own_fds.h"
 #include "core/sys.h"
 #include "fabric/transport.h"
 #include "preload/connector.h"
@@ -124,6 +130,7 @@ SLIP_EXPORT int socket(int domain, int type, int protocol) {
 }
 
 SLIP_EXPORT int listen(int fd, int backlog) {
+  if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   SocketRef ref(fd);
   if (!ref || (ref->kind != SockKind::kTcp && ref->kind != SockKind::kListener))
     return Libc().listen(fd, backlog);
@@ -144,6 +151,7 @@ namespace {
 // accept4 for the code at `caller` (the return address of the entry point it called:
 // accept's own, not a frame of the shim's).
 int AcceptFor(const void* caller, int fd, sockaddr* addr, socklen_t* len, int flags) noexcept {
+  if (NotTheProgramsFd(fd, caller)) return -1;
   SocketRef ref(fd);
   if (ref && ref->kind == SockKind::kListener) return SlipAccept(ref.get(), fd, addr, len, flags);
   const int conn = Libc().accept4(fd, addr, len, flags);
@@ -163,6 +171,7 @@ SLIP_EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
 }
 
 SLIP_EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
+  if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   SocketRef ref(fd);
   if (ref && ref->connecting.load(std::memory_order_acquire)) {
     errno = EALREADY;  // as TCP answers while its handshake is under way
@@ -183,11 +192,68 @@ SLIP_EXPORT int connect(int fd, const sockaddr* addr, socklen_t len) {
 }
 
 SLIP_EXPORT int close(int fd) {
+  if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   if (SharedMemoryChild()) return Libc().close(fd);
+  ForgetOwnFd(fd);  // (a transport library closing its own)
   return EndNumber(fd, [fd] { return Libc().close(fd); });
 }
 
+namespace {
+
+int KernelCloseRange(unsigned first, unsigned last, int flags) noexcept {
+  return static_cast<int>(::syscall(SYS_close_range, first, last, flags));
+}
+
+void CloseTrackedIn(int fd, SlipSocket*, void* ctx) noexcept {
+  const auto* range = static_cast<const unsigned*>(ctx);
+  if (unsigned(fd) >= range[0] && unsigned(fd) <= range[1])
+    EndNumber(fd, [fd] { return Libc().close(fd); });
+}
+
+// close_range for the program: the tracked sockets in the range end as close() ends them,
+// and the kernel closes the rest in the gaps between our own descriptors, which stay open.
+int CloseRangeFor(const void* caller, unsigned first, unsigned last, int flags) noexcept {
+  if (first > last) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (SharedMemoryChild() || IsOwnCode(caller) || TransportLibraryCall(caller) ||
+      (!AnyOwnFds() && !TableInUse()))
+    return KernelCloseRange(first, last, flags);
+  if (!(flags & CLOSE_RANGE_CLOEXEC) && TableInUse()) {
+    unsigned range[2] = {first, last};
+    ForEachTrackedFd(CloseTrackedIn, range);
+  }
+  int rc = 0;
+  unsigned from = first;
+  bool done = false;
+  ForEachOwnFd(first, last, [&](int fd) {
+    if (SocketRef(fd)) return;  // (a tracked socket of the program's: its to close)
+    if (rc == 0 && unsigned(fd) > from) rc = KernelCloseRange(from, unsigned(fd) - 1, flags);
+    if (unsigned(fd) == last) done = true;
+    from = unsigned(fd) + 1;
+  });
+  if (rc == 0 && !done) rc = KernelCloseRange(from, last, flags);
+  return rc;
+}
+
+}  // namespace
+
+SLIP_EXPORT int close_range(unsigned first, unsigned last, int flags) noexcept {
+  return CloseRangeFor(__builtin_return_address(0), first, last, flags);
+}
+
+SLIP_EXPORT void closefrom(int lowfd) noexcept {
+  if (lowfd < 0) lowfd = 0;
+  const void* caller = __builtin_return_address(0);
+  // (glibc walks /proc/self/fd where the kernel has no close_range: so does its closefrom,
+  // which then closes ours too.)
+  if (CloseRangeFor(caller, unsigned(lowfd), ~0u, 0) != 0 && errno == ENOSYS && Libc().closefrom)
+    Libc().closefrom(lowfd);
+}
+
 SLIP_EXPORT int shutdown(int fd, int how) {
+  if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   SocketRef ref(fd);
   if (ref && ref->connecting.load(std::memory_order_acquire)) {
     // (The placeholder proxy must not be shut down; TCP would abort its handshake.)
@@ -206,7 +272,29 @@ SLIP_EXPORT int shutdown(int fd, int how) {
   return 0;
 }
 
+namespace {
+
+// dup2/dup3 from a descriptor of ours: EBADF, as from one not open. Onto one of ours: the
+// kernel would give the program that number; Slipstream cannot move its descriptor out of
+// the way (its number is held in the connection's state), so the call fails with EBUSY, the
+// error the kernel gives a dup2 that races an open of the same number, said once.
+bool RefuseDupOnto(int oldfd, int newfd, const void* caller) noexcept {
+  if (NotTheProgramsFd(oldfd, caller)) return true;
+  if (!NotTheProgramsFd(newfd, caller)) return false;
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true, std::memory_order_relaxed))
+    SLIP_LOG(kWarn,
+             "dup2/dup3 onto descriptor %d, which Slipstream holds (its descriptors are at or "
+             "above %d): refused with EBUSY; a larger RLIMIT_NOFILE moves them higher",
+             newfd, sys::HiddenFdFloor());
+  errno = EBUSY;
+  return true;
+}
+
+}  // namespace
+
 SLIP_EXPORT int dup(int oldfd) {
+  if (NotTheProgramsFd(oldfd, __builtin_return_address(0))) return -1;
   if (SharedMemoryChild()) return Libc().dup(oldfd);
   SettleBeforeDup(oldfd);
   int fd = Libc().dup(oldfd);
@@ -215,6 +303,7 @@ SLIP_EXPORT int dup(int oldfd) {
 }
 
 SLIP_EXPORT int dup3(int oldfd, int newfd, int flags) {
+  if (RefuseDupOnto(oldfd, newfd, __builtin_return_address(0))) return -1;
   if (oldfd == newfd || SharedMemoryChild()) return Libc().dup3(oldfd, newfd, flags);
   SettleBeforeDup(oldfd);
   int fd = EndNumber(newfd, [&] { return Libc().dup3(oldfd, newfd, flags); });
@@ -223,6 +312,7 @@ SLIP_EXPORT int dup3(int oldfd, int newfd, int flags) {
 }
 
 SLIP_EXPORT int dup2(int oldfd, int newfd) {
+  if (RefuseDupOnto(oldfd, newfd, __builtin_return_address(0))) return -1;
   if (oldfd == newfd || SharedMemoryChild()) return Libc().dup2(oldfd, newfd);
   SettleBeforeDup(oldfd);
   int fd = EndNumber(newfd, [&] { return Libc().dup2(oldfd, newfd); });
@@ -232,7 +322,8 @@ SLIP_EXPORT int dup2(int oldfd, int newfd) {
 
 namespace {
 
-int FcntlImpl(int fd, int cmd, void* arg) noexcept {
+int FcntlImpl(const void* caller, int fd, int cmd, void* arg) noexcept {
+  if (NotTheProgramsFd(fd, caller)) return -1;
   // (Only the commands that change what the shim records; the others stay one call.)
   if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC || cmd == F_SETFL) && SharedMemoryChild())
     return Libc().fcntl(fd, cmd, arg);
@@ -262,7 +353,7 @@ SLIP_EXPORT int fcntl(int fd, int cmd, ...) {
   va_start(ap, cmd);
   void* arg = va_arg(ap, void*);
   va_end(ap);
-  return FcntlImpl(fd, cmd, arg);
+  return FcntlImpl(__builtin_return_address(0), fd, cmd, arg);
 }
 
 SLIP_EXPORT int fcntl64(int fd, int cmd, ...) {
@@ -270,7 +361,7 @@ SLIP_EXPORT int fcntl64(int fd, int cmd, ...) {
   va_start(ap, cmd);
   void* arg = va_arg(ap, void*);
   va_end(ap);
-  return FcntlImpl(fd, cmd, arg);
+  return FcntlImpl(__builtin_return_address(0), fd, cmd, arg);
 }
 
 SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
@@ -278,6 +369,7 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
   va_start(ap, request);
   void* arg = va_arg(ap, void*);
   va_end(ap);
+  if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   // (FIONBIO changes what the shim records; FIONREAD must stay free of system calls.)
   if (request == FIONBIO && SharedMemoryChild()) return Libc().ioctl(fd, request, arg);
   SocketRef ref(fd);
@@ -304,6 +396,7 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
 }
 
 SLIP_EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
+  if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   SocketRef ref(fd);
   int rc =
       OnKernelSocket(ref, fd, [&](int k) { return Libc().getsockopt(k, level, name, val, len); });
@@ -315,6 +408,7 @@ SLIP_EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* le
 }
 
 SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
+  if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   SocketRef ref(fd);
   int rc =
       OnKernelSocket(ref, fd, [&](int k) { return Libc().setsockopt(k, level, name, val, len); });
@@ -326,11 +420,13 @@ SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen
 }
 
 SLIP_EXPORT int getsockname(int fd, sockaddr* addr, socklen_t* len) {
+  if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   SocketRef ref(fd);
   return OnKernelSocket(ref, fd, [&](int k) { return Libc().getsockname(k, addr, len); });
 }
 
 SLIP_EXPORT int getpeername(int fd, sockaddr* addr, socklen_t* len) {
+  if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   SocketRef ref(fd);
   return OnKernelSocket(ref, fd, [&](int k) { return Libc().getpeername(k, addr, len); });
 }

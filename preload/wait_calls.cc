@@ -16,6 +16,7 @@
 #include "preload/accel_list.h"
 #include "preload/export.h"
 #include "preload/fd_table.h"
+#include "preload/hidden_fds.h"
 #include "preload/libc.h"
 #include "preload/runtime.h"
 #include "preload/transports.h"
@@ -89,6 +90,9 @@ void RecordEpollReg(SlipSocket* s, int epfd, int op, int fd, const epoll_event* 
 }  // namespace
 
 SLIP_EXPORT int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
+  // (A descriptor of ours, as the watched one or as the set, is not open for the program.)
+  const void* caller = __builtin_return_address(0);
+  if (NotTheProgramsFd(fd, caller) || NotTheProgramsFd(epfd, caller)) return -1;
   if (TableInUse()) {
     SocketRef ref(fd);
     if (ref && ref->connecting.load(std::memory_order_acquire)) {

@@ -43,6 +43,7 @@ ibv_comp_channel* Conn::SetUpOwnChannel() noexcept {
   // above all) never takes a descriptor number the application would get. The kernel
   // finds the channel by its number when the queue is created, after this.
   const int high = sys::DupAbove(channel->fd, sys::HiddenFdFloor());
+  ForgetOwnFd(high);  // (rdma-core closes it: sys::MoveLibraryFdHigh says why)
   if (high < 0) {
     ibv_destroy_comp_channel(channel);
     return device_->comp_channel();  // the device's shared one serves it instead

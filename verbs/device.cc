@@ -58,7 +58,7 @@ Device* Device::Open(ibv_context* context, int* error) noexcept {
     return nullptr;
   }
   // One per device and process, out of the application's low numbers where there is room.
-  dev->comp_channel_->fd = sys::MoveHigh(dev->comp_channel_->fd, sys::HiddenFdFloor());
+  dev->comp_channel_->fd = sys::MoveLibraryFdHigh(dev->comp_channel_->fd, sys::HiddenFdFloor());
   // The progress thread drains it until EAGAIN.
   int flags = fcntl(dev->comp_channel_->fd, F_GETFL);
   fcntl(dev->comp_channel_->fd, F_SETFL, flags | O_NONBLOCK);

@@ -33,7 +33,7 @@ int VerbsModule::Start(char* error, size_t error_len) noexcept {
     return -ENODEV;
   }
   cm_channel_ = rdma_create_event_channel();
-  if (cm_channel_) cm_channel_->fd = sys::MoveHigh(cm_channel_->fd, sys::HiddenFdFloor());
+  if (cm_channel_) cm_channel_->fd = sys::MoveLibraryFdHigh(cm_channel_->fd, sys::HiddenFdFloor());
   if (!cm_channel_ || !SetNonblocking(cm_channel_->fd)) {
     snprintf(error, error_len, "cannot open the rdma_cm event channel (%s)", strerror(errno));
     return -ENODEV;
@@ -147,7 +147,7 @@ Reason VerbsModule::MemlockReason(int error, uint32_t ring_size) noexcept {
 
 extern "C" __attribute__((visibility("default"))) slip::verbs::Module* slip_verbs_module(
     const slip::Config* config, const slip::verbs::Options* options, int hidden_fd_floor,
-    char* error, size_t error_len) {
+    slip::OwnFdTable* own_fds, char* error, size_t error_len) {
   static std::mutex mu;
   static slip::verbs::VerbsModule* module = nullptr;
   static bool tried = false;
@@ -158,6 +158,7 @@ extern "C" __attribute__((visibility("default"))) slip::verbs::Module* slip_verb
   }
   tried = true;
   slip::sys::SetHiddenFdFloor(hidden_fd_floor);
+  slip::UseOwnFds(own_fds);
   slip::LogInit(config->log_level, config->log_file.c_str());
   auto* m = new (std::nothrow) slip::verbs::VerbsModule(config, options);
   if (!m) {

@@ -51,7 +51,7 @@ ClientConn* VerbsModule::StartResolve(const sockaddr* dest, Reason* why) noexcep
   c->channel = rdma_create_event_channel();
   // Each connecting id has a channel of its own (its descriptor is what a caller waits
   // on); it lives among the hidden descriptors, since it may outlive the connect() call.
-  if (c->channel) c->channel->fd = sys::MoveHigh(c->channel->fd, sys::HiddenFdFloor());
+  if (c->channel) c->channel->fd = sys::MoveLibraryFdHigh(c->channel->fd, sys::HiddenFdFloor());
   if (!c->channel || !SetNonblocking(c->channel->fd) ||
       rdma_create_id(c->channel, &c->id, nullptr, RDMA_PS_TCP) != 0) {
     *why = Reason::kResources;

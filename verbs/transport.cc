@@ -37,13 +37,13 @@ Module* Load(const Config* config, const Options* options) noexcept {
     SLIP_LOG(kInfo, "verbs transport unavailable: %s", error);
     return nullptr;
   }
-  using Entry = Module* (*)(const Config*, const Options*, int, char*, size_t);
+  using Entry = Module* (*)(const Config*, const Options*, int, OwnFdTable*, char*, size_t);
   auto entry = reinterpret_cast<Entry>(dlsym(handle, "slip_verbs_module"));
   if (!entry) {
     SLIP_LOG(kWarn, "verbs transport unavailable: libslipstream-verbs.so has no entry point");
     return nullptr;  // never dlclose: keep the loader simple and the state stable
   }
-  Module* m = entry(config, options, sys::HiddenFdFloor(), error, sizeof(error));
+  Module* m = entry(config, options, sys::HiddenFdFloor(), OwnFds(), error, sizeof(error));
   if (!m) SLIP_LOG(kInfo, "verbs transport unavailable: %s", error);
   return m;
 }

@@ -25,6 +25,7 @@
 
 #include "core/channel.h"
 #include "core/config.h"
+#include "core/own_fds.h"
 #include "core/stats.h"
 #include "core/wire.h"
 #include "verbs/options.h"
@@ -130,8 +131,9 @@ class Module {
 extern "C" {
 // Returns the process's module, or nullptr (with a one-line reason in `error`) when no RDMA
 // device is usable. `config` (core's) and `options` (the transport's, verbs/options.h) must
-// outlive the module; descriptors the module keeps go at or above `hidden_fd_floor`.
+// outlive the module; descriptors the module keeps go at or above `hidden_fd_floor`, and
+// are marked in `own_fds` (the face's table, core/own_fds.h; nullptr: none).
 slip::verbs::Module* slip_verbs_module(const slip::Config* config,
                                        const slip::verbs::Options* options, int hidden_fd_floor,
-                                       char* error, size_t error_len);
+                                       slip::OwnFdTable* own_fds, char* error, size_t error_len);
 }

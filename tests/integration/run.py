@@ -7,6 +7,7 @@ See harness.py for the environment (SLIP_BUILD_DIR, SLIP_TEST_PLAIN).
 
 import sys
 
+import habits  # noqa: F401  (registers its cases)
 import pods  # noqa: F401  (registers its cases)
 import short_connections  # noqa: F401  (registers its cases)
 from cases import CASES

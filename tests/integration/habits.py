@@ -1,0 +1,51 @@
+"""A program's own habits, which work over plain TCP, must keep working once its
+connections are accelerated: here, closing every descriptor it did not open (a daemon's
+clean-up) in the middle of a connection. Every byte is checked (SHA-256 both ways).
+"""
+
+import errno
+
+from cases import case
+from harness import ACCEL, py
+
+
+@case("fd_cleanup", variants=("walk", "range", "closefrom"))
+def fd_cleanup(t, how):
+    """Both ends, with one connection open, close every descriptor they did not open
+    (progs/fd_cleanup.py): walk: each one found in /proc/self/fd, by close(); range:
+    os.closerange() above their sockets (close_range(2)); closefrom: libc's closefrom().
+    Then each opens 20 files of its own and moves 4 MiB each way. Before that, the server
+    ends a second connection by number (close_range of it): its client reads EOF, and the
+    number then serves a socket pair, not the old connection. Slipstream's descriptors
+    are among those found; each close of one answers EBADF (as for a number that is not
+    open) and closes nothing, epoll_ctl, fstat and fcntl of one answer EBADF, dup2 onto
+    one EBUSY (it cannot be moved out of the way), the files get the
+    program's numbers and keep their content, and the stream arrives whole over shm.
+    (Before, the close went through: the sender's sendall failed with ENOTSOCK and the
+    receiver read EOF after 0 bytes.)"""
+    common = ("--port", t.port, "--how", how, "--seed", 7)
+    server = t.serve("server", py("fd_cleanup.py", "server", *common), slip=True)
+    client = t.start("client", py("fd_cleanup.py", "client", *common), slip=True)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    for proc in (server, client):
+        said = proc.json_output()
+        t.check(said["exact"], f"{proc.name}: the stream or its files came back different")
+        survivors = said["survivors"]
+        if not proc.slip:
+            t.check(not survivors, f"{proc.name}: plain, yet descriptors survived: {survivors}")
+            continue
+        t.check(survivors, f"{proc.name}: no descriptor of Slipstream's was found in "
+                           f"/proc/self/fd, or none survived (found {said['found']})")
+        if how == "walk":
+            wrong = {fd: said["closed"][str(fd)] for fd in survivors
+                     if said["closed"][str(fd)] != errno.EBADF}
+            t.check(not wrong, f"{proc.name}: closes of Slipstream's descriptors that did not "
+                               f"answer EBADF (fd: errno): {wrong}")
+        for call, wanted in (("epoll", errno.EBADF), ("fstat", errno.EBADF),
+                             ("fcntl", errno.EBADF), ("dup2", errno.EBUSY)):
+            t.check(said[call] == wanted,
+                    f"{proc.name}: {call} of a descriptor of Slipstream's gave errno "
+                    f"{said[call]}, expected {errno.errorcode[wanted]}")
+    t.expect_stats(client, ACCEL, "", count=2)
+    t.expect_stats(server, ACCEL, "", count=2)
