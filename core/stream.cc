@@ -514,10 +514,21 @@ int Stream::WaitReadableDirect(uint64_t seen, int wake_fd) noexcept {
 
 namespace {
 
+// Signals the kernel raises on the instruction that faults (a bad access, a bad operand, a
+// trap): they are delivered as that instruction runs, never to a thread asleep in a system
+// call, so their handlers cannot be what interrupted one. (AddressSanitizer's runtime
+// installs SIGSEGV, SIGBUS and SIGFPE handlers without SA_RESTART; counted, they made every
+// restart under it an EINTR.)
+bool RaisedByAFault(int sig) noexcept {
+  return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP ||
+         sig == SIGSYS;
+}
+
 // After a signal handler interrupted a sleep that the kernel never restarts (ppoll), decides
 // what a recv on a TCP socket without SO_RCVTIMEO would have done: restart when the handler
 // has SA_RESTART. Which signal it was is not known here, so this restarts only when every
-// handler that could have run (installed, signal not blocked in this thread) has SA_RESTART.
+// handler that could have run (installed, signal not blocked in this thread, not raised only
+// by a faulting instruction) has SA_RESTART.
 bool SignalWouldRestart() noexcept {
   struct KernelSigaction {
     void* handler;
@@ -529,7 +540,8 @@ bool SignalWouldRestart() noexcept {
   if (::syscall(SYS_rt_sigprocmask, SIG_BLOCK, nullptr, &blocked, sizeof(blocked)) != 0)
     return false;
   for (int sig = 1; sig <= 64; ++sig) {
-    if (sig == SIGKILL || sig == SIGSTOP || (blocked & (1ull << (sig - 1)))) continue;
+    if (sig == SIGKILL || sig == SIGSTOP || RaisedByAFault(sig) || (blocked & (1ull << (sig - 1))))
+      continue;
     KernelSigaction old{};
     if (::syscall(SYS_rt_sigaction, sig, nullptr, &old, sizeof(uint64_t)) != 0) continue;
     if (old.handler == reinterpret_cast<void*>(SIG_DFL) ||
