@@ -33,7 +33,7 @@ IT="$BUILD/tests/integration"
 # involved). exec.both is here: the exec'd program continues the stream on TCP.
 # semantics.both (37 sub-tests of the socket API's corners) is here too, and
 # transports.verbs_first/shm_first (the user's order picks verbs or shm for one address).
-CASES=${SLIP_VERBS_CASES-"semantics.both bulk.both bulk.server bulk.client socat.both iperf3.both
+CASES=${SLIP_VERBS_CASES-"semantics.both bulk.both socat.both iperf3.both
 sockperf.both poll.both et.both banner.both exec.both
 kill.sender_killed kill.recv_blocked_client_killed transports.verbs_first"}
 VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
@@ -42,17 +42,19 @@ qp_fault.client_reset qp_fault.server_err memlock.run fabric_memlock.run
 negative_cache.run
 nbconnect.verbs nbconnect.plain_server
 nbconnect.refused nbconnect.closed gid.default gid.missing_client gid.missing_server
-failover.device_removed reuse.paced reuse.send
-reuse_restart.run reuseport.sockets reuseport.procs reuseport.mixed reuseport.takeover
+failover.device_removed reuse.paced
+reuse_restart.run reuseport.sockets reuseport.procs reuseport.takeover
 reuseport.squat crr.reuseport grpc.default"}
 # The rest (vm.verbs_extra, label "long": `make test-long`, not `make test`): other
-# readiness APIs and the mirror images of cases above, about a minute under emulation
-# that the 30-minute budget of `make test` cannot spare. SLIP_VERBS_EXTRA=1 runs only
-# these, in both lists' place.
+# readiness APIs, the mirror images of cases above (one end plain, the other way round),
+# variants of the same paths (SEND notifications for reuse, a mixed reuseport group), and
+# the NCCL harness with three queue pairs and under ASan: about four minutes under
+# emulation that the 40-minute budget of `make test` cannot spare. SLIP_VERBS_EXTRA=1 runs
+# only these, in all the lists' place.
 if [ "${SLIP_VERBS_EXTRA:-0}" = 1 ]; then
   CASES="asyncio.both select.both sendfile.both kill.receiver_killed
-kill.recv_blocked_server_killed transports.shm_first"
-  VERBS_ONLY="reuse.tight reuse.off gid.explicit reuseport.one"
+kill.recv_blocked_server_killed transports.shm_first bulk.server bulk.client"
+  VERBS_ONLY="reuse.tight reuse.off reuse.send gid.explicit reuseport.one reuseport.mixed"
 fi
 
 passed=0
@@ -96,11 +98,22 @@ done
 # 3. The NCCL plugin's harness (tests/unit/nccl_plugin_test.cc) over verbs: the plugin
 #    offers rxe0, and every comm is an RC queue pair through it (about 15 s); flushes
 #    of host memory forced (SLIP_NCCL_FLUSH=1), so that the GPUDirect flush's READ runs;
-#    then again with three queue pairs per comm (SLIP_NCCL_QPS=3), under ASan, and over
-#    libfabric's verbs provider.
+#    and over libfabric's verbs provider. The extra run (SLIP_VERBS_EXTRA=1): with three
+#    queue pairs per comm (SLIP_NCCL_QPS=3), and under ASan.
 if [ "${SLIP_VERBS_NCCL-1}" = 1 ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
   run "verbs.nccl_plugin" env SLIP_NCCL_TEST_TRANSPORT=verbs SLIP_NCCL_FLUSH=1 \
     "$BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
+  # Over libfabric's verbs provider (RDM through ofi_rxm) on the same rxe0: the fabric
+  # module's comms. FI_UNIVERSE_SIZE=64: ofi_rxm sizes its verbs completion queues for its
+  # default universe of 256 peers, past rxe's 32767 entries (fi_enable fails otherwise).
+  if [ -e "$BUILD/lib/libslipstream-fabric.so" ]; then
+    run "verbs.nccl_plugin_fabric" env SLIP_NCCL_TEST_TRANSPORT=fabric SLIP_TRANSPORTS=fabric \
+      SLIP_FABRIC_PROVIDER=verbs FI_UNIVERSE_SIZE=64 "$BUILD/bin/slip_unit_tests" \
+      --gtest_filter='NcclPlugin*'
+  else
+    echo "SKIP verbs.nccl_plugin_fabric: no fabric module at $BUILD (libfabric-dev missing)"
+  fi
+elif [ "${SLIP_VERBS_NCCL-1}" = 1 ]; then
   # Again with three queue pairs per comm: sends split in 128-byte aligned parts (an odd
   # count, so that parts are uneven and small sends leave queue pairs with nothing).
   run "verbs.nccl_plugin_qps3" env SLIP_NCCL_TEST_TRANSPORT=verbs SLIP_NCCL_QPS=3 \
@@ -115,16 +128,6 @@ if [ "${SLIP_VERBS_NCCL-1}" = 1 ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
   else
     echo "SKIP verbs.nccl_plugin_asan: no ASan build with the verbs module at $ASAN_BUILD"
   fi
-  # Over libfabric's verbs provider (RDM through ofi_rxm) on the same rxe0: the fabric
-  # module's comms. FI_UNIVERSE_SIZE=64: ofi_rxm sizes its verbs completion queues for its
-  # default universe of 256 peers, past rxe's 32767 entries (fi_enable fails otherwise).
-  if [ -e "$BUILD/lib/libslipstream-fabric.so" ]; then
-    run "verbs.nccl_plugin_fabric" env SLIP_NCCL_TEST_TRANSPORT=fabric SLIP_TRANSPORTS=fabric \
-      SLIP_FABRIC_PROVIDER=verbs FI_UNIVERSE_SIZE=64 "$BUILD/bin/slip_unit_tests" \
-      --gtest_filter='NcclPlugin*'
-  else
-    echo "SKIP verbs.nccl_plugin_fabric: no fabric module at $BUILD (libfabric-dev missing)"
-  fi
 fi
 
 # 4. The shim's streams over libfabric's verbs provider on rxe0: the integration programs
@@ -133,10 +136,11 @@ fi
 #    an RC queue pair per stream, receives posted for the 4-byte immediates), the default
 #    over verbs; and bulk.both once more over reliable datagrams (verbs;ofi_rxm,
 #    SLIP_FABRIC_ENDPOINT=rdm). verbs carries 4 bytes of CQ data, so these run the cursor
-#    words and 4-byte notes (fabric/stream_note.h). ~50 s; SLIP_VERBS_FABRIC_CASES names
-#    others ('' for none).
-FABRIC_CASES=${SLIP_VERBS_FABRIC_CASES-bulk.both bulk.client semantics.both kill.sender_killed rdm:bulk.both}
-if [ -e "$BUILD/lib/libslipstream-fabric.so" ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
+#    words and 4-byte notes (fabric/stream_note.h). ~110 s; SLIP_VERBS_FABRIC_CASES names
+#    others ('' for none); the extra run has bulk.client.
+FABRIC_CASES=${SLIP_VERBS_FABRIC_CASES-bulk.both semantics.both kill.sender_killed rdm:bulk.both}
+[ "${SLIP_VERBS_EXTRA:-0}" = 1 ] && FABRIC_CASES=${SLIP_VERBS_FABRIC_CASES-bulk.client}
+if [ -e "$BUILD/lib/libslipstream-fabric.so" ]; then
   for c in $FABRIC_CASES; do
     endpoint=auto
     case $c in rdm:*) endpoint=rdm c=${c#rdm:} ;; esac
