@@ -6,9 +6,13 @@ set -eu
 PACKAGES="build-essential cmake ninja-build pkg-config libgtest-dev clang libclang-rt-14-dev \
 python3 iperf3 sockperf socat iproute2 procps libibverbs-dev librdmacm-dev rdma-core \
 ibverbs-providers libfabric-dev libfabric-bin"
-# `install-deps.sh workloads`: the training stacks of tests/workloads as well.
-if [ "${1:-}" = "workloads" ]; then
+# `install-deps.sh workloads`: the training stacks of tests/workloads as well; `long`:
+# those and CPython's test suite (workloads.cpython_sockets, in `make test-long`).
+if [ "${1:-}" = "workloads" ] || [ "${1:-}" = "long" ]; then
   PACKAGES="$PACKAGES python3-grpcio python3-torch openmpi-bin python3-mpi4py nginx"
+fi
+if [ "${1:-}" = "long" ]; then
+  PACKAGES="$PACKAGES libpython3.11-testsuite"
 fi
 
 missing=""
