@@ -66,6 +66,9 @@ inline int dup3(int oldfd, int newfd, int flags) noexcept {
 inline int fcntl(int fd, int cmd, long arg = 0) noexcept {
   return static_cast<int>(::syscall(SYS_fcntl, fd, cmd, arg));
 }
+inline int ioctl(int fd, unsigned long request, void* arg) noexcept {
+  return static_cast<int>(::syscall(SYS_ioctl, fd, request, arg));
+}
 inline int socket(int domain, int type, int protocol) noexcept {
   return static_cast<int>(::syscall(SYS_socket, domain, type, protocol));
 }

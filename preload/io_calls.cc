@@ -1,13 +1,20 @@
 // Interposed data calls. read/readv/recv/recvfrom/recvmsg/recvmmsg collapse to one receive
-// and write/writev/send/sendto/sendmsg/sendmmsg/sendfile to one send, so each semantic is
-// implemented once (in core's Stream) for accelerated sockets; plain TCP connections pass
-// through to libc and are only counted.
+// and write/writev/send/sendto/sendmsg/sendmmsg/sendfile (and splice, both ways) to one send, so
+// each semantic is implemented once (in core's Stream) for accelerated sockets; plain TCP
+// connections pass through to libc and are only counted.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "core/stats.h"
+#include "core/sys.h"
 #include "preload/export.h"
 #include "preload/fd_table.h"
 #include "preload/handshake.h"
@@ -192,16 +199,22 @@ SLIP_EXPORT int sendmmsg(int fd, mmsghdr* msgs, unsigned vlen, int flags) {
 
 namespace {
 
-// sendfile into an accelerated socket: read the file through a per-thread bounce buffer
-// (allocated once per thread, not per call) and send it like write().
-ssize_t AccelSendfile(SlipSocket* s, int in_fd, off_t* offset, size_t count) noexcept {
+// The per-thread bounce buffer of sendfile and splice (allocated once per thread, not per
+// call), kChunk bytes; nullptr with errno ENOMEM when there is no memory for it.
+constexpr size_t kChunk = 64 * 1024;
+
+char* BounceBuffer() noexcept {
   static thread_local char* buffer = nullptr;
-  constexpr size_t kChunk = 64 * 1024;
   if (!buffer) buffer = static_cast<char*>(::operator new(kChunk, std::nothrow));
-  if (!buffer) {
-    errno = ENOMEM;
-    return -1;
-  }
+  if (!buffer) errno = ENOMEM;
+  return buffer;
+}
+
+// sendfile into an accelerated socket: read the file through the bounce buffer and send it
+// like write().
+ssize_t AccelSendfile(SlipSocket* s, int in_fd, off_t* offset, size_t count) noexcept {
+  char* buffer = BounceBuffer();
+  if (!buffer) return -1;
   size_t done = 0;
   off_t pos = offset ? *offset : 0;
   while (done < count) {
@@ -231,7 +244,120 @@ ssize_t AccelSendfile(SlipSocket* s, int in_fd, off_t* offset, size_t count) noe
   return ssize_t(done);
 }
 
+// splice(2) names a pipe at one end; at the other, an accelerated socket's number refers
+// to its proxy, past the ring: the kernel would move the bytes into (or out of) a socket
+// pair whose bytes are wake-up tokens, and the peer would never see them. So they go
+// through the bounce buffer, and never more leave the source than the destination takes.
+bool IsPipe(int fd) noexcept {
+  struct stat st;
+  return ::syscall(SYS_fstat, fd, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
+bool PipeNonblocking(int pipe, unsigned flags) noexcept {
+  const int fl = sys::fcntl(pipe, F_GETFL);
+  return (flags & SPLICE_F_NONBLOCK) || (fl >= 0 && (fl & O_NONBLOCK));
+}
+
+// From the pipe into the ring: a non-blocking socket reads only what the ring has room
+// for; what was read is sent whole (a remainder another thread's send took the room of
+// waits for room: bytes taken out of the pipe are never dropped).
+ssize_t AccelSpliceIn(SlipSocket* s, int pipe, size_t len, unsigned flags) noexcept {
+  char* buffer = BounceBuffer();
+  if (!buffer) return -1;
+  size_t want = len < kChunk ? len : kChunk;
+  if (s->nonblocking.load(std::memory_order_relaxed) || (flags & SPLICE_F_NONBLOCK)) {
+    const size_t ring = s->stream->channel()->ring_size();
+    const size_t used = s->stream->UnconsumedBytes();
+    const size_t room = used < ring ? ring - used : 0;
+    if (room == 0) {
+      errno = EAGAIN;
+      return -1;
+    }
+    if (want > room) want = room;
+  }
+  if (PipeNonblocking(pipe, flags)) {
+    int queued = 0;
+    if (sys::ioctl(pipe, FIONREAD, &queued) == 0 && queued == 0) {
+      // (Empty: EAGAIN, or 0 when no writer is left, as splice says.)
+      pollfd p{pipe, POLLIN, 0};
+      if (sys::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP) && !(p.revents & POLLIN)) return 0;
+      errno = EAGAIN;
+      return -1;
+    }
+  }
+  const ssize_t got = sys::read(pipe, buffer, want);  // (blocks for a blocking pipe)
+  if (got <= 0) return got;
+  size_t sent = 0;
+  while (sent < size_t(got)) {
+    iovec iov{buffer + sent, size_t(got) - sent};
+    const ssize_t n = s->stream->Send(&iov, 1, 0, /*nonblocking=*/false);
+    if (n < 0) {
+      if (sent > 0) break;
+      errno = int(-n);
+      return -1;
+    }
+    sent += size_t(n);
+  }
+  StatsAddSent(s->stats, sent);
+  return ssize_t(sent);
+}
+
+// From the ring into the pipe: only what the pipe has room for is peeked, written, and
+// then consumed.
+ssize_t AccelSpliceOut(SlipSocket* s, int pipe, size_t len, unsigned flags) noexcept {
+  char* buffer = BounceBuffer();
+  if (!buffer) return -1;
+  size_t room = 0;
+  for (;;) {
+    const int size = sys::fcntl(pipe, F_GETPIPE_SZ);
+    int queued = 0;
+    if (size < 0 || sys::ioctl(pipe, FIONREAD, &queued) != 0) return -1;
+    room = queued < size ? size_t(size - queued) : 0;
+    if (room > 0) break;
+    if (PipeNonblocking(pipe, flags)) {
+      errno = EAGAIN;
+      return -1;
+    }
+    pollfd p{pipe, POLLOUT, 0};
+    if (sys::poll(&p, 1, -1) < 0) return -1;  // (EINTR: the caller's to see)
+  }
+  size_t want = len < kChunk ? len : kChunk;
+  if (want > room) want = room;
+  const bool nonblocking =
+      s->nonblocking.load(std::memory_order_relaxed) || (flags & SPLICE_F_NONBLOCK);
+  iovec iov{buffer, want};
+  const ssize_t peeked = s->stream->Recv(&iov, 1, MSG_PEEK, nonblocking);
+  if (peeked <= 0) return ToLibc(peeked);
+  const ssize_t written = sys::write(pipe, buffer, size_t(peeked));
+  if (written <= 0) return written;
+  iov.iov_len = size_t(written);
+  const ssize_t taken = s->stream->Recv(&iov, 1, 0, /*nonblocking=*/true);
+  if (taken > 0) StatsAddReceived(s->stats, uint64_t(taken));
+  return taken < 0 ? ToLibc(taken) : taken;
+}
+
 }  // namespace
+
+SLIP_EXPORT ssize_t splice(int fd_in, off64_t* off_in, int fd_out, off64_t* off_out, size_t len,
+                           unsigned int flags) {
+  SocketRef in(fd_in);
+  SocketRef out(fd_out);
+  if (!in.accelerated() && !out.accelerated())
+    return Libc().splice(fd_in, off_in, fd_out, off_out, len, flags);
+  // As the kernel answers: the other end must be a pipe, and a pipe has no offset.
+  const int pipe = in.accelerated() ? fd_out : fd_in;
+  if (in.accelerated() == out.accelerated() || !IsPipe(pipe)) {
+    errno = EINVAL;
+    return -1;
+  }
+  if ((in.accelerated() ? off_out : off_in) != nullptr) {
+    errno = ESPIPE;
+    return -1;
+  }
+  if (len == 0) return 0;
+  return in.accelerated() ? AccelSpliceOut(in.get(), pipe, len, flags)
+                          : AccelSpliceIn(out.get(), pipe, len, flags);
+}
 
 SLIP_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   SocketRef ref(out_fd);

@@ -33,6 +33,7 @@ LibcCalls Load() noexcept {
   Resolve(c.recvmmsg, "recvmmsg");
   Resolve(c.sendmmsg, "sendmmsg");
   Resolve(c.sendfile, "sendfile");
+  Resolve(c.splice, "splice");
   Resolve(c.close, "close");
   Resolve(c.closefrom, "closefrom");
   Resolve(c.fstat, "fstat");

@@ -34,6 +34,7 @@ struct LibcCalls {
   int (*recvmmsg)(int, mmsghdr*, unsigned, int, timespec*);
   int (*sendmmsg)(int, mmsghdr*, unsigned, int);
   ssize_t (*sendfile)(int, int, off_t*, size_t);
+  ssize_t (*splice)(int, off64_t*, int, off64_t*, size_t, unsigned int);
   int (*close)(int);
   void (*closefrom)(int);
   int (*fstat)(int, struct stat*);
