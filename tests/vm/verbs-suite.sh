@@ -35,10 +35,10 @@ IT="$BUILD/tests/integration"
 # transports.verbs_first/shm_first (the user's order picks verbs or shm for one address).
 CASES=${SLIP_VERBS_CASES-"semantics.both bulk.both socat.both iperf3.both
 sockperf.both poll.both et.both banner.both exec.both
-kill.sender_killed kill.recv_blocked_client_killed transports.verbs_first"}
+kill.sender_killed kill.recv_blocked_client_killed"}
 VERBS_ONLY=${SLIP_VERBS_ONLY-"notify_send.both notify_send.server malformed.run
 forged_nonce.run forged_silent.run late_confirm.run cross_write.run flood.source flood.budget flood.fdlimit qp_fault.server_reset
-qp_fault.client_reset qp_fault.server_err memlock.run fabric_memlock.run
+memlock.run fabric_memlock.run
 negative_cache.run
 nbconnect.verbs nbconnect.plain_server
 nbconnect.refused nbconnect.closed gid.default gid.missing_client gid.missing_server
@@ -47,14 +47,17 @@ reuse_restart.run reuseport.sockets reuseport.procs reuseport.takeover
 reuseport.squat crr.reuseport grpc.default"}
 # The rest (vm.verbs_extra, label "long": `make test-long`, not `make test`): other
 # readiness APIs, the mirror images of cases above (one end plain, the other way round),
-# variants of the same paths (SEND notifications for reuse, a mixed reuseport group), and
-# the NCCL harness with three queue pairs and under ASan: about four minutes under
+# variants of the same paths (SEND notifications for reuse, a mixed reuseport group, two of
+# the three queue-pair faults, the other transport order), and the NCCL harness with three
+# queue pairs, under ASan and over libfabric's verbs provider: about six minutes under
 # emulation that the 40-minute budget of `make test` cannot spare. SLIP_VERBS_EXTRA=1 runs
 # only these, in all the lists' place.
 if [ "${SLIP_VERBS_EXTRA:-0}" = 1 ]; then
   CASES="asyncio.both select.both sendfile.both kill.receiver_killed
-kill.recv_blocked_server_killed transports.shm_first bulk.server bulk.client"
-  VERBS_ONLY="reuse.tight reuse.off reuse.send gid.explicit reuseport.one reuseport.mixed"
+kill.recv_blocked_server_killed transports.shm_first transports.verbs_first bulk.server
+bulk.client"
+  VERBS_ONLY="reuse.tight reuse.off reuse.send gid.explicit reuseport.one reuseport.mixed
+qp_fault.client_reset qp_fault.server_err"
 fi
 
 passed=0
@@ -97,22 +100,12 @@ done
 
 # 3. The NCCL plugin's harness (tests/unit/nccl_plugin_test.cc) over verbs: the plugin
 #    offers rxe0, and every comm is an RC queue pair through it (about 15 s); flushes
-#    of host memory forced (SLIP_NCCL_FLUSH=1), so that the GPUDirect flush's READ runs;
-#    and over libfabric's verbs provider. The extra run (SLIP_VERBS_EXTRA=1): with three
-#    queue pairs per comm (SLIP_NCCL_QPS=3), and under ASan.
+#    of host memory forced (SLIP_NCCL_FLUSH=1), so that the GPUDirect flush's READ runs.
+#    The extra run (SLIP_VERBS_EXTRA=1): with three queue pairs per comm (SLIP_NCCL_QPS=3),
+#    under ASan, and over libfabric's verbs provider.
 if [ "${SLIP_VERBS_NCCL-1}" = 1 ] && [ "${SLIP_VERBS_EXTRA:-0}" != 1 ]; then
   run "verbs.nccl_plugin" env SLIP_NCCL_TEST_TRANSPORT=verbs SLIP_NCCL_FLUSH=1 \
     "$BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
-  # Over libfabric's verbs provider (RDM through ofi_rxm) on the same rxe0: the fabric
-  # module's comms. FI_UNIVERSE_SIZE=64: ofi_rxm sizes its verbs completion queues for its
-  # default universe of 256 peers, past rxe's 32767 entries (fi_enable fails otherwise).
-  if [ -e "$BUILD/lib/libslipstream-fabric.so" ]; then
-    run "verbs.nccl_plugin_fabric" env SLIP_NCCL_TEST_TRANSPORT=fabric SLIP_TRANSPORTS=fabric \
-      SLIP_FABRIC_PROVIDER=verbs FI_UNIVERSE_SIZE=64 "$BUILD/bin/slip_unit_tests" \
-      --gtest_filter='NcclPlugin*'
-  else
-    echo "SKIP verbs.nccl_plugin_fabric: no fabric module at $BUILD (libfabric-dev missing)"
-  fi
 elif [ "${SLIP_VERBS_NCCL-1}" = 1 ]; then
   # Again with three queue pairs per comm: sends split in 128-byte aligned parts (an odd
   # count, so that parts are uneven and small sends leave queue pairs with nothing).
@@ -127,6 +120,16 @@ elif [ "${SLIP_VERBS_NCCL-1}" = 1 ]; then
       SLIP_NCCL_FLUSH=1 SLIP_NCCL_QPS=2 "$ASAN_BUILD/bin/slip_unit_tests" --gtest_filter='NcclPlugin*'
   else
     echo "SKIP verbs.nccl_plugin_asan: no ASan build with the verbs module at $ASAN_BUILD"
+  fi
+  # Over libfabric's verbs provider (RDM through ofi_rxm) on the same rxe0: the fabric
+  # module's comms. FI_UNIVERSE_SIZE=64: ofi_rxm sizes its verbs completion queues for its
+  # default universe of 256 peers, past rxe's 32767 entries (fi_enable fails otherwise).
+  if [ -e "$BUILD/lib/libslipstream-fabric.so" ]; then
+    run "verbs.nccl_plugin_fabric" env SLIP_NCCL_TEST_TRANSPORT=fabric SLIP_TRANSPORTS=fabric \
+      SLIP_FABRIC_PROVIDER=verbs FI_UNIVERSE_SIZE=64 "$BUILD/bin/slip_unit_tests" \
+      --gtest_filter='NcclPlugin*'
+  else
+    echo "SKIP verbs.nccl_plugin_fabric: no fabric module at $BUILD (libfabric-dev missing)"
   fi
 fi
 
