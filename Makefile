@@ -81,11 +81,11 @@ test-sanitize-suite:
 # Every package first, in one apt-get run (`install-deps.sh workloads` is the base set plus
 # the workload stacks), then the builds and the sanitizer runs, then ONE ctest over every
 # label (unit, fuzz, integration, stress, workloads, vm: the verbs suite in a Soft-RoCE
-# qemu guest, about 13 minutes, tests/vm/README.md), so that its summary is the last
+# qemu guest, about 12 minutes, tests/vm/README.md), so that its summary is the last
 # thing printed. The stress and workload tests are RUN_SERIAL: ctest runs them one at a
-# time, alone. From a clean clone on 2 CPUs: about 36 minutes, the three builds and the
-# sanitizers' unit runs about 15 of them, ctest the rest (the verbs guest suite alone about
-# 13); the package download and install adds about 2 (tests/workloads/README.md). The label
+# time, alone. From a clean clone on 2 CPUs: 36 to 40 minutes, the three builds and the
+# sanitizers' unit runs 15 to 18 of them, ctest the rest (the verbs guest suite alone about
+# 12); the package download and install adds about 2 (tests/workloads/README.md). The label
 # "long" (vm.verbs_extra, workloads.gloo.2, workloads.cpython_sockets) is left out to keep
 # this within 40 minutes: `make test-long`.
 # --repeat until-pass:2: a test must fail twice in a row to fail the run (every failure is
