@@ -101,7 +101,9 @@ void RemarkOwnFd(int fd) noexcept {
 }
 
 void ForgetOwnFd(int fd) noexcept {
-  if (Entry* e = EntryOf(fd, false)) e->dev.store(0, std::memory_order_release);
+  // (Every close asks: a number that carries no mark costs loads, never a store.)
+  Entry* e = EntryOf(fd, false);
+  if (e && e->dev.load(std::memory_order_relaxed) != 0) e->dev.store(0, std::memory_order_release);
 }
 
 bool IsOwnFd(int fd) noexcept {

@@ -30,8 +30,8 @@ RING = 1 << 20
 TYPE_CONFIRM = 3
 
 
-def confirm_message(nonce):
-    body = struct.pack("<QII", nonce, RING, 0)
+def confirm_message(nonce, ring=RING):
+    body = struct.pack("<QII", nonce, ring, 0)
     message = bytearray(MAGIC + struct.pack("<BBHII", VERSION, TYPE_CONFIRM, 0, 16 + len(body), 0)
                         + body)
     message[12:16] = struct.pack("<I", crc32c(bytes(message)))

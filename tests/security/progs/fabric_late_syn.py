@@ -17,62 +17,21 @@ application read them), "received"}.
 """
 
 import argparse
-import json
 import random
 import socket
 import struct
+import sys
 import time
+from pathlib import Path
 
 from fabric_req_flood import LISTENER, MAGIC as FABRIC_MAGIC, req
 
-SLIP_MAGIC = b"SLIP"
-VERSION = 1
-TYPE_CONFIRM = 3
-PLAIN = b"plain bytes, ours to read\n"
+# The shm CONFIRM, its checksum and the reading server: the integration suite's own.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration" / "progs"))
 
-
-def report(**fields):
-    print(json.dumps(fields), flush=True)
-
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
-    return crc ^ 0xFFFFFFFF
-
-
-def confirm_message(nonce, ring):
-    body = struct.pack("<QII", nonce, ring, 0)
-    message = bytearray(SLIP_MAGIC + struct.pack("<BBHII", VERSION, TYPE_CONFIRM, 0,
-                                                 16 + len(body), 0) + body)
-    message[12:16] = struct.pack("<I", crc32c(bytes(message)))
-    return bytes(message)
-
-
-def serve(port):
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((LISTENER, port))
-    listener.listen(4)
-    print("LISTENING", flush=True)
-    conn, _ = listener.accept()
-    conn.settimeout(10)
-    received, end = b"", "timeout"
-    try:
-        while True:
-            data = conn.recv(65536)
-            if not data:
-                end = "eof"
-                break
-            received += data
-    except ConnectionResetError:
-        end = "reset"
-    except socket.timeout:
-        pass
-    report(received=received.hex(), count=len(received), end=end)
+from common import report  # noqa: E402
+from forge_register import MAGIC as SLIP_MAGIC  # noqa: E402
+from late_confirm import PLAIN, confirm_message, serve  # noqa: E402
 
 
 def client(args):
