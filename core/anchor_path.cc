@@ -90,6 +90,12 @@ bool ReceiveFailover(int fd, int timeout_ms, wire::Failover* out) noexcept {
       *out = peek.msg.failover;
       return true;
     }
+    if (peek.Is(wire::Type::kUrgent)) {
+      // (A mark or an answer sent before the peer's FAILOVER: the stream is leaving the
+      // transport, and TCP carries what follows; the byte itself comes as any other.)
+      ConsumeAnchor(fd, peek);
+      continue;
+    }
     if (peek.kind != AnchorPeek::Kind::kPartial && peek.kind != AnchorPeek::Kind::kNone)
       return false;
     if (!WaitUntil(fd, POLLIN, deadline)) return false;
@@ -165,12 +171,19 @@ uint64_t AnchorPath::PushLocked(uint64_t published) noexcept {
   while (tx < published && !peer_closed_.load(std::memory_order_relaxed) &&
          error_.load(std::memory_order_relaxed) == 0) {
     uint64_t offset = tx & mask_;
-    uint64_t left = published - tx;
+    // The bytes before an urgent one first; it then goes alone, so that it is the one TCP
+    // marks however much of a longer send the kernel would take.
+    const bool urgent_due = urgent_end_ > tx && urgent_end_ <= published;
+    const uint64_t stop = urgent_due && urgent_end_ - 1 > tx ? urgent_end_ - 1 : published;
+    const bool urgent_now = urgent_due && urgent_end_ - 1 == tx;
+    uint64_t left = urgent_now ? 1 : stop - tx;
     size_t len = size_t(left < size - offset ? left : size - offset);
-    ssize_t n = sys::send(fd_, tx_ring_ + offset, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t n = sys::send(fd_, tx_ring_ + offset, len,
+                          MSG_DONTWAIT | MSG_NOSIGNAL | (urgent_now ? MSG_OOB : 0));
     if (n > 0) {
       tx += uint64_t(n);
       tx_.store(tx, std::memory_order_release);
+      if (urgent_now) urgent_end_ = 0;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -192,6 +205,11 @@ uint64_t AnchorPath::PushLocked(uint64_t published) noexcept {
 uint64_t AnchorPath::Push(uint64_t published) noexcept {
   std::lock_guard<std::mutex> lock(tx_mu_);
   return PushLocked(published);
+}
+
+void AnchorPath::MarkUrgent(uint64_t offset) noexcept {
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  urgent_end_ = offset + 1;
 }
 
 void AnchorPath::Finish(uint64_t published) noexcept {

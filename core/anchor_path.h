@@ -85,6 +85,10 @@ class AnchorPath {
   bool PushAll(uint64_t published, int timeout_ms) noexcept;
   // No byte will be published after `published`: the anchor's FIN follows the last one.
   void Finish(uint64_t published) noexcept;
+  // Byte `offset` of the sent stream is urgent: the push sends it alone with MSG_OOB (TCP
+  // marks the last byte of such a send). One mark, the latest, as TCP keeps. May come
+  // before Start; a mark before the start's send cursor is forgotten.
+  void MarkUrgent(uint64_t offset) noexcept;
 
   // The anchor's readiness while it carries the stream (`events` as epoll says them):
   // pulls what arrived (when `may_pull`) and pushes what is published before `published`.
@@ -130,6 +134,7 @@ class AnchorPath {
   bool finish_ = false;                            // under tx_mu_
   uint64_t final_ = 0;                             // under tx_mu_
   bool shut_ = false;                              // under tx_mu_
+  uint64_t urgent_end_ = 0;  // under tx_mu_: the urgent byte's offset + 1 (0: none)
 };
 
 }  // namespace slip

@@ -17,6 +17,8 @@
 
 namespace slip {
 
+class AnchorFailover;
+
 class ChannelControl {
  public:
   ChannelControl() = default;
@@ -41,6 +43,9 @@ class ChannelControl {
   // offsets. Channels that never fail that way keep these defaults.
   // The anchor (non-blocking), once the stream is installed; the channel does not own it.
   virtual void SetAnchor(int fd) noexcept { (void)fd; }
+  // The channel's continue-on-anchor (core/failover.h), for what the stream itself says on
+  // the anchor (urgent data); null for a channel without one.
+  virtual AnchorFailover* failover() noexcept { return nullptr; }
   // Control thread: the peer's FAILOVER arrived (how much of our stream it received, how
   // much of its own it had sent). Answers with our own FAILOVER if we had not sent one.
   // Returns false when the stream cannot continue (the caller then treats the peer as gone

@@ -131,6 +131,7 @@ void AnchorFailover::EnterTcp(uint64_t rx_from, uint64_t tx_from) noexcept {
   // other's).
   carriage_.store(Carriage::kTcp, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  urgent_cv_.notify_all();  // (a sender waiting for its URGENT's answer: it came before)
   if (finished()) path_.Finish(published());
   OnAnchorReady(EPOLLIN | EPOLLOUT);
   // Send credit may have jumped to what the peer received: writers look again. Readers
@@ -174,6 +175,61 @@ bool AnchorFailover::HandBack(uint64_t consumed, uint64_t credited, int timeout_
            (unsigned long long)consumed, (unsigned long long)last,
            (unsigned long long)(last - peer.received));
   return true;
+}
+
+}  // namespace slip
+
+namespace slip {
+
+AnchorFailover::UrgentRoute AnchorFailover::AnnounceUrgent(uint64_t offset, uint8_t byte,
+                                                           int timeout_ms) noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (anchor() < 0) return UrgentRoute::kNone;
+  if (carriage() != Carriage::kTransport || ours_sent_) {
+    // Our FAILOVER is out (or the stream is on TCP): TCP's own urgent data carries it.
+    path_.MarkUrgent(offset);
+    return UrgentRoute::kOnAnchor;
+  }
+  wire::Message msg;
+  msg.type = wire::Type::kUrgent;
+  msg.urgent = wire::Urgent{.offset = offset, .byte = byte, .ack = false};
+  if (!SendOnAnchor(anchor(), msg, timeout_ms)) {
+    SLIP_LOG(kWarn, "%s: cannot tell the peer of urgent data (%s): it goes as ordinary data",
+             transport_, strerror(errno));
+    return UrgentRoute::kUnmarked;
+  }
+  urgent_announced_.store(true, std::memory_order_relaxed);
+  const bool answered = urgent_cv_.wait_for(
+      lock, std::chrono::milliseconds(timeout_ms),
+      [&]() noexcept { return urgent_acked_ > offset || carriage() != Carriage::kTransport; });
+  if (answered) return UrgentRoute::kMarked;
+  SLIP_LOG(kWarn, "%s: the peer did not answer an urgent mark within %d ms", transport_,
+           timeout_ms);
+  return UrgentRoute::kUnmarked;
+}
+
+void AnchorFailover::AnswerUrgent(uint64_t offset) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ours_sent_ || carriage() == Carriage::kTcp) return;
+  wire::Message msg;
+  msg.type = wire::Type::kUrgent;
+  msg.urgent = wire::Urgent{.offset = offset, .byte = 0, .ack = true};
+  if (!SendOnAnchor(anchor(), msg, 1000))
+    SLIP_LOG(kWarn, "%s: cannot answer the peer's urgent mark (%s)", transport_, strerror(errno));
+}
+
+void AnchorFailover::OnUrgentAck(uint64_t offset) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (offset + 1 > urgent_acked_) urgent_acked_ = offset + 1;
+  }
+  urgent_cv_.notify_all();
+}
+
+ssize_t AnchorFailover::RecvUrgentOnAnchor(uint8_t* byte, int flags) const noexcept {
+  if (!on_tcp()) return -EINVAL;
+  const ssize_t n = sys::recv(anchor(), byte, 1, MSG_OOB | MSG_DONTWAIT | (flags & MSG_PEEK));
+  return n < 0 ? -errno : n;
 }
 
 }  // namespace slip

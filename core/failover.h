@@ -34,6 +34,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 
@@ -169,6 +170,34 @@ class AnchorFailover {
   // logged, when any of it fails. This end never carries the stream afterwards.
   bool HandBack(uint64_t consumed, uint64_t credited, int timeout_ms) noexcept;
 
+  // --- urgent data (docs/DESIGN.md, "Urgent data")
+  enum class UrgentRoute : uint8_t {
+    kMarked,    // the peer knows the mark: publish the byte as any other
+    kOnAnchor,  // TCP carries the stream: the anchor sends the byte as TCP urgent data
+    kUnmarked,  // the peer did not answer in time (logged): the byte goes as any other
+    kNone,      // no anchor to say it on (failover is off): no urgent data
+  };
+  // The application sends urgent data whose byte will be byte `offset` of this end's
+  // stream, `byte`. While the transport carries the stream: tells the peer (URGENT) and
+  // waits up to `timeout_ms` for its answer, or for the stream to move to TCP (then the
+  // peer had the mark before our FAILOVER, which follows it on the anchor). On TCP, or
+  // with our FAILOVER out: marks the byte for the anchor. Any thread but the control one.
+  UrgentRoute AnnounceUrgent(uint64_t offset, uint8_t byte, int timeout_ms) noexcept;
+  // Control thread: the peer's URGENT at `offset` arrived (the stream took the mark):
+  // answers it unless our FAILOVER is out, after which the anchor carries no message of
+  // ours (the peer's wait then ends with the switch to TCP).
+  void AnswerUrgent(uint64_t offset) noexcept;
+  // Control thread: the peer's answer to our URGENT.
+  void OnUrgentAck(uint64_t offset) noexcept;
+  // Whether an URGENT of ours went out (a connection declined after it cannot start over
+  // from byte 0 on TCP: the peer's application would read the message).
+  bool urgent_announced() const noexcept {
+    return urgent_announced_.load(std::memory_order_relaxed);
+  }
+  // recv(MSG_OOB) while TCP carries the stream: the anchor's own urgent byte (TCP urgent
+  // data from a peer that sent it on TCP). -errno as recv would say.
+  ssize_t RecvUrgentOnAnchor(uint8_t* byte, int flags) const noexcept;
+
  private:
   // Whether the peer's counts fit this end's: it received no less than we saw credited and
   // nothing we did not publish, and it sent at least what we received.
@@ -188,8 +217,11 @@ class AnchorFailover {
   std::atomic<bool> finished_{false};
 
   std::mutex mu_;
-  bool ours_sent_ = false;  // under mu_
-  uint64_t received_ = 0;   // what our FAILOVER said, under mu_
+  bool ours_sent_ = false;             // under mu_
+  uint64_t received_ = 0;              // what our FAILOVER said, under mu_
+  std::condition_variable urgent_cv_;  // (with mu_) an answer came, or the carriage changed
+  uint64_t urgent_acked_ = 0;          // under mu_: the peer's last answer's offset + 1
+  std::atomic<bool> urgent_announced_{false};
   mutable AnchorPath path_;
 };
 

@@ -227,10 +227,16 @@ int Stream::SendError(int flags) noexcept {
 }
 
 ssize_t Stream::Send(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept {
-  if (flags & MSG_OOB) return -EOPNOTSUPP;
   size_t total = IovTotal(iov, iovcnt);
   if (total == SIZE_MAX) return -EINVAL;
   nonblocking = nonblocking || (flags & MSG_DONTWAIT);
+  if ((flags & MSG_OOB) && total > 0)
+    return SendUrgent(iov, iovcnt, total, flags & ~MSG_OOB, nonblocking);
+  return SendUpTo(iov, iovcnt, total, flags & ~MSG_OOB, nonblocking);
+}
+
+ssize_t Stream::SendUpTo(const iovec* iov, int iovcnt, size_t total, int flags,
+                         bool nonblocking) noexcept {
   size_t sent = 0;
   for (;;) {
     {
@@ -280,18 +286,21 @@ ssize_t Stream::SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
     }
     if (!nonblocking) return kMustWait;
     if (sent > 0) return ssize_t(sent);
-    // Make the proxy unwritable before reporting EAGAIN, so that the application's
-    // wait for EPOLLOUT sleeps until the peer frees space (and drains the fill).
-    proxy::Fill(proxy_a_);
-    channel_->TxWake()->writer_waiting.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (HasTxSpace()) {
-      channel_->TxWake()->writer_waiting.store(0, std::memory_order_relaxed);
-      proxy::Unfill(proxy_b_);
-      continue;
-    }
+    if (ArmWritable()) continue;
     return -EAGAIN;
   }
+}
+
+bool Stream::ArmWritable() noexcept {
+  // Make the proxy unwritable before reporting EAGAIN, so that the application's wait for
+  // EPOLLOUT sleeps until the peer frees space (and drains the fill).
+  proxy::Fill(proxy_a_);
+  channel_->TxWake()->writer_waiting.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!HasTxSpace()) return false;
+  channel_->TxWake()->writer_waiting.store(0, std::memory_order_relaxed);
+  proxy::Unfill(proxy_b_);
+  return true;
 }
 
 int Stream::WaitWritable() noexcept {
@@ -388,7 +397,7 @@ void Stream::SetRearmList(RearmList* list) noexcept {
 }
 
 ssize_t Stream::RecvUntilDone(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept {
-  if (flags & MSG_OOB) return -EINVAL;
+  if (flags & MSG_OOB) return RecvUrgent(iov, iovcnt, flags);
   size_t total = IovTotal(iov, iovcnt);
   if (total == SIZE_MAX) return -EINVAL;
   nonblocking = nonblocking || (flags & MSG_DONTWAIT);
@@ -419,14 +428,28 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   uint64_t consumed = LoadConsumed(std::memory_order_relaxed);
   uint64_t avail = RxAvail(/*strict=*/true);
   uint64_t produced = consumed + avail;
+  // Past an urgent mark: stop at it, skip its byte there unless it is inline.
+  uint64_t take = avail, skip = 0;
+  if (urgent_active_.load(std::memory_order_acquire)) {
+    const UrgentCut cut = CutAtMark(consumed, avail, got > 0);
+    if (cut.stop) return ssize_t(got);
+    take = cut.take;
+    skip = cut.skip;
+    if (skip && !peek) {
+      consumed += skip;
+      StoreConsumed(consumed);
+      channel_->RxConsumed(consumed);
+      PassMark(consumed);
+    }
+  }
   if (peek) {
     // Like TCP, MSG_PEEK|MSG_WAITALL waits until the whole amount is there (or EOF).
-    if (avail > 0 && (avail >= total || !waitall || RxFinished()))
-      return ssize_t(CopyOut(iov, iovcnt, 0, std::min<uint64_t>(avail, total), consumed));
-  } else if (avail > 0) {
+    if (take > 0 && (take >= total || !waitall || RxFinished()))
+      return ssize_t(CopyOut(iov, iovcnt, 0, std::min<uint64_t>(take, total), consumed + skip));
+  } else if (take > 0) {
     // Credited a chunk at a time: the sender refills the ring while we copy the rest, where
     // crediting once at the end had the two ends take turns over whole rings.
-    const uint64_t want = std::min<uint64_t>(avail, total - got);
+    const uint64_t want = std::min<uint64_t>(take, total - got);
     const uint64_t chunk = CreditChunk(channel_->ring_size());
     for (uint64_t done = 0; done < want;) {
       const size_t n = CopyOut(iov, iovcnt, got, std::min(chunk, want - done), consumed);
@@ -437,6 +460,7 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
       done += n;
       if (n == 0) break;
     }
+    if (urgent_active_.load(std::memory_order_relaxed)) PassMark(consumed);
     if (got == total || !waitall) {
       if (!HasRxData()) proxy::DrainTokens(wake, proxy_a_);
       return ssize_t(got);
@@ -580,10 +604,9 @@ int Stream::SleepDirect(int wake_fd, bool* woken) noexcept {
       // Tokens on A with no bytes behind them (a wake-up meant for us, handed on by whoever
       // took the completion event first) are taken here: A must not stay readable for
       // nothing, or the next sleep would return at once.
-      WakeState* wake = channel_->RxWake();
-      if ((fds[0].revents & POLLIN) && !HasRxData() &&
-          wake->tokens.load(std::memory_order_relaxed) != 0)
-        proxy::DrainTokens(wake, proxy_a_);
+      // (Counted or not: the proxy's urgent byte, a peer's stray one, keep A readable too.)
+      if ((fds[0].revents & POLLIN) && !HasRxData())
+        proxy::DrainAllTokens(channel_->RxWake(), proxy_a_);
       return 0;
     }
     if (n == 0) return -EAGAIN;

@@ -52,6 +52,18 @@ class Stream {
   // Like recvmsg on a TCP socket: bytes received, 0 at EOF, or -errno.
   ssize_t Recv(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept;
 
+  // --- urgent data (core/stream_urgent.cc; docs/DESIGN.md, "Urgent data")
+  // As TCP: send(MSG_OOB) makes its last byte urgent; the receiver keeps the latest mark, a
+  // receive stops at it, and there skips the urgent byte unless SO_OOBINLINE is set;
+  // recv(MSG_OOB) returns that byte once; SIOCATMARK says whether the next byte read is it.
+  // Control thread: the peer's URGENT says byte `offset` of its stream is urgent, `byte`.
+  // False (nothing taken) for an offset this end cannot have ahead of it.
+  bool OnPeerUrgent(uint64_t offset, uint8_t byte) noexcept;
+  // sockatmark(): 1 when the next byte to read is the urgent one, 0 otherwise.
+  int AtMark() noexcept;
+  // SO_OOBINLINE: the urgent byte stays in the stream at its place.
+  void SetUrgentInline(bool on) noexcept { urgent_inline_.store(on, std::memory_order_relaxed); }
+
   int ShutdownRead() noexcept;
   int ShutdownWrite() noexcept;
   // Both directions are finished for good: EOF for the peer, and its sends fail. For a
@@ -111,6 +123,30 @@ class Stream {
   friend class RearmList;
 
   ssize_t RecvUntilDone(const iovec* iov, int iovcnt, int flags, bool nonblocking) noexcept;
+  // Send's loop over the first `total` bytes of `iov`, and its urgent form (the last byte
+  // published only once the peer knows the mark).
+  ssize_t SendUpTo(const iovec* iov, int iovcnt, size_t total, int flags,
+                   bool nonblocking) noexcept;
+  ssize_t SendUrgent(const iovec* iov, int iovcnt, size_t total, int flags,
+                     bool nonblocking) noexcept;
+  // recv(MSG_OOB).
+  ssize_t RecvUrgent(const iovec* iov, int iovcnt, int flags) noexcept;
+  // A receive from byte `from` with `avail` bytes there, past an urgent mark: whether it
+  // must stop (it copied bytes already and stands at the mark), how many bytes it skips
+  // first (the urgent byte, not inline) and how many it may take after them.
+  struct UrgentCut {
+    bool stop = false;
+    uint64_t skip = 0;
+    uint64_t take = 0;
+  };
+  UrgentCut CutAtMark(uint64_t from, uint64_t avail, bool copied) noexcept;
+  // The reader consumed up to `consumed`: a mark behind it is forgotten, as TCP does.
+  void PassMark(uint64_t consumed) noexcept;
+  // Takes the proxy's own urgent byte (the POLLPRI the peer's mark raised).
+  void TakeProxyUrgent() noexcept;
+  // The proxy fill that makes A unwritable before a non-blocking send reports EAGAIN.
+  // True when space came meanwhile (the caller tries again).
+  bool ArmWritable() noexcept;
   // Armed: the proxy shows what comes next (rearm_list.h). A token is queued, or the ring
   // is empty and the next publish writes one.
   bool Armed() const noexcept;
@@ -191,6 +227,14 @@ class Stream {
   std::atomic<bool> discarded_after_close_{false};
   std::atomic<int> rx_sleepers_{0};  // threads asleep in WaitReadable
   std::atomic<bool> edge_triggered_{false};
+
+  // Urgent data: the latest mark the peer announced, as TCP keeps one (stream_urgent.cc).
+  std::mutex urgent_mu_;                    // the fields below it
+  std::atomic<bool> urgent_active_{false};  // a mark is known and not passed (read unlocked)
+  std::atomic<bool> urgent_inline_{false};  // SO_OOBINLINE
+  uint64_t urgent_offset_ = 0;
+  uint8_t urgent_byte_ = 0;
+  bool urgent_read_ = false;  // recv(MSG_OOB) took it
 
   // RearmList membership; the links and flags are the list's, under its lock.
   std::atomic<RearmList*> rearm_{nullptr};

@@ -50,12 +50,14 @@ size_t PayloadSize(Type t) noexcept {
       return 8 + 4;
     case Type::kFailover:
       return 8 + 8 + 4 + 4;
+    case Type::kUrgent:
+      return 8 + 1 + 1 + 2 + 4 + 4;  // (a length no other type has)
   }
   return 0;
 }
 
 bool KnownType(uint8_t t) noexcept {
-  return t >= 1 && t <= 6;
+  return t >= 1 && t <= 7;
 }
 
 bool ValidRingSize(uint32_t size) noexcept {
@@ -111,6 +113,18 @@ bool ParsePayload(Type type, ByteReader* r, Message* out) noexcept {
       if (cause > static_cast<uint32_t>(FailoverCause::kHandBack) || reserved != 0) return false;
       out->failover.cause = static_cast<FailoverCause>(cause);
       return true;
+    }
+    case Type::kUrgent: {
+      out->urgent = Urgent();
+      out->urgent.offset = r->U64();
+      out->urgent.byte = r->U8();
+      const uint8_t ack = r->U8();
+      const uint16_t reserved16 = r->U16();
+      const uint32_t reserved32 = r->U32();
+      const uint32_t reserved32b = r->U32();
+      out->urgent.ack = ack == 1;
+      return ack <= 1 && reserved16 == 0 && reserved32 == 0 && reserved32b == 0 &&
+             (ack == 0 || out->urgent.byte == 0);
     }
   }
   return false;
@@ -273,6 +287,14 @@ size_t EncodeMessage(const Message& msg, uint8_t* out, size_t cap) noexcept {
       w.U64(msg.failover.received);
       w.U64(msg.failover.sent);
       w.U32(static_cast<uint32_t>(msg.failover.cause));
+      w.U32(0);
+      break;
+    case Type::kUrgent:
+      w.U64(msg.urgent.offset);
+      w.U8(msg.urgent.ack ? 0 : msg.urgent.byte);
+      w.U8(msg.urgent.ack ? 1 : 0);
+      w.U16(0);
+      w.U32(0);
       w.U32(0);
       break;
   }

@@ -16,6 +16,11 @@
 // Once accelerated, either end (in band, when its transport fails):  FAILOVER (bytes it
 // received); the other answers with its own, then both carry the stream on the TCP
 // connection from those offsets (docs/DESIGN.md, "Failover").
+//
+// Urgent data (MSG_OOB) while the transport carries the stream: the sender tells where its
+// urgent byte will be (URGENT), the receiver answers once it knows the mark (URGENT, ack),
+// and only then is the byte published, so that no reader takes it for an ordinary one
+// (docs/DESIGN.md, "Urgent data").
 #pragma once
 
 #include <sys/socket.h>
@@ -42,6 +47,7 @@ enum class Type : uint8_t {
   kAccept = 4,
   kDecline = 5,
   kFailover = 6,
+  kUrgent = 7,
 };
 
 // Decline reasons, carried on the wire; stable values.
@@ -120,6 +126,14 @@ struct Failover {
   FailoverCause cause = FailoverCause::kPeerRequest;
 };
 
+// A mark of urgent data: byte `offset` of the sender's stream is urgent and is `byte`.
+// The receiver's answer (`ack`) repeats the offset once the mark is known.
+struct Urgent {
+  uint64_t offset = 0;
+  uint8_t byte = 0;
+  bool ack = false;
+};
+
 struct Message {
   Type type = Type::kConfirm;
   union {
@@ -129,6 +143,7 @@ struct Message {
     Accept accept;
     Decline decline;
     Failover failover;
+    Urgent urgent;
   };
   Message() noexcept : confirm() {}
 };

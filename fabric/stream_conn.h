@@ -189,6 +189,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // --- ChannelControl ---
   void Abort() noexcept override { aborting_ = true; }
   void SetAnchor(int fd) noexcept override { failover_.SetAnchor(fd); }
+  AnchorFailover* failover() noexcept override { return &failover_; }
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
   bool AnchorCarriesStream() const noexcept override {
     const Carriage carriage = failover_.carriage();

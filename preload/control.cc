@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "core/anchor_path.h"
+#include "core/failover.h"
 #include "core/log.h"
 #include "core/no_destructor.h"
 #include "core/sys.h"
@@ -195,6 +196,14 @@ void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
     } else if (msg.type == wire::Type::kFailover) {
       TakeFailover(s, epfd, msg.failover);
       return;  // what follows is the stream's
+    } else if (msg.type == wire::Type::kUrgent) {
+      // Urgent data (core/stream_urgent.cc): the peer's mark, or its answer to ours.
+      AnchorFailover* failover = channel->failover();
+      if (!failover) continue;
+      if (msg.urgent.ack)
+        failover->OnUrgentAck(msg.urgent.offset);
+      else if (s->stream->OnPeerUrgent(msg.urgent.offset, msg.urgent.byte))
+        failover->AnswerUrgent(msg.urgent.offset);
     }
   }
 }

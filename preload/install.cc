@@ -144,6 +144,10 @@ bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int an
   s->anchor_fd = anchor;
   if (GetRuntime().config.failover) s->stream->control()->SetAnchor(anchor);
   s->nonblocking.store(fl_flags & O_NONBLOCK, std::memory_order_relaxed);
+  int inline_urgent = 0;  // (set before connect, or inherited from the listener)
+  socklen_t inline_len = sizeof(inline_urgent);
+  if (sys::getsockopt(anchor, SOL_SOCKET, SO_OOBINLINE, &inline_urgent, &inline_len) == 0)
+    s->stream->SetUrgentInline(inline_urgent != 0);
   s->stats = StatsOpen(
       s->stream->channel()->kind(), Reason::kNone, role, reinterpret_cast<const sockaddr*>(&local),
       reinterpret_cast<const sockaddr*>(&remote), s->stream->channel()->provider());

@@ -120,7 +120,9 @@ SLIP_EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
     msg->msg_namelen = 0;
     msg->msg_controllen = 0;
     msg->msg_flags = 0;
-    return AccelRecv(ref.get(), msg->msg_iov, int(msg->msg_iovlen), flags);
+    const ssize_t n = AccelRecv(ref.get(), msg->msg_iov, int(msg->msg_iovlen), flags);
+    if (n >= 0 && (flags & MSG_OOB)) msg->msg_flags = MSG_OOB;
+    return n;
   }
   return CountReceived(ref, fd, Libc().recvmsg(fd, msg, flags));
 }

@@ -384,6 +384,10 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
       *static_cast<int*>(arg) = int(ref->stream->UnconsumedBytes());
       return 0;
     }
+    if (request == SIOCATMARK) {
+      *static_cast<int*>(arg) = ref->stream->AtMark();
+      return 0;
+    }
     if (request != FIONBIO && request != FIOCLEX && request != FIONCLEX)
       return Libc().ioctl(ref->anchor_fd, request, arg);
   }
@@ -393,6 +397,12 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
   if (rc == 0 && (request == FIOCLEX || request == FIONCLEX))
     MirrorCloexec(ref, request == FIOCLEX);
   return rc;
+}
+
+// (glibc's sockatmark calls its own ioctl, past the interposed one.)
+SLIP_EXPORT int sockatmark(int fd) {
+  int at = 0;
+  return ioctl(fd, SIOCATMARK, &at) == 0 ? at : -1;
 }
 
 SLIP_EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
@@ -416,6 +426,11 @@ SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen
   if (rc == 0 && ref && ref->kind == SockKind::kAccel && level == SOL_SOCKET &&
       (name == SO_RCVTIMEO || name == SO_SNDTIMEO))
     sys::setsockopt(fd, level, name, val, len);
+  // (The anchor has it too, for urgent data TCP itself carries; never the proxy, whose own
+  // urgent byte must stay out of line.)
+  if (rc == 0 && ref && ref->kind == SockKind::kAccel && level == SOL_SOCKET &&
+      name == SO_OOBINLINE && val && len >= socklen_t(sizeof(int)))
+    ref->stream->SetUrgentInline(*static_cast<const int*>(val) != 0);
   return rc;
 }
 

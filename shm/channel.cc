@@ -220,6 +220,7 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
   }
 
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
+  AnchorFailover* failover() noexcept override { return &failover_; }
   bool AnchorCarriesStream() const noexcept override {
     return failover_.carriage() != Carriage::kTransport;
   }

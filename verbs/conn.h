@@ -207,6 +207,7 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
       delete this;
   }
   void SetAnchor(int fd) noexcept override { failover_.SetAnchor(fd); }
+  AnchorFailover* failover() noexcept override { return &failover_; }
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
   bool OnPeerDecline() noexcept override;
   // (Held, the anchor's bytes are the client's, for settling alone.)

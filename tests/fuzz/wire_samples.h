@@ -74,6 +74,13 @@ inline Message MakeFailover(uint64_t received, uint64_t sent, FailoverCause caus
   return m;
 }
 
+inline Message MakeUrgent(uint64_t offset, uint8_t byte, bool ack) {
+  Message m;
+  m.type = Type::kUrgent;
+  m.urgent = Urgent{.offset = offset, .byte = ack ? uint8_t(0) : byte, .ack = ack};
+  return m;
+}
+
 constexpr std::array<uint8_t, 16> kV6Addr = {0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0,
                                              0,    0,    0,    0,    0, 0, 0, 0x2a};
 constexpr uint64_t kNonce = 0x0123456789abcdefull;
@@ -95,6 +102,8 @@ inline Message Typical(Type type) {
       return MakeDecline(kNonce, DeclineReason::kNonceMismatch);
     case Type::kFailover:
       return MakeFailover(1u << 20, 3u << 20, FailoverCause::kTransportError);
+    case Type::kUrgent:
+      return MakeUrgent(5u << 20, 0xff, false);
   }
   return Message();
 }
@@ -103,7 +112,7 @@ inline Message Typical(Type type) {
 inline std::vector<Message> All() {
   std::vector<Message> all;
   for (Type t : {Type::kRegister, Type::kCancel, Type::kConfirm, Type::kAccept, Type::kDecline,
-                 Type::kFailover})
+                 Type::kFailover, Type::kUrgent})
     all.push_back(Typical(t));
   const Endpoint v6_client = V6(kV6Addr, 0);
   const Endpoint v6_server = V6(kV6Addr, 65535);
@@ -121,6 +130,8 @@ inline std::vector<Message> All() {
     all.push_back(MakeDecline(r, static_cast<DeclineReason>(r)));
   for (uint32_t c = 0; c <= static_cast<uint32_t>(FailoverCause::kDeviceRemoved); ++c)
     all.push_back(MakeFailover(c == 0 ? 0 : ~0ull >> c, ~0ull, static_cast<FailoverCause>(c)));
+  all.push_back(MakeUrgent(0, 0, false));
+  all.push_back(MakeUrgent(~0ull, 0, true));
   return all;
 }
 

@@ -197,7 +197,8 @@ def et_client(t, pairing):
 def semantics(t, pairing):
     """progs/semantics.c: scripted checks that the socket behaves like kernel TCP (MSG_PEEK,
     MSG_WAITALL, nonblocking modes, FIONREAD, timeouts, half-close, EPIPE/SIGPIPE, options
-    and names, epoll/poll/select, several threads, dup, EINTR/SA_RESTART), with each side in
+    and names, epoll/poll/select, several threads, dup, EINTR/SA_RESTART, urgent data:
+    MSG_OOB, SIOCATMARK, SO_OOBINLINE, POLLPRI, SIGURG), with each side in
     turn as the tester. Each program prints PASS/FAIL per sub-test; both must exit 0."""
     server_slip, client_slip = PAIRINGS[pairing]
     path = t.settings.semantics

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -150,6 +151,68 @@ TEST(AnchorPath, ResumesAtTheAgreedOffsets) {
   send.join();
   std::vector<uint8_t> want(stream.begin() + (kReceived - 100), stream.end());
   EXPECT_TRUE(got == want) << got.size() << " of " << want.size();
+  close(fds[0]);
+  close(fds[1]);
+}
+
+// On TCP, the urgent byte of a send(MSG_OOB) goes to the kernel as its urgent data: the
+// plain peer reads the bytes around it in order, without it, and gets it from recv(MSG_OOB)
+// at the mark, however the ring wraps and however much the kernel takes per send.
+TEST(AnchorPath, SendsTheMarkedByteAsTcpUrgentData) {
+  constexpr uint32_t kRing = 4096;
+  int fds[2];
+  TcpPair(fds);
+  End sender(kRing);
+  sender.Start(fds[0], 0, 0);
+  const auto stream = RandomBytes(3 * kRing, 21);
+  const uint64_t urgent = kRing + 1000;  // past a wrap
+  // The mark comes before its byte is published, as a send(MSG_OOB) sets it.
+  sender.path.MarkUrgent(urgent);
+  std::thread send([&] {
+    uint64_t pub = 0;
+    while (pub < stream.size()) {
+      const uint64_t space = kRing - (pub - sender.path.Push(pub));
+      if (space == 0) {
+        WaitFor(fds[0], POLLOUT);
+        continue;
+      }
+      // Pieces that straddle the urgent byte: the push must split them there.
+      const uint64_t n = std::min<uint64_t>({space, stream.size() - pub, 700});
+      for (uint64_t i = 0; i < n; ++i) sender.tx[(pub + i) % kRing] = stream[pub + i];
+      pub += n;
+      sender.path.Push(pub);
+    }
+    sender.path.Finish(pub);
+    ASSERT_TRUE(sender.path.PushAll(pub, 10000));
+  });
+  // A plain receiver: sockatmark before each read, the urgent byte by recv(MSG_OOB).
+  std::vector<uint8_t> got;
+  bool oob_read = false;
+  for (;;) {
+    WaitFor(fds[1], POLLIN);
+    // (Reads stop at the mark, and one starting there skips the byte: look first.)
+    int at_mark = 0;
+    ASSERT_EQ(ioctl(fds[1], SIOCATMARK, &at_mark), 0);
+    if (at_mark && !oob_read) {
+      uint8_t byte = 0;
+      ASSERT_EQ(recv(fds[1], &byte, 1, MSG_OOB), 1);
+      EXPECT_EQ(byte, stream[urgent]);
+      EXPECT_EQ(got.size(), urgent) << "the mark is not where the urgent byte was";
+      oob_read = true;
+    }
+    uint8_t buf[1500];
+    const ssize_t n = recv(fds[1], buf, sizeof(buf), 0);
+    ASSERT_GE(n, 0) << strerror(errno);
+    if (n == 0) break;
+    got.insert(got.end(), buf, buf + n);
+  }
+  send.join();
+  std::vector<uint8_t> want;
+  for (uint64_t p = 0; p < stream.size(); ++p)
+    if (p != urgent) want.push_back(stream[p]);
+  EXPECT_TRUE(oob_read);
+  EXPECT_TRUE(got == want) << got.size() << " of " << want.size();
+  EXPECT_EQ(sender.path.error(), 0);
   close(fds[0]);
   close(fds[1]);
 }

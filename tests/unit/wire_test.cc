@@ -49,9 +49,12 @@ constexpr size_t kConfirmReservedAt = 28;
 constexpr size_t kDeclineReasonAt = 24;
 constexpr size_t kFailoverCauseAt = 32;
 constexpr size_t kFailoverReservedAt = 36;
+constexpr size_t kUrgentByteAt = 24;
+constexpr size_t kUrgentAckAt = 25;
+constexpr size_t kUrgentReservedAt = 26;  // 2 bytes, then 8 more
 
-constexpr Type kTypes[] = {Type::kRegister, Type::kCancel,  Type::kConfirm,
-                           Type::kAccept,   Type::kDecline, Type::kFailover};
+constexpr Type kTypes[] = {Type::kRegister, Type::kCancel,   Type::kConfirm, Type::kAccept,
+                           Type::kDecline,  Type::kFailover, Type::kUrgent};
 
 size_t MessageSize(Type t) {
   switch (t) {
@@ -67,6 +70,8 @@ size_t MessageSize(Type t) {
       return 28;
     case Type::kFailover:
       return 40;
+    case Type::kUrgent:
+      return 36;
   }
   return 0;
 }
@@ -85,6 +90,8 @@ std::string TypeName(Type t) {
       return "Decline";
     case Type::kFailover:
       return "Failover";
+    case Type::kUrgent:
+      return "Urgent";
   }
   return "Unknown";
 }
@@ -108,6 +115,9 @@ bool SameMessage(const Message& a, const Message& b) {
     case Type::kFailover:
       return a.failover.received == b.failover.received && a.failover.sent == b.failover.sent &&
              a.failover.cause == b.failover.cause;
+    case Type::kUrgent:
+      return a.urgent.offset == b.urgent.offset && a.urgent.byte == b.urgent.byte &&
+             a.urgent.ack == b.urgent.ack;
   }
   return false;
 }
@@ -231,6 +241,9 @@ TEST(WireEncode, GoldenBytes) {
       {samples::MakeFailover(0x123456789, 0x223456789, FailoverCause::kDeviceRemoved),
        "534c495001060000280000003bd4cd66 89674523010000008967452302000000"
        "0200000000000000"},
+      {samples::MakeUrgent(0x0102030405060708, 0xa5, false),
+       "534c49500107000024000000f57c2510 0807060504030201a500000000000000"
+       "00000000"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(TypeName(c.msg.type));
@@ -244,7 +257,7 @@ TEST(WireEncode, GoldenBytes) {
 }
 
 TEST(WireEncode, UnknownTypeEncodesNothing) {
-  for (int t : {0, 7, 255}) {
+  for (int t : {0, 8, 255}) {
     Message m;
     m.type = static_cast<Type>(t);
     uint8_t buf[kMaxMessageSize];
@@ -425,7 +438,7 @@ TEST_P(WireMessageTest, EverySingleByteChangeIsRejected) {
       } else if (at == kVersionAt) {
         want = ParseStatus::kBadVersion;
       } else if (at == kTypeAt) {
-        want = v >= 1 && v <= 6 ? ParseStatus::kBadLength : ParseStatus::kBadType;
+        want = v >= 1 && v <= 7 ? ParseStatus::kBadLength : ParseStatus::kBadType;
       } else if (at < kLengthAt) {
         want = ParseStatus::kBadField;  // flags
       } else if (at < kChecksumAt) {
@@ -447,7 +460,7 @@ TEST_P(WireMessageTest, WrongVersion) {
 
 TEST_P(WireMessageTest, UnknownType) {
   for (int t = 0; t < 256; ++t) {
-    if (t >= 1 && t <= 6) continue;
+    if (t >= 1 && t <= 7) continue;
     EXPECT_EQ(StatusWith(msg(), kTypeAt, t, 1), ParseStatus::kBadType) << t;
   }
 }
@@ -620,6 +633,24 @@ TEST(WireFields, FailoverCause) {
     EXPECT_EQ(StatusWith(m, kFailoverCauseAt, c, 4), ParseStatus::kBadField) << c;
   for (int bit = 0; bit < 32; ++bit)
     EXPECT_EQ(StatusWith(m, kFailoverReservedAt, 1ull << bit, 4), ParseStatus::kBadField) << bit;
+}
+
+TEST(WireFields, UrgentAckAndReserved) {
+  const Message mark = samples::Typical(Type::kUrgent);
+  const Parsed ack = Parse(EncodeWith(samples::MakeUrgent(7, 0, false), kUrgentAckAt, 1, 1));
+  ASSERT_EQ(ack.status, ParseStatus::kOk);
+  EXPECT_TRUE(ack.msg.urgent.ack);
+  EXPECT_EQ(ack.msg.urgent.offset, 7u);
+  for (uint64_t v : {2u, 3u, 0x80u, 0xffu})
+    EXPECT_EQ(StatusWith(mark, kUrgentAckAt, v, 1), ParseStatus::kBadField) << v;
+  // An answer carries no byte.
+  EXPECT_EQ(StatusWith(samples::MakeUrgent(7, 0, true), kUrgentByteAt, 1, 1),
+            ParseStatus::kBadField);
+  for (int bit = 0; bit < 16; ++bit)
+    EXPECT_EQ(StatusWith(mark, kUrgentReservedAt, 1ull << bit, 2), ParseStatus::kBadField) << bit;
+  for (int bit = 0; bit < 64; ++bit)
+    EXPECT_EQ(StatusWith(mark, kUrgentReservedAt + 2, 1ull << bit, 8), ParseStatus::kBadField)
+        << bit;
 }
 
 TEST(WireFields, DeclineReason) {

@@ -32,8 +32,6 @@ KNOWN = {
     "test_sendfile_close_peer_in_the_middle_of_receiving":
         "SO_RCVBUF/SO_SNDBUF do not bound what an accelerated sender has in flight: the "
         "whole file fits in the ring, so the sender sees no error when the peer closes",
-    "TestFTPClass.test_abort":
-        "urgent data (send MSG_OOB) is refused on an accelerated connection (EOPNOTSUPP)",
 }
 # Resources a module needs enabled to run at all (test_socketserver asks for "network";
 # it only uses the loopback).

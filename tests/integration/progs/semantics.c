@@ -18,6 +18,8 @@
 //   shutwr, close                    shutdown(SHUT_WR), close()
 //   duplex LEN SEND_SEED RECV_SEED   send and receive LEN bytes at once (two threads)
 //   names                            answer "ok LOCAL PEER" (getsockname, getpeername)
+//   urgent LEN SEED BYTE             bytes 0..LEN+2 of SEED, the last two in a send(MSG_OOB)
+//                                    that ends with BYTE (urgent), then bytes LEN+2..2LEN+2
 // The data are a seeded pattern addressed by stream offset, so every byte is checked.
 //
 // Every wait is bounded: WAIT_MS for what must happen, QUIET_MS watches for what must not,
@@ -813,6 +815,19 @@ static int helper_command(struct ctx* c, const char* cmd) {
     return 0;
   }
   if (strcmp(cmd, "reset") == 0) return helper_reset(c);
+  unsigned byte;
+  if (sscanf(cmd, "urgent %llu %u %u", &len, &seed, &byte) == 3 && len <= CHUNK) {
+    // Bytes 0..len+2 of the stream, the last two in one send(MSG_OOB) with the urgent
+    // byte after them (the last byte of such a send is the urgent one); then len more.
+    SEND_PATTERN(c->fd, len, seed, 0, "before the urgent send");
+    uint8_t three[3];
+    pattern(three, 2, seed, len);
+    three[2] = (uint8_t)byte;
+    ssize_t n = send(c->fd, three, 3, MSG_OOB);
+    CHECK(n == 3, "send(3 bytes, MSG_OOB): %s", res(n));
+    SEND_PATTERN(c->fd, len, seed, len + 2, "after the urgent send");
+    return 0;
+  }
   return fail(c, __LINE__, "unknown command");
 }
 
@@ -823,6 +838,74 @@ static int helper_command(struct ctx* c, const char* cmd) {
 // or the failure recorded by CHECK.
 
 static uint8_t scratch[CHUNK];  // the tester's main thread's buffer
+
+// Urgent data, as TCP has it: the receiver gets POLLPRI and its owner SIGURG; reads stop
+// at the mark; at it, sockatmark() says 1 and the urgent byte is recv(MSG_OOB)'s alone (out
+// of line) or the next ordinary byte (SO_OOBINLINE). Over an accelerated connection the
+// mark travels apart from the bytes: a read that crossed it, or an urgent byte read as
+// data, would show here.
+static atomic_int sigurgs;
+static void on_sigurg(int sig) {
+  (void)sig;
+  atomic_fetch_add(&sigurgs, 1);
+}
+
+static int urgent_case(struct ctx* c, bool in_line) {
+  uint8_t* b = scratch;
+  const unsigned seed = in_line ? 32 : 31, byte = in_line ? 90 : 165;
+  struct sigaction sa = {.sa_handler = on_sigurg, .sa_flags = SA_RESTART}, old;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGURG, &sa, &old);
+  atomic_store(&sigurgs, 0);
+  CHECK(fcntl(c->fd, F_SETOWN, getpid()) == 0, "fcntl(F_SETOWN): %s", res(-1));
+  if (in_line) CHECK(set_int(c->fd, SOL_SOCKET, SO_OOBINLINE, 1) == 0, "SO_OOBINLINE: %s", res(-1));
+  char cmd[64];
+  snprintf(cmd, sizeof cmd, "urgent 1000 %u %u", seed, byte);
+  HELP("%s", cmd);
+  int rev = poll_one(c->fd, POLLPRI, WAIT_MS);
+  CHECK(rev > 0 && (rev & POLLPRI), "poll(POLLPRI) once urgent data was sent: %s",
+        rev < 0 ? res(rev) : events_str((unsigned)rev));
+  for (long deadline = now_ms() + WAIT_MS; !atomic_load(&sigurgs) && now_ms() < deadline;)
+    sleep_ms(1);
+  CHECK(atomic_load(&sigurgs) > 0, "no SIGURG for the socket's owner (F_SETOWN)");
+  size_t got = 0;
+  while (got < 1002) {
+    ssize_t n = recv(c->fd, b + got, CHUNK - got, 0);
+    CHECK(n > 0, "recv before the urgent mark: %s after %zu bytes", res(n), got);
+    got += (size_t)n;
+  }
+  CHECK(got == 1002, "a read crossed the urgent mark: %zu bytes before it, expected 1002", got);
+  CHECK_DATA(b, 1002, seed, 0, "before the mark");
+  CHECK(sockatmark(c->fd) == 1, "sockatmark() at the mark: %d", sockatmark(c->fd));
+  uint8_t u = 0;
+  ssize_t n = recv(c->fd, &u, 1, MSG_OOB | MSG_PEEK);
+  if (in_line) {
+    CHECK(n == -1 && errno == EINVAL, "recv(MSG_OOB) with SO_OOBINLINE: %s", res(n));
+    n = recv(c->fd, b, 1, 0);
+    CHECK(n == 1 && b[0] == byte, "the urgent byte in line: %s, byte %u (expected %u)", res(n),
+          b[0], byte);
+  } else {
+    CHECK(n == 1 && u == byte, "recv(MSG_OOB|MSG_PEEK): %s, byte %u (expected %u)", res(n), u,
+          byte);
+    u = 0;
+    n = recv(c->fd, &u, 1, MSG_OOB);
+    CHECK(n == 1 && u == byte, "recv(MSG_OOB): %s, byte %u (expected %u)", res(n), u, byte);
+    n = recv(c->fd, &u, 1, MSG_OOB);
+    CHECK(n == -1 && errno == EINVAL, "a second recv(MSG_OOB): %s", res(n));
+  }
+  EXPECT_DATA(c->fd, 1000, seed, 1002, "after the mark");
+  CHECK(sockatmark(c->fd) == 0, "sockatmark() past the mark: %d", sockatmark(c->fd));
+  sigaction(SIGURG, &old, NULL);
+  return 0;
+}
+
+static int t_urgent(struct ctx* c) {
+  return urgent_case(c, false);
+}
+
+static int t_urgent_inline(struct ctx* c) {
+  return urgent_case(c, true);
+}
 
 static int t_peek(struct ctx* c) {
   uint8_t* b = scratch;
@@ -2449,6 +2532,8 @@ struct subtest {
 
 static const struct subtest SUBTESTS[] = {
     {"peek", t_peek},
+    {"urgent", t_urgent},
+    {"urgent_inline", t_urgent_inline},
     {"peek_waitall", t_peek_waitall},
     {"waitall", t_waitall},
     {"dontwait", t_dontwait},
