@@ -26,6 +26,14 @@ using namespace slip::preload;
 namespace {
 
 ssize_t AccelRecv(SlipSocket* s, const iovec* iov, int iovcnt, int flags) noexcept {
+  if (flags & MSG_ERRQUEUE) {
+    // The socket's error queue is the TCP connection's (empty: nothing is sent there with
+    // MSG_ZEROCOPY or timestamps), never the stream.
+    msghdr m{};
+    m.msg_iov = const_cast<iovec*>(iov);
+    m.msg_iovlen = size_t(iovcnt);
+    return Libc().recvmsg(s->anchor_fd, &m, flags);
+  }
   ssize_t n = s->stream->Recv(iov, iovcnt, flags, s->nonblocking.load(std::memory_order_relaxed));
   if (n > 0 && !(flags & MSG_PEEK)) StatsAddReceived(s->stats, uint64_t(n));
   return ToLibc(n);
@@ -117,6 +125,7 @@ SLIP_EXPORT ssize_t __recvfrom_chk(int fd, void* buf, size_t n, size_t buflen, i
 SLIP_EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
   SocketRef ref(fd);
   if (ref.accelerated()) {
+    if (flags & MSG_ERRQUEUE) return Libc().recvmsg(ref.get()->anchor_fd, msg, flags);
     msg->msg_namelen = 0;
     msg->msg_controllen = 0;
     msg->msg_flags = 0;
@@ -130,10 +139,16 @@ SLIP_EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
 SLIP_EXPORT int recvmmsg(int fd, mmsghdr* msgs, unsigned vlen, int flags, timespec* timeout) {
   SocketRef ref(fd);
   if (!ref.accelerated()) return Libc().recvmmsg(fd, msgs, vlen, flags, timeout);
-  // A stream has no message boundaries: fill entries while bytes are ready.
+  // A stream has no message boundaries: one receive per entry, as the kernel does it (each
+  // may wait, unless MSG_WAITFORONE after the first; the timeout is looked at after each).
+  const uint64_t deadline = timeout
+                                ? sys::MonotonicNs() + uint64_t(timeout->tv_sec) * 1000000000ull +
+                                      uint64_t(timeout->tv_nsec)
+                                : 0;
   unsigned i = 0;
   for (; i < vlen; ++i) {
-    int f = (i > 0 || (flags & MSG_WAITFORONE)) && i > 0 ? (flags | MSG_DONTWAIT) : flags;
+    if (timeout && i > 0 && sys::MonotonicNs() >= deadline) break;
+    int f = (flags & MSG_WAITFORONE) && i > 0 ? (flags | MSG_DONTWAIT) : flags;
     f &= ~MSG_WAITFORONE;
     msgs[i].msg_hdr.msg_namelen = 0;
     msgs[i].msg_hdr.msg_controllen = 0;
@@ -230,7 +245,13 @@ ssize_t AccelSendfile(SlipSocket* s, int in_fd, off_t* offset, size_t count) noe
     iovec iov{buffer, size_t(got)};
     ssize_t sent = AccelSend(s, &iov, 1, 0);
     if (sent < 0) {
-      if (!offset && done == 0) return -1;
+      // Nothing of this chunk went: the file's own position goes back to before it, or
+      // the caller's retry would skip it.
+      if (!offset) {
+        const int saved = errno;
+        lseek(in_fd, -got, SEEK_CUR);
+        errno = saved;
+      }
       if (done == 0) return -1;
       break;
     }

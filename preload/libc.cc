@@ -34,6 +34,8 @@ LibcCalls Load() noexcept {
   Resolve(c.sendmmsg, "sendmmsg");
   Resolve(c.sendfile, "sendfile");
   Resolve(c.splice, "splice");
+  Resolve(c.fdopen, "fdopen");
+  Resolve(c.vdprintf, "vdprintf");
   Resolve(c.close, "close");
   Resolve(c.closefrom, "closefrom");
   Resolve(c.fstat, "fstat");

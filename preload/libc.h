@@ -4,12 +4,15 @@
 #pragma once
 
 #include <poll.h>
+#include <stdio.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+
+#include <cstdarg>
 
 namespace slip::preload {
 
@@ -68,6 +71,8 @@ struct LibcCalls {
   int (*execv)(const char*, char* const*);
   int (*execvp)(const char*, char* const*);
   int (*execvpe)(const char*, char* const*, char* const*);
+  FILE* (*fdopen)(int, const char*);
+  int (*vdprintf)(int, const char*, va_list);
 };
 
 // Resolved on first use; safe to call from any thread and from constructors.

@@ -388,7 +388,11 @@ SLIP_EXPORT int ioctl(int fd, unsigned long request, ...) {
       *static_cast<int*>(arg) = ref->stream->AtMark();
       return 0;
     }
-    if (request != FIONBIO && request != FIOCLEX && request != FIONCLEX)
+    // The descriptor's own flags and owner (SIGIO, SIGURG) are the proxy's, as fcntl's are:
+    // everything else is the TCP connection's.
+    if (request != FIONBIO && request != FIOCLEX && request != FIONCLEX && request != FIOASYNC &&
+        request != FIOSETOWN && request != SIOCSPGRP && request != FIOGETOWN &&
+        request != SIOCGPGRP)
       return Libc().ioctl(ref->anchor_fd, request, arg);
   }
   int rc = Libc().ioctl(fd, request, arg);
@@ -424,7 +428,8 @@ SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen
       OnKernelSocket(ref, fd, [&](int k) { return Libc().setsockopt(k, level, name, val, len); });
   // Blocking calls of an accelerated socket sleep on the proxy: it carries the timeouts.
   if (rc == 0 && ref && ref->kind == SockKind::kAccel && level == SOL_SOCKET &&
-      (name == SO_RCVTIMEO || name == SO_SNDTIMEO))
+      (name == SO_RCVTIMEO || name == SO_SNDTIMEO || name == SO_RCVTIMEO_NEW ||
+       name == SO_SNDTIMEO_NEW))
     sys::setsockopt(fd, level, name, val, len);
   // (The anchor has it too, for urgent data TCP itself carries; never the proxy, whose own
   // urgent byte must stay out of line.)

@@ -1304,7 +1304,9 @@ SENDFILE_BYTES = 24 * MiB + 12345  # not a multiple of any chunk size
 
 @case("sendfile")
 def sendfile(t, pairing):
-    """sendfile(2) from a file into the socket (os.sendfile), checked by SHA-256."""
+    """sendfile(2) from a file into the socket (os.sendfile), checked by SHA-256: with
+    offsets, and non-blocking from the file's own position through a full socket (a call
+    that sent nothing used to move the position on by its chunk)."""
     server_slip, client_slip = PAIRINGS[pairing]
     path = t.dir / "payload.bin"
     path.write_bytes(random.Random(5).randbytes(SENDFILE_BYTES))

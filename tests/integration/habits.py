@@ -1,13 +1,13 @@
 """A program's own habits, which work over plain TCP, must keep working once its
 connections are accelerated: closing every descriptor it did not open (a daemon's
-clean-up) in the middle of a connection; moving bytes with splice(2). Every byte is
-checked (SHA-256 both ways).
+clean-up) in the middle of a connection; moving bytes with splice(2); reading and writing
+with stdio on an fdopen'd socket. Every byte is checked.
 """
 
 import errno
 
 from cases import case
-from harness import ACCEL, py
+from harness import ACCEL, LOOPBACK, py
 
 
 @case("fd_cleanup", variants=("walk", "range", "closefrom"))
@@ -68,3 +68,27 @@ def splice(t, _):
     t.check(s["sent_sha"] == c["received_sha"], "server -> client: the bytes differ")
     t.expect_stats(client, ACCEL, "", traffic=(c["sent"], c["received"]))
     t.expect_stats(server, ACCEL, "", traffic=(s["sent"], s["received"]))
+
+
+@case("stdio", variants=("both",))
+def stdio(t, _):
+    """stdio on the socket (progs/stdio_pair.c): the client writes 3000 seeded lines of up
+    to 3000 bytes with fputs and fprintf on a FILE from fdopen (from a thread), the server
+    reads them with
+    getline and sends each back reversed (fputs, fprintf, dprintf), the client checks every
+    byte; fileno() of each FILE names its socket. Over shm. (glibc's stdio reads and writes
+    past the interposed calls: the FILE read the proxy's wake-up bytes and wrote into the
+    proxy, where no byte reached the peer.)"""
+    path = t.settings.build_dir / "tests" / "integration" / "slip_it_stdio_pair"
+    t.check(path.is_file(), f"stdio_pair binary not found ({path}): build it")
+    server = t.serve("server", [path, "server", t.port, 5], slip=True)
+    client = t.start("client", [path, "client", LOOPBACK, t.port, 5], slip=True)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    for proc in (server, client):
+        said = proc.json_output()
+        t.check(said["exact"] and said["lines"] == 3000,
+                f"{proc.name}: {said['lines']} lines, exact {said['exact']}")
+        t.check(said["fileno"], f"{proc.name}: fileno() of a FILE is not its socket")
+    t.expect_stats(client, ACCEL, "")
+    t.expect_stats(server, ACCEL, "")

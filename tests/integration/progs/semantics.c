@@ -907,6 +907,42 @@ static int t_urgent_inline(struct ctx* c) {
   return urgent_case(c, true);
 }
 
+// recvmmsg on a stream: one receive per entry, each of which may wait, unless
+// MSG_WAITFORONE makes those after the first non-blocking. And recvmsg(MSG_ERRQUEUE).
+static int t_recvmmsg(struct ctx* c) {
+  uint8_t* b = scratch;
+  struct iovec v[2] = {{b, 100}, {b + 100, 100}};
+  struct mmsghdr m[2];
+  memset(m, 0, sizeof m);
+  m[0].msg_hdr.msg_iov = &v[0];
+  m[1].msg_hdr.msg_iov = &v[1];
+  m[0].msg_hdr.msg_iovlen = m[1].msg_hdr.msg_iovlen = 1;
+  helper_start(c, "send 200 41 0 2 300");
+  int n = recvmmsg(c->fd, m, 2, MSG_WAITFORONE, NULL);
+  CHECK(n == 1 && m[0].msg_len == 100,
+        "recvmmsg(2 entries, MSG_WAITFORONE) of 100 B, 100 more 300 ms later: %d (%u B)", n,
+        n > 0 ? m[0].msg_len : 0);
+  CHECK_DATA(b, 100, 41, 0, "the first entry");
+  EXPECT_DATA(c->fd, 100, 41, 100, "the second piece");
+  AWAIT_HELPER();
+  helper_start(c, "send 200 42 0 2 300");
+  long t0 = now_ms();
+  n = recvmmsg(c->fd, m, 2, 0, NULL);
+  long ms = now_ms() - t0;
+  AWAIT_HELPER();
+  CHECK(n == 2 && m[0].msg_len == 100 && m[1].msg_len == 100,
+        "recvmmsg(2 entries) of 100 B, 100 more 300 ms later: %d (%u B, %u B) after %ld ms", n,
+        n > 0 ? m[0].msg_len : 0, n > 1 ? m[1].msg_len : 0, ms);
+  CHECK_DATA(b, 200, 42, 0, "both entries");
+  // The error queue is not the stream: empty, EAGAIN, and the stream's bytes stay.
+  HELP("send 100 43 0");
+  struct msghdr eq = {.msg_iov = &v[0], .msg_iovlen = 1};
+  ssize_t r = recvmsg(c->fd, &eq, MSG_ERRQUEUE);
+  CHECK(r == -1 && errno == EAGAIN, "recvmsg(MSG_ERRQUEUE) with stream bytes queued: %s", res(r));
+  EXPECT_DATA(c->fd, 100, 43, 0, "the bytes after MSG_ERRQUEUE");
+  return 0;
+}
+
 static int t_peek(struct ctx* c) {
   uint8_t* b = scratch;
   HELP("send 1000 11 0");
@@ -2534,6 +2570,7 @@ static const struct subtest SUBTESTS[] = {
     {"peek", t_peek},
     {"urgent", t_urgent},
     {"urgent_inline", t_urgent_inline},
+    {"recvmmsg", t_recvmmsg},
     {"peek_waitall", t_peek_waitall},
     {"waitall", t_waitall},
     {"dontwait", t_dontwait},
