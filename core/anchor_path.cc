@@ -90,9 +90,9 @@ bool ReceiveFailover(int fd, int timeout_ms, wire::Failover* out) noexcept {
       *out = peek.msg.failover;
       return true;
     }
-    if (peek.Is(wire::Type::kUrgent)) {
-      // (A mark or an answer sent before the peer's FAILOVER: the stream is leaving the
-      // transport, and TCP carries what follows; the byte itself comes as any other.)
+    if (peek.Is(wire::Type::kUrgent) || peek.Is(wire::Type::kWindow)) {
+      // (A mark, an answer or a window sent before the peer's FAILOVER: the stream is
+      // leaving the transport, and TCP carries what follows, with TCP's own buffers.)
       ConsumeAnchor(fd, peek);
       continue;
     }

@@ -20,6 +20,10 @@ void AnchorFailover::Reset() noexcept {
   finished_.store(false, std::memory_order_relaxed);
   ours_sent_ = false;
   received_ = 0;
+  urgent_acked_ = 0;
+  said_in_band_.store(false, std::memory_order_relaxed);
+  window_ = 0;
+  window_pending_ = false;
 }
 
 Carriage AnchorFailover::Publish(uint64_t produced) noexcept {
@@ -198,7 +202,7 @@ AnchorFailover::UrgentRoute AnchorFailover::AnnounceUrgent(uint64_t offset, uint
              transport_, strerror(errno));
     return UrgentRoute::kUnmarked;
   }
-  urgent_announced_.store(true, std::memory_order_relaxed);
+  said_in_band_.store(true, std::memory_order_relaxed);
   const bool answered = urgent_cv_.wait_for(
       lock, std::chrono::milliseconds(timeout_ms),
       [&]() noexcept { return urgent_acked_ > offset || carriage() != Carriage::kTransport; });
@@ -230,6 +234,45 @@ ssize_t AnchorFailover::RecvUrgentOnAnchor(uint8_t* byte, int flags) const noexc
   if (!on_tcp()) return -EINVAL;
   const ssize_t n = sys::recv(anchor(), byte, 1, MSG_OOB | MSG_DONTWAIT | (flags & MSG_PEEK));
   return n < 0 ? -errno : n;
+}
+
+}  // namespace slip
+
+namespace slip {
+
+namespace {
+
+bool SendWindow(int fd, uint32_t bytes) noexcept {
+  wire::Message msg;
+  msg.type = wire::Type::kWindow;
+  msg.window = wire::Window{.bytes = bytes};
+  return SendOnAnchor(fd, msg, 1000);
+}
+
+}  // namespace
+
+void AnchorFailover::Release() noexcept {
+  carriage_.store(Carriage::kTransport, std::memory_order_seq_cst);
+  if (!window_pending_) return;
+  window_pending_ = false;
+  if (SendWindow(anchor(), window_)) said_in_band_.store(true, std::memory_order_relaxed);
+}
+
+void AnchorFailover::AnnounceWindow(uint32_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  window_ = bytes;
+  if (anchor() < 0) return;
+  if (carriage() == Carriage::kHeld) {
+    window_pending_ = true;
+    return;
+  }
+  if (carriage() != Carriage::kTransport || ours_sent_) return;
+  if (!SendWindow(anchor(), bytes)) {
+    SLIP_LOG(kWarn, "%s: cannot tell the peer of this end's receive buffer (%s)", transport_,
+             strerror(errno));
+    return;
+  }
+  said_in_band_.store(true, std::memory_order_relaxed);
 }
 
 }  // namespace slip

@@ -105,7 +105,8 @@ class AnchorFailover {
   std::mutex& lock() noexcept { return mu_; }
   // A server's connection until its client confirmed (settling); Release when it did.
   void Hold() noexcept { carriage_.store(Carriage::kHeld, std::memory_order_seq_cst); }
-  void Release() noexcept { carriage_.store(Carriage::kTransport, std::memory_order_seq_cst); }
+  // (A WINDOW announced while held goes out here: the anchor is known to carry messages.)
+  void Release() noexcept;
 
   // --- this end's own cursors (never read back from anything the peer can write)
   uint64_t published() const noexcept { return published_.load(std::memory_order_seq_cst); }
@@ -189,11 +190,15 @@ class AnchorFailover {
   void AnswerUrgent(uint64_t offset) noexcept;
   // Control thread: the peer's answer to our URGENT.
   void OnUrgentAck(uint64_t offset) noexcept;
-  // Whether an URGENT of ours went out (a connection declined after it cannot start over
-  // from byte 0 on TCP: the peer's application would read the message).
-  bool urgent_announced() const noexcept {
-    return urgent_announced_.load(std::memory_order_relaxed);
-  }
+  // Whether an URGENT or a WINDOW of ours went out (a connection declined after it cannot
+  // start over from byte 0 on TCP: the peer's application would read the message).
+  bool said_in_band() const noexcept { return said_in_band_.load(std::memory_order_relaxed); }
+
+  // --- buffer sizes (docs/DESIGN.md, "Buffer sizes")
+  // The receive buffer the application set, `bytes` as getsockopt reads it back (0: the
+  // kernel's own): told to the peer (WINDOW) while the transport carries the stream;
+  // while held, at Release. On TCP the kernel's own buffers bound the stream.
+  void AnnounceWindow(uint32_t bytes) noexcept;
   // recv(MSG_OOB) while TCP carries the stream: the anchor's own urgent byte (TCP urgent
   // data from a peer that sent it on TCP). -errno as recv would say.
   ssize_t RecvUrgentOnAnchor(uint8_t* byte, int flags) const noexcept;
@@ -221,7 +226,9 @@ class AnchorFailover {
   uint64_t received_ = 0;              // what our FAILOVER said, under mu_
   std::condition_variable urgent_cv_;  // (with mu_) an answer came, or the carriage changed
   uint64_t urgent_acked_ = 0;          // under mu_: the peer's last answer's offset + 1
-  std::atomic<bool> urgent_announced_{false};
+  std::atomic<bool> said_in_band_{false};
+  uint32_t window_ = 0;          // under mu_: the last AnnounceWindow's
+  bool window_pending_ = false;  // under mu_: announced while held, not yet sent
   mutable AnchorPath path_;
 };
 

@@ -79,7 +79,8 @@ Stream::Stream(std::unique_ptr<Channel> channel, int proxy_a, int proxy_b,
       proxy_a_(proxy_a),
       proxy_b_(proxy_b),
       options_(options),
-      mask_(channel_->ring_size() - 1) {}
+      mask_(channel_->ring_size() - 1),
+      tx_limit_(channel_->ring_size()) {}
 
 // Destruction only lets go of this process's resources. It tells the peer nothing: after
 // fork another process may still hold the connection, and only the kernel knows when the
@@ -263,7 +264,8 @@ ssize_t Stream::SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
       return sent ? ssize_t(sent) : err;
     }
     if (sent == total) return ssize_t(sent);
-    uint64_t space = size - TxUsed(/*strict=*/true);
+    const uint64_t used = TxUsed(/*strict=*/true), limit = TxLimit();
+    uint64_t space = used < limit ? limit - used : 0;
     uint64_t produced = LoadProduced(std::memory_order_relaxed);
     if (space > 0) {
       size_t n = std::min<uint64_t>(space, total - sent);

@@ -64,6 +64,15 @@ class Stream {
   // SO_OOBINLINE: the urgent byte stays in the stream at its place.
   void SetUrgentInline(bool on) noexcept { urgent_inline_.store(on, std::memory_order_relaxed); }
 
+  // --- buffer sizes (docs/DESIGN.md, "Buffer sizes")
+  // Over TCP what a sender can have unread by its peer is bounded by its send buffer and
+  // the peer's receive buffer; here by the ring. When the application set both (its
+  // SO_SNDBUF, the peer's SO_RCVBUF as the peer's WINDOW said), their sum bounds it too,
+  // as TCP's would (never more than the ring). 0: the kernel's own, no bound.
+  void SetSendBuffer(uint32_t bytes) noexcept;
+  // Control thread: the peer's WINDOW.
+  void OnPeerWindow(uint32_t bytes) noexcept;
+
   int ShutdownRead() noexcept;
   int ShutdownWrite() noexcept;
   // Both directions are finished for good: EOF for the peer, and its sends fail. For a
@@ -189,7 +198,10 @@ class Stream {
   uint64_t TxUsed(bool strict = false) const noexcept;
   void PeerViolation(const char* what, uint64_t value, uint64_t ours) const noexcept;
   bool HasRxData() const noexcept { return RxAvail() != 0; }
-  bool HasTxSpace() const noexcept { return TxUsed() < channel_->ring_size(); }
+  bool HasTxSpace() const noexcept { return TxUsed() < TxLimit(); }
+  // How much may be unconsumed by the peer: the ring, or less (SetSendBuffer).
+  uint64_t TxLimit() const noexcept { return tx_limit_.load(std::memory_order_relaxed); }
+  void UpdateTxLimit() noexcept;
   bool RxFinished() const noexcept;  // EOF, peer gone or SHUT_RD: no more bytes will come
   bool TxFinished() const noexcept;  // sending can only fail now
   int WaitReadable(uint64_t seen) noexcept;
@@ -227,6 +239,9 @@ class Stream {
   std::atomic<bool> discarded_after_close_{false};
   std::atomic<int> rx_sleepers_{0};  // threads asleep in WaitReadable
   std::atomic<bool> edge_triggered_{false};
+  std::atomic<uint32_t> send_buffer_{0};  // SetSendBuffer's
+  std::atomic<uint32_t> peer_window_{0};  // the peer's WINDOW
+  std::atomic<uint64_t> tx_limit_;        // (UpdateTxLimit)
 
   // Urgent data: the latest mark the peer announced, as TCP keeps one (stream_urgent.cc).
   std::mutex urgent_mu_;                    // the fields below it

@@ -59,7 +59,7 @@ ssize_t Stream::SendUrgent(const iovec* iov, int iovcnt, size_t total, int flags
         if (err == kDiscard) return ssize_t(total);
         return sent ? ssize_t(sent) : err;
       }
-      if (TxUsed(/*strict=*/true) < channel_->ring_size()) {
+      if (TxUsed(/*strict=*/true) < TxLimit()) {
         // The byte's offset cannot move while we hold the side's lock: announced, then
         // published at exactly that place.
         if (failover->AnnounceUrgent(LoadProduced(std::memory_order_relaxed), byte,

@@ -52,12 +52,14 @@ size_t PayloadSize(Type t) noexcept {
       return 8 + 8 + 4 + 4;
     case Type::kUrgent:
       return 8 + 1 + 1 + 2 + 4 + 4;  // (a length no other type has)
+    case Type::kWindow:
+      return 4;
   }
   return 0;
 }
 
 bool KnownType(uint8_t t) noexcept {
-  return t >= 1 && t <= 7;
+  return t >= 1 && t <= 8;
 }
 
 bool ValidRingSize(uint32_t size) noexcept {
@@ -126,6 +128,10 @@ bool ParsePayload(Type type, ByteReader* r, Message* out) noexcept {
       return ack <= 1 && reserved16 == 0 && reserved32 == 0 && reserved32b == 0 &&
              (ack == 0 || out->urgent.byte == 0);
     }
+    case Type::kWindow:
+      out->window = Window();
+      out->window.bytes = r->U32();
+      return out->window.bytes <= kMaxWindow;
   }
   return false;
 }
@@ -296,6 +302,9 @@ size_t EncodeMessage(const Message& msg, uint8_t* out, size_t cap) noexcept {
       w.U16(0);
       w.U32(0);
       w.U32(0);
+      break;
+    case Type::kWindow:
+      w.U32(msg.window.bytes);
       break;
   }
   if (!w.ok() || w.size() != length) return 0;

@@ -20,7 +20,9 @@
 // Urgent data (MSG_OOB) while the transport carries the stream: the sender tells where its
 // urgent byte will be (URGENT), the receiver answers once it knows the mark (URGENT, ack),
 // and only then is the byte published, so that no reader takes it for an ordinary one
-// (docs/DESIGN.md, "Urgent data").
+// (docs/DESIGN.md, "Urgent data"). A receive buffer the application set (SO_RCVBUF) is told
+// the same way (WINDOW), so that the peer's sender keeps no more unread than TCP would
+// (docs/DESIGN.md, "Buffer sizes").
 #pragma once
 
 #include <sys/socket.h>
@@ -48,6 +50,7 @@ enum class Type : uint8_t {
   kDecline = 5,
   kFailover = 6,
   kUrgent = 7,
+  kWindow = 8,
 };
 
 // Decline reasons, carried on the wire; stable values.
@@ -134,6 +137,13 @@ struct Urgent {
   bool ack = false;
 };
 
+// The sender's receive buffer as its application set it (SO_RCVBUF, as getsockopt reads
+// it back), 0 when the kernel chooses it.
+struct Window {
+  uint32_t bytes = 0;
+};
+constexpr uint32_t kMaxWindow = 1u << 31;  // (the kernel's own bound is INT_MAX / 2, doubled)
+
 struct Message {
   Type type = Type::kConfirm;
   union {
@@ -144,6 +154,7 @@ struct Message {
     Decline decline;
     Failover failover;
     Urgent urgent;
+    Window window;
   };
   Message() noexcept : confirm() {}
 };

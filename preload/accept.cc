@@ -230,6 +230,8 @@ int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int
       return cfd;
     }
     s->nonblocking.store(flags & SOCK_NONBLOCK, std::memory_order_relaxed);
+    s->rcvbuf.store(listener->rcvbuf.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    s->sndbuf.store(listener->sndbuf.load(std::memory_order_relaxed), std::memory_order_relaxed);
     Outcome outcome = Outcome::kPlain;
     if (has_twins) {
       outcome = Negotiate(listener, s, cfd);

@@ -204,6 +204,8 @@ void HandleAnchor(SlipSocket* s, int epfd, uint32_t events) noexcept {
         failover->OnUrgentAck(msg.urgent.offset);
       else if (s->stream->OnPeerUrgent(msg.urgent.offset, msg.urgent.byte))
         failover->AnswerUrgent(msg.urgent.offset);
+    } else if (msg.type == wire::Type::kWindow) {
+      s->stream->OnPeerWindow(msg.window.bytes);  // (docs/DESIGN.md, "Buffer sizes")
     }
   }
 }

@@ -134,6 +134,8 @@ void SlipSocket::Reset() noexcept {
   pending_reason = Reason::kNone;
   judged = false;
   connecting.store(false, std::memory_order_relaxed);
+  rcvbuf.store(0, std::memory_order_relaxed);
+  sndbuf.store(0, std::memory_order_relaxed);
   kind = SockKind::kTcp;
   family = 0;
   nonblocking.store(false, std::memory_order_relaxed);

@@ -53,6 +53,11 @@ struct SlipSocket {
   // kernel reported the error to it, not to the socket, so SO_ERROR and the next connect()
   // report it here, once, as they would have.
   std::atomic<int> connect_error{0};
+  // SO_RCVBUF and SO_SNDBUF as the application set them (read back: the kernel doubles
+  // them), 0 while they are the kernel's own. Kept for the stream (Stream::SetSendBuffer,
+  // AnchorFailover::AnnounceWindow); an accepted socket has its listener's, as in the kernel.
+  std::atomic<uint32_t> rcvbuf{0};
+  std::atomic<uint32_t> sndbuf{0};
 
   ConnSlot* stats = nullptr;
   // kListener: each chosen transport's twin (twins[i] is Transports()[i]'s, or null), and

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 
+#include "core/failover.h"
 #include "core/log.h"
 #include "core/sys.h"
 #include "preload/accel_list.h"
@@ -144,6 +145,11 @@ bool AttachStream(SlipSocket* s, int fd, std::unique_ptr<Stream>* stream, int an
   s->anchor_fd = anchor;
   if (GetRuntime().config.failover) s->stream->control()->SetAnchor(anchor);
   s->nonblocking.store(fl_flags & O_NONBLOCK, std::memory_order_relaxed);
+  if (uint32_t bytes = s->sndbuf.load(std::memory_order_relaxed)) s->stream->SetSendBuffer(bytes);
+  if (uint32_t bytes = s->rcvbuf.load(std::memory_order_relaxed)) {
+    if (AnchorFailover* failover = s->stream->control()->failover())
+      failover->AnnounceWindow(bytes);
+  }
   int inline_urgent = 0;  // (set before connect, or inherited from the listener)
   socklen_t inline_len = sizeof(inline_urgent);
   if (sys::getsockopt(anchor, SOL_SOCKET, SO_OOBINLINE, &inline_urgent, &inline_len) == 0)

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdarg>
 
+#include "core/failover.h"
 #include "core/log.h"
 #include "core/own_fds.h"
 #include "core/sys.h"
@@ -409,6 +410,28 @@ SLIP_EXPORT int sockatmark(int fd) {
   return ioctl(fd, SIOCATMARK, &at) == 0 ? at : -1;
 }
 
+namespace {
+
+// The application set a buffer size: the stream's bound follows it (Stream::SetSendBuffer,
+// AnchorFailover::AnnounceWindow), now or once it is accelerated.
+void NoteBufferSize(SlipSocket* s, int fd, bool receive) noexcept {
+  const int kernel = s->kind == SockKind::kAccel ? s->anchor_fd : fd;
+  int bytes = 0;
+  socklen_t len = sizeof(bytes);
+  if (sys::getsockopt(kernel, SOL_SOCKET, receive ? SO_RCVBUF : SO_SNDBUF, &bytes, &len) != 0 ||
+      bytes <= 0)
+    return;
+  (receive ? s->rcvbuf : s->sndbuf).store(uint32_t(bytes), std::memory_order_relaxed);
+  if (s->kind != SockKind::kAccel || !s->stream) return;
+  if (!receive) {
+    s->stream->SetSendBuffer(uint32_t(bytes));
+  } else if (AnchorFailover* failover = s->stream->control()->failover()) {
+    failover->AnnounceWindow(uint32_t(bytes));
+  }
+}
+
+}  // namespace
+
 SLIP_EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
   if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   SocketRef ref(fd);
@@ -436,6 +459,9 @@ SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen
   if (rc == 0 && ref && ref->kind == SockKind::kAccel && level == SOL_SOCKET &&
       name == SO_OOBINLINE && val && len >= socklen_t(sizeof(int)))
     ref->stream->SetUrgentInline(*static_cast<const int*>(val) != 0);
+  if (rc == 0 && ref && level == SOL_SOCKET &&
+      (name == SO_RCVBUF || name == SO_RCVBUFFORCE || name == SO_SNDBUF || name == SO_SNDBUFFORCE))
+    NoteBufferSize(ref.get(), fd, name == SO_RCVBUF || name == SO_RCVBUFFORCE);
   return rc;
 }
 

@@ -160,10 +160,10 @@ bool Conn::OnPeerFailover(const wire::Failover& peer) noexcept {
 
 bool Conn::OnPeerDecline() noexcept {
   std::lock_guard<std::mutex> lock(failover_.lock());
-  // (An URGENT of ours on the anchor would reach the declining server's application as
-  // bytes: only a reset is safe then.)
+  // (An URGENT or WINDOW of ours on the anchor would reach the declining server's
+  // application as bytes: only a reset is safe then.)
   if (failover_.anchor() < 0 || orphaned_.load() || failover_.carriage() != Carriage::kTransport ||
-      error_.load(std::memory_order_acquire) != 0 || failover_.urgent_announced())
+      error_.load(std::memory_order_acquire) != 0 || failover_.said_in_band())
     return false;
   // The process whose rdma_cm listener took our request never had the connection (another
   // one accepted it): its queue pair wrote nothing into our ring and credited nothing.

@@ -81,6 +81,13 @@ inline Message MakeUrgent(uint64_t offset, uint8_t byte, bool ack) {
   return m;
 }
 
+inline Message MakeWindow(uint32_t bytes) {
+  Message m;
+  m.type = Type::kWindow;
+  m.window = Window{.bytes = bytes};
+  return m;
+}
+
 constexpr std::array<uint8_t, 16> kV6Addr = {0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0,
                                              0,    0,    0,    0,    0, 0, 0, 0x2a};
 constexpr uint64_t kNonce = 0x0123456789abcdefull;
@@ -104,6 +111,8 @@ inline Message Typical(Type type) {
       return MakeFailover(1u << 20, 3u << 20, FailoverCause::kTransportError);
     case Type::kUrgent:
       return MakeUrgent(5u << 20, 0xff, false);
+    case Type::kWindow:
+      return MakeWindow(8192);
   }
   return Message();
 }
@@ -112,7 +121,7 @@ inline Message Typical(Type type) {
 inline std::vector<Message> All() {
   std::vector<Message> all;
   for (Type t : {Type::kRegister, Type::kCancel, Type::kConfirm, Type::kAccept, Type::kDecline,
-                 Type::kFailover, Type::kUrgent})
+                 Type::kFailover, Type::kUrgent, Type::kWindow})
     all.push_back(Typical(t));
   const Endpoint v6_client = V6(kV6Addr, 0);
   const Endpoint v6_server = V6(kV6Addr, 65535);
@@ -132,6 +141,8 @@ inline std::vector<Message> All() {
     all.push_back(MakeFailover(c == 0 ? 0 : ~0ull >> c, ~0ull, static_cast<FailoverCause>(c)));
   all.push_back(MakeUrgent(0, 0, false));
   all.push_back(MakeUrgent(~0ull, 0, true));
+  all.push_back(MakeWindow(0));
+  all.push_back(MakeWindow(kMaxWindow));
   return all;
 }
 

@@ -54,7 +54,7 @@ constexpr size_t kUrgentAckAt = 25;
 constexpr size_t kUrgentReservedAt = 26;  // 2 bytes, then 8 more
 
 constexpr Type kTypes[] = {Type::kRegister, Type::kCancel,   Type::kConfirm, Type::kAccept,
-                           Type::kDecline,  Type::kFailover, Type::kUrgent};
+                           Type::kDecline,  Type::kFailover, Type::kUrgent,  Type::kWindow};
 
 size_t MessageSize(Type t) {
   switch (t) {
@@ -72,6 +72,8 @@ size_t MessageSize(Type t) {
       return 40;
     case Type::kUrgent:
       return 36;
+    case Type::kWindow:
+      return 20;
   }
   return 0;
 }
@@ -92,6 +94,8 @@ std::string TypeName(Type t) {
       return "Failover";
     case Type::kUrgent:
       return "Urgent";
+    case Type::kWindow:
+      return "Window";
   }
   return "Unknown";
 }
@@ -118,6 +122,8 @@ bool SameMessage(const Message& a, const Message& b) {
     case Type::kUrgent:
       return a.urgent.offset == b.urgent.offset && a.urgent.byte == b.urgent.byte &&
              a.urgent.ack == b.urgent.ack;
+    case Type::kWindow:
+      return a.window.bytes == b.window.bytes;
   }
   return false;
 }
@@ -241,6 +247,7 @@ TEST(WireEncode, GoldenBytes) {
       {samples::MakeFailover(0x123456789, 0x223456789, FailoverCause::kDeviceRemoved),
        "534c495001060000280000003bd4cd66 89674523010000008967452302000000"
        "0200000000000000"},
+      {samples::MakeWindow(0x12000), "534c49500108000014000000cdee5b9a 00200100"},
       {samples::MakeUrgent(0x0102030405060708, 0xa5, false),
        "534c49500107000024000000f57c2510 0807060504030201a500000000000000"
        "00000000"},
@@ -257,7 +264,7 @@ TEST(WireEncode, GoldenBytes) {
 }
 
 TEST(WireEncode, UnknownTypeEncodesNothing) {
-  for (int t : {0, 8, 255}) {
+  for (int t : {0, 9, 255}) {
     Message m;
     m.type = static_cast<Type>(t);
     uint8_t buf[kMaxMessageSize];
@@ -438,7 +445,7 @@ TEST_P(WireMessageTest, EverySingleByteChangeIsRejected) {
       } else if (at == kVersionAt) {
         want = ParseStatus::kBadVersion;
       } else if (at == kTypeAt) {
-        want = v >= 1 && v <= 7 ? ParseStatus::kBadLength : ParseStatus::kBadType;
+        want = v >= 1 && v <= 8 ? ParseStatus::kBadLength : ParseStatus::kBadType;
       } else if (at < kLengthAt) {
         want = ParseStatus::kBadField;  // flags
       } else if (at < kChecksumAt) {
@@ -460,7 +467,7 @@ TEST_P(WireMessageTest, WrongVersion) {
 
 TEST_P(WireMessageTest, UnknownType) {
   for (int t = 0; t < 256; ++t) {
-    if (t >= 1 && t <= 7) continue;
+    if (t >= 1 && t <= 8) continue;
     EXPECT_EQ(StatusWith(msg(), kTypeAt, t, 1), ParseStatus::kBadType) << t;
   }
 }
@@ -651,6 +658,13 @@ TEST(WireFields, UrgentAckAndReserved) {
   for (int bit = 0; bit < 64; ++bit)
     EXPECT_EQ(StatusWith(mark, kUrgentReservedAt + 2, 1ull << bit, 8), ParseStatus::kBadField)
         << bit;
+}
+
+TEST(WireFields, WindowBound) {
+  const Message m = samples::Typical(Type::kWindow);
+  EXPECT_EQ(Parse(EncodeWith(m, kHeaderSize, kMaxWindow, 4)).status, ParseStatus::kOk);
+  for (uint64_t v : {uint64_t(kMaxWindow) + 1, uint64_t(0xffffffff)})
+    EXPECT_EQ(StatusWith(m, kHeaderSize, v, 4), ParseStatus::kBadField) << v;
 }
 
 TEST(WireFields, DeclineReason) {

@@ -31,7 +31,7 @@ IT="$BUILD/tests/integration"
 # queue pairs exceed a 2 GiB emulated guest), fork/forking/fork_own/fork_exec/exec_shared
 # (a verbs connection cannot cross fork), perf_*/slipstat/sliprun/badenv (no transport
 # involved). exec.both is here: the exec'd program continues the stream on TCP.
-# semantics.both (40 sub-tests of the socket API's corners) is here too, and
+# semantics.both (41 sub-tests of the socket API's corners) is here too, and
 # transports.verbs_first/shm_first (the user's order picks verbs or shm for one address).
 CASES=${SLIP_VERBS_CASES-"semantics.both bulk.both iperf3.both et.both banner.both exec.both
 kill.sender_killed kill.recv_blocked_client_killed"}

@@ -28,11 +28,7 @@ MODULES = ["test_socket", "test_selectors", "test_epoll", "test_poll", "test_sel
 # Tests that pass plain and not under slip-run, and why (docs/COMPATIBILITY.md, "Known
 # limitations"). Keys end the test ids of the JUnit report: "Class.test", or "test" for
 # every class that has it.
-KNOWN = {
-    "test_sendfile_close_peer_in_the_middle_of_receiving":
-        "SO_RCVBUF/SO_SNDBUF do not bound what an accelerated sender has in flight: the "
-        "whole file fits in the ring, so the sender sees no error when the peer closes",
-}
+KNOWN = {}
 # Resources a module needs enabled to run at all (test_socketserver asks for "network";
 # it only uses the loopback).
 RESOURCES = {"test_socketserver": "network"}
