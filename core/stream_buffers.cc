@@ -14,23 +14,30 @@
 namespace slip {
 
 void Stream::SetSendBuffer(uint32_t bytes) noexcept {
-  send_buffer_.store(bytes, std::memory_order_relaxed);
+  send_buffer_.store(bytes);
   UpdateTxLimit();
 }
 
 void Stream::OnPeerWindow(uint32_t bytes) noexcept {
-  peer_window_.store(bytes, std::memory_order_relaxed);
+  peer_window_.store(bytes);
   UpdateTxLimit();
 }
 
 void Stream::UpdateTxLimit() noexcept {
+  // The application's thread (setsockopt) and the control thread (WINDOW) may update at
+  // once: each stores its input first, then computes and stores the bound until the inputs
+  // it used are still the current ones, so the last bound stored is the current inputs'.
   const uint64_t ring = channel_->ring_size();
-  const uint64_t send = send_buffer_.load(std::memory_order_relaxed);
-  const uint64_t window = peer_window_.load(std::memory_order_relaxed);
-  const uint64_t limit = send != 0 && window != 0 ? std::min(ring, send + window) : ring;
-  const uint64_t old = tx_limit_.exchange(limit, std::memory_order_relaxed);
+  bool grew = false;
+  for (;;) {
+    const uint64_t send = send_buffer_.load();
+    const uint64_t window = peer_window_.load();
+    const uint64_t limit = send != 0 && window != 0 ? std::min(ring, send + window) : ring;
+    grew = tx_limit_.exchange(limit) < limit || grew;
+    if (send_buffer_.load() == send && peer_window_.load() == window) break;
+  }
   // A writer asleep on the old bound looks again (A writable: it re-checks the space).
-  if (limit > old) proxy::Unfill(proxy_b_);
+  if (grew) proxy::Unfill(proxy_b_);
 }
 
 }  // namespace slip

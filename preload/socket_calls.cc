@@ -414,11 +414,16 @@ namespace {
 
 // The application set a buffer size: the stream's bound follows it (Stream::SetSendBuffer,
 // AnchorFailover::AnnounceWindow), now or once it is accelerated.
-void NoteBufferSize(SlipSocket* s, int fd, bool receive) noexcept {
-  const int kernel = s->kind == SockKind::kAccel ? s->anchor_fd : fd;
+void NoteBufferSize(const SocketRef& ref, int fd, bool receive) noexcept {
+  SlipSocket* s = ref.get();
   int bytes = 0;
   socklen_t len = sizeof(bytes);
-  if (sys::getsockopt(kernel, SOL_SOCKET, receive ? SO_RCVBUF : SO_SNDBUF, &bytes, &len) != 0 ||
+  // (Read back from the socket the option went to: the kernel doubles what was asked.)
+  if (OnKernelSocket(ref, fd,
+                     [&](int k) {
+                       return sys::getsockopt(k, SOL_SOCKET, receive ? SO_RCVBUF : SO_SNDBUF,
+                                              &bytes, &len);
+                     }) != 0 ||
       bytes <= 0)
     return;
   (receive ? s->rcvbuf : s->sndbuf).store(uint32_t(bytes), std::memory_order_relaxed);
@@ -461,7 +466,7 @@ SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen
     ref->stream->SetUrgentInline(*static_cast<const int*>(val) != 0);
   if (rc == 0 && ref && level == SOL_SOCKET &&
       (name == SO_RCVBUF || name == SO_RCVBUFFORCE || name == SO_SNDBUF || name == SO_SNDBUFFORCE))
-    NoteBufferSize(ref.get(), fd, name == SO_RCVBUF || name == SO_RCVBUFFORCE);
+    NoteBufferSize(ref, fd, name == SO_RCVBUF || name == SO_RCVBUFFORCE);
   return rc;
 }
 

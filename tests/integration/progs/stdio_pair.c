@@ -51,9 +51,13 @@ static int report(int lines, bool exact, bool fileno_ok) {
   return exact && fileno_ok ? 0 : 1;
 }
 
-static size_t chomp(char* line, ssize_t n) {
-  if (n > 0 && line[n - 1] == '\n') line[--n] = 0;
-  return (size_t)n;
+// The next line of `in` without its newline, its length in *len; false at EOF or an error.
+static bool next_line(FILE* in, char** line, size_t* cap, size_t* len) {
+  ssize_t n = getline(line, cap, in);
+  if (n < 0) return false;
+  if (n > 0 && (*line)[n - 1] == '\n') (*line)[--n] = 0;
+  *len = (size_t)n;
+  return true;
 }
 
 static int serve(int fd, uint64_t seed) {
@@ -67,13 +71,11 @@ static int serve(int fd, uint64_t seed) {
   size_t cap = 0;
   int lines = 0;
   bool exact = true;
-  for (;;) {
-    ssize_t n = getline(&line, &cap, in);
-    if (n < 0) {
+  for (size_t len;;) {
+    if (!next_line(in, &line, &cap, &len)) {
       exact = false;  // EOF or an error before END
       break;
     }
-    size_t len = chomp(line, n);
     if (strcmp(line, "END") == 0) break;
     reverse(line, len);
     if (lines % 2 == 0)
@@ -126,13 +128,11 @@ static int talk(int fd, uint64_t seed) {
   size_t cap = 0;
   int lines = 0;
   bool exact = true;
-  for (;;) {
-    ssize_t n = getline(&line, &cap, in);
-    if (n < 0) {
-      exact = false;
+  for (size_t len;;) {
+    if (!next_line(in, &line, &cap, &len)) {
+      exact = false;  // EOF or an error before END
       break;
     }
-    size_t len = chomp(line, n);
     if (strncmp(line, "END ", 4) == 0) {
       exact = exact && atoi(line + 4) == kLines;
       break;
