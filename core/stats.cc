@@ -392,7 +392,8 @@ const char* ReasonName(Reason r) noexcept {
                                            "untrusted_rendezvous",
                                            "fd_limit",
                                            "accepted_elsewhere",
-                                           "short_lived"};
+                                           "short_lived",
+                                           "kernel_feature"};
   static_assert(std::size(kNames) == static_cast<size_t>(Reason::kCount));
   auto i = static_cast<size_t>(r);
   return i < std::size(kNames) ? kNames[i] : "unknown";

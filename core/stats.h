@@ -43,6 +43,7 @@ enum class Reason : uint8_t {
   kFdLimit,              // descriptors short: the setup would have used the application's
   kAcceptedElsewhere,    // another process took the connection (shared listener, group member)
   kShortLived,           // its destination's connections lately closed before setup paid off
+  kKernelFeature,        // the program set an option only the kernel's TCP serves (zerocopy, TLS)
   kCount
 };
 const char* ReasonName(Reason r) noexcept;  // "peer_not_slipstream", ...
@@ -54,8 +55,9 @@ constexpr const char* kStatsDir = "/dev/shm";
 constexpr const char* kStatsPrefix = "slipstream-stats.";
 
 constexpr uint32_t kStatsMagic = 0x53544154;  // "STAT"
-constexpr uint32_t kStatsVersion = 8;  // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit;
-                                       // 6: kAcceptedElsewhere; 7: kShortLived; 8: provider
+constexpr uint32_t kStatsVersion = 9;  // 3: kNoRdmaDevice..kMemlock; 4: kExec; 5: ..kFdLimit;
+                                       // 6: kAcceptedElsewhere; 7: kShortLived; 8: provider;
+                                       // 9: kKernelFeature
 constexpr uint32_t kStatsSlots = 8192;
 
 struct alignas(64) ConnSlot {

@@ -98,7 +98,17 @@ bool Stream::HandBack(int timeout_ms) noexcept {
   SharedSides* sides = sides_.load(std::memory_order_acquire);
   SideLock rx(sides, SharedSides::Side::kRx), tx(sides, SharedSides::Side::kTx);
   if (peer_gone_.load(std::memory_order_acquire) || !rx.ok() || !tx.ok()) return false;
-  return channel_->control()->HandBack(LoadConsumed(std::memory_order_relaxed), timeout_ms);
+  if (!channel_->control()->HandBack(LoadConsumed(std::memory_order_relaxed), timeout_ms))
+    return false;
+  // Not one more byte through the ring (the peer resends from `consumed` on TCP).
+  handed_back_.store(true, std::memory_order_release);
+  return true;
+}
+
+void Stream::WakeAfterHandBack() noexcept {
+  // EOF and writable on A: threads asleep in a receive or a send wake, find kHandedBack.
+  sys::shutdown(proxy_b_, SHUT_WR);
+  proxy::Unfill(proxy_b_);
 }
 
 bool Stream::ShareAcrossFork() noexcept {
@@ -258,6 +268,7 @@ ssize_t Stream::SendOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
                          size_t* done) noexcept {
   const uint32_t size = channel_->ring_size();
   size_t& sent = *done;
+  if (handed_back_.load(std::memory_order_relaxed)) return sent ? ssize_t(sent) : kHandedBack;
   for (;;) {
     if (int err = SendError(sent ? flags | MSG_NOSIGNAL : flags)) {
       if (err == kDiscard) return ssize_t(total);  // accepted, and dropped as TCP would
@@ -426,6 +437,7 @@ ssize_t Stream::RecvOnce(const iovec* iov, int iovcnt, size_t total, int flags, 
   const bool waitall = (flags & MSG_WAITALL) && !nonblocking;
   WakeState* wake = channel_->RxWake();
   size_t& got = *done;
+  if (handed_back_.load(std::memory_order_relaxed)) return got ? ssize_t(got) : kHandedBack;
   if (total == 0) return 0;
   uint64_t consumed = LoadConsumed(std::memory_order_relaxed);
   uint64_t avail = RxAvail(/*strict=*/true);

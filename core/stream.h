@@ -109,6 +109,13 @@ class Stream {
   // locks, so a send or receive in progress finishes first. False when the channel cannot
   // (peer gone, no answer in `timeout_ms`): the connection is then unusable.
   bool HandBack(int timeout_ms) noexcept;
+  // What Send and Recv return once a hand-back has succeeded (in this call, or one another
+  // thread was sleeping in): the ring carries nothing more, the call is the kernel's (on
+  // the TCP socket the application's number refers to once the face has put it there).
+  static constexpr ssize_t kHandedBack = -(1l << 41);
+  // After a hand-back, once the face has moved the application's numbers off the proxy:
+  // wakes the threads asleep in the stream.
+  void WakeAfterHandBack() noexcept;
 
   Channel* channel() noexcept { return channel_.get(); }
   // Its control side (settling, failover, hand-back, fork): never on the data path.
@@ -232,6 +239,7 @@ class Stream {
   std::atomic<bool> shut_rd_{false};
   std::atomic<bool> shut_wr_{false};
   std::atomic<bool> peer_gone_{false};
+  std::atomic<bool> handed_back_{false};  // set under both sides' locks (HandBack)
   std::atomic<bool> reset_reported_{false};
   std::atomic<bool> reset_by_peer_{false};
   std::atomic<bool> closed_{false};

@@ -55,6 +55,7 @@ ssize_t Stream::SendUrgent(const iovec* iov, int iovcnt, size_t total, int flags
       std::lock_guard<std::mutex> lock(tx_mu_);
       SideLock side(sides_.load(std::memory_order_acquire), SharedSides::Side::kTx);
       if (!side.ok()) return sent ? ssize_t(sent) : -EIO;
+      if (handed_back_.load(std::memory_order_relaxed)) return sent ? ssize_t(sent) : kHandedBack;
       if (int err = SendError(flags)) {
         if (err == kDiscard) return ssize_t(total);
         return sent ? ssize_t(sent) : err;
@@ -107,6 +108,7 @@ bool Stream::OnPeerUrgent(uint64_t offset, uint8_t byte) noexcept {
 }
 
 ssize_t Stream::RecvUrgent(const iovec* iov, int iovcnt, int flags) noexcept {
+  if (handed_back_.load(std::memory_order_acquire)) return kHandedBack;
   if (urgent_inline_.load(std::memory_order_relaxed)) return -EINVAL;
   uint8_t byte = 0;
   bool found = false;

@@ -169,6 +169,8 @@ bool SlipListen(SlipSocket* s, int fd) noexcept {
   s->kind = SockKind::kListener;
   const Runtime& rt = GetRuntime();
   if (HasTwins(s)) return true;
+  s->no_offer = Reason::kKernelFeature;  // (preload/hand_back.h)
+  if (s->kernel_only.load(std::memory_order_relaxed)) return true;
   s->no_offer = Reason::kPolicy;
   if (!ListenerPortAllowed(rt.config, ep.port) || Transports().size() == 0) return true;
   int reuseport = 0, v6only = 0;
@@ -231,6 +233,9 @@ int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int
     }
     s->nonblocking.store(flags & SOCK_NONBLOCK, std::memory_order_relaxed);
     s->rcvbuf.store(listener->rcvbuf.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    // (SO_ZEROCOPY set after its twins stood up: the kernel gives it to each connection.)
+    s->kernel_only.store(listener->kernel_only.load(std::memory_order_relaxed),
+                         std::memory_order_relaxed);
     s->sndbuf.store(listener->sndbuf.load(std::memory_order_relaxed), std::memory_order_relaxed);
     Outcome outcome = Outcome::kPlain;
     if (has_twins) {

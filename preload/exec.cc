@@ -33,6 +33,7 @@
 #include "preload/control.h"
 #include "preload/export.h"
 #include "preload/fd_table.h"
+#include "preload/hand_back.h"
 #include "preload/libc.h"
 #include "preload/runtime.h"
 #include "preload/transports.h"
@@ -80,17 +81,6 @@ void Collect(int fd, SlipSocket* s, void* ctx) noexcept {
   }
 }
 
-// Reads fail with ECONNRESET (then EOF), writes with EPIPE: one end of a socket pair whose
-// other end was closed with a byte unread.
-int MakeResetSocket() noexcept {
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return -1;
-  char byte = 0;
-  sys::send(sv[0], &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-  sys::close(sv[1]);
-  return sv[0];
-}
-
 void Put(int what, int fd, bool cloexec) noexcept {
   sys::dup3(what, fd, cloexec ? O_CLOEXEC : 0);
 }
@@ -129,44 +119,27 @@ void LeaveToOtherHolder(SlipSocket* s, ExecPlan* plan) noexcept {
 
 // Only this process holds the connection: hand it back to TCP, or reset it.
 void HandBackOrReset(SlipSocket* s, ExecPlan* plan) noexcept {
-  ControlUnwatch(s);
-  ControlQuiesce();  // the anchor's bytes (the peer's answer) are ours alone now
-  const int timeout_ms = int(GetRuntime().config.handshake_timeout_ms);
-  const bool handed_back = s->stream->HandBack(timeout_ms);
-  // The hidden TCP socket must not outlive the new program's own descriptor.
-  sys::fcntl(s->anchor_fd, F_SETFD, FD_CLOEXEC);
-  if (handed_back) {
-    AccelListRemove(s);
+  std::vector<ProgramNumber> numbers;
+  try {
     for (const ExecPlan::Entry& e : plan->fds) {
-      if (e.s != s) continue;
-      Put(s->anchor_fd, e.fd, e.cloexec);
-      // If exec fails, this image goes on with a TCP socket under its epoll sets too.
-      for (SlipSocket::EpollReg& reg : s->epoll_regs) {
-        if (reg.fd == e.fd) sys::epoll_ctl(reg.epfd, EPOLL_CTL_ADD, e.fd, &reg.event);
-      }
-      SLIP_LOG(kInfo, "fd %d: handed back to TCP for exec", e.fd);
+      if (e.s == s) numbers.push_back({e.fd, e.cloexec});
     }
-    sys::fcntl(s->anchor_fd, F_SETFL, s->nonblocking.load() ? O_NONBLOCK : 0);
-    // The stream stays allocated (a thread may still be inside it) until the last close.
-    s->kind = SockKind::kPlain;
-    StatsSetTransport(s->stats, TransportKind::kTcp, Reason::kExec);
+  } catch (...) {
+    numbers.clear();
+  }
+  if (!numbers.empty() && HandBackToTcp(s, numbers.data(), numbers.size(), Reason::kExec)) {
+    for (const ProgramNumber& n : numbers)
+      SLIP_LOG(kInfo, "fd %d: handed back to TCP for exec", n.fd);
     return;
   }
-  // Bytes may be missing: the peer must see a reset, not an orderly end.
-  s->stream->control()->Abort();
-  linger abortive{1, 0};
-  sys::setsockopt(s->anchor_fd, SOL_SOCKET, SO_LINGER, &abortive, sizeof(abortive));
-  int reset = MakeResetSocket();
-  for (const ExecPlan::Entry& e : plan->fds) {
-    if (e.s != s) continue;
+  for (const ProgramNumber& n : numbers) {
     SLIP_LOG(kWarn,
              "fd %d: cannot hand the connection back to TCP for exec; it is reset (the "
              "program gets a reset socket)",
-             e.fd);
-    if (reset >= 0) Put(reset, e.fd, e.cloexec);
-    Remove(e.fd);  // (the plan's reference keeps the socket until exec is over)
+             n.fd);
   }
-  if (reset >= 0) sys::close(reset);
+  // (The plan's references keep the socket until exec is over.)
+  ResetConnection(s, numbers.data(), numbers.size());
 }
 
 }  // namespace

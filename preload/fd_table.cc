@@ -136,6 +136,7 @@ void SlipSocket::Reset() noexcept {
   connecting.store(false, std::memory_order_relaxed);
   rcvbuf.store(0, std::memory_order_relaxed);
   sndbuf.store(0, std::memory_order_relaxed);
+  kernel_only.store(false, std::memory_order_relaxed);
   kind = SockKind::kTcp;
   family = 0;
   nonblocking.store(false, std::memory_order_relaxed);

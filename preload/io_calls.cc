@@ -17,6 +17,7 @@
 #include "core/sys.h"
 #include "preload/export.h"
 #include "preload/fd_table.h"
+#include "preload/hand_back.h"
 #include "preload/handshake.h"
 #include "preload/libc.h"
 
@@ -25,24 +26,52 @@ using namespace slip::preload;
 
 namespace {
 
-ssize_t AccelRecv(SlipSocket* s, const iovec* iov, int iovcnt, int flags) noexcept {
+// The connection was handed back to TCP while this call was inside the stream
+// (preload/hand_back.h): once the hand-back has put the TCP socket at the program's
+// numbers (it holds `s->mu` until then), the call is the kernel's.
+void AwaitHandBack(SlipSocket* s) noexcept {
+  std::lock_guard<std::mutex> lock(s->mu);
+}
+
+ssize_t AccelRecv(SlipSocket* s, int fd, const iovec* iov, int iovcnt, int flags) noexcept {
+  msghdr m{};
+  m.msg_iov = const_cast<iovec*>(iov);
+  m.msg_iovlen = size_t(iovcnt);
   if (flags & MSG_ERRQUEUE) {
     // The socket's error queue is the TCP connection's (empty: nothing is sent there with
     // MSG_ZEROCOPY or timestamps), never the stream.
-    msghdr m{};
-    m.msg_iov = const_cast<iovec*>(iov);
-    m.msg_iovlen = size_t(iovcnt);
     return Libc().recvmsg(s->anchor_fd, &m, flags);
   }
   ssize_t n = s->stream->Recv(iov, iovcnt, flags, s->nonblocking.load(std::memory_order_relaxed));
+  if (n == Stream::kHandedBack) {
+    AwaitHandBack(s);
+    return Libc().recvmsg(fd, &m, flags);  // (counted by the plain socket's stats from here)
+  }
   if (n > 0 && !(flags & MSG_PEEK)) StatsAddReceived(s->stats, uint64_t(n));
   return ToLibc(n);
 }
 
-ssize_t AccelSend(SlipSocket* s, const iovec* iov, int iovcnt, int flags) noexcept {
+ssize_t AccelSend(SlipSocket* s, int fd, const iovec* iov, int iovcnt, int flags) noexcept {
   ssize_t n = s->stream->Send(iov, iovcnt, flags, s->nonblocking.load(std::memory_order_relaxed));
+  if (n == Stream::kHandedBack) {
+    AwaitHandBack(s);
+    msghdr m{};
+    m.msg_iov = const_cast<iovec*>(iov);
+    m.msg_iovlen = size_t(iovcnt);
+    return Libc().sendmsg(fd, &m, flags);
+  }
   if (n > 0) StatsAddSent(s->stats, uint64_t(n));
   return ToLibc(n);
+}
+
+// A MSG_ZEROCOPY send on a connection whose SO_ZEROCOPY came from where the shim could not
+// act on it (its listener set it after listen, it was set while connecting): the
+// connection goes back to TCP first (preload/hand_back.h), and the send is the kernel's.
+// Without SO_ZEROCOPY the kernel ignores the flag, and so does the ring.
+bool HandedBackForZeroCopy(const SocketRef& ref, int fd, int flags) noexcept {
+  if (!(flags & MSG_ZEROCOPY) || !ref->kernel_only.load(std::memory_order_relaxed)) return false;
+  PrepareForKernelOption(ref.get(), fd);  // (fails with the connection reset)
+  return ref->kind != SockKind::kAccel;
 }
 
 void RecordIfPending(const SocketRef& ref, int fd) noexcept {
@@ -75,7 +104,7 @@ SLIP_EXPORT ssize_t read(int fd, void* buf, size_t n) {
   SocketRef ref(fd);
   if (ref.accelerated()) {
     iovec iov{buf, n};
-    return AccelRecv(ref.get(), &iov, 1, 0);
+    return AccelRecv(ref.get(), fd, &iov, 1, 0);
   }
   return CountReceived(ref, fd, Libc().read(fd, buf, n));
 }
@@ -87,7 +116,7 @@ SLIP_EXPORT ssize_t __read_chk(int fd, void* buf, size_t n, size_t buflen) {
 
 SLIP_EXPORT ssize_t readv(int fd, const iovec* iov, int iovcnt) {
   SocketRef ref(fd);
-  if (ref.accelerated()) return AccelRecv(ref.get(), iov, iovcnt, 0);
+  if (ref.accelerated()) return AccelRecv(ref.get(), fd, iov, iovcnt, 0);
   return CountReceived(ref, fd, Libc().readv(fd, iov, iovcnt));
 }
 
@@ -95,7 +124,7 @@ SLIP_EXPORT ssize_t recv(int fd, void* buf, size_t n, int flags) {
   SocketRef ref(fd);
   if (ref.accelerated()) {
     iovec iov{buf, n};
-    return AccelRecv(ref.get(), &iov, 1, flags);
+    return AccelRecv(ref.get(), fd, &iov, 1, flags);
   }
   return CountReceived(ref, fd, Libc().recv(fd, buf, n, flags));
 }
@@ -111,7 +140,7 @@ SLIP_EXPORT ssize_t recvfrom(int fd, void* buf, size_t n, int flags, sockaddr* a
   if (ref.accelerated()) {
     iovec iov{buf, n};
     ClearName(addr, len);
-    return AccelRecv(ref.get(), &iov, 1, flags);
+    return AccelRecv(ref.get(), fd, &iov, 1, flags);
   }
   return CountReceived(ref, fd, Libc().recvfrom(fd, buf, n, flags, addr, len));
 }
@@ -129,7 +158,7 @@ SLIP_EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
     msg->msg_namelen = 0;
     msg->msg_controllen = 0;
     msg->msg_flags = 0;
-    const ssize_t n = AccelRecv(ref.get(), msg->msg_iov, int(msg->msg_iovlen), flags);
+    const ssize_t n = AccelRecv(ref.get(), fd, msg->msg_iov, int(msg->msg_iovlen), flags);
     if (n >= 0 && (flags & MSG_OOB)) msg->msg_flags = MSG_OOB;
     return n;
   }
@@ -153,7 +182,8 @@ SLIP_EXPORT int recvmmsg(int fd, mmsghdr* msgs, unsigned vlen, int flags, timesp
     msgs[i].msg_hdr.msg_namelen = 0;
     msgs[i].msg_hdr.msg_controllen = 0;
     msgs[i].msg_hdr.msg_flags = 0;
-    ssize_t n = AccelRecv(ref.get(), msgs[i].msg_hdr.msg_iov, int(msgs[i].msg_hdr.msg_iovlen), f);
+    ssize_t n =
+        AccelRecv(ref.get(), fd, msgs[i].msg_hdr.msg_iov, int(msgs[i].msg_hdr.msg_iovlen), f);
     if (n < 0) return i > 0 ? int(i) : -1;
     msgs[i].msg_len = unsigned(n);
     if (n == 0) return int(i + 1);
@@ -165,22 +195,22 @@ SLIP_EXPORT ssize_t write(int fd, const void* buf, size_t n) {
   SocketRef ref(fd);
   if (ref.accelerated()) {
     iovec iov{const_cast<void*>(buf), n};
-    return AccelSend(ref.get(), &iov, 1, 0);
+    return AccelSend(ref.get(), fd, &iov, 1, 0);
   }
   return CountSent(ref, fd, Libc().write(fd, buf, n));
 }
 
 SLIP_EXPORT ssize_t writev(int fd, const iovec* iov, int iovcnt) {
   SocketRef ref(fd);
-  if (ref.accelerated()) return AccelSend(ref.get(), iov, iovcnt, 0);
+  if (ref.accelerated()) return AccelSend(ref.get(), fd, iov, iovcnt, 0);
   return CountSent(ref, fd, Libc().writev(fd, iov, iovcnt));
 }
 
 SLIP_EXPORT ssize_t send(int fd, const void* buf, size_t n, int flags) {
   SocketRef ref(fd);
-  if (ref.accelerated()) {
+  if (ref.accelerated() && !HandedBackForZeroCopy(ref, fd, flags)) {
     iovec iov{const_cast<void*>(buf), n};
-    return AccelSend(ref.get(), &iov, 1, flags);
+    return AccelSend(ref.get(), fd, &iov, 1, flags);
   }
   return CountSent(ref, fd, Libc().send(fd, buf, n, flags));
 }
@@ -188,26 +218,28 @@ SLIP_EXPORT ssize_t send(int fd, const void* buf, size_t n, int flags) {
 SLIP_EXPORT ssize_t sendto(int fd, const void* buf, size_t n, int flags, const sockaddr* addr,
                            socklen_t len) {
   SocketRef ref(fd);
-  if (ref.accelerated()) {
+  if (ref.accelerated() && !HandedBackForZeroCopy(ref, fd, flags)) {
     iovec iov{const_cast<void*>(buf), n};
-    return AccelSend(ref.get(), &iov, 1, flags);
+    return AccelSend(ref.get(), fd, &iov, 1, flags);
   }
   return CountSent(ref, fd, Libc().sendto(fd, buf, n, flags, addr, len));
 }
 
 SLIP_EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
   SocketRef ref(fd);
-  if (ref.accelerated()) return AccelSend(ref.get(), msg->msg_iov, int(msg->msg_iovlen), flags);
+  if (ref.accelerated() && !HandedBackForZeroCopy(ref, fd, flags))
+    return AccelSend(ref.get(), fd, msg->msg_iov, int(msg->msg_iovlen), flags);
   return CountSent(ref, fd, Libc().sendmsg(fd, msg, flags));
 }
 
 SLIP_EXPORT int sendmmsg(int fd, mmsghdr* msgs, unsigned vlen, int flags) {
   SocketRef ref(fd);
-  if (!ref.accelerated()) return Libc().sendmmsg(fd, msgs, vlen, flags);
+  if (!ref.accelerated() || HandedBackForZeroCopy(ref, fd, flags))
+    return Libc().sendmmsg(fd, msgs, vlen, flags);
   unsigned i = 0;
   for (; i < vlen; ++i) {
     ssize_t n =
-        AccelSend(ref.get(), msgs[i].msg_hdr.msg_iov, int(msgs[i].msg_hdr.msg_iovlen), flags);
+        AccelSend(ref.get(), fd, msgs[i].msg_hdr.msg_iov, int(msgs[i].msg_hdr.msg_iovlen), flags);
     if (n < 0) return i > 0 ? int(i) : -1;
     msgs[i].msg_len = unsigned(n);
   }
@@ -229,7 +261,7 @@ char* BounceBuffer() noexcept {
 
 // sendfile into an accelerated socket: read the file through the bounce buffer and send it
 // like write().
-ssize_t AccelSendfile(SlipSocket* s, int in_fd, off_t* offset, size_t count) noexcept {
+ssize_t AccelSendfile(SlipSocket* s, int out_fd, int in_fd, off_t* offset, size_t count) noexcept {
   char* buffer = BounceBuffer();
   if (!buffer) return -1;
   size_t done = 0;
@@ -243,7 +275,7 @@ ssize_t AccelSendfile(SlipSocket* s, int in_fd, off_t* offset, size_t count) noe
     }
     if (got == 0) break;
     iovec iov{buffer, size_t(got)};
-    ssize_t sent = AccelSend(s, &iov, 1, 0);
+    ssize_t sent = AccelSend(s, out_fd, &iov, 1, 0);
     if (sent < 0) {
       // Nothing of this chunk went: the file's own position goes back to before it, or
       // the caller's retry would skip it.
@@ -284,7 +316,7 @@ bool PipeNonblocking(int pipe, unsigned flags) noexcept {
 // From the pipe into the ring: a non-blocking socket reads only what the ring has room
 // for; what was read is sent whole (a remainder another thread's send took the room of
 // waits for room: bytes taken out of the pipe are never dropped).
-ssize_t AccelSpliceIn(SlipSocket* s, int pipe, size_t len, unsigned flags) noexcept {
+ssize_t AccelSpliceIn(SlipSocket* s, int fd, int pipe, size_t len, unsigned flags) noexcept {
   char* buffer = BounceBuffer();
   if (!buffer) return -1;
   size_t want = len < kChunk ? len : kChunk;
@@ -313,7 +345,13 @@ ssize_t AccelSpliceIn(SlipSocket* s, int pipe, size_t len, unsigned flags) noexc
   size_t sent = 0;
   while (sent < size_t(got)) {
     iovec iov{buffer + sent, size_t(got) - sent};
-    const ssize_t n = s->stream->Send(&iov, 1, 0, /*nonblocking=*/false);
+    ssize_t n = s->stream->Send(&iov, 1, 0, /*nonblocking=*/false);
+    if (n == Stream::kHandedBack) {
+      // (The bytes already taken from the pipe go on the TCP socket now at the number.)
+      AwaitHandBack(s);
+      n = Libc().send(fd, iov.iov_base, iov.iov_len, 0);
+      if (n < 0) n = -errno;
+    }
     if (n < 0) {
       if (sent > 0) break;
       errno = int(-n);
@@ -350,6 +388,12 @@ ssize_t AccelSpliceOut(SlipSocket* s, int pipe, size_t len, unsigned flags) noex
       s->nonblocking.load(std::memory_order_relaxed) || (flags & SPLICE_F_NONBLOCK);
   iovec iov{buffer, want};
   const ssize_t peeked = s->stream->Recv(&iov, 1, MSG_PEEK, nonblocking);
+  if (peeked == Stream::kHandedBack) {
+    // Nothing was taken: the caller's retry finds the TCP socket at the number.
+    AwaitHandBack(s);
+    errno = EINTR;
+    return -1;
+  }
   if (peeked <= 0) return ToLibc(peeked);
   const ssize_t written = sys::write(pipe, buffer, size_t(peeked));
   if (written <= 0) return written;
@@ -379,12 +423,12 @@ SLIP_EXPORT ssize_t splice(int fd_in, off64_t* off_in, int fd_out, off64_t* off_
   }
   if (len == 0) return 0;
   return in.accelerated() ? AccelSpliceOut(in.get(), pipe, len, flags)
-                          : AccelSpliceIn(out.get(), pipe, len, flags);
+                          : AccelSpliceIn(out.get(), fd_out, pipe, len, flags);
 }
 
 SLIP_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   SocketRef ref(out_fd);
-  if (ref.accelerated()) return AccelSendfile(ref.get(), in_fd, offset, count);
+  if (ref.accelerated()) return AccelSendfile(ref.get(), out_fd, in_fd, offset, count);
   return CountSent(ref, out_fd, Libc().sendfile(out_fd, in_fd, offset, count));
 }
 

@@ -22,6 +22,7 @@
 #include "preload/exec.h"
 #include "preload/export.h"
 #include "preload/fd_table.h"
+#include "preload/hand_back.h"
 #include "preload/handshake.h"
 #include "preload/hidden_fds.h"
 #include "preload/libc.h"
@@ -452,6 +453,9 @@ SLIP_EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* le
 SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
   if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   SocketRef ref(fd);
+  // (Before the kernel sees it: an accelerated connection goes back to TCP first.)
+  if (ref && KernelOnlyOption(level, name, val, len) && PrepareForKernelOption(ref.get(), fd) != 0)
+    return -1;
   int rc =
       OnKernelSocket(ref, fd, [&](int k) { return Libc().setsockopt(k, level, name, val, len); });
   // Blocking calls of an accelerated socket sleep on the proxy: it carries the timeouts.

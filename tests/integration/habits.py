@@ -1,13 +1,28 @@
 """A program's own habits, which work over plain TCP, must keep working once its
 connections are accelerated: closing every descriptor it did not open (a daemon's
 clean-up) in the middle of a connection; moving bytes with splice(2); reading and writing
-with stdio on an fdopen'd socket. Every byte is checked.
+with stdio on an fdopen'd socket; MSG_ZEROCOPY with its completions. Every byte is
+checked.
 """
 
 import errno
 
 from cases import case
 from harness import ACCEL, LOOPBACK, py
+
+
+def exchange(t, script, *args):
+    """progs/`script` as server and client under slip-run, both exiting 0, each stream's
+    SHA-256 the same at both ends (their reports' sent_sha and received_sha)."""
+    common = ("--port", t.port, *args)
+    server = t.serve("server", py(script, "server", *common), slip=True)
+    client = t.start("client", py(script, "client", *common), slip=True)
+    client.expect_exit(0)
+    server.expect_exit(0)
+    s, c = server.json_output(), client.json_output()
+    t.check(c["sent_sha"] == s["received_sha"], "client -> server: the bytes differ")
+    t.check(s["sent_sha"] == c["received_sha"], "server -> client: the bytes differ")
+    return server, client
 
 
 @case("fd_cleanup", variants=("walk", "range", "closefrom"))
@@ -58,14 +73,8 @@ def splice(t, _):
     way in random lengths (progs/splice_pair.py), SHA-256 compared end to end, over shm.
     (The kernel would move the bytes into or out of the proxy, past the ring: the peer never
     got them, and the client waited for its answer until it was killed.)"""
-    common = ("--port", t.port, "--seed", 11)
-    server = t.serve("server", py("splice_pair.py", "server", *common), slip=True)
-    client = t.start("client", py("splice_pair.py", "client", *common), slip=True)
-    client.expect_exit(0)
-    server.expect_exit(0)
+    server, client = exchange(t, "splice_pair.py", "--seed", 11)
     s, c = server.json_output(), client.json_output()
-    t.check(c["sent_sha"] == s["received_sha"], "client -> server: the bytes differ")
-    t.check(s["sent_sha"] == c["received_sha"], "server -> client: the bytes differ")
     t.expect_stats(client, ACCEL, "", traffic=(c["sent"], c["received"]))
     t.expect_stats(server, ACCEL, "", traffic=(s["sent"], s["received"]))
 
@@ -92,3 +101,33 @@ def stdio(t, _):
         t.check(said["fileno"], f"{proc.name}: fileno() of a FILE is not its socket")
     t.expect_stats(client, ACCEL, "")
     t.expect_stats(server, ACCEL, "")
+
+
+@case("zerocopy", variants=("after_connect", "before_connect", "listener_after",
+                            "listener_before", "ulp_after_connect"))
+def zerocopy(t, where):
+    """MSG_ZEROCOPY (progs/zerocopy_pair.py): one end sends with MSG_ZEROCOPY and waits
+    for a completion of every call on the socket's error queue (POLLERR), while the other
+    streams the other way; both streams seeded random, SHA-256 compared. SO_ZEROCOPY is
+    set by the client after connect (the connection, which has moved bytes over shm, goes
+    back to TCP at that point, the server following it: reason failover) or before it (the
+    connection stays plain), or by the server on its listener after listen (the accepted
+    connection goes back to TCP at its first MSG_ZEROCOPY send) or before it (no twin: the
+    connections stay plain). ulp_after_connect: the client sets TCP_ULP "tls" instead
+    (kernel TLS; this kernel may have no tls module, and the call then fails with ENOENT):
+    it goes back to TCP the same way. The end that set it says kernel_feature. (Before, the
+    option
+    went to the hidden TCP socket, the bytes over the ring, and no completion ever came:
+    the sender waited until its 20 s ran out.)"""
+    seed = 1 + "abcdefghijklmnopqrstuvwxyz".index(where[0])
+    server, client = exchange(t, "zerocopy_pair.py", "--mode", where, "--seed", seed)
+    setter, peer = (client, server) if where.endswith("_connect") else (server, client)
+    said = setter.json_output()
+    if not where.startswith("ulp"):
+        t.check(said["zerocopy_on"] and said["zerocopy_sends"] > 0 and
+                said["completed"] == said["zerocopy_sends"],
+                f"{setter.name}: {said['completed']} completions for {said['zerocopy_sends']} "
+                f"MSG_ZEROCOPY sends (SO_ZEROCOPY {said['zerocopy_on']})")
+    mid_stream = where in ("after_connect", "listener_after", "ulp_after_connect")
+    t.expect_stats(setter, "tcp", "kernel_feature")
+    t.expect_stats(peer, "tcp", "failover" if mid_stream else "peer_not_slipstream")

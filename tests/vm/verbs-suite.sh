@@ -47,7 +47,8 @@ reuseport.squat crr.reuseport grpc.default"}
 # The rest (vm.verbs_extra, label "long": `make test-long`, not `make test`): other
 # readiness APIs (poll and select: semantics.both has their corners), two more real programs
 # (socat, sockperf: iperf3 stays), the mirror images of cases above (one end plain, the
-# other way round, the server's missing GID), variants of the same paths (SEND
+# other way round, the server's missing GID), the hand-back for MSG_ZEROCOPY (exec.both has
+# its path), variants of the same paths (SEND
 # notifications for reuse, a mixed reuseport group, two of the three queue-pair faults, the
 # other transport order), and the NCCL harness with three
 # queue pairs, under ASan and over libfabric's verbs provider: about eight minutes under
@@ -56,7 +57,7 @@ reuseport.squat crr.reuseport grpc.default"}
 if [ "${SLIP_VERBS_EXTRA:-0}" = 1 ]; then
   CASES="asyncio.both poll.both select.both socat.both sockperf.both sendfile.both
 kill.receiver_killed kill.recv_blocked_server_killed transports.shm_first
-transports.verbs_first bulk.server bulk.client"
+transports.verbs_first bulk.server bulk.client zerocopy.after_connect zerocopy.listener_after"
   VERBS_ONLY="reuse.tight reuse.off reuse.send gid.explicit gid.missing_server reuseport.one
 reuseport.mixed qp_fault.client_reset qp_fault.server_err"
 fi
