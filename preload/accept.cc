@@ -169,8 +169,6 @@ bool SlipListen(SlipSocket* s, int fd) noexcept {
   s->kind = SockKind::kListener;
   const Runtime& rt = GetRuntime();
   if (HasTwins(s)) return true;
-  s->no_offer = Reason::kKernelFeature;  // (preload/hand_back.h)
-  if (s->kernel_only.load(std::memory_order_relaxed)) return true;
   s->no_offer = Reason::kPolicy;
   if (!ListenerPortAllowed(rt.config, ep.port) || Transports().size() == 0) return true;
   int reuseport = 0, v6only = 0;

@@ -132,8 +132,6 @@ int SlipConnect(SlipSocket* s, int fd, const sockaddr* addr, socklen_t len) noex
   ConnectRequest req;
   if (!MakeRequest(s, fd, addr, len, &req))
     return ConnectPlain(s, fd, addr, len, Reason::kUnsupported);
-  if (s->kernel_only.load(std::memory_order_relaxed))  // (preload/hand_back.h)
-    return ConnectPlain(s, fd, addr, len, Reason::kKernelFeature);
   sockaddr_storage local{};
   socklen_t llen = sizeof(local);
   if (PolicyNeedsLocal(*req.config))  // (a system call a plain peer's connect need not pay)

@@ -90,7 +90,13 @@ bool KernelOnlyOption(int level, int name, const void* val, unsigned len) noexce
   return level == IPPROTO_TCP && name == TCP_ULP;
 }
 
-int PrepareForKernelOption(SlipSocket* s, int fd) noexcept {
+int PrepareForKernelOption(SlipSocket* s, int fd, bool lazily) noexcept {
+  // SO_ZEROCOPY by itself changes nothing (gRPC sets it on every socket and sends without
+  // MSG_ZEROCOPY): the connection goes back at its first MSG_ZEROCOPY send.
+  if (lazily) {
+    s->kernel_only.store(true, std::memory_order_relaxed);
+    return 0;
+  }
   {
     std::lock_guard<std::mutex> lock(s->mu);
     if (s->kind == SockKind::kTcp || s->kind == SockKind::kListener ||

@@ -43,6 +43,6 @@ bool KernelOnlyOption(int level, int name, const void* val, unsigned len) noexce
 // kernel_feature); an accelerated one is handed back to TCP first. 0, or -1 with errno
 // (EOPNOTSUPP: another process holds the connection too, or the hand-back failed and the
 // connection was reset).
-int PrepareForKernelOption(SlipSocket* s, int fd) noexcept;
+int PrepareForKernelOption(SlipSocket* s, int fd, bool lazily = false) noexcept;
 
 }  // namespace slip::preload

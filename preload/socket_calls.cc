@@ -454,7 +454,8 @@ SLIP_EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen
   if (NotTheProgramsFd(fd, __builtin_return_address(0))) return -1;
   SocketRef ref(fd);
   // (Before the kernel sees it: an accelerated connection goes back to TCP first.)
-  if (ref && KernelOnlyOption(level, name, val, len) && PrepareForKernelOption(ref.get(), fd) != 0)
+  if (ref && KernelOnlyOption(level, name, val, len) &&
+      PrepareForKernelOption(ref.get(), fd, /*lazily=*/name == SO_ZEROCOPY) != 0)
     return -1;
   int rc =
       OnKernelSocket(ref, fd, [&](int k) { return Libc().setsockopt(k, level, name, val, len); });
