@@ -231,7 +231,7 @@ int SlipAccept(SlipSocket* listener, int fd, sockaddr* addr, socklen_t* len, int
     }
     s->nonblocking.store(flags & SOCK_NONBLOCK, std::memory_order_relaxed);
     s->rcvbuf.store(listener->rcvbuf.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    // (SO_ZEROCOPY set after its twins stood up: the kernel gives it to each connection.)
+    // (The kernel gives the listener's SO_ZEROCOPY to each connection.)
     s->kernel_only.store(listener->kernel_only.load(std::memory_order_relaxed),
                          std::memory_order_relaxed);
     s->sndbuf.store(listener->sndbuf.load(std::memory_order_relaxed), std::memory_order_relaxed);

@@ -58,10 +58,8 @@ struct SlipSocket {
   // AnchorFailover::AnnounceWindow); an accepted socket has its listener's, as in the kernel.
   std::atomic<uint32_t> rcvbuf{0};
   std::atomic<uint32_t> sndbuf{0};
-  // The program set an option only the kernel's TCP serves (preload/hand_back.h) before
-  // the connection (kTcp) or on the listener: the connection stays plain, or (connected
-  // meanwhile, accepted from a listener that set it after listen) goes back to TCP at its
-  // first MSG_ZEROCOPY send.
+  // SO_ZEROCOPY was set on it (or on its listener, as the kernel copies it): the
+  // connection goes back to TCP at its first MSG_ZEROCOPY send (preload/hand_back.h).
   std::atomic<bool> kernel_only{false};
 
   ConnSlot* stats = nullptr;

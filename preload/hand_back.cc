@@ -6,8 +6,9 @@
 // what the program writes and decrypts what it reads. Over a ring the bytes pass by the
 // kernel: completions would never come, and TLS records would travel as the program's
 // plaintext while the peer waits for ciphertext. So the connection goes back to its TCP
-// socket first, at the byte the program read up to, as for exec, and the option is then
-// set on the TCP socket the program's numbers now refer to.
+// socket, at the byte the program read up to, as for exec: for TCP_ULP before the kernel
+// takes the option, for SO_ZEROCOPY (which alone changes nothing) at the first
+// MSG_ZEROCOPY send.
 #include "preload/hand_back.h"
 
 #include <fcntl.h>
@@ -97,19 +98,7 @@ int PrepareForKernelOption(SlipSocket* s, int fd, bool lazily) noexcept {
     s->kernel_only.store(true, std::memory_order_relaxed);
     return 0;
   }
-  {
-    std::lock_guard<std::mutex> lock(s->mu);
-    if (s->kind == SockKind::kTcp || s->kind == SockKind::kListener ||
-        s->kind == SockKind::kConnecting) {
-      if (!s->kernel_only.exchange(true, std::memory_order_relaxed))
-        SLIP_LOG_AT(FirstTimeWarn(),
-                    "fd %d: a socket option only the kernel's TCP serves (zerocopy, kernel "
-                    "TLS): its connections stay plain TCP (reason kernel_feature)",
-                    fd);
-      return 0;
-    }
-    if (s->kind != SockKind::kAccel) return 0;
-  }
+  if (s->kind != SockKind::kAccel) return 0;  // (TCP_ULP: the kernel's answer, as plain)
   // Only a settled connection can be handed back (one set up just now may not be yet).
   // (Not under `mu`: settling takes it.)
   ControlWaitSettled(2 * uint64_t(GetRuntime().config.handshake_timeout_ms) + 1000);

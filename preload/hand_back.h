@@ -38,9 +38,9 @@ void ResetConnection(SlipSocket* s, const ProgramNumber* numbers, size_t count) 
 // read). On an accelerated connection the bytes would pass by it.
 bool KernelOnlyOption(int level, int name, const void* val, unsigned len) noexcept;
 
-// The program sets a KernelOnlyOption on `s`: before a connection (a socket not yet
-// connected, a listener) it is marked so that its connections stay plain (reason
-// kernel_feature); an accelerated one is handed back to TCP first. 0, or -1 with errno
+// The program sets a KernelOnlyOption on `s`: `lazily` (SO_ZEROCOPY) marks it, so that
+// its connection goes back to TCP at the first MSG_ZEROCOPY send; otherwise (and at that
+// send) an accelerated connection is handed back now (reason kernel_feature). 0, or -1 with errno
 // (EOPNOTSUPP: another process holds the connection too, or the hand-back failed and the
 // connection was reset).
 int PrepareForKernelOption(SlipSocket* s, int fd, bool lazily = false) noexcept;

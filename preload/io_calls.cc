@@ -33,18 +33,24 @@ void AwaitHandBack(SlipSocket* s) noexcept {
   std::lock_guard<std::mutex> lock(s->mu);
 }
 
-ssize_t AccelRecv(SlipSocket* s, int fd, const iovec* iov, int iovcnt, int flags) noexcept {
+msghdr Msg(const iovec* iov, int iovcnt) noexcept {
   msghdr m{};
   m.msg_iov = const_cast<iovec*>(iov);
   m.msg_iovlen = size_t(iovcnt);
+  return m;
+}
+
+ssize_t AccelRecv(SlipSocket* s, int fd, const iovec* iov, int iovcnt, int flags) noexcept {
   if (flags & MSG_ERRQUEUE) {
     // The socket's error queue is the TCP connection's (empty: nothing is sent there with
     // MSG_ZEROCOPY or timestamps), never the stream.
+    msghdr m = Msg(iov, iovcnt);
     return Libc().recvmsg(s->anchor_fd, &m, flags);
   }
   ssize_t n = s->stream->Recv(iov, iovcnt, flags, s->nonblocking.load(std::memory_order_relaxed));
   if (n == Stream::kHandedBack) {
     AwaitHandBack(s);
+    msghdr m = Msg(iov, iovcnt);
     return Libc().recvmsg(fd, &m, flags);  // (counted by the plain socket's stats from here)
   }
   if (n > 0 && !(flags & MSG_PEEK)) StatsAddReceived(s->stats, uint64_t(n));
@@ -55,17 +61,14 @@ ssize_t AccelSend(SlipSocket* s, int fd, const iovec* iov, int iovcnt, int flags
   ssize_t n = s->stream->Send(iov, iovcnt, flags, s->nonblocking.load(std::memory_order_relaxed));
   if (n == Stream::kHandedBack) {
     AwaitHandBack(s);
-    msghdr m{};
-    m.msg_iov = const_cast<iovec*>(iov);
-    m.msg_iovlen = size_t(iovcnt);
+    msghdr m = Msg(iov, iovcnt);
     return Libc().sendmsg(fd, &m, flags);
   }
   if (n > 0) StatsAddSent(s->stats, uint64_t(n));
   return ToLibc(n);
 }
 
-// A MSG_ZEROCOPY send on a connection whose SO_ZEROCOPY came from where the shim could not
-// act on it (its listener set it after listen, it was set while connecting): the
+// A MSG_ZEROCOPY send on a connection with SO_ZEROCOPY (its own or its listener's): the
 // connection goes back to TCP first (preload/hand_back.h), and the send is the kernel's.
 // Without SO_ZEROCOPY the kernel ignores the flag, and so does the ring.
 bool HandedBackForZeroCopy(const SocketRef& ref, int fd, int flags) noexcept {
