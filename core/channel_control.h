@@ -89,8 +89,9 @@ class ChannelControl {
   // True while another process also holds this end of the connection (fork): a hand-back
   // would take the stream from under it.
   virtual bool SharedWithOtherProcess() const noexcept { return true; }
-  // In a fork child, for each inherited connection: the child is one more holder.
-  virtual void AfterForkChild() noexcept {}
+  // This process holds this end across a fork: called in the parent just before it and in
+  // the child just after, so that each can tell whether the other still holds it.
+  virtual void HoldAcrossFork() noexcept {}
 
   // --- settling (docs/DESIGN.md, "Settling a connection") ---
   // A connection may be installed before its two ends agreed that it uses the transport:

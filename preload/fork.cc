@@ -62,6 +62,7 @@ void ShareConnections(const std::vector<SlipSocket*>& sockets) {
           if (twin) twin->BeforeFork();
       } else if (s->stream) {
         s->stream->ShareAcrossFork();
+        s->stream->control()->HoldAcrossFork();
       }
     }
     Release(s);
@@ -125,7 +126,7 @@ void ResetUnsettled(SlipSocket* s, void*) {
 void RewatchAnchor(SlipSocket* s, void*) {
   if (s->kind != SockKind::kAccel || s->anchor_fd < 0) return;
   ControlWatch(s);
-  if (s->stream) s->stream->control()->AfterForkChild();  // one more holder
+  if (s->stream) s->stream->control()->HoldAcrossFork();  // one more holder
 }
 
 void Child() {

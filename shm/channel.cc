@@ -75,7 +75,6 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
         region_(setup.region),
         region_size_(setup.region_size),
         nonce_(setup.nonce),
-        holder_byte_(setup.is_client ? 0 : 1),
         peer_b_(setup.peer_b),
         own_b_(setup.own_b),
         anchor_(setup.anchor),
@@ -100,7 +99,6 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
     failover_.SetAnchor(anchor_);
     failover_.SetRings(rx_data_, tx_data_);
     failover_.SetOwnProxy(own_b_);
-    TakeHolderLock();
   }
   ~ShmChannel() override {
     // A client whose registration was not taken withdraws it; its server, when it accepts,
@@ -228,7 +226,7 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
 
   bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
   bool SharedWithOtherProcess() const noexcept override;
-  void AfterForkChild() noexcept override { TakeHolderLock(); }
+  void HoldAcrossFork() noexcept override { TakeHolderLock(); }
 
   uint64_t SettleDeadline() const noexcept override {
     return deadline_.load(std::memory_order_acquire);
@@ -267,19 +265,23 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
     Settled();
   }
 
-  // Each process holding this end keeps a read lock on its proxy's B (our end of the
-  // socketpair, which every holder of this end has, and which the peer holds but never
-  // locks). POSIX locks belong to a process, are not inherited by fork and vanish when the
-  // process closes the file or dies, so a conflicting lock is exactly another live holder.
-  // (The region's memfd served before; it is no longer kept open.)
+  // Each process holding this end keeps a read lock on a byte of its TCP anchor, which
+  // only the holders of this end have (the peer's anchor is another socket, even in this
+  // process). POSIX locks belong to a process, are not inherited by fork and vanish when
+  // the process closes the file or dies, so a conflicting lock is exactly another live
+  // holder. A process drops its locks on a file when it closes any descriptor of it, so
+  // the lock is taken only once the anchor's one copy is in its hidden place: at fork, the
+  // only way a second holder comes (HoldAcrossFork). Not on the proxy's B: the peer holds
+  // a copy of it, and in a process that holds both ends the peer's close of that copy
+  // would drop this end's lock.
   void TakeHolderLock() noexcept {
-    if (own_b_ < 0) return;
+    if (anchor_ < 0) return;
     flock lock{};
     lock.l_type = F_RDLCK;
     lock.l_whence = SEEK_SET;
-    lock.l_start = holder_byte_;
+    lock.l_start = 0;
     lock.l_len = 1;
-    sys::fcntl(own_b_, F_SETLK, reinterpret_cast<long>(&lock));
+    sys::fcntl(anchor_, F_SETLK, reinterpret_cast<long>(&lock));
   }
 
   void WakeReaderNow() const noexcept override {
@@ -297,7 +299,6 @@ class ShmChannel final : public Channel, public ChannelControl, private AnchorFa
   void* region_;
   size_t region_size_;
   const uint64_t nonce_;
-  const int holder_byte_;
   int peer_b_;  // B of the peer's proxy: tokens for its readers, fill drained for its writers
   int own_b_;   // B of our own proxy (the Stream's): wake-ups once TCP carries the stream
   const int anchor_;
@@ -472,13 +473,13 @@ bool ShmChannel::HandBack(uint64_t consumed, int timeout_ms) noexcept {
 }
 
 bool ShmChannel::SharedWithOtherProcess() const noexcept {
-  if (own_b_ < 0) return true;
+  if (anchor_ < 0) return true;
   flock lock{};
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;
-  lock.l_start = holder_byte_;
+  lock.l_start = 0;
   lock.l_len = 1;
-  if (sys::fcntl(own_b_, F_GETLK, reinterpret_cast<long>(&lock)) != 0) return true;
+  if (sys::fcntl(anchor_, F_GETLK, reinterpret_cast<long>(&lock)) != 0) return true;
   return lock.l_type != F_UNLCK;
 }
 

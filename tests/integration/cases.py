@@ -1441,12 +1441,15 @@ def exec_shared(t, _):
     t.expect_pairing(server, client)
 
 
-@case("vfork_stdin", variants=("run",))
-def vfork_stdin(t, _):
+@case("vfork_stdin", variants=("run", "fork"))
+def vfork_stdin(t, variant):
     """subprocess.Popen(..., stdin=accelerated socket): Python's vfork child dup2s the
     socket onto its stdin through the shim; the parent's own fd 0 and the socket's bytes
-    must stay as they were (the child shares the parent's memory, not its descriptors)."""
-    prog = t.start("prog", py("vfork_stdin.py", "--port", t.port), slip=True)
+    must stay as they were (the child shares the parent's memory, not its descriptors).
+    fork: a forked child execs holding the connection beside its parent, which keeps it
+    (its bytes arrive once, both ends stay accelerated)."""
+    extra = ("--fork",) if variant == "fork" else ()
+    prog = t.start("prog", py("vfork_stdin.py", "--port", t.port, *extra), slip=True)
     prog.expect_exit(0)
     said = prog.json_output()
     t.check(said.get("stdin") == "from-the-pipe", f"the parent's stdin: {said}")
