@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "core/own_fds.h"
+#include "core/sanitizer.h"
 
 namespace slip::sys {
 
@@ -56,9 +57,11 @@ inline ssize_t write(int fd, const void* buf, size_t len) noexcept {
 // core/own_fds.h.)
 inline int close(int fd) noexcept {
   ForgetOwnFd(fd);
+  san::FdClosing(fd);
   return static_cast<int>(::syscall(SYS_close, fd));
 }
 inline int dup3(int oldfd, int newfd, int flags) noexcept {
+  if (oldfd != newfd) san::FdClosing(newfd);  // (whatever `newfd` was is closed)
   const int rc = static_cast<int>(::syscall(SYS_dup3, oldfd, newfd, flags));
   if (rc >= 0) RemarkOwnFd(newfd);
   return rc;

@@ -33,6 +33,7 @@
 #include "core/log.h"
 #include "core/no_destructor.h"
 #include "core/proxy.h"
+#include "core/sanitizer.h"
 #include "core/sys.h"
 #include "preload/control.h"
 #include "preload/fd_table.h"
@@ -100,6 +101,9 @@ bool Watch(Job* j) noexcept {
   ev.data.ptr = j;
   j->watched = w.fd;  // (before the thread can see an event for it)
   j->watched_events = events;
+  // What the job holds reaches the thread through the kernel (the event's data), which
+  // orders it: ThreadSanitizer is told so (core/sanitizer.h), as it cannot see this call.
+  san::HappensBefore(j);
   if (sys::epoll_ctl(Get().epoll_fd, EPOLL_CTL_ADD, w.fd, &ev) == 0) return true;
   j->watched = -1;
   return false;
@@ -286,7 +290,11 @@ void* Main(void*) {
       timeout = std::min<int>(timeout, d > now ? int(std::min<uint64_t>(d - now, kMaxSleepMs)) : 0);
     }
     int n = sys::epoll_wait(c.epoll_fd, events, 64, timeout);
-    for (int i = 0; i < n; ++i) Step(static_cast<Job*>(events[i].data.ptr));
+    for (int i = 0; i < n; ++i) {
+      auto* j = static_cast<Job*>(events[i].data.ptr);
+      san::HappensAfter(j);  // (Watch's pair)
+      Step(j);
+    }
     // Deadlines (and jobs added since the snapshot simply wait for the next round).
     now = sys::MonotonicMs();
     for (Job* j : snapshot) {
