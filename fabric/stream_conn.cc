@@ -16,6 +16,7 @@
 
 #include "core/log.h"
 #include "core/proxy.h"
+#include "core/sanitizer.h"
 #include "core/sys.h"
 #include "fabric/stream_fabric.h"
 #include "fabric/stream_wire.h"
@@ -121,7 +122,7 @@ bool StreamConn::Init(Reason* why) noexcept {
     }
     if (cq_fd_ < 0) fabric_->CountPolledConn(1);
   }
-  tag_ = fabric_->AddConn(this);
+  fabric_->AddConn(this, &tag_);
   if (tag_ == 0) {
     SLIP_LOG(kWarn, "fabric: the process has as many connections as notes can name");
     *why = Reason::kResources;
@@ -138,7 +139,7 @@ StreamConn::~StreamConn() {
     link_.Forget();
     (void)cq_.release();
     (void)tx_cq_.release();
-    if (proxy_b_ >= 0) sys::close(proxy_b_);
+    if (const int b = proxy_b_.load(); b >= 0) sys::close(b);
     return;
   }
   // A peer whose TCP connection ended (it closed, or died) takes no notes: its own close
@@ -147,10 +148,11 @@ StreamConn::~StreamConn() {
   SLIP_LOG(kDebug,
            "fabric: conn %06x (peer %06x) closing: streamed %d held %d on the fabric %d peer ended "
            "%d error %d; sent %llu, credited %llu, received %llu, consumed %llu",
-           tag_, peer_.note_tag, int(proxy_b_ >= 0), int(held()), int(on_fabric()), int(peer_ended),
-           error_.load(), (unsigned long long)tx_posted_, (unsigned long long)tx_credit_.load(),
-           (unsigned long long)rx_produced_.load(), (unsigned long long)failover_.consumed());
-  if (proxy_b_ >= 0 && ep_.load() != nullptr && !held() && on_fabric() && !aborting_ &&
+           tag_, peer_.note_tag, int(proxy_b_.load() >= 0), int(held()), int(on_fabric()),
+           int(peer_ended), error_.load(), (unsigned long long)tx_posted_,
+           (unsigned long long)tx_credit_.load(), (unsigned long long)rx_produced_.load(),
+           (unsigned long long)failover_.consumed());
+  if (proxy_b_.load() >= 0 && ep_.load() != nullptr && !held() && on_fabric() && !aborting_ &&
       !peer_ended && error_.load(std::memory_order_acquire) == 0) {
     // The last holder closes (fabric connections do not cross fork): as TCP's close, a
     // final exact credit (the peer tells "our bytes were unread" from it), EOF for the
@@ -198,7 +200,7 @@ StreamConn::~StreamConn() {
     fabric_->Retire(std::move(rx_mr_), std::move(tx_mr_), std::move(memory_), bytes, unproven_);
   }
   if (peer_.addr != FI_ADDR_NOTAVAIL) fabric_->RemovePeer(peer_.addr);
-  if (proxy_b_ >= 0) sys::close(proxy_b_);
+  if (const int b = proxy_b_.load(); b >= 0) sys::close(b);
 }
 
 void StreamConn::BeforePeerGone() noexcept {
@@ -218,7 +220,7 @@ const char* StreamConn::provider() const noexcept {
 }
 
 void StreamConn::SetProxy(int proxy_b) noexcept {
-  proxy_b_ = proxy_b;
+  proxy_b_.store(proxy_b, std::memory_order_seq_cst);
   failover_.SetOwnProxy(proxy_b);
   // Held: nothing of the request's reaches the stream before it settles (AfterSettled).
   if (held()) return;
@@ -226,7 +228,7 @@ void StreamConn::SetProxy(int proxy_b) noexcept {
   // down at once) found no proxy to tell: its first sleeper must still see it. (The
   // fence pairs with OnNote's: one of the two shuts the proxy's end down.)
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b_, SHUT_WR);
+  if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b, SHUT_WR);
 }
 
 void StreamConn::Orphan() noexcept {
@@ -278,7 +280,7 @@ void StreamConn::OnNote(uint64_t data) noexcept {
       std::atomic_thread_fence(std::memory_order_seq_cst);  // (SetProxy's pair)
       // The proxy's end first: a poll that a token woke before it would report the
       // stream readable without its hang-up (POLLRDHUP).
-      if (proxy_b_ >= 0 && !held()) sys::shutdown(proxy_b_, SHUT_WR);
+      if (const int b = proxy_b_.load(); b >= 0 && !held()) sys::shutdown(b, SHUT_WR);
       WakeReaderIfSettled();
       break;
     case note::Kind::kClosed:
@@ -309,7 +311,11 @@ void StreamConn::OnShortNote(uint64_t data) noexcept {
     Fail(EPROTO);
     return;
   }
-  const uint64_t word = rx_words_[note::WordOffset(kind) / sizeof(uint64_t)];
+  uint64_t word;
+  {
+    san::PeerMemoryReads peer_writes;  // (the peer may be writing it again: its next doorbell)
+    word = rx_words_[note::WordOffset(kind) / sizeof(uint64_t)];
+  }
   const uint64_t cursor = word & ~note::kEndFlag;
   const bool produced = note::WordOffset(kind) == note::kProducedWord;
   OnNote(note::Encode(tag_, produced ? note::Kind::kData : note::Kind::kCredit, cursor));
@@ -420,13 +426,14 @@ void StreamConn::OnWriteFailed(int error, uint64_t context) noexcept {
 
 void StreamConn::WakeReaderNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (proxy_b_ >= 0 && proxy::TakeReaderAsk(&rx_wake_)) {
-    proxy::WriteToken(&rx_wake_, proxy_b_);
-  } else if (proxy_b_ >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
+  const int b = proxy_b_.load(std::memory_order_seq_cst);
+  if (b >= 0 && proxy::TakeReaderAsk(&rx_wake_)) {
+    proxy::WriteToken(&rx_wake_, b);
+  } else if (b >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
              rx_wake_.tokens.load(std::memory_order_relaxed) == 0) {
     // A reader asleep on our queue's descriptor whose event another thread took: its
     // ppoll would not return for it, the proxy wakes it.
-    proxy::WriteToken(&rx_wake_, proxy_b_);
+    proxy::WriteToken(&rx_wake_, b);
   }
 }
 
@@ -440,9 +447,10 @@ void StreamConn::WakeReaderIfSettled() const noexcept {
 
 void StreamConn::WakeWriterNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (proxy_b_ >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
+  const int b = proxy_b_.load(std::memory_order_seq_cst);
+  if (b >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
       tx_wake_.writer_waiting.exchange(0))
-    proxy::Unfill(proxy_b_);
+    proxy::Unfill(b);
 }
 
 void StreamConn::Fail(int error) noexcept {
@@ -452,9 +460,9 @@ void StreamConn::Fail(int error) noexcept {
   }
   int expected = 0;
   if (!error_.compare_exchange_strong(expected, error)) return;
-  if (proxy_b_ >= 0) {
-    sys::shutdown(proxy_b_, SHUT_WR);
-    proxy::Unfill(proxy_b_);
+  if (const int b = proxy_b_.load(); b >= 0) {
+    sys::shutdown(b, SHUT_WR);
+    proxy::Unfill(b);
   }
 }
 
@@ -625,6 +633,9 @@ bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noex
   const bool end = kind == note::Kind::kEof || kind == note::Kind::kClosed ||
                    (note::WordOffset(kind) == note::kConsumedWord && closed_posted_.load());
   *word = cursor | (end ? note::kEndFlag : 0);
+  // The slot is taken again only after this write completed (ReleaseWordSlot), which
+  // libfabric orders after the post by means ThreadSanitizer may not see: it is told.
+  san::HappensBefore(word);
   if (Post(word, sizeof(*word), peer_.base + ring_size() + note::WordOffset(kind), true,
            note::EncodeShort(peer_.note_tag, kind), slot, delivered))
     return true;
@@ -644,8 +655,9 @@ uint32_t StreamConn::TakeWordSlot() noexcept {
 }
 
 void StreamConn::ReleaseWordSlot(uint32_t slot) noexcept {
-  if (slot >= 1 && slot <= kWordSlots)
-    word_slots_busy_.fetch_and(~(uint64_t(1) << (slot - 1)), std::memory_order_acq_rel);
+  if (slot < 1 || slot > kWordSlots) return;
+  san::HappensAfter(&tx_words_[slot - 1]);  // (PostNote's pair: its write completed)
+  word_slots_busy_.fetch_and(~(uint64_t(1) << (slot - 1)), std::memory_order_acq_rel);
 }
 
 bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_note, uint64_t data,

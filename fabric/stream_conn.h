@@ -333,7 +333,9 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   uint64_t rx_key_ = 0;
   uint64_t rx_base_ = 0;
   PeerRing peer_;
-  int proxy_b_ = -1;
+  // B of the application's proxy: set once the stream exists (SetProxy), while the progress
+  // thread may already be taking the peer's notes and reading it to wake a reader.
+  std::atomic<int> proxy_b_{-1};
   bool aborting_ = false;
 
   mutable WakeState rx_wake_{};

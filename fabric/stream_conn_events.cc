@@ -98,7 +98,8 @@ void StreamConn::OnProgressTurn() noexcept {
 }
 
 int StreamConn::BeginRxSleep() noexcept {
-  if (!cq_ || cq_fd_ < 0 || proxy_b_ < 0 || orphaned_.load(std::memory_order_relaxed)) return -1;
+  if (!cq_ || cq_fd_ < 0 || proxy_b_.load() < 0 || orphaned_.load(std::memory_order_relaxed))
+    return -1;
   // After failover the news come from the anchor, through the control thread and the proxy.
   if (!on_fabric()) return -1;
   // Armed first, announced after: a note taken while arming is ours to see at the stream's

@@ -60,7 +60,10 @@ bool StreamConn::OnLinkRequest(InfoPtr* offered, uint64_t nonce, fid_eq* eq) noe
   // the tag from no REP of its own connections, and the nonce from no message at all.
   // (The request's source is not checked: a host may reach the fabric from another
   // address than its TCP connections come from.)
-  if (nonce != link_nonce_) return false;
+  // (The nonce is read only once the state says it was set: ExpectLink stores it before
+  // it publishes kExpected, and the request may come from the progress thread before.)
+  if (link_state_.load(std::memory_order_acquire) != LinkState::kExpected || nonce != link_nonce_)
+    return false;
   LinkState expected = LinkState::kExpected;
   if (!link_state_.compare_exchange_strong(expected, LinkState::kOpening)) return false;
   fabric_->ExpectingLinks(-1);

@@ -344,7 +344,8 @@ bool StreamFabric::EvictIdlePeersLocked(uint64_t now_ms) noexcept {
   return evicted;
 }
 
-uint32_t StreamFabric::AddConn(StreamConn* conn) noexcept {
+void StreamFabric::AddConn(StreamConn* conn, uint32_t* tag_out) noexcept {
+  *tag_out = 0;
   std::lock_guard<std::mutex> lock(mu_);
   for (uint32_t tries = 1; tries < kSlots; ++tries) {
     const uint32_t index = next_slot_;
@@ -355,11 +356,11 @@ uint32_t StreamFabric::AddConn(StreamConn* conn) noexcept {
     // that no longer matches.
     s.generation = (s.generation + 1) & ((1u << (24 - kSlotBits)) - 1);
     const uint32_t tag = s.generation << kSlotBits | index;
+    *tag_out = tag;
     s.tag.store(tag, std::memory_order_seq_cst);
     s.conn.store(conn, std::memory_order_seq_cst);
-    return tag;
+    return;
   }
-  return 0;
 }
 
 void StreamFabric::RemoveConn(uint32_t tag) noexcept {

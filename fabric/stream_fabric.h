@@ -172,8 +172,10 @@ class StreamFabric {
   fi_addr_t AddPeer(const uint8_t* address, size_t len) noexcept;
   void RemovePeer(fi_addr_t addr) noexcept;
 
-  // The connection's tag (1 .. streamwire::kMaxNoteTag), or 0 when the table is full.
-  uint32_t AddConn(StreamConn* conn) noexcept;
+  // Lists `conn` under a new tag (1 .. streamwire::kMaxNoteTag), stored at `*tag` before
+  // any other thread can find the connection (the progress thread reads it from there as
+  // soon as it does); 0 there when the table is full.
+  void AddConn(StreamConn* conn, uint32_t* tag) noexcept;
   // After this returns no thread is in or enters a dispatch to the tag's connection.
   void RemoveConn(uint32_t tag) noexcept;
 

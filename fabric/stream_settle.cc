@@ -20,6 +20,7 @@
 
 #include "core/anchor_path.h"
 #include "core/log.h"
+#include "core/sanitizer.h"
 #include "core/sys.h"
 #include "fabric/stream_conn.h"
 #include "fabric/stream_fabric.h"
@@ -138,7 +139,8 @@ void StreamConn::AfterSettled() noexcept {
   if (failover_.finished()) CloseTx();
   if (rx_close_wanted_.load(std::memory_order_seq_cst)) CloseRx();
   Poll();  // (what came while held; and the progress thread's watch, if somebody waits)
-  if (proxy_b_ >= 0 && (rx_eof_.load() || error_.load())) sys::shutdown(proxy_b_, SHUT_WR);
+  if (const int b = proxy_b_.load(); b >= 0 && (rx_eof_.load() || error_.load()))
+    sys::shutdown(b, SHUT_WR);
   WakeWriterNow();
   std::atomic_thread_fence(std::memory_order_seq_cst);  // (WakeReaderIfSettled's pair)
   if (rx_produced_.load(std::memory_order_acquire) != failover_.consumed()) WakeReaderNow();
@@ -183,7 +185,12 @@ void StreamConn::HaltLocked() noexcept {
     rx_mr_.reset();  // (no memory: the peer's late writes fail instead)
     return;
   }
-  std::memcpy(copy.get(), rx_ring_.load(std::memory_order_relaxed), ring_size());
+  {
+    // (Where the peer's late writes land meanwhile is space no cursor published: the
+    // stream never reads it from the copy.)
+    san::PeerMemoryReads peer_writes;
+    std::memcpy(copy.get(), rx_ring_.load(std::memory_order_relaxed), ring_size());
+  }
   rx_ring_.store(copy.get(), std::memory_order_release);
   failover_.SetRings(copy.get(), tx_ring_);
   rx_copy_ = std::move(copy);

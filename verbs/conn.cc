@@ -122,7 +122,7 @@ Conn::~Conn() {
   }
   if (orphaned_.load(std::memory_order_acquire)) {
     // A forked child: these objects are the parent's. Only our own descriptor goes.
-    if (proxy_b_ >= 0) sys::close(proxy_b_);
+    if (const int b = proxy_b_.load(); b >= 0) sys::close(b);
     return;
   }
   if (!stream_closed_) CloseStream(false);
@@ -147,7 +147,7 @@ Conn::~Conn() {
   }
   // Last: the device may be destroyed from here on (once removed).
   if (device_held_) device_->Unuse();
-  if (proxy_b_ >= 0) sys::close(proxy_b_);
+  if (const int b = proxy_b_.load(); b >= 0) sys::close(b);
 }
 
 bool Conn::ReleaseRdma(const char* why) noexcept {
@@ -251,9 +251,7 @@ bool Conn::CloseStream(bool may_linger) noexcept {
   if (!linger) return false;
   // The stream is over: its descriptors are the application's (the anchor) or go now.
   failover_.SetAnchor(-1);
-  if (proxy_b_ >= 0) {
-    const int b = proxy_b_;
-    proxy_b_ = -1;
+  if (const int b = proxy_b_.exchange(-1); b >= 0) {
     sys::close(b);
   }
   return true;
@@ -272,14 +270,14 @@ void Conn::SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept
 }
 
 void Conn::SetProxy(int proxy_b) noexcept {
-  proxy_b_ = proxy_b;
+  proxy_b_.store(proxy_b, std::memory_order_seq_cst);
   failover_.SetOwnProxy(proxy_b);
   streamed_ = true;
   // Held: nothing of the request's reaches the stream before it settles (settle.cc).
   if (held()) return;
   // Anything that arrived before the stream existed must still wake its first sleeper.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b_, SHUT_WR);
+  if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b, SHUT_WR);
   stream_live_.store(true, std::memory_order_release);  // the peer's rings are set by now
 }
 

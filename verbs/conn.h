@@ -348,7 +348,9 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   bool have_peer_ = false;
   uint64_t peer_ring_addr_ = 0;
   uint32_t peer_rkey_ = 0;
-  int proxy_b_ = -1;
+  // B of the application's proxy: set once the stream exists (SetProxy), while the progress
+  // thread may already be taking the peer's writes and reading it to wake a reader.
+  std::atomic<int> proxy_b_{-1};
   ibv_qp* qp_ = nullptr;  // ours, not attached to id_ (Connect picks its source GID)
   std::atomic<bool> orphaned_{false};
 

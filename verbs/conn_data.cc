@@ -185,7 +185,7 @@ void Conn::HandleNote(uint32_t note) const noexcept {
     }
     case Note::kEof:
       rx_eof_.store(true, std::memory_order_release);
-      if (proxy_b_ >= 0) sys::shutdown(proxy_b_, SHUT_WR);
+      if (const int b = proxy_b_.load(); b >= 0) sys::shutdown(b, SHUT_WR);
       break;
     case Note::kClosed:
       peer_lingers_.store((note & kNoteValueMask) == kClosedLingers, std::memory_order_release);
@@ -205,13 +205,14 @@ void Conn::WakeReader() const noexcept {
 
 void Conn::WakeReaderNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (proxy_b_ >= 0 && proxy::TakeReaderAsk(&rx_wake_)) {
-    proxy::WriteToken(&rx_wake_, proxy_b_);
-  } else if (proxy_b_ >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
+  const int b = proxy_b_.load(std::memory_order_seq_cst);
+  if (b >= 0 && proxy::TakeReaderAsk(&rx_wake_)) {
+    proxy::WriteToken(&rx_wake_, b);
+  } else if (b >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
              rx_wake_.tokens.load(std::memory_order_relaxed) == 0) {
     // A reader asleep on the own channel whose event another thread took (the progress
     // thread, or another reader): its ppoll would not return for it, the proxy wakes it.
-    proxy::WriteToken(&rx_wake_, proxy_b_);
+    proxy::WriteToken(&rx_wake_, b);
   }
 }
 
@@ -225,9 +226,10 @@ void Conn::WakeWriter() const noexcept {
 
 void Conn::WakeWriterNow() const noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (proxy_b_ >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
+  const int b = proxy_b_.load(std::memory_order_seq_cst);
+  if (b >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
       tx_wake_.writer_waiting.exchange(0))
-    proxy::Unfill(proxy_b_);
+    proxy::Unfill(b);
 }
 
 void Conn::Fail(int error) noexcept {
@@ -241,9 +243,9 @@ void Conn::Fail(int error) noexcept {
   SLIP_LOG(kDebug, "verbs: connection failed (%s; eof %d, peer closed %d)", strerror(error),
            int(rx_eof_.load()), int(peer_closed_.load()));
   // Readers see the error after what already arrived; writers wake to it.
-  if (proxy_b_ >= 0) {
-    sys::shutdown(proxy_b_, SHUT_WR);
-    proxy::Unfill(proxy_b_);
+  if (const int b = proxy_b_.load(); b >= 0) {
+    sys::shutdown(b, SHUT_WR);
+    proxy::Unfill(b);
   }
 }
 

@@ -116,7 +116,7 @@ void Conn::TakeEvents(int max) noexcept {
 }
 
 int Conn::BeginRxSleep() noexcept {
-  if (!own_.channel || proxy_b_ < 0 || orphaned_.load(std::memory_order_relaxed)) return -1;
+  if (!own_.channel || proxy_b_.load() < 0 || orphaned_.load(std::memory_order_relaxed)) return -1;
   // After failover the news come from the anchor, through the control thread and the proxy.
   if (!on_rdma()) return -1;
   direct_readers_.fetch_add(1, std::memory_order_seq_cst);

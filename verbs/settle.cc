@@ -201,7 +201,8 @@ void Conn::AfterSettledOnRdma() noexcept {
   // is nothing to read), so the queue was never armed for it: a note that lands after this
   // would wake nobody. Poll arms it for an announced sleeper, and takes what is here.
   Poll();
-  if (proxy_b_ >= 0 && (rx_eof_.load() || error_.load())) sys::shutdown(proxy_b_, SHUT_WR);
+  if (const int b = proxy_b_.load(); b >= 0 && (rx_eof_.load() || error_.load()))
+    sys::shutdown(b, SHUT_WR);
   // Whoever waited for space or bytes while held is owed a wake-up now, if there is
   // anything for them (a token for nothing would make an idle connection readable).
   WakeWriterNow();
