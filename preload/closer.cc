@@ -103,7 +103,10 @@ void CloserForkParent() noexcept {
 void CloserForkChild() noexcept {
   // The single-threaded child: no closer thread, and the queued connections are the
   // parent's (a verbs connection never crosses fork). Forget them without touching them:
-  // the old state is overwritten, not destroyed (its queue's memory stays behind).
+  // the old state is overwritten, not destroyed (its queue's memory stays behind; its
+  // condition variables may count the parent's waiting thread). The forking thread holds
+  // the lock (CloserForkPrepare) and lets it go first, as the other fork handlers do.
+  State().mu.unlock();
   new (&State()) CloserState();
 }
 
