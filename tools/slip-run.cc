@@ -10,10 +10,14 @@
 // exit records (SLIP_STATS_FILE) outlive them. So slip-run then runs CMD as its child,
 // waits, and reads the records CMD's processes appended.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -244,6 +248,31 @@ std::string LibraryPath() {
   return real;
 }
 
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_init();  // NOLINT(bugprone-reserved-identifier)
+#elif defined(__SANITIZE_ADDRESS__)
+extern "C" void __asan_init();  // NOLINT(bugprone-reserved-identifier)
+#endif
+
+// A sanitizer build of the shim (make test-sanitize-suite) runs inside programs that are
+// not instrumented, so its runtime must be preloaded too, after the shim: before libc, or
+// its interceptors would come after libc's symbols and see none of the shim's locks, and
+// after the shim, or the program's calls would enter the shim from inside the runtime's
+// interceptors (a blocking one hides every lock taken inside it). Where slip-run itself
+// was built that way, it names the runtime it was linked with; elsewhere: empty.
+std::string SanitizerRuntime() {
+  Dl_info info{};
+#if defined(__SANITIZE_THREAD__)
+  if (dladdr(reinterpret_cast<void*>(&__tsan_init), &info) != 0 && info.dli_fname)
+    return info.dli_fname;
+#elif defined(__SANITIZE_ADDRESS__)
+  if (dladdr(reinterpret_cast<void*>(&__asan_init), &info) != 0 && info.dli_fname)
+    return info.dli_fname;
+#endif
+  (void)info;
+  return {};
+}
+
 const Option* FindOption(std::string_view flag) {
   for (const Option& o : kOptions) {
     if (flag == o.flag) return &o;
@@ -290,15 +319,6 @@ CommandLine Parse(int argc, char** argv) {
   return line;
 }
 
-// --summary: the child's pid, for the signal handler.
-volatile sig_atomic_t g_child = 0;
-
-// A terminal's ^C, ^\ and hangup (si_code SI_KERNEL) already reach CMD, which shares our
-// foreground process group; passing them on would deliver them twice.
-void PassOn(int sig, siginfo_t* info, void*) {
-  if (info->si_code != SI_KERNEL && g_child > 0) kill(g_child, sig);
-}
-
 constexpr int kPassedSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 // Where CMD's processes append their exit records, and where ours start.
@@ -335,25 +355,28 @@ bool ChooseStatsFile(StatsTarget* target) {
   return true;
 }
 
+// Passes `info`'s signal on to CMD (`child`). A terminal's ^C, ^\ and hangup (si_code
+// SI_KERNEL) already reach CMD, which shares our foreground process group; passing them on
+// would deliver them twice.
+void PassOn(pid_t child, const signalfd_siginfo& info) {
+  if (info.ssi_code != SI_KERNEL) kill(child, int(info.ssi_signo));
+}
+
 // Spawns CMD with the signal mask and dispositions slip-run was given, waits for it and
 // returns its status as an exit code; -1 if it could not be started.
+//
+// The signals slip-run passes on stay blocked in slip-run from before the spawn, and are
+// taken from a signalfd while it waits for CMD's pidfd: synchronously, no handler (an
+// ignored signal stays ignored, for CMD too: nohup, background jobs). Where the kernel has
+// no pidfd, the wait looks at CMD every 50 ms instead.
 int SpawnAndWait(char** command) {
   sigset_t passed, original;
   sigemptyset(&passed);
-  for (int sig : kPassedSignals) sigaddset(&passed, sig);
-  // Blocked until g_child is set, so that no signal arrives with nobody to pass it to.
-  sigprocmask(SIG_BLOCK, &passed, &original);
-  struct sigaction action = {};
-  action.sa_sigaction = PassOn;
-  action.sa_flags = SA_SIGINFO | SA_RESTART;
-  sigemptyset(&action.sa_mask);
   for (int sig : kPassedSignals) {
     struct sigaction old;
-    // An ignored signal stays ignored, for CMD too (nohup, background jobs).
-    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler != SIG_IGN) {
-      sigaction(sig, &action, nullptr);
-    }
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler != SIG_IGN) sigaddset(&passed, sig);
   }
+  sigprocmask(SIG_BLOCK, &passed, &original);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setsigmask(&attr, &original);
@@ -366,12 +389,24 @@ int SpawnAndWait(char** command) {
     std::fprintf(stderr, "slip-run: cannot run '%s': %s\n", command[0], std::strerror(err));
     return -1;
   }
-  g_child = pid;
-  sigprocmask(SIG_SETMASK, &original, nullptr);
+  const int signals = signalfd(-1, &passed, SFD_CLOEXEC | SFD_NONBLOCK);
+  const int exited = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  bool reaped = false;
+  while (!reaped) {
+    pollfd fds[2] = {{signals, POLLIN, 0}, {exited, POLLIN, 0}};  // (-1: not polled)
+    if (poll(fds, 2, exited >= 0 ? -1 : 50) < 0 && errno != EINTR) break;
+    signalfd_siginfo info;
+    while (signals >= 0 && read(signals, &info, sizeof(info)) == sizeof(info)) PassOn(pid, info);
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    reaped = r == pid || (r < 0 && errno != EINTR);
   }
-  g_child = 0;  // reaped: the pid may be reused
+  while (!reaped && waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  // (The passed signals stay blocked: one that comes now finds CMD reaped, and is dropped
+  // as the handler that was here dropped it.)
+  if (signals >= 0) close(signals);
+  if (exited >= 0) close(exited);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return WEXITSTATUS(status);
 }
@@ -402,7 +437,10 @@ int main(int argc, char** argv) {
     return 127;
   }
   const char* old = getenv("LD_PRELOAD");
-  std::string preload = old && *old ? lib + ":" + old : lib;
+  std::string preload = lib;
+  const std::string runtime = SanitizerRuntime();
+  if (!runtime.empty() && !(old && std::strstr(old, runtime.c_str()))) preload += ":" + runtime;
+  if (old && *old) preload += std::string(":") + old;
   setenv("LD_PRELOAD", preload.c_str(), 1);
   if (line.summary) return RunWithSummary(line.command);
   execvp(line.command[0], line.command);
