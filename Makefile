@@ -1,9 +1,10 @@
 # Slipstream: the user's entry points. CMake does the building underneath.
 #   make          build into build/ (build/lib/libslipstream.so, build/bin/slip-run, ...)
-#   make test     install what is missing (the workload stacks too), build, run every test
-#                 (unit, sanitizers, fuzz, integration with real programs, stress,
-#                 workloads, verbs over Soft-RoCE in a guest), all but the sanitizer runs
-#                 in one final ctest; `make test-long` the few it leaves out (label long)
+#   make test     install what is missing (the workload stacks too), build (and again under
+#                 the sanitizers), run every test in one ctest (unit, sanitizers, fuzz,
+#                 integration with real programs, stress, workloads, verbs over Soft-RoCE
+#                 in a guest); `make test-long` the few it leaves out (label long)
+#   make test-sanitize-suite  every real-program suite under ASan+UBSan, then under TSan
 #   make bench    TCP vs Slipstream on this host (docs/PERFORMANCE.md)
 #   make bench-servers  the same for real servers: redis and nginx under load
 #   make bench-pods     shm between two network namespaces (pods) against TCP over veth
@@ -19,7 +20,8 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
 
-.PHONY: all deps build test test-long test-asan test-tsan test-sanitize-suite test-workloads bench \
+.PHONY: all deps build sanitize-builds test test-long test-asan test-tsan test-sanitize-suite \
+        test-workloads bench \
         bench-servers bench-pods bench-short bench-nccl bench-nccl-rdma bench-fabric bench-rdma demo install clean format
 
 all: build
@@ -28,8 +30,17 @@ deps:
 	@scripts/install-deps.sh
 
 build:
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DSLIP_ASAN_BUILD_DIR=$(abspath $(ASAN_BUILD)) -DSLIP_TSAN_BUILD_DIR=$(abspath $(TSAN_BUILD)) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
+
+# The whole tree again, under AddressSanitizer+UndefinedBehaviorSanitizer and under
+# ThreadSanitizer (Debug), for the sanitizer runs (tests/sanitize/run.sh).
+sanitize-builds:
+	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIP_SANITIZE=ON >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIP_TSAN=ON >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS)
 
 # The tools in $(PREFIX)/bin and the libraries in $(PREFIX)/lib (ldconfig after, so that
 # NCCL finds libnccl-net-slipstream.so by name).
@@ -37,52 +48,33 @@ install: build
 	@cmake --install $(BUILD) --prefix $(PREFIX)
 	@if [ -w /etc/ld.so.cache ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
-# Unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
-test-asan:
-	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIP_SANITIZE=ON >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS) --target slip_unit_tests
-	@ASAN_OPTIONS=detect_leaks=1 $(ASAN_BUILD)/bin/slip_unit_tests --gtest_brief=1
-	@# The NCCL harness over libfabric's tcp provider too (the module, when built).
-	@if [ -e $(ASAN_BUILD)/lib/libslipstream-fabric.so ]; then \
-	  SLIP_NCCL_TEST_TRANSPORT=fabric SLIP_TRANSPORTS=fabric SLIP_FABRIC_PROVIDER=tcp \
-	  ASAN_OPTIONS=detect_leaks=1 $(ASAN_BUILD)/bin/slip_unit_tests --gtest_brief=1 \
-	    --gtest_filter='NcclPlugin.*:NcclPluginChild.*'; fi
+# What make test runs under each sanitizer (the tests sanitize.*): the unit tests, and a few
+# real programs per transport with the whole shim instrumented (tests/sanitize/run.sh).
+test-asan: sanitize-builds
+	@rc=0; for what in unit programs; do \
+	  tests/sanitize/run.sh asan $(ASAN_BUILD) $$what || rc=1; done; exit $$rc
 
-# And under ThreadSanitizer: the rings, proxies and fd table are shared between threads.
-test-tsan:
-	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIP_TSAN=ON >/dev/null
-	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target slip_unit_tests
-	@TSAN_OPTIONS=halt_on_error=1 $(TSAN_BUILD)/bin/slip_unit_tests --gtest_brief=1
+test-tsan: sanitize-builds
+	@rc=0; for what in unit programs; do \
+	  tests/sanitize/run.sh tsan $(TSAN_BUILD) $$what || rc=1; done; exit $$rc
 
 # The real programs of the integration, security and stress suites with the whole shim
-# built under AddressSanitizer+UndefinedBehaviorSanitizer, then under ThreadSanitizer, the
-# runtime preloaded first into every program (the programs themselves are not instrumented).
-# Slow (about 10 minutes each on 2 CPUs), so not part of make test; docs/SECURITY.md
-# records the last run. Allocation faults are not injected under ASan (its allocator wins
-# over the fault library's), and RSS bounds are off (its allocator keeps freed memory).
-ASAN_SUITE_BUILD ?= build-asan-full
-TSAN_SUITE_BUILD ?= build-tsan-full
-SANITIZE_SUITE_LABELS ?= integration|security|stress
-test-sanitize-suite:
-	@cmake -S . -B $(ASAN_SUITE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIP_SANITIZE=ON >/dev/null
-	@cmake --build $(ASAN_SUITE_BUILD) -j $(JOBS)
-	@rt=$$(gcc -print-file-name=libasan.so); cd $(ASAN_SUITE_BUILD) && \
-	  LD_PRELOAD=$$rt SLIP_TEST_SANITIZER_RUNTIME=$$rt \
-	  ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0:halt_on_error=1 \
-	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS) --timeout 600 -L '$(SANITIZE_SUITE_LABELS)'
-	@cmake -S . -B $(TSAN_SUITE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIP_TSAN=ON >/dev/null
-	@cmake --build $(TSAN_SUITE_BUILD) -j $(JOBS)
-	@rt=$$(gcc -print-file-name=libtsan.so); cd $(TSAN_SUITE_BUILD) && \
-	  LD_PRELOAD=$$rt SLIP_TEST_SANITIZER_RUNTIME=$$rt \
-	  TSAN_OPTIONS=halt_on_error=1:die_after_fork=0:suppressions=$(CURDIR)/tests/tsan.supp \
-	  ctest --output-on-failure -j $(JOBS) --timeout 600 -L '$(SANITIZE_SUITE_LABELS)'
+# instrumented, under AddressSanitizer+UBSan, then under ThreadSanitizer (the second half
+# runs whatever the first found: one run shows everything). About 6 and 11 minutes on 2
+# CPUs, so make test runs only the pass above. Allocation faults are not injected there
+# (the sanitizer's allocator must see every allocation), and RSS bounds are off (it keeps
+# freed memory aside).
+test-sanitize-suite: sanitize-builds
+	@rc=0; \
+	tests/sanitize/run.sh asan $(ASAN_BUILD) suite || rc=1; \
+	tests/sanitize/run.sh tsan $(TSAN_BUILD) suite || rc=1; \
+	exit $$rc
 
 # Every package first, in one apt-get run (`install-deps.sh workloads` is the base set plus
-# the workload stacks), then the builds and the sanitizer runs, then ONE ctest over every
-# label (unit, fuzz, integration, stress, workloads, vm: the verbs suite in a Soft-RoCE
-# qemu guest, about 12 minutes, tests/vm/README.md), so that its summary is the last
-# thing printed. The stress and workload tests are RUN_SERIAL: ctest runs them one at a
+# the workload stacks), then the three builds, then ONE ctest over every label (unit,
+# sanitize, fuzz, integration, stress, workloads, vm: the verbs suite in a Soft-RoCE qemu
+# guest, about 12 minutes, tests/vm/README.md), so that its summary is the last thing
+# printed. The stress and workload tests are RUN_SERIAL: ctest runs them one at a
 # time, alone. From a clean clone on 2 CPUs: 36 to 40 minutes, the three builds and the
 # sanitizers' unit runs 15 to 18 of them, ctest the rest (the verbs guest suite alone about
 # 12); the package download and install adds about 2 (tests/workloads/README.md). The label
@@ -94,7 +86,7 @@ test-sanitize-suite:
 # docs/COMPATIBILITY.md.
 test:
 	@scripts/install-deps.sh workloads
-	@$(MAKE) --no-print-directory build test-asan test-tsan
+	@$(MAKE) --no-print-directory build sanitize-builds
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300 --repeat until-pass:2 -LE long
 
 # What `make test` leaves out to stay within its time (label "long"): the rest of the verbs
@@ -168,7 +160,7 @@ format:
 	@clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(ASAN_SUITE_BUILD) $(TSAN_SUITE_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
 
 # The RDMA comparison in the Soft-RoCE guest: kernel TCP, rsocket's preload, Slipstream
 # verbs and perftest over one rxe link (tests/vm/bench-rdma.sh; results in build/bench-rdma/).

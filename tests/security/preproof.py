@@ -58,13 +58,20 @@ MAX_RSS_GROWTH_KB = 32 * 1024
 # attacker's rate is its own to choose (a Python sender makes ~50,000 REQs/s here), so what
 # bounds the listener's share is the listener: a budget of REQs served, or work per REQ
 # small enough. Half a CPU: a flood from one local user may slow the host's other work, not
-# take a CPU from it.
-MAX_CPU_SHARE = 0.5
+# take a CPU from it. Not a bound in a sanitizer run (SLIP_TEST_SANITIZER_RUNTIME), where
+# every access of the shim is checked at several times its cost: the share is printed only.
+SANITIZED = bool(os.environ.get("SLIP_TEST_SANITIZER_RUNTIME"))
+MAX_CPU_SHARE = None if SANITIZED else 0.5
 
 
 def fabric_env(endpoint):
-    return {"SLIP_TRANSPORTS": "fabric,tcp", "SLIP_FABRIC_PROVIDER": "tcp",
-            "SLIP_FABRIC_ENDPOINT": endpoint}
+    env = {"SLIP_TRANSPORTS": "fabric,tcp", "SLIP_FABRIC_PROVIDER": "tcp",
+           "SLIP_FABRIC_ENDPOINT": endpoint}
+    if SANITIZED:
+        # The legitimate requests wait behind the flood in a server that the sanitizer
+        # slows several times: they are given the time (elsewhere, the default 2 s).
+        env["SLIP_HANDSHAKE_TIMEOUT_MS"] = "10000"
+    return env
 
 
 def low_fds(pid):
@@ -161,7 +168,7 @@ def judge(t, server, legit, legit_status, before, after, cpu, what):
         failures.append(f"{what} grew the server by {vm} kB of address space and {rss} kB "
                         f"resident (limits {MAX_VMSIZE_GROWTH_KB} and {MAX_RSS_GROWTH_KB} kB)")
     used, window = cpu
-    if used > MAX_CPU_SHARE * window:
+    if MAX_CPU_SHARE is not None and used > MAX_CPU_SHARE * window:
         failures.append(f"the server spent {used:.2f} s of CPU in {window:.1f} s of {what} "
                         f"({100 * used / window:.0f}% of a CPU, limit "
                         f"{100 * MAX_CPU_SHARE:.0f}%)")

@@ -23,6 +23,8 @@
 //          mapping (malloc's, the fd table's, the stats file's) is left alone.
 //   alloc  operator new in all its forms (size, array, nothrow, aligned) and malloc,
 //          calloc, realloc: a throwing form throws std::bad_alloc, the others return null.
+//          Not in libslipfault-noalloc.so (SLIPFAULT_WITHOUT_ALLOC), the variant of the
+//          sanitizer runs: there the sanitizer's allocator must see every allocation.
 //   sock   syscall(SYS_connect) (EAGAIN: the rendezvous' backlog is full),
 //          syscall(SYS_sendmsg) (ENOBUFS), syscall(SYS_bind) (EADDRINUSE: no port left).
 // (memfd_create counts in both fd and memfd: it takes a descriptor and memory.)
@@ -95,7 +97,7 @@ struct Config {
   uint64_t count = 1;
   double prob = 0;
   uint64_t seed = 0;
-  int err = 0;  // 0: the class's own
+  int err = 0;         // 0: the class's own
   char call[64] = "";  // only calls of this name count and fail (e.g. accept4)
   int thread = 0;      // 1: only calls on the main thread; 2: only on the others
   char spec[512] = "";
@@ -169,9 +171,9 @@ int ParseErrno(const char* v, size_t n) {
   static const struct {
     const char* name;
     int value;
-  } kNames[] = {{"EMFILE", EMFILE}, {"ENFILE", ENFILE}, {"ENOMEM", ENOMEM},
-                {"ENOBUFS", ENOBUFS}, {"EAGAIN", EAGAIN}, {"EFBIG", EFBIG},
-                {"ENOSPC", ENOSPC}, {"EBUSY", EBUSY}, {"EINTR", EINTR},
+  } kNames[] = {{"EMFILE", EMFILE},         {"ENFILE", ENFILE}, {"ENOMEM", ENOMEM},
+                {"ENOBUFS", ENOBUFS},       {"EAGAIN", EAGAIN}, {"EFBIG", EFBIG},
+                {"ENOSPC", ENOSPC},         {"EBUSY", EBUSY},   {"EINTR", EINTR},
                 {"EADDRINUSE", EADDRINUSE}, {"EPERM", EPERM}};
   for (const auto& e : kNames)
     if (Is(v, n, e.name)) return e.value;
@@ -180,8 +182,8 @@ int ParseErrno(const char* v, size_t n) {
 
 void Complain(const char* what) {
   char line[700];
-  const int len = snprintf(line, sizeof(line), "slipfault: %s in SLIPFAULT='%s'\n", what,
-                           g_cfg.spec);
+  const int len =
+      snprintf(line, sizeof(line), "slipfault: %s in SLIPFAULT='%s'\n", what, g_cfg.spec);
   real_syscall(SYS_write, 2, line, len > 0 ? size_t(len) : 0);
 }
 
@@ -356,8 +358,8 @@ bool Fail(Class cls, const char* call, long arg, int err) {
   len += snprintf(line + len, sizeof(line) - size_t(len), "}\n");
   Append(line, size_t(len));
   len = snprintf(line, sizeof(line),
-                 "slipfault: pid %d: %s call %llu failed: %s (arg %ld), errno %d\n",
-                 int(getpid()), kClassNames[cls], (unsigned long long)n, call, arg, err);
+                 "slipfault: pid %d: %s call %llu failed: %s (arg %ld), errno %d\n", int(getpid()),
+                 kClassNames[cls], (unsigned long long)n, call, arg, err);
   real_syscall(SYS_write, 2, line, len > 0 ? size_t(len) : 0);
   errno = err;
   return true;
@@ -391,10 +393,12 @@ void RecvmsgFds(msghdr* msg) {
     // and nothing after it.
     if (kept > 0) {
       cm->cmsg_len = CMSG_LEN(sizeof(int) * size_t(kept));
-      msg->msg_controllen = size_t(reinterpret_cast<char*>(cm) - static_cast<char*>(msg->msg_control)) +
-                            CMSG_SPACE(sizeof(int) * size_t(kept));
+      msg->msg_controllen =
+          size_t(reinterpret_cast<char*>(cm) - static_cast<char*>(msg->msg_control)) +
+          CMSG_SPACE(sizeof(int) * size_t(kept));
     } else {
-      msg->msg_controllen = size_t(reinterpret_cast<char*>(cm) - static_cast<char*>(msg->msg_control));
+      msg->msg_controllen =
+          size_t(reinterpret_cast<char*>(cm) - static_cast<char*>(msg->msg_control));
     }
     msg->msg_flags |= MSG_CTRUNC;
     return;
@@ -458,10 +462,8 @@ __attribute__((visibility("default"))) long syscall(long nr, ...) noexcept {
         break;
       case SYS_fcntl:
         if (a[1] == F_DUPFD && Fail(kFd, "fcntl(F_DUPFD)", a[2], EMFILE)) return -1;
-        if (a[1] == F_DUPFD_CLOEXEC && Fail(kFd, "fcntl(F_DUPFD_CLOEXEC)", a[2], EMFILE))
-          return -1;
-        if (a[1] == F_ADD_SEALS && Fail(kMemfd, "fcntl(F_ADD_SEALS)", a[2], EBUSY))
-          return -1;
+        if (a[1] == F_DUPFD_CLOEXEC && Fail(kFd, "fcntl(F_DUPFD_CLOEXEC)", a[2], EMFILE)) return -1;
+        if (a[1] == F_ADD_SEALS && Fail(kMemfd, "fcntl(F_ADD_SEALS)", a[2], EBUSY)) return -1;
         break;
       case SYS_connect:
         if (Fail(kSock, "connect", a[0], EAGAIN)) return -1;
@@ -505,24 +507,40 @@ __attribute__((visibility("default"))) int ftruncate(int fd, off_t length) noexc
   return real_ftruncate(fd, length);
 }
 
-__attribute__((visibility("default"))) void* mmap(void* addr, size_t len, int prot, int flags,
-                                                  int fd, off_t off) noexcept {
-  const void* ra = __builtin_return_address(0);
+// mmap and mmap64 are called before anything is set up too: a sanitizer's runtime, which
+// the sanitizer runs preload after this library, maps memory through them while it starts
+// (its symbolizer), when neither pthread_once nor dl_iterate_phdr may be called yet. Only a
+// shared mapping of a descriptor can be the shim's region: any other goes straight on.
+namespace {
+
+MmapFn NextMmap() {
+  static std::atomic<MmapFn> next{nullptr};
+  MmapFn f = next.load(std::memory_order_acquire);
+  if (f == nullptr) {
+    f = reinterpret_cast<MmapFn>(dlsym(RTLD_NEXT, "mmap"));
+    next.store(f, std::memory_order_release);
+  }
+  return f;
+}
+
+void* MapOrFail(const void* ra, void* addr, size_t len, int prot, int flags, int fd, off_t off) {
+  if (!(flags & MAP_SHARED) || fd < 0) return NextMmap()(addr, len, prot, flags, fd, off);
   Ensure();
-  if (FromShim(ra) && (flags & MAP_SHARED) && fd >= 0 && IsMemfd(fd) &&
-      Fail(kMmap, "mmap(MAP_SHARED memfd)", long(len), ENOMEM))
+  if (FromShim(ra) && IsMemfd(fd) && Fail(kMmap, "mmap(MAP_SHARED memfd)", long(len), ENOMEM))
     return MAP_FAILED;
   return real_mmap(addr, len, prot, flags, fd, off);
 }
 
+}  // namespace
+
+__attribute__((visibility("default"))) void* mmap(void* addr, size_t len, int prot, int flags,
+                                                  int fd, off_t off) noexcept {
+  return MapOrFail(__builtin_return_address(0), addr, len, prot, flags, fd, off);
+}
+
 __attribute__((visibility("default"))) void* mmap64(void* addr, size_t len, int prot, int flags,
                                                     int fd, off_t off) noexcept {
-  const void* ra = __builtin_return_address(0);
-  Ensure();
-  if (FromShim(ra) && (flags & MAP_SHARED) && fd >= 0 && IsMemfd(fd) &&
-      Fail(kMmap, "mmap(MAP_SHARED memfd)", long(len), ENOMEM))
-    return MAP_FAILED;
-  return real_mmap(addr, len, prot, flags, fd, off);
+  return MapOrFail(__builtin_return_address(0), addr, len, prot, flags, fd, off);
 }
 
 __attribute__((visibility("default"))) int epoll_create1(int flags) noexcept {
@@ -539,6 +557,7 @@ __attribute__((visibility("default"))) int eventfd(unsigned initval, int flags) 
   return real_eventfd(initval, flags);
 }
 
+#if !defined(SLIPFAULT_WITHOUT_ALLOC)
 // malloc and friends: the shim calls none of them directly today (its allocations go
 // through operator new); covered so that one that appears is failed too. Forwarded to
 // glibc's own entry points, so that nothing here needs dlsym before it is ready.
@@ -566,8 +585,11 @@ __attribute__((visibility("default"))) void* realloc(void* p, size_t n) noexcept
   return __libc_realloc(p, n);
 }
 
+#endif  // !SLIPFAULT_WITHOUT_ALLOC
+
 }  // extern "C"
 
+#if !defined(SLIPFAULT_WITHOUT_ALLOC)
 // operator new, every form. The caller of operator new is the code that allocates (the
 // shim's own, inlined std:: containers included); libstdc++'s nothrow forms call the
 // throwing one, whose caller is then libstdc++: never counted twice.
@@ -610,3 +632,4 @@ __attribute__((visibility("default"))) void* operator new[](size_t n, std::align
   if (SLIPFAULT_ELIGIBLE("operator new[](aligned, nothrow)")) return nullptr;
   return real_new_array_al_nt(n, al, nt);
 }
+#endif  // !SLIPFAULT_WITHOUT_ALLOC

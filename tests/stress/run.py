@@ -59,8 +59,8 @@ STORM_PER_ROUND = 1500  # 5 x 1500 = 7,500 connections per process: within the 8
 #                         slots, so that the exit record lists every one (dropped == 0)
 HOLD_RSS_GROWTH_MB = 64  # after closing N connections, against before the first
 STORM_RSS_GROWTH_MB = 8  # after the last round, against after the first
-# The sanitizer run of the suite (make test-sanitize-suite): the runtime to preload first in
-# every program, and no RSS bounds (the sanitizer's allocator keeps freed memory aside).
+# The sanitizer run of the suite (make test-sanitize-suite): the runtime to preload in every
+# program, and no RSS bounds (the sanitizer's allocator keeps freed memory aside).
 SANITIZER_RUNTIME = os.environ.get("SLIP_TEST_SANITIZER_RUNTIME", "")
 if SANITIZER_RUNTIME:
     HOLD_RSS_GROWTH_MB = STORM_RSS_GROWTH_MB = float("inf")
@@ -72,6 +72,14 @@ def case(name, variants):
         CASES[name] = (function, tuple(variants))
         return function
     return register
+
+
+def preload_order(fault_library, shim):
+    """The fault library first (it passes the program's calls on and fails the shim's),
+    then the shim, then a sanitizer's runtime, as its slip-run puts it: before the shim, the
+    program's blocking calls would enter the shim inside the runtime's own interceptor,
+    which (ThreadSanitizer's) ignores every lock taken until the call returns."""
+    return (str(fault_library), str(shim), SANITIZER_RUNTIME)
 
 
 def storm_binary(t):
@@ -449,7 +457,10 @@ SHIM_OFF = "Slipstream disabled for this process"  # its line on stderr (core/co
 
 
 def fault_library(t):
-    path = t.settings.build_dir / "tests" / "stress" / "libslipfault.so"
+    """Under a sanitizer, the variant without the allocation class: the sanitizer's
+    allocator must see every allocation (so there alloc_sweep injects nothing)."""
+    name = "libslipfault-noalloc.so" if SANITIZER_RUNTIME else "libslipfault.so"
+    path = t.settings.build_dir / "tests" / "stress" / name
     t.check(path.is_file(), f"{path} not built")
     return path
 
@@ -506,7 +517,7 @@ def fault_run(t, tag, specs, conns=SWEEP_CONNS, concurrency=1):
         env = {"SLIP_STATS_FILE": str(t.dir / f"{name}.stats.jsonl"),
                "SLIPFAULT_REPORT": str(reports[side])}
         if not t.settings.plain:
-            env["LD_PRELOAD"] = ":".join(x for x in (SANITIZER_RUNTIME, str(lib), str(shim)) if x)
+            env["LD_PRELOAD"] = ":".join(x for x in preload_order(lib, shim) if x)
             env["SLIPFAULT"] = specs.get(side, "")
             if specs:
                 env["SLIP_HANDSHAKE_TIMEOUT_MS"] = str(FAULT_HANDSHAKE_TIMEOUT_MS)
