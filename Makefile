@@ -73,11 +73,11 @@ test-sanitize-suite: sanitize-builds
 # Every package first, in one apt-get run (`install-deps.sh workloads` is the base set plus
 # the workload stacks), then the three builds, then ONE ctest over every label (unit,
 # sanitize, fuzz, integration, stress, workloads, vm: the verbs suite in a Soft-RoCE qemu
-# guest, about 12 minutes, tests/vm/README.md), so that its summary is the last thing
-# printed. The stress and workload tests are RUN_SERIAL: ctest runs them one at a
-# time, alone. From a clean clone on 2 CPUs: 36 to 40 minutes, the three builds and the
-# sanitizers' unit runs 15 to 18 of them, ctest the rest (the verbs guest suite alone about
-# 12); the package download and install adds about 2 (tests/workloads/README.md). The label
+# guest, 5 to 13 minutes, tests/vm/README.md), so that its summary is the last thing
+# printed. The stress, workload and sanitize tests are RUN_SERIAL: ctest runs them one at
+# a time, alone. From a clean clone on 2 CPUs: 20 to 35 minutes by the machine, the three
+# builds 5 to 10 of them, the sanitize tests about 3, the verbs guest suite 5 to 13; the
+# package download and install adds about 2 (tests/workloads/README.md). The label
 # "long" (vm.verbs_extra, workloads.gloo.2, workloads.cpython_sockets) is left out to keep
 # this within 40 minutes: `make test-long`.
 # --repeat until-pass:2: a test must fail twice in a row to fail the run (every failure is

@@ -17,6 +17,8 @@ void __tsan_acquire(void* addr);                   // NOLINT(bugprone-reserved-i
 void __tsan_release(void* addr);                   // NOLINT(bugprone-reserved-identifier)
 void AnnotateIgnoreReadsBegin(const char* file, int line);
 void AnnotateIgnoreReadsEnd(const char* file, int line);
+void AnnotateIgnoreWritesBegin(const char* file, int line);
+void AnnotateIgnoreWritesEnd(const char* file, int line);
 }
 #endif
 
@@ -67,6 +69,27 @@ class PeerMemoryReads {
 #endif
   PeerMemoryReads(const PeerMemoryReads&) = delete;
   PeerMemoryReads& operator=(const PeerMemoryReads&) = delete;
+};
+
+// For its lifetime, this thread's writes race with other threads' on purpose: it replaces
+// memory (a mapping) under threads that may still write it, whose late writes then land
+// in the replacement and are dropped. ThreadSanitizer does not check them, and forgets
+// what it knew of the memory a mapping made meanwhile replaces.
+class UnorderedWrites {
+ public:
+#if defined(__SANITIZE_THREAD__)
+  UnorderedWrites() noexcept {
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~UnorderedWrites() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+  }
+#else
+  UnorderedWrites() noexcept {}  // (not trivial: a scope's object is not an unused variable)
+  ~UnorderedWrites() {}
+#endif
+  UnorderedWrites(const UnorderedWrites&) = delete;
+  UnorderedWrites& operator=(const UnorderedWrites&) = delete;
 };
 
 }  // namespace slip::san

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "core/sanitizer.h"
 #include "core/sys.h"
 #include "core/trusted_path.h"
 
@@ -90,6 +91,8 @@ bool Populate(StatsHeader* h, size_t end) {
 void RetireLocked() {
   StatsHeader* h = g_header.exchange(nullptr, std::memory_order_acq_rel);
   if (h != nullptr) {
+    // (At exit, a control thread may still be closing its slots: unordered by design.)
+    san::UnorderedWrites replaced;
     mmap(h, kFileSize, PROT_READ | PROT_WRITE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   }
