@@ -72,8 +72,8 @@ test-sanitize-suite: sanitize-builds
 
 # Every package first, in one apt-get run (`install-deps.sh workloads` is the base set plus
 # the workload stacks), then the three builds, then ONE ctest over every label (unit,
-# sanitize, fuzz, integration, stress, workloads, vm: the verbs suite in a Soft-RoCE qemu
-# guest, 5 to 13 minutes, tests/vm/README.md), so that its summary is the last thing
+# sanitize, fuzz, integration, stress, workloads, docs, vm: the verbs suite in a Soft-RoCE
+# qemu guest, 5 to 13 minutes, tests/vm/README.md), so that its summary is the last thing
 # printed. The stress, workload and sanitize tests are RUN_SERIAL: ctest runs them one at
 # a time, alone. From a clean clone on 2 CPUs: 20 to 35 minutes by the machine, the three
 # builds 5 to 10 of them, the sanitize tests about 3, the verbs guest suite 5 to 13; the
