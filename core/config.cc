@@ -19,7 +19,7 @@ using options::ParseRange;
 using options::ParseSize;
 using options::Trim;
 
-constexpr const char* kTransportNames[] = {"tcp", "shm", "verbs", "fabric", "dpdk"};
+constexpr const char* kTransportNames[] = {"tcp", "shm", "verbs", "fabric"};
 constexpr const char* kLevelNames[] = {"error", "warn", "info", "debug", "trace"};
 
 bool ParseTransports(std::string_view v, Config* c, Why* why) {
@@ -148,7 +148,7 @@ constexpr Option kOptions[] = {
     {"SLIP_ENABLE", "expected 0, 1, true, false, yes or no",
      [](std::string_view v, Config* c, Why*) { return ParseBool(v, &c->enabled); }},
     {"SLIP_TRANSPORTS",
-     "expected a comma list of distinct transports from shm, tcp, verbs, fabric, dpdk "
+     "expected a comma list of distinct transports from shm, tcp, verbs, fabric "
      "(e.g. shm,tcp)",
      ParseTransports},
     {"SLIP_RING_SIZE", "expected a power-of-two size between 4K and 256M (e.g. 1M)", ParseRingSize},

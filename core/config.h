@@ -22,7 +22,7 @@ namespace slip {
 enum class LogLevel : uint8_t { kError = 0, kWarn, kInfo, kDebug, kTrace };
 
 // Transports in preference order. kTcp means "plain TCP allowed as fallback".
-enum class TransportKind : uint8_t { kTcp = 0, kShm, kVerbs, kFabric, kDpdk };
+enum class TransportKind : uint8_t { kTcp = 0, kShm, kVerbs, kFabric };
 const char* TransportName(TransportKind kind) noexcept;
 
 // The transports in preference order: at most one of each kind, in a fixed array, so that
@@ -46,7 +46,7 @@ class TransportList {
   }
 
  private:
-  static constexpr size_t kMax = 5;  // every kind once
+  static constexpr size_t kMax = 4;  // every kind once
   TransportKind items_[kMax] = {};
   size_t size_ = 0;
 };

@@ -37,6 +37,13 @@ void TransportRegistry::Choose(const TransportList& order) noexcept {
   }
 }
 
+Transport* TransportRegistry::LibraryOf(const void* code) const noexcept {
+  for (size_t i = 0; i < known_count_; ++i) {
+    if (known_[i]->IsLibraryCaller(code)) return known_[i];
+  }
+  return nullptr;
+}
+
 size_t ChooseOffer(const TransportRegistry& transports, const ServerOfferPtr* offers) noexcept {
   const size_t n = transports.size();
   size_t chosen = n;

@@ -20,9 +20,9 @@
 // already committed in band (its CONFIRM is in the stream): then the connection is reset,
 // never handed over with our bytes in it.
 //
-// A transport directory provides one Transport object; the face lists it in its registry
-// (one line: preload/transports.cc). Core includes no transport, and no transport includes
-// another.
+// A transport directory provides one Transport object, declared in its public header
+// (<name>/transport.h); the build lists it (BuiltTransports) and the face registers what
+// the build lists. Core includes no transport, and no transport includes another.
 //
 // Thread safety: a Transport's methods may be called from any thread. A ClientOffer is
 // driven by one thread at a time; a ListenerTwin's methods may run concurrently.
@@ -242,6 +242,21 @@ class Transport {
   // only this image's exit would clean up goes now (a file in /dev/shm); where exec fails,
   // the image goes on, and the transport may make no new connections.
   virtual void BeforeExec() noexcept {}
+
+  // --- the libraries the transport loads (libfabric and its providers) ---
+  // Whether `code` (the return address of an interposed call) lies in code this transport
+  // loaded: the face leaves the descriptors such code makes, and its waits, alone (a
+  // provider's own sockets and its progress thread are not the application's). Asked on
+  // every interposed socket call: cheap, and false while the transport has loaded nothing.
+  virtual bool IsLibraryCaller(const void* code) const noexcept {
+    (void)code;
+    return false;
+  }
+  // A library of this transport accepted `conn` on `listening` (the face hid it already).
+  virtual void LibraryAccepted(int listening, int conn) noexcept {
+    (void)listening;
+    (void)conn;
+  }
 };
 
 // The process's transports: every one the face knows, and the order the user chose.
@@ -261,6 +276,8 @@ class TransportRegistry {
   // Every listed transport, chosen or not (options, names).
   size_t known_size() const noexcept { return known_count_; }
   Transport* known(size_t i) const noexcept { return known_[i]; }
+  // The listed transport whose libraries hold `code` (Transport::IsLibraryCaller), or null.
+  Transport* LibraryOf(const void* code) const noexcept;
 
  private:
   Transport* known_[kMax] = {};
@@ -274,6 +291,11 @@ class TransportRegistry {
 // kernel vouched for, else the first in the user's order. Any other is forged or stale.
 // transports.size() when there is none.
 size_t ChooseOffer(const TransportRegistry& transports, const ServerOfferPtr* offers) noexcept;
+
+// Every transport this build has, in the build's order: the list is generated from the
+// top-level CMakeLists.txt (SLIP_TRANSPORTS) into the face that links it, from each
+// transport's public header (<name>/transport.h, TheTransport()).
+std::span<Transport* const> BuiltTransports() noexcept;
 
 // Of two reasons for staying plain, from two transports tried in turn, the one in the
 // terms of the transport that came closest (a transport that was not allowed, or that

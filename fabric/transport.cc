@@ -20,6 +20,7 @@
 #include "core/offer_steps.h"
 #include "core/sys.h"
 #include "core/transport.h"
+#include "fabric/library_path.h"
 #include "fabric/options.h"
 #include "fabric/stream.h"
 
@@ -74,6 +75,20 @@ void NoteTransportCode() noexcept {
              "fabric: %d code segments of libfabric, its providers or the stream module beyond the "
              "%d this face tells apart; their calls may be taken for the application's",
              found.dropped, TransportCode::kMax);
+}
+
+// Whether `code` lies in libfabric, one of its providers or the module.
+bool IsTransportCode(const void* code) noexcept {
+  const int n = g_code.count.load(std::memory_order_acquire);
+  if (n < 0) {
+    // Still loading (libfabric and its providers are being opened): asked by name.
+    Dl_info info{};
+    return dladdr(code, &info) != 0 && info.dli_fname && IsTransportLibraryPath(info.dli_fname);
+  }
+  const auto pc = uintptr_t(code);
+  for (int i = 0; i < n; ++i)
+    if (pc >= g_code.ranges[i].lo && pc < g_code.ranges[i].hi) return true;
+  return false;
 }
 
 StreamModule* Load(const Config* config, const Options* options) noexcept {
@@ -207,6 +222,13 @@ class FabricTransport final : public ModuleTransport<StreamModule> {
     return fabric::OptionNames();
   }
 
+  bool IsLibraryCaller(const void* code) const noexcept override {
+    return g_in_use.load(std::memory_order_acquire) && IsTransportCode(code);
+  }
+  void LibraryAccepted(int listening, int conn) noexcept override {
+    if (StreamModule* m = Loaded()) m->ProviderAccepted(listening, conn);
+  }
+
   std::unique_ptr<ClientOffer> Offer(const ConnectRequest& req, Reason* why) noexcept override {
     wire::Endpoint bound;
     *why = Reason::kUnsupported;  // the application chose its port: keep out of its way
@@ -269,33 +291,6 @@ FabricTransport* Instance() noexcept {
 
 Transport* TheTransport() noexcept {
   return Instance();
-}
-
-bool ModuleInUse() noexcept {
-  return g_in_use.load(std::memory_order_acquire);
-}
-
-bool IsTransportLibraryCaller(const void* code) noexcept {
-  const int n = g_code.count.load(std::memory_order_acquire);
-  if (n < 0) {
-    // Still loading (libfabric and its providers are being opened): asked by name.
-    Dl_info info{};
-    return dladdr(code, &info) != 0 && info.dli_fname && IsTransportLibraryPath(info.dli_fname);
-  }
-  const auto pc = uintptr_t(code);
-  for (int i = 0; i < n; ++i)
-    if (pc >= g_code.ranges[i].lo && pc < g_code.ranges[i].hi) return true;
-  return false;
-}
-
-int ProviderAccepted(int listening, int conn) noexcept {
-  if (StreamModule* m = Instance()->Loaded()) m->ProviderAccepted(listening, conn);
-  return conn;
-}
-
-const char* LoadedProvider() noexcept {
-  StreamModule* m = Instance()->Loaded();
-  return m ? m->provider() : nullptr;
 }
 
 }  // namespace slip::fabric

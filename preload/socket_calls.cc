@@ -17,7 +17,6 @@
 #include "core/log.h"
 #include "core/own_fds.h"
 #include "core/sys.h"
-#include "fabric/transport.h"
 #include "preload/connector.h"
 #include "preload/exec.h"
 #include "preload/export.h"
@@ -157,9 +156,11 @@ int AcceptFor(const void* caller, int fd, sockaddr* addr, socklen_t* len, int fl
   SocketRef ref(fd);
   if (ref && ref->kind == SockKind::kListener) return SlipAccept(ref.get(), fd, addr, len, flags);
   const int conn = Libc().accept4(fd, addr, len, flags);
-  if (conn < 0 || !TransportLibraryCall(caller)) return conn;
+  Transport* library = conn < 0 ? nullptr : TransportLibraryCall(caller);
+  if (library == nullptr) return conn;
   const int hidden = HideTransportFd(conn);
-  return hidden < 0 ? hidden : fabric::ProviderAccepted(fd, hidden);
+  if (hidden >= 0) library->LibraryAccepted(fd, hidden);
+  return hidden;
 }
 
 }  // namespace

@@ -1,9 +1,6 @@
 #include "preload/transports.h"
 
 #include "core/no_destructor.h"
-#include "fabric/transport.h"
-#include "shm/shm.h"
-#include "verbs/transport.h"
 
 namespace slip::preload {
 
@@ -19,9 +16,7 @@ TransportRegistry& Registry() noexcept {
 bool SetUpTransports(const Config& config, std::string* error) {
   TransportRegistry& r = Registry();
   if (r.known_size() == 0) {
-    r.Add(shm::TheTransport());
-    r.Add(verbs::TheTransport());
-    r.Add(fabric::TheTransport());
+    for (Transport* t : BuiltTransports()) r.Add(t);
   }
   for (size_t i = 0; i < r.known_size(); ++i) {
     if (!r.known(i)->ReadOptions(ProcessEnv, nullptr, error)) return false;
@@ -43,8 +38,8 @@ std::vector<const char*> TransportOptionNames() {
   return names;
 }
 
-bool TransportLibraryCall(const void* code) noexcept {
-  return fabric::ModuleInUse() && fabric::IsTransportLibraryCaller(code);
+Transport* TransportLibraryCall(const void* code) noexcept {
+  return Registry().LibraryOf(code);
 }
 
 }  // namespace slip::preload

@@ -1,4 +1,5 @@
-// shm: the same-host transport. Rings live in a memfd region shared by the two processes;
+// shm's internal interface (its public header is shm/transport.h): the same-host
+// transport. Rings live in a memfd region shared by the two processes;
 // detection goes through a rendezvous that each listening socket of a Slipstream process
 // publishes.
 //
@@ -49,14 +50,7 @@
 #include "core/wire.h"
 #include "shm/sibling_queue.h"
 
-namespace slip {
-class Transport;
-}
-
 namespace slip::shm {
-
-// shm as core's Transport (core/transport.h), for the face's registry.
-Transport* TheTransport() noexcept;
 
 // Whether the rings carry a registered connection, decided once, in the region's header,
 // by whichever end moves it from kOpen first (compare and exchange):

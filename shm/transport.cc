@@ -17,6 +17,7 @@
 #include "core/sys.h"
 #include "shm/dir_rendezvous.h"
 #include "shm/shm.h"
+#include "shm/transport.h"
 
 namespace slip::shm {
 

@@ -226,8 +226,4 @@ Transport* TheTransport() noexcept {
   return Instance();
 }
 
-Module* LoadedModule() noexcept {
-  return Instance()->Loaded();
-}
-
 }  // namespace slip::verbs

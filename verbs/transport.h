@@ -1,22 +1,26 @@
-// The verbs transport as core's Transport (core/transport.h), for a face's registry.
+// The verbs transport's public header: what a face may call. Everything else under verbs/
+// is the transport's own.
 //
-// This part is linked into the face (it needs no rdma-core): it reads the transport's
-// options at start-up and loads the module (libslipstream-verbs.so, verbs.h) from next to
-// the face's own shared object the first time a connection or listener could use it. A
-// missing library, missing rdma-core or no RDMA device means no verbs for this process:
-// said once in the log, and connections take the other transports.
+// The transport is in two parts. Its face-side part, linked into each face, needs no
+// rdma-core: it reads the transport's options at start-up and loads the module
+// (libslipstream-verbs.so: verbs/verbs.h, verbs/msg.h) from next to the face's own shared
+// object the first time a connection, a listener or an NCCL comm could use it. A missing
+// library, a missing rdma-core or no RDMA device means no verbs for this process: said
+// once in the log, and connections take the other transports.
 #pragma once
 
 namespace slip {
 class Transport;
+namespace msg {
+class Provider;
 }
+}  // namespace slip
 
 namespace slip::verbs {
 
-class Module;
-
+// The shim's transport (core/transport.h): streams under TCP connections.
 Transport* TheTransport() noexcept;
-// The module if it is already loaded (a face's fork and exit handlers must not load it).
-Module* LoadedModule() noexcept;
+// The NCCL face's (core/msg_provider.h): message comms over RC queue pairs.
+msg::Provider* MessageProvider() noexcept;
 
 }  // namespace slip::verbs

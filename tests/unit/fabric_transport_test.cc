@@ -1,7 +1,7 @@
 // Unit tests for fabric/transport.h: which loaded objects' code the face leaves to libc.
 #include <gtest/gtest.h>
 
-#include "fabric/transport.h"
+#include "fabric/library_path.h"
 
 namespace slip::fabric {
 namespace {

@@ -12,6 +12,7 @@
 #include "core/stats.h"
 #include "core/transport.h"
 #include "shm/shm.h"
+#include "shm/transport.h"
 #include "tests/unit/rendezvous_helpers.h"
 
 namespace slip::shm {
