@@ -60,7 +60,7 @@ class LongWait {
 }  // namespace
 
 StreamConn::StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept
-    : Channel(ring_size), fabric_(fabric), failover_("fabric", this, ring_size) {}
+    : RemoteRing("fabric", ring_size), fabric_(fabric) {}
 
 StreamConn* StreamConn::Create(StreamFabric* fabric, uint32_t ring_size, Reason* why) noexcept {
   std::unique_ptr<StreamConn> c(new (std::nothrow) StreamConn(fabric, ring_size));
@@ -162,7 +162,7 @@ StreamConn::~StreamConn() {
     // writes, so the others are there too), and the flush below waits for it. A peer that
     // saw the FIN first would take its unacknowledged bytes for lost (a reset).
     const uint64_t consumed = failover_.consumed();
-    if (consumed != credit_sent_) PostCredit(consumed);
+    if (consumed != credit_sent_ && PostCredit(consumed)) credit_sent_ = consumed;
     if (!eof_posted_.exchange(true)) PostNote(note::Kind::kEof, tx_posted_);
     if (!closed_posted_.exchange(true)) PostNote(note::Kind::kClosed, consumed, /*delivered=*/true);
   }
@@ -424,19 +424,6 @@ void StreamConn::OnWriteFailed(int error, uint64_t context) noexcept {
   TransportFailed(wire::FailoverCause::kTransportError);
 }
 
-void StreamConn::WakeReaderNow() const noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  const int b = proxy_b_.load(std::memory_order_seq_cst);
-  if (b >= 0 && proxy::TakeReaderAsk(&rx_wake_)) {
-    proxy::WriteToken(&rx_wake_, b);
-  } else if (b >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
-             rx_wake_.tokens.load(std::memory_order_relaxed) == 0) {
-    // A reader asleep on our queue's descriptor whose event another thread took: its
-    // ppoll would not return for it, the proxy wakes it.
-    proxy::WriteToken(&rx_wake_, b);
-  }
-}
-
 void StreamConn::WakeReaderIfSettled() const noexcept {
   // Held, the bytes are not the application's yet: settling wakes the reader once, for
   // all of them (a token now and another then would be two edges for one arrival). The
@@ -445,42 +432,7 @@ void StreamConn::WakeReaderIfSettled() const noexcept {
   if (!held()) WakeReaderNow();
 }
 
-void StreamConn::WakeWriterNow() const noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  const int b = proxy_b_.load(std::memory_order_seq_cst);
-  if (b >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
-      tx_wake_.writer_waiting.exchange(0))
-    proxy::Unfill(b);
-}
-
-void StreamConn::Fail(int error) noexcept {
-  if (held()) {
-    held_broken_.store(true, std::memory_order_seq_cst);  // settling decides
-    return;
-  }
-  int expected = 0;
-  if (!error_.compare_exchange_strong(expected, error)) return;
-  if (const int b = proxy_b_.load(); b >= 0) {
-    sys::shutdown(b, SHUT_WR);
-    proxy::Unfill(b);
-  }
-}
-
 // ------------------------------------------------------------------------ Channel
-
-uint64_t StreamConn::RxProduced() const noexcept {
-  switch (failover_.carriage()) {
-    case Carriage::kHeld:
-      return 0;
-    case Carriage::kTcp:
-      return failover_.Pull();  // (nothing is delivered before the gate opens)
-    case Carriage::kTransport:
-    case Carriage::kFailing:
-      break;
-  }
-  const_cast<StreamConn*>(this)->Poll();
-  return rx_produced_.load(std::memory_order_acquire);
-}
 
 bool StreamConn::RxEof() const noexcept {
   if (held()) return false;
@@ -490,35 +442,6 @@ bool StreamConn::RxEof() const noexcept {
   if (!cq_ || !on_fabric()) return false;
   const_cast<StreamConn*>(this)->Poll();
   return rx_eof_.load(std::memory_order_acquire);
-}
-
-int StreamConn::Error() const noexcept {
-  if (held()) return 0;
-  int error = error_.load(std::memory_order_acquire);
-  if (error == 0 && failover_.on_tcp()) error = failover_.error();
-  return error;
-}
-
-void StreamConn::RxConsumed(uint64_t consumed) noexcept {
-  failover_.SetConsumed(consumed);
-  if (failover_.carriage() != Carriage::kTransport) return;  // TCP has its own window
-  // A sender waits only on a full ring, and a reader that wants more must first empty it:
-  // a credit every quarter ring never leaves the two waiting on each other.
-  if (consumed - credit_sent_ >= ring_size() / 4) PostCredit(consumed);
-}
-
-uint64_t StreamConn::TxConsumed() const noexcept {
-  switch (failover_.carriage()) {
-    case Carriage::kHeld:
-      return failover_.published() - ring_size();  // a full ring: nothing can be sent
-    case Carriage::kTcp:
-      return failover_.Push();
-    case Carriage::kTransport:
-    case Carriage::kFailing:
-      break;
-  }
-  const_cast<StreamConn*>(this)->Poll();
-  return tx_credit_.load(std::memory_order_acquire);
 }
 
 void StreamConn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
@@ -595,7 +518,7 @@ void StreamConn::CloseRx() noexcept {
 
 // ------------------------------------------------------------------------ posting
 
-void StreamConn::PostCredit(uint64_t consumed) noexcept {
+bool StreamConn::PostCredit(uint64_t consumed) noexcept {
   // The peer may let go of its receive ring once it has our EOF and CLOSED and our TCP
   // connection ended: a credit after CLOSED (our end's exact last one, after close() sent
   // CLOSED; or a reader thread still consuming) must have landed before our FIN, so it
@@ -605,8 +528,9 @@ void StreamConn::PostCredit(uint64_t consumed) noexcept {
   // waits for a credit under way here, so this one knows whether it follows CLOSED.
   credits_posting_.fetch_add(1, std::memory_order_seq_cst);
   const bool after_closed = closed_posted_.load(std::memory_order_seq_cst);
-  if (PostNote(note::Kind::kCredit, consumed, /*delivered=*/after_closed)) credit_sent_ = consumed;
+  const bool posted = PostNote(note::Kind::kCredit, consumed, /*delivered=*/after_closed);
   credits_posting_.fetch_sub(1, std::memory_order_seq_cst);
+  return posted;
 }
 
 bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noexcept {

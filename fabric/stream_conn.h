@@ -37,10 +37,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "core/channel.h"
-#include "core/channel_control.h"
-#include "core/failover.h"
-#include "core/settle_gate.h"
+#include "core/remote_ring.h"
 #include "core/wire.h"
 #include "fabric/domain.h"
 #include "fabric/ring_memory.h"
@@ -80,7 +77,7 @@ constexpr uint32_t Seq(uint64_t c) noexcept {
 }
 }  // namespace write_context
 
-class StreamConn final : public Channel, public ChannelControl, private AnchorFailover::Ends {
+class StreamConn final : public RemoteRing {
  public:
   // Receives posted per connected endpoint, where notes consume them (verbs), each posted
   // again once its completion is taken. More than a peer has cursor-word notes in flight
@@ -131,7 +128,8 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // The local proxy end that receives tokens and fill drains (owned from now on).
   void SetProxy(int proxy_b) noexcept;
   // Server: held until the client proves in band that it made the request (a CONFIRM with
-  // `nonce`); Settle decides by `deadline_ms`.
+  // `nonce`); Settle decides by `deadline_ms` (RemoteRing::Hold; its TCP connection is
+  // accepted, so it is no longer unproven).
   void Hold(uint64_t nonce, uint64_t deadline_ms) noexcept;
   // The same for a connection whose request the listener answered and then dropped before
   // its TCP connection came (fabric/pending_requests.h): nothing of the client's reaches
@@ -142,7 +140,6 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // should they have to retire (a peer may still write them), count against the budget of
   // unproven requests (StreamFabric::Retire), not the connections'.
   void MarkUnproven() noexcept { unproven_ = true; }
-  bool held() const noexcept { return failover_.held(); }
 
   // The completion queue's news for this connection (any thread that polled it).
   void OnNote(uint64_t data) noexcept;
@@ -165,45 +162,25 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // --- Channel ---
   TransportKind kind() const noexcept override { return TransportKind::kFabric; }
   const char* provider() const noexcept override;
-  uint64_t RxProduced() const noexcept override;
   const uint8_t* RxData() const noexcept override {
     return rx_ring_.load(std::memory_order_acquire);
   }
-  void RxConsumed(uint64_t consumed) noexcept override;
   bool RxEof() const noexcept override;
-  WakeState* RxWake() noexcept override { return &rx_wake_; }
   bool ShowsArrivalsWithoutAsk() const noexcept override { return !cq_; }
   int BeginRxSleep() noexcept override;
   void EndRxSleep(bool woken) noexcept override;
-  int Error() const noexcept override;
-  uint64_t TxConsumed() const noexcept override;
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
   void TxPublish(uint64_t produced) noexcept override;
   bool TxPeerClosed() const noexcept override;
-  WakeState* TxWake() noexcept override { return &tx_wake_; }
   void CloseTx() noexcept override;
   void CloseRx() noexcept override;
   void OnPeerViolation() noexcept override { Fail(EPROTO); }
-  ChannelControl* control() noexcept override { return this; }
 
-  // --- ChannelControl ---
-  void Abort() noexcept override { aborting_ = true; }
-  void SetAnchor(int fd) noexcept override { failover_.SetAnchor(fd); }
-  AnchorFailover* failover() noexcept override { return &failover_; }
+  // --- ChannelControl (the rest is RemoteRing's) ---
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
-  bool AnchorCarriesStream() const noexcept override {
-    const Carriage carriage = failover_.carriage();
-    return carriage == Carriage::kTcp || carriage == Carriage::kHeld;
-  }
   void OnAnchorReady(uint32_t events) noexcept override { failover_.OnAnchorReady(events); }
   void BeforePeerGone() noexcept override;
   bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
-  // A fork child's copy fails at once (the endpoint is the parent's): never shared.
-  bool SharedWithOtherProcess() const noexcept override { return false; }
-  uint64_t SettleDeadline() const noexcept override {
-    return settle_at_.load(std::memory_order_acquire);
-  }
-  Settlement Settle(uint64_t now_ms, Reason* why) noexcept override;
 
  private:
   StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept;
@@ -231,7 +208,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // note on an empty write).
   bool PostNote(note::Kind kind, uint64_t cursor, bool delivered = false) noexcept;
   // A credit note for `consumed` (delivered where it follows our CLOSED).
-  void PostCredit(uint64_t consumed) noexcept;
+  bool PostCredit(uint64_t consumed) noexcept override;
   // While the provider has no room (or no cursor word is free): polls, and gives up when
   // the connection failed, left the fabric or its peer closed or died. False: give up.
   bool AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept;
@@ -248,7 +225,6 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // peer closed or died; then no note may claim them.
   bool AwaitLanded() noexcept;
   uint64_t WriteSeq(uint64_t context) const noexcept;
-  void Fail(int error) noexcept;
   // The anchor says the peer's TCP connection ended (closed, or the peer's FIN in), from
   // TCP_INFO alone: nothing is read, so the control thread still gets a pending reset to
   // report.
@@ -259,19 +235,19 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   enum class Took : uint8_t { kMoved, kNothing, kViolation };
   Took TakeProduced(uint64_t data) noexcept;
   Took TakeCredit(uint64_t data) noexcept;
-  void WakeReaderNow() const noexcept override;
   void WakeReaderIfSettled() const noexcept;
-  void WakeWriterNow() const noexcept override;
-  bool MayDeliver() const noexcept override;
 
   // Failover (stream_settle.cc), under failover_.lock() where it says Locked.
   bool on_fabric() const noexcept { return failover_.on_transport(); }
   // Nothing lands in the stream's ring after this (it moves to a copy of the registered
   // one) and notes are ignored: what arrived so far is what we received.
   void HaltLocked() noexcept;
-  void TransportFailed(wire::FailoverCause cause) noexcept;
-  void SettlePlainLocked(bool gated) noexcept;
-  void AfterSettled() noexcept;
+  void TransportFailed(wire::FailoverCause cause) noexcept override;
+  // Settling (stream_settle.cc): RemoteRing's hooks. A client's REQ carried its ring, so
+  // only our endpoint must be up; settling as plain halts.
+  PeerCheck ConfirmedPeer(uint64_t now_ms, const char** what) noexcept override;
+  void StopRequestLocked() noexcept override { HaltLocked(); }
+  void TakeArrivals() const noexcept override { const_cast<StreamConn*>(this)->Poll(); }
   // Receives for remote CQ data on our own endpoint, where the provider needs them; with
   // sends, into the receive slots (slot: which one).
   bool PostReceives() noexcept;
@@ -317,13 +293,13 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // Connected: our endpoint's completion queues (link_ is bound to them; tx_cq_ null:
   // cq_ takes our writes' too, StreamFabric::OpenConnCqs), cq_'s descriptor (-1: none,
   // polled), whether the progress thread's one shot is set on it (or fired and not yet
-  // handled), whether the descriptor is in its watch, and the readers asleep on it.
+  // handled), and whether the descriptor is in its watch (the readers asleep on it are
+  // RemoteRing's direct_readers_).
   CqPtr cq_;
   CqPtr tx_cq_;
   int cq_fd_ = -1;
   std::atomic<bool> watched_{false};
   std::atomic<bool> watch_added_{false};
-  std::atomic<uint32_t> direct_readers_{0};
   // What writes go through: the process's RDM endpoint, or our own connected one (link_)
   // once it is up; null before.
   std::atomic<fid_ep*> ep_{nullptr};
@@ -333,27 +309,10 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   uint64_t rx_key_ = 0;
   uint64_t rx_base_ = 0;
   PeerRing peer_;
-  // B of the application's proxy: set once the stream exists (SetProxy), while the progress
-  // thread may already be taking the peer's notes and reading it to wake a reader.
-  std::atomic<int> proxy_b_{-1};
-  bool aborting_ = false;
-
-  mutable WakeState rx_wake_{};
-  mutable WakeState tx_wake_{};
-  std::atomic<uint64_t> rx_produced_{0};
-  std::atomic<uint64_t> tx_credit_{0};
-  std::atomic<bool> rx_eof_{false};
-  std::atomic<bool> peer_closed_{false};
-  std::atomic<int> error_{0};
   std::atomic<bool> halted_{false};  // HaltLocked ran: notes are ignored
-  std::atomic<bool> orphaned_{false};
 
-  // Receiver thread only.
-  uint64_t credit_sent_ = 0;
   // Sender thread only.
-  uint64_t tx_posted_ = 0;
   uint64_t data_posted_ = 0;
-  std::atomic<bool> eof_posted_{false};
   std::atomic<bool> closed_posted_{false};
   std::atomic<uint32_t> credits_posting_{0};  // PostCredit under way (CloseRx waits)
   std::atomic<uint64_t> tx_writes_{0};        // posted writes
@@ -368,17 +327,7 @@ class StreamConn final : public Channel, public ChannelControl, private AnchorFa
   // the sender); equal, every one landed.
   std::atomic<uint64_t> data_landed_{0};
 
-  // Settling: held until the CONFIRM (settle_at_: when Settle runs next, 0 settled).
-  std::atomic<uint64_t> settle_at_{0};
-  std::atomic<bool> held_broken_{false};
-  std::atomic<bool> rx_close_wanted_{false};
-  uint64_t held_nonce_ = 0;
-  uint64_t deadline_ms_ = 0;
-  Reason plain_reason_ = Reason::kPeerNotSlipstream;  // bytes that are not a CONFIRM
-  bool unproven_ = false;
-  SettleGate gate_;
-
-  AnchorFailover failover_;
+  bool unproven_ = false;  // MarkUnproven until Hold
 };
 
 }  // namespace slip::fabric

@@ -1,14 +1,10 @@
-// StreamConn's control side: settling a server's connection, failover to the TCP anchor,
-// and the hand-back at exec. The rules are verbs' (verbs/settle.cc tells them at length);
-// the exchange on the anchor is core's (AnchorFailover), and so is the gate (SettleGate).
+// StreamConn's control side: settling a server's connection (the rules are core's,
+// core/remote_ring.h: here only what fabric adds), failover to the TCP anchor, and the
+// hand-back at exec (the exchange on the anchor is core's AnchorFailover).
 //
-//   CONFIRM(nonce) of the request                -> the rings carry the stream
-//   other bytes, EOF, an error                   -> TCP from byte 0 (a plain client)
-//   the request's writes fail, or nothing by the
-//   deadline                                     -> TCP from byte 0, gated
-//   a CONFIRM of another nonce                   -> reset (neither path is safe)
-//
-// A client's REQ carried its ring, so unlike verbs nothing else must arrive first.
+// A client's REQ carried its ring, so a CONFIRM of the request settles the connection as
+// soon as our endpoint for it is up (connected endpoints: it may come a moment after the
+// client's).
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sched.h>
@@ -63,111 +59,20 @@ void StreamConn::HoldForDroppedRequest(uint64_t nonce, uint64_t deadline_ms) noe
 
 void StreamConn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
   unproven_ = false;  // (its TCP connection is accepted)
-  held_nonce_ = nonce;
-  deadline_ms_ = deadline_ms;
-  held_broken_.store(error_.exchange(0) != 0, std::memory_order_relaxed);
-  gate_.Lower();
-  failover_.Hold();
-  settle_at_.store(deadline_ms, std::memory_order_release);
+  RemoteRing::Hold(nonce, deadline_ms);
 }
 
-ChannelControl::Settlement StreamConn::Settle(uint64_t now_ms, Reason* why) noexcept {
-  {
-    std::lock_guard<std::mutex> lock(failover_.lock());
-    if (!held()) return Settlement::kSettled;
-    const int anchor = failover_.anchor();
-    if (anchor < 0) return Settlement::kPending;  // (not installed yet)
-    const AnchorPeek peek = PeekAnchor(anchor);
-    if (peek.Is(wire::Type::kConfirm)) {
-      const wire::Confirm& confirm = peek.msg.confirm;
-      if (confirm.nonce != held_nonce_ || confirm.ring_size != ring_size()) {
-        // A client that confirmed another request than the one held here (the real one
-        // lost to a forgery): it writes where nobody reads, so the connection can be
-        // neither carried nor plain. (The gate keeps its CONFIRM from the application.)
-        SLIP_LOG(kWarn,
-                 "fabric: the client's CONFIRM does not match this connection's request; "
-                 "resetting it");
-        gate_.Trip();
-        SettlePlainLocked(/*gated=*/true);
-        Fail(ECONNRESET);
-        return Settlement::kReset;
-      }
-      if (ep_.load(std::memory_order_acquire) == nullptr) {
-        // Its client's endpoint was connected before its SYN left, but ours may hear of it
-        // a moment later (the provider's last handshake message, the progress thread). No
-        // endpoint at all (a dropped request's: HoldForDroppedRequest): nothing to wait for.
-        if (fabric_->connected() &&
-            link_state_.load(std::memory_order_acquire) != LinkState::kDown &&
-            now_ms < deadline_ms_) {
-          settle_at_.store(now_ms + 1, std::memory_order_release);
-          return Settlement::kPending;
-        }
-        held_broken_.store(true, std::memory_order_seq_cst);  // fails over once settled
-      }
-      ConsumeAnchor(anchor, peek);
-      failover_.Release();
-      settle_at_.store(0, std::memory_order_release);
-    } else if (peek.kind == AnchorPeek::Kind::kMessage || peek.kind == AnchorPeek::Kind::kBytes ||
-               peek.kind == AnchorPeek::Kind::kEnd) {
-      // Bytes that are not a CONFIRM come from a plain client (whoever sent the REQ was
-      // not its client): they are the application's.
-      SettlePlainLocked(/*gated=*/false);
-      *why = plain_reason_;
-      return Settlement::kPlain;
-    } else if (held_broken_.load(std::memory_order_seq_cst)) {
-      SettlePlainLocked(/*gated=*/true);
-      *why = Reason::kConnectSlow;
-      return Settlement::kPlain;
-    } else if (now_ms < deadline_ms_) {
-      settle_at_.store(deadline_ms_, std::memory_order_release);
-      return Settlement::kPending;  // the anchor's next bytes, or the deadline
-    } else {
-      SLIP_LOG(kInfo,
-               "fabric: no CONFIRM from the client of a requested connection in time; it "
-               "continues on TCP");
-      SettlePlainLocked(/*gated=*/true);
-      *why = Reason::kHandshakeTimeout;
-      return Settlement::kPlain;
-    }
+RemoteRing::PeerCheck StreamConn::ConfirmedPeer(uint64_t now_ms, const char**) noexcept {
+  if (ep_.load(std::memory_order_acquire) == nullptr) {
+    // Its client's endpoint was connected before its SYN left, but ours may hear of it a
+    // moment later (the provider's last handshake message, the progress thread). No
+    // endpoint at all (a dropped request's: HoldForDroppedRequest): nothing to wait for.
+    if (fabric_->connected() && link_state_.load(std::memory_order_acquire) != LinkState::kDown &&
+        now_ms < deadline_ms_)
+      return PeerCheck::kWait;
+    held_broken_.store(true, std::memory_order_seq_cst);  // fails over once settled
   }
-  AfterSettled();
-  return Settlement::kSettled;
-}
-
-void StreamConn::AfterSettled() noexcept {
-  // What the application did while held, and the wake-ups it is owed.
-  if (failover_.finished()) CloseTx();
-  if (rx_close_wanted_.load(std::memory_order_seq_cst)) CloseRx();
-  Poll();  // (what came while held; and the progress thread's watch, if somebody waits)
-  if (const int b = proxy_b_.load(); b >= 0 && (rx_eof_.load() || error_.load()))
-    sys::shutdown(b, SHUT_WR);
-  WakeWriterNow();
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // (WakeReaderIfSettled's pair)
-  if (rx_produced_.load(std::memory_order_acquire) != failover_.consumed()) WakeReaderNow();
-  // Confirmed, but its path broke meanwhile: the client is real, so the stream fails over
-  // from where both ends stand (nothing was carried yet). Unless the break was the
-  // client's orderly close: its EOF and CLOSED came, and it shut its endpoint after them
-  // (a client that connected, confirmed and closed at once; taken for a failing fabric,
-  // with a warning, in ~1 semantics run in 40 under load).
-  if (held_broken_.load(std::memory_order_seq_cst) &&
-      !(rx_eof_.load(std::memory_order_acquire) && peer_closed_.load(std::memory_order_acquire)))
-    TransportFailed(wire::FailoverCause::kTransportError);
-}
-
-void StreamConn::SettlePlainLocked(bool gated) noexcept {
-  // Nothing lands in our ring from here on: it carries the TCP path from byte 0 both ways.
-  HaltLocked();
-  if (gated) gate_.Raise();
-  error_.store(0, std::memory_order_release);  // (the request's failures, never the stream's)
-  settle_at_.store(0, std::memory_order_release);
-  failover_.EnterTcp(0, 0);
-}
-
-bool StreamConn::MayDeliver() const noexcept {
-  bool reset = false;
-  const bool pass = gate_.Pass(failover_.anchor(), "fabric", &reset);
-  if (reset) const_cast<StreamConn*>(this)->Fail(ECONNRESET);
-  return pass;
+  return PeerCheck::kReady;
 }
 
 void StreamConn::HaltLocked() noexcept {

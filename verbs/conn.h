@@ -43,10 +43,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "core/channel.h"
-#include "core/channel_control.h"
-#include "core/failover.h"
-#include "core/settle_gate.h"
+#include "core/remote_ring.h"
 #include "core/wire.h"
 #include "verbs/device.h"
 #include "verbs/private_data.h"
@@ -65,7 +62,7 @@ class ConnOwner {
   ~ConnOwner() = default;
 };
 
-class Conn final : public Channel, public ChannelControl, private AnchorFailover::Ends {
+class Conn final : public RemoteRing {
  public:
   // Creates the completion queue, the queue pair on `id` and the rings. Returns nullptr
   // with *error (-errno) on failure; `id` stays the caller's then.
@@ -91,15 +88,11 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   bool SendHello(uint64_t nonce) noexcept;
   bool HelloReceived(Hello* hello) const noexcept;
 
-  // --- settling a server's connection (verbs/settle.cc; docs/DESIGN.md "Settling") ---
-  // Listener, before SetProxy: the request whose 4-tuple the accepted TCP connection has
-  // is installed *held* until that connection's client proves, in band, that it made the
-  // request (a CONFIRM with `nonce`). Held, the stream shows no bytes and no space, the
-  // peer's ring is not known, and whatever the request's queue pair does (notes, errors, a
-  // disconnect) reaches neither the application nor the anchor: the rdma_cm peer may be a
-  // forger, and the TCP client a plain one. Settle decides by `deadline_ms`.
-  void Hold(uint64_t nonce, uint64_t deadline_ms) noexcept;
-  bool held() const noexcept { return failover_.held(); }
+  // --- settling (core/remote_ring.h; verbs/settle.cc) ---
+  // A server's connection is held (RemoteRing::Hold) until its client's CONFIRM: the
+  // peer's ring is not known meanwhile, and whatever the request's queue pair does (notes,
+  // errors, a disconnect) reaches neither the application nor the anchor: the rdma_cm
+  // peer may be a forger, and the TCP client a plain one.
   // Client of a listener that shares its port (kFlagGroup): the process that accepts our
   // TCP connection may know nothing of the request, so the CONFIRM waits for its TAKEN.
   // ExpectTaken (at the REP) lets the TAKEN in from then on; HoldForTaken (before
@@ -153,12 +146,9 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   void OnCompletionEvent() noexcept;
   // rdma_cm says the connection is gone (DISCONNECTED, DEVICE_REMOVAL, errors).
   void OnDisconnect() noexcept;
-  // Marks the channel failed for good and wakes every sleeper (setup failures, protocol
-  // violations: no failover).
-  void Fail(int error) noexcept;
   // The queue pair or device failed: fail over to the anchor when possible, else Fail.
   // Not under the poll lock.
-  void TransportFailed(wire::FailoverCause cause) noexcept;
+  void TransportFailed(wire::FailoverCause cause) noexcept override;
   // After fork in a child: never touch the parent's verbs objects again.
   void Orphan() noexcept;
 
@@ -182,50 +172,31 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
 
   // --- Channel ---
   TransportKind kind() const noexcept override { return TransportKind::kVerbs; }
-  uint64_t RxProduced() const noexcept override;
   const uint8_t* RxData() const noexcept override { return slot_.rx_ring(); }
-  void RxConsumed(uint64_t consumed) noexcept override;
   bool RxEof() const noexcept override;
   // Completions are polled while a reader asks (SomebodyWaitsOnProxy): the end of the
   // stream, say, behind a token the application has not read yet needs a new ask.
   bool ShowsArrivalsWithoutAsk() const noexcept override { return false; }
-  WakeState* RxWake() noexcept override { return &rx_wake_; }
-  int Error() const noexcept override;
-  uint64_t TxConsumed() const noexcept override;
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
   void TxPublish(uint64_t produced) noexcept override;
   bool TxPeerClosed() const noexcept override;
-  WakeState* TxWake() noexcept override { return &tx_wake_; }
   void CloseTx() noexcept override;
   void CloseRx() noexcept override;
-  ChannelControl* control() noexcept override { return this; }
-  void Abort() noexcept override { aborting_ = true; }
   void Destroy() noexcept override {
     if (owner_)
       owner_->Release(this);
     else
       delete this;
   }
-  void SetAnchor(int fd) noexcept override { failover_.SetAnchor(fd); }
-  AnchorFailover* failover() noexcept override { return &failover_; }
   bool OnPeerFailover(const wire::Failover& peer) noexcept override;
   bool OnPeerDecline() noexcept override;
-  // (Held, the anchor's bytes are the client's, for settling alone.)
-  bool AnchorCarriesStream() const noexcept override {
-    const Carriage carriage = failover_.carriage();
-    return carriage == Carriage::kTcp || carriage == Carriage::kHeld;
-  }
   void OnAnchorReady(uint32_t events) noexcept override;
   bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
-  // A fork child's copy fails at once (the queue pair is the parent's): never shared.
-  bool SharedWithOtherProcess() const noexcept override { return false; }
 
   int BeginRxSleep() noexcept override;
   void EndRxSleep(bool woken) noexcept override;
 
-  uint64_t SettleDeadline() const noexcept override {
-    return settle_at_.load(std::memory_order_acquire);
-  }
+  // A group's client settles on the TAKEN (SettleClient); a server as RemoteRing says.
   Settlement Settle(uint64_t now_ms, Reason* why) noexcept override;
 
   // Progress thread: a connection's own completion channel is readable (`key`: its address
@@ -253,7 +224,7 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   // `signal`: completes with a completion of its own (what a flush waits for).
   bool PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor,
                 bool signal = false) noexcept;
-  bool PostCredit(uint64_t consumed) noexcept;
+  bool PostCredit(uint64_t consumed) noexcept override;
   // Posts a chained list of n WRs (signalling one in kSignalEvery), waiting for send-queue
   // space; false (and the channel failed) when the queue pair refuses.
   bool PostChain(ibv_send_wr* wrs, int n, bool signal = false) noexcept;
@@ -264,21 +235,15 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   bool PostRecv(uint32_t index) noexcept;
   bool FlushRdma(int timeout_ms, bool own_anchor) noexcept;
 
-  // Settling (verbs/settle.cc), under failover_.lock().
-  // The connection's client is not the request's (or gave up, or stayed silent): the
-  // stream goes to TCP from byte 0, the queue pair to the error state. `gated`: nothing
-  // was read from the client yet, and its first bytes are looked at before they are
-  // delivered (PassGate).
-  void SettlePlainLocked(bool gated) noexcept;
+  // Settling (verbs/settle.cc): RemoteRing's hooks. The client's HELLO (its ring) must
+  // have come on the request's queue pair; settling as plain puts the queue pair in the
+  // error state and disconnects it.
+  PeerCheck ConfirmedPeer(uint64_t now_ms, const char** what) noexcept override;
+  void StopRequestLocked() noexcept override;
+  void TakeArrivals() const noexcept override { Poll(); }
+  void OnSettledLocked() noexcept override { stream_live_.store(true, std::memory_order_release); }
   // A group's client (HoldForTaken): settles on the TAKEN, or goes plain.
   Settlement SettleClient(uint64_t now_ms, Reason* why) noexcept;
-  // Settled on RDMA: what the application did while held, and the wake-ups it is owed.
-  void AfterSettledOnRdma() noexcept;
-  // TCP from byte 0 after silence: a real client late with its CONFIRM must not have it
-  // delivered as data. True once the first bytes are known to be the application's; a
-  // CONFIRM there resets the connection.
-  bool PassGate() const noexcept;
-  bool MayDeliver() const noexcept override { return PassGate(); }
 
   // Failover (under failover_.lock() where it says Locked).
   // The queue pair carries the stream, or will once settled (held): what "on RDMA" meant
@@ -311,8 +276,6 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   // Wake-ups found while draining under poll_busy_ are made after it is released: a
   // woken thread that polls at once would otherwise spin on the lock of a preempted holder.
   void RunDeferredWakes() const noexcept;
-  void WakeReaderNow() const noexcept override;
-  void WakeWriterNow() const noexcept override;
   bool SendLink(const LinkMsg& msg) noexcept;
   void HandleLink(const LinkMsg& msg) const noexcept;
   // The stream's state back to a new connection's (a claimed queue pair).
@@ -348,20 +311,9 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   bool have_peer_ = false;
   uint64_t peer_ring_addr_ = 0;
   uint32_t peer_rkey_ = 0;
-  // B of the application's proxy: set once the stream exists (SetProxy), while the progress
-  // thread may already be taking the peer's writes and reading it to wake a reader.
-  std::atomic<int> proxy_b_{-1};
   ibv_qp* qp_ = nullptr;  // ours, not attached to id_ (Connect picks its source GID)
-  std::atomic<bool> orphaned_{false};
 
   // Receive side, updated by whoever polls (hence mutable: polling is a const read).
-  mutable WakeState rx_wake_{};
-  mutable WakeState tx_wake_{};
-  mutable std::atomic<uint64_t> rx_produced_{0};
-  mutable std::atomic<uint64_t> tx_credit_{0};
-  mutable std::atomic<bool> rx_eof_{false};
-  mutable std::atomic<bool> peer_closed_{false};
-  mutable std::atomic<int> error_{0};
   mutable std::atomic<bool> hello_received_{false};
 
   // A stream runs on the queue pair (SetProxy until CloseStream or a claim's reset): what
@@ -377,16 +329,6 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   bool PostProbe(uint64_t* done_at) noexcept;
   mutable Hello hello_;
 
-  // Settling: held (the carriage) until the CONFIRM; settle_at_ is when Settle must run
-  // next (0: settled), deadline_ms_ when it must decide. held_broken_: the request's queue
-  // pair failed or broke the protocol while held (plain, or a failover once confirmed).
-  std::atomic<bool> held_broken_{false};
-  std::atomic<uint64_t> settle_at_{0};
-  uint64_t held_nonce_ = 0;
-  uint64_t deadline_ms_ = 0;
-  std::atomic<bool> rx_close_wanted_{false};  // CloseRx while held
-  std::atomic<bool> eof_posted_{false};       // CloseTx's EOF note went (once)
-  SettleGate gate_;                           // PassGate has not seen the first bytes yet
   // A group's client: expecting the TAKEN (from the REP on), its nonce, whether it came,
   // how long Settle waits before it looks at the completion queue again, and since when.
   std::atomic<bool> expect_taken_{false};
@@ -417,30 +359,21 @@ class Conn final : public Channel, public ChannelControl, private AnchorFailover
   mutable bool defer_wakes_ = false;       // under poll_busy_: its holder drains
   mutable std::atomic<uint32_t> deferred_wakes_{0};
 
-  // Receiver thread only.
-  uint64_t credit_sent_ = 0;
   // Sender thread only.
-  uint64_t tx_posted_ = 0;
   bool eof_sent_ = false;                       // CloseTx (sender side)
   std::atomic<bool> closed_sent_{false};        // CloseRx or close: we read no more
   std::atomic<bool> closing_{false};            // the destructor runs: the application let go
   std::atomic<bool> peer_disconnected_{false};  // rdma_cm's DISCONNECTED arrived
-  bool aborting_ = false;                       // SO_LINGER {1, 0}: no orderly notes at close
 
   // Failover.
   std::atomic<bool> failover_wanted_{false};
   std::atomic<wire::FailoverCause> failover_cause_{wire::FailoverCause::kTransportError};
-  // The carriage, the anchor, this end's own cursors (published, consumed, finished) and
-  // the stream on TCP after failover.
-  AnchorFailover failover_;
-
   // Send queue, under post_busy_.
   std::atomic_flag post_busy_ = ATOMIC_FLAG_INIT;
   uint64_t sq_posted_ = 0;
   uint32_t unsignaled_ = 0;
 
-  // Direct sleepers (BeginRxSleep): blocking readers asleep on the own channel's fd.
-  mutable std::atomic<int> direct_readers_{0};
+  // (Direct sleepers, BeginRxSleep: RemoteRing's direct_readers_, on the own channel.)
   mutable std::atomic<bool> watched_{false};  // the progress thread's one shot is armed
 
   // Device removal. rdma_released_ is set under both spin locks, so a poller or poster

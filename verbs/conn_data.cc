@@ -203,50 +203,12 @@ void Conn::WakeReader() const noexcept {
   WakeReaderNow();
 }
 
-void Conn::WakeReaderNow() const noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  const int b = proxy_b_.load(std::memory_order_seq_cst);
-  if (b >= 0 && proxy::TakeReaderAsk(&rx_wake_)) {
-    proxy::WriteToken(&rx_wake_, b);
-  } else if (b >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
-             rx_wake_.tokens.load(std::memory_order_relaxed) == 0) {
-    // A reader asleep on the own channel whose event another thread took (the progress
-    // thread, or another reader): its ppoll would not return for it, the proxy wakes it.
-    proxy::WriteToken(&rx_wake_, b);
-  }
-}
-
 void Conn::WakeWriter() const noexcept {
   if (defer_wakes_) {
     deferred_wakes_.fetch_or(kWakeWriter, std::memory_order_release);
     return;
   }
   WakeWriterNow();
-}
-
-void Conn::WakeWriterNow() const noexcept {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  const int b = proxy_b_.load(std::memory_order_seq_cst);
-  if (b >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
-      tx_wake_.writer_waiting.exchange(0))
-    proxy::Unfill(b);
-}
-
-void Conn::Fail(int error) noexcept {
-  if (held()) {
-    // (The request's queue pair, not the connection's client: settling decides.)
-    held_broken_.store(true, std::memory_order_seq_cst);
-    return;
-  }
-  int expected = 0;
-  if (!error_.compare_exchange_strong(expected, error)) return;
-  SLIP_LOG(kDebug, "verbs: connection failed (%s; eof %d, peer closed %d)", strerror(error),
-           int(rx_eof_.load()), int(peer_closed_.load()));
-  // Readers see the error after what already arrived; writers wake to it.
-  if (const int b = proxy_b_.load(); b >= 0) {
-    sys::shutdown(b, SHUT_WR);
-    proxy::Unfill(b);
-  }
 }
 
 void Conn::OnDisconnect() noexcept {
@@ -284,56 +246,12 @@ void Conn::Orphan() noexcept {
 
 // ------------------------------------------------------------------------ Channel
 
-uint64_t Conn::RxProduced() const noexcept {
-  switch (failover_.carriage()) {
-    case Carriage::kHeld:
-      return 0;
-    case Carriage::kTcp:
-      return failover_.Pull();  // (nothing is delivered before the gate opens)
-    case Carriage::kTransport:
-    case Carriage::kFailing:
-      break;
-  }
-  Poll();
-  return rx_produced_.load(std::memory_order_acquire);
-}
-
 bool Conn::RxEof() const noexcept {
   if (held()) return false;
   if (rx_eof_.load(std::memory_order_acquire)) return true;
   if (failover_.on_tcp()) return failover_.eof();
   Poll();
   return rx_eof_.load(std::memory_order_acquire);
-}
-
-int Conn::Error() const noexcept {
-  if (held()) return 0;
-  int error = error_.load(std::memory_order_acquire);
-  if (error == 0 && failover_.on_tcp()) error = failover_.error();
-  return error;
-}
-
-void Conn::RxConsumed(uint64_t consumed) noexcept {
-  failover_.SetConsumed(consumed);
-  if (failover_.carriage() != Carriage::kTransport) return;  // TCP has its own window
-  // A sender waits only on a full ring, and a reader that wants more bytes must first
-  // empty it, so credit every quarter ring can never leave the two waiting on each other.
-  if (consumed - credit_sent_ >= ring_size() / 4 && PostCredit(consumed)) credit_sent_ = consumed;
-}
-
-uint64_t Conn::TxConsumed() const noexcept {
-  // Held: nothing published, nothing credited, so a full ring: nothing can be sent.
-  switch (failover_.carriage()) {
-    case Carriage::kHeld:
-      return failover_.published() - ring_size();
-    case Carriage::kTcp:
-      return failover_.Push();  // the ring frees as the kernel takes its bytes
-    case Carriage::kTransport:
-    case Carriage::kFailing:
-      break;
-  }
-  Poll();
-  return tx_credit_.load(std::memory_order_acquire);
 }
 
 void Conn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {

@@ -1,0 +1,218 @@
+#include "core/remote_ring.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/anchor_path.h"
+#include "core/log.h"
+#include "core/proxy.h"
+#include "core/sys.h"
+
+namespace slip {
+
+RemoteRing::RemoteRing(const char* transport, uint32_t ring_size) noexcept
+    : Channel(ring_size), transport_(transport), failover_(transport, this, ring_size) {}
+
+void RemoteRing::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
+  held_nonce_ = nonce;
+  deadline_ms_ = deadline_ms;
+  held_broken_.store(error_.exchange(0) != 0, std::memory_order_relaxed);
+  gate_.Lower();
+  failover_.Hold();
+  settle_at_.store(deadline_ms, std::memory_order_release);
+}
+
+ChannelControl::Settlement RemoteRing::Settle(uint64_t now_ms, Reason* why) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(failover_.lock());
+    if (!held()) return Settlement::kSettled;
+    const int anchor = failover_.anchor();
+    if (anchor < 0) return Settlement::kPending;  // (not installed yet)
+    const AnchorPeek peek = PeekAnchor(anchor);
+    if (peek.Is(wire::Type::kConfirm)) {
+      const wire::Confirm& confirm = peek.msg.confirm;
+      const char* what = "another request's nonce";
+      PeerCheck check = PeerCheck::kMismatch;
+      if (confirm.nonce == held_nonce_ && confirm.ring_size == ring_size())
+        check = ConfirmedPeer(now_ms, &what);
+      if (check == PeerCheck::kWait) {
+        settle_at_.store(now_ms + 1, std::memory_order_release);
+        return Settlement::kPending;
+      }
+      if (check == PeerCheck::kMismatch) {
+        // A client that confirmed another request than the one held here (the real one
+        // lost to a forgery), or whose ring never came: it writes where nobody reads, so
+        // the connection can be neither carried nor plain. (The gate keeps its CONFIRM
+        // from the application; the caller resets the anchor.)
+        SLIP_LOG(kWarn,
+                 "%s: the client's CONFIRM does not match this connection's request (%s); "
+                 "resetting it",
+                 transport_, what);
+        gate_.Trip();
+        SettlePlainLocked(/*gated=*/true);
+        Fail(ECONNRESET);
+        return Settlement::kReset;
+      }
+      ConsumeAnchor(anchor, peek);
+      failover_.Release();
+      settle_at_.store(0, std::memory_order_release);
+      OnSettledLocked();
+    } else if (peek.kind == AnchorPeek::Kind::kMessage || peek.kind == AnchorPeek::Kind::kBytes ||
+               peek.kind == AnchorPeek::Kind::kEnd) {
+      // Bytes that are not a CONFIRM come from a plain client (whoever made the request
+      // was not its client): they are the application's. EOF or an error: the application
+      // sees it on TCP.
+      SettlePlainLocked(/*gated=*/false);
+      *why = plain_reason_;
+      return Settlement::kPlain;
+    } else if (held_broken_.load(std::memory_order_seq_cst)) {
+      // The request's channel went away (a client that gave up) or broke the protocol: not
+      // carried. (A CONFIRM may be partly here: gated.)
+      SettlePlainLocked(/*gated=*/true);
+      *why = Reason::kConnectSlow;
+      return Settlement::kPlain;
+    } else if (now_ms < deadline_ms_) {
+      settle_at_.store(deadline_ms_, std::memory_order_release);
+      return Settlement::kPending;  // the anchor's next bytes, or the deadline
+    } else {
+      SLIP_LOG(kInfo,
+               "%s: no CONFIRM from the client of a requested connection in time; it "
+               "continues on TCP",
+               transport_);
+      SettlePlainLocked(/*gated=*/true);
+      *why = Reason::kHandshakeTimeout;
+      return Settlement::kPlain;
+    }
+  }
+  AfterSettled();
+  return Settlement::kSettled;
+}
+
+void RemoteRing::AfterSettled() noexcept {
+  // On the rings now. The rest posts and polls, which may ask for a failover (and so take
+  // failover_.lock()): after the lock. What the application did while held (the same
+  // race as CloseTx's, on the carriage):
+  if (failover_.finished()) CloseTx();
+  if (rx_close_wanted_.load(std::memory_order_seq_cst)) CloseRx();
+  // A reader that went to sleep while held took nothing (held, there is nothing to read),
+  // so the transport's wake-ups were never armed for it: a note that lands after this
+  // would wake nobody. TakeArrivals arms them for an announced sleeper, and takes what is
+  // here.
+  TakeArrivals();
+  if (const int b = proxy_b_.load(); b >= 0 && (rx_eof_.load() || error_.load()))
+    sys::shutdown(b, SHUT_WR);
+  // Whoever waited for space or bytes while held is owed a wake-up now, if there is
+  // anything for them (a token for nothing would make an idle connection readable).
+  WakeWriterNow();
+  // (Pairs with the fence of a transport that wakes a reader only once settled.)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (rx_produced_.load(std::memory_order_acquire) != failover_.consumed()) WakeReaderNow();
+  // Confirmed, but its path broke meanwhile: the client is real, so the stream fails over
+  // from where both ends stand (nothing was carried yet). Unless the break was the
+  // client's orderly close: its EOF and CLOSED came, and its path went after them (a
+  // client that connected, confirmed and closed at once).
+  if (held_broken_.load(std::memory_order_seq_cst) &&
+      !(rx_eof_.load(std::memory_order_acquire) && peer_closed_.load(std::memory_order_acquire)))
+    TransportFailed(wire::FailoverCause::kTransportError);
+}
+
+void RemoteRing::SettlePlainLocked(bool gated) noexcept {
+  // Nothing lands in our ring from here on: it is ours alone, and carries the TCP path
+  // from byte 0 both ways.
+  StopRequestLocked();
+  if (gated) gate_.Raise();
+  // A failure that raced with Hold was the request's, never this connection's.
+  error_.store(0, std::memory_order_release);
+  settle_at_.store(0, std::memory_order_release);
+  failover_.EnterTcp(0, 0);
+}
+
+void RemoteRing::Fail(int error) noexcept {
+  if (held()) {
+    held_broken_.store(true, std::memory_order_seq_cst);  // (settling decides)
+    return;
+  }
+  int expected = 0;
+  if (!error_.compare_exchange_strong(expected, error)) return;
+  SLIP_LOG(kDebug, "%s: connection failed (%s; eof %d, peer closed %d)", transport_,
+           strerror(error), int(rx_eof_.load()), int(peer_closed_.load()));
+  // Readers see the error after what already arrived; writers wake to it.
+  if (const int b = proxy_b_.load(); b >= 0) {
+    sys::shutdown(b, SHUT_WR);
+    proxy::Unfill(b);
+  }
+}
+
+uint64_t RemoteRing::RxProduced() const noexcept {
+  switch (failover_.carriage()) {
+    case Carriage::kHeld:
+      return 0;
+    case Carriage::kTcp:
+      return failover_.Pull();  // (nothing is delivered before the gate opens)
+    case Carriage::kTransport:
+    case Carriage::kFailing:
+      break;
+  }
+  TakeArrivals();
+  return rx_produced_.load(std::memory_order_acquire);
+}
+
+void RemoteRing::RxConsumed(uint64_t consumed) noexcept {
+  failover_.SetConsumed(consumed);
+  if (failover_.carriage() != Carriage::kTransport) return;  // TCP has its own window
+  if (consumed - credit_sent_ >= ring_size() / 4 && PostCredit(consumed)) credit_sent_ = consumed;
+}
+
+uint64_t RemoteRing::TxConsumed() const noexcept {
+  switch (failover_.carriage()) {
+    case Carriage::kHeld:
+      return failover_.published() - ring_size();  // a full ring: nothing can be sent
+    case Carriage::kTcp:
+      return failover_.Push();  // the ring frees as the kernel takes its bytes
+    case Carriage::kTransport:
+    case Carriage::kFailing:
+      break;
+  }
+  TakeArrivals();
+  return tx_credit_.load(std::memory_order_acquire);
+}
+
+int RemoteRing::Error() const noexcept {
+  if (held()) return 0;
+  int error = error_.load(std::memory_order_acquire);
+  if (error == 0 && failover_.on_tcp()) error = failover_.error();
+  return error;
+}
+
+void RemoteRing::WakeReaderNow() const noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const int b = proxy_b_.load(std::memory_order_seq_cst);
+  if (b >= 0 && proxy::TakeReaderAsk(&rx_wake_)) {
+    proxy::WriteToken(&rx_wake_, b);
+  } else if (b >= 0 && direct_readers_.load(std::memory_order_relaxed) != 0 &&
+             rx_wake_.tokens.load(std::memory_order_relaxed) == 0) {
+    // A reader asleep on the transport's descriptor whose event another thread took (the
+    // progress thread, or another reader): its ppoll would not return for it, the proxy
+    // wakes it.
+    proxy::WriteToken(&rx_wake_, b);
+  }
+}
+
+void RemoteRing::WakeWriterNow() const noexcept {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const int b = proxy_b_.load(std::memory_order_seq_cst);
+  if (b >= 0 && tx_wake_.writer_waiting.load(std::memory_order_relaxed) &&
+      tx_wake_.writer_waiting.exchange(0))
+    proxy::Unfill(b);
+}
+
+bool RemoteRing::MayDeliver() const noexcept {
+  bool reset = false;
+  const bool pass = gate_.Pass(failover_.anchor(), transport_, &reset);
+  if (reset) const_cast<RemoteRing*>(this)->Fail(ECONNRESET);
+  return pass;
+}
+
+}  // namespace slip

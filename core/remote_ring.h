@@ -1,0 +1,173 @@
+// RemoteRing: what every channel whose sender writes into the peer's registered ring
+// shares (verbs over RC queue pairs, fabric over libfabric's RMA writes): the stream's
+// cursors and ends as the peer's notes say them, the continue-on-anchor (AnchorFailover),
+// and settling a server's connection that is held until its client proves, in band, that
+// it made the request. A transport derives its channel from this and supplies what its
+// device alone knows: posting writes and credits, taking its completions, halting.
+//
+// Settling (docs/DESIGN.md, "Settling a connection"). A listener's request names the TCP
+// 4-tuple it is for, but anybody who can reach the listener can name any tuple: until the
+// TCP connection's client proves, in band, that it made the request (its CONFIRM carries
+// the request's nonce), the request's channel is not this connection's. So accept()
+// installs the connection *held*: the application has it at once, and sees no bytes and no
+// space; nothing the request's channel does reaches it. The client's first bytes on TCP
+// decide:
+//
+//   CONFIRM(nonce) of the request, its ring known  -> the rings carry the stream
+//   other bytes, EOF, an error                      -> TCP from byte 0 (a plain client)
+//   the request's channel fails                     -> TCP from byte 0, gated
+//   nothing by the deadline                         -> TCP from byte 0, gated
+//   a CONFIRM of another nonce, or no ring for it   -> reset (neither path is safe)
+//
+// "Gated": no byte of the client has been seen, and a real client may yet be late with its
+// CONFIRM, which must never be delivered as data. The first bytes that arrive are looked at
+// before any is delivered (SettleGate): a CONFIRM there resets the connection. A plain
+// client's bytes pass. So a forged request costs a plain client at most a wait for its
+// first bytes from the server (a server that speaks first), never its connection, and
+// costs accept() nothing.
+//
+// Thread safety: the Channel contract for the data path; settling and the carriage's
+// switches run under failover_.lock() (the control thread, the progress thread, the
+// application's close).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/channel.h"
+#include "core/channel_control.h"
+#include "core/failover.h"
+#include "core/settle_gate.h"
+#include "core/stats.h"
+#include "core/wire.h"
+
+namespace slip {
+
+class RemoteRing : public Channel, public ChannelControl, protected AnchorFailover::Ends {
+ public:
+  // --- settling a server's connection ---
+  // Listener, before the proxy is set: the request whose 4-tuple the accepted TCP
+  // connection has is installed held until that connection's client proves it made the
+  // request (a CONFIRM with `nonce`); Settle decides by `deadline_ms`. A failure of the
+  // request's channel before now is the request's, not the connection's (which may yet be
+  // plain): it only marks the request broken.
+  void Hold(uint64_t nonce, uint64_t deadline_ms) noexcept;
+  bool held() const noexcept { return failover_.held(); }
+
+  // Marks the channel failed for good and wakes every sleeper (setup failures, protocol
+  // violations: no failover). Held, a failure is the request's, not the connection's
+  // client's: it only marks the request broken, and settling decides.
+  void Fail(int error) noexcept;
+
+  // --- Channel: the cursors, as the carriage has them ---
+  // On the transport, the peer's notes (taken first); on TCP, the anchor's stream; held,
+  // nothing: no bytes and a full ring.
+  uint64_t RxProduced() const noexcept override;
+  // Credits the peer every quarter ring (a sender waits only on a full ring, and a reader
+  // that wants more must first empty it, so the two never wait on each other).
+  void RxConsumed(uint64_t consumed) noexcept override;
+  uint64_t TxConsumed() const noexcept override;
+  int Error() const noexcept override;
+  WakeState* RxWake() noexcept override { return &rx_wake_; }
+  WakeState* TxWake() noexcept override { return &tx_wake_; }
+  ChannelControl* control() noexcept override { return this; }
+
+  // --- ChannelControl ---
+  void Abort() noexcept override { aborting_ = true; }
+  void SetAnchor(int fd) noexcept override { failover_.SetAnchor(fd); }
+  AnchorFailover* failover() noexcept override { return &failover_; }
+  // (Held, the anchor's bytes are the client's, for settling alone.)
+  bool AnchorCarriesStream() const noexcept override {
+    const Carriage carriage = failover_.carriage();
+    return carriage == Carriage::kTcp || carriage == Carriage::kHeld;
+  }
+  // A fork child's copy fails at once (the device's objects are the parent's): never
+  // shared.
+  bool SharedWithOtherProcess() const noexcept override { return false; }
+  uint64_t SettleDeadline() const noexcept override {
+    return settle_at_.load(std::memory_order_acquire);
+  }
+  Settlement Settle(uint64_t now_ms, Reason* why) noexcept override;
+
+ protected:
+  // `transport` names the transport in log lines.
+  RemoteRing(const char* transport, uint32_t ring_size) noexcept;
+  ~RemoteRing() override = default;
+
+  // --- what the transport alone knows ---
+  // The client's CONFIRM names the held request and its ring size: is the request's side
+  // ready to carry the stream? kReady (the peer's ring is known: the rings carry it from
+  // now on; a path that broke meanwhile marks held_broken_, and the stream fails over once
+  // settled), kWait (it may be in flight: Settle looks again in a millisecond), or
+  // kMismatch (it never will be: the connection is reset; *what says why, for the log).
+  enum class PeerCheck : uint8_t { kReady, kWait, kMismatch };
+  virtual PeerCheck ConfirmedPeer(uint64_t now_ms, const char** what) noexcept = 0;
+  // Under failover_.lock(), settling as plain: nothing of the request's channel lands in
+  // our ring from here on, and its peer learns it where the transport can say so.
+  virtual void StopRequestLocked() noexcept = 0;
+  // Takes what the transport's completions hold now (and arms its wake-ups for a sleeper).
+  virtual void TakeArrivals() const noexcept = 0;
+  // Sends the peer a credit note for `consumed`. False when it could not be posted (the
+  // next consumption tries again).
+  virtual bool PostCredit(uint64_t consumed) noexcept = 0;
+  // Settled on the rings, under failover_.lock().
+  virtual void OnSettledLocked() noexcept {}
+  // The transport's path failed: fail over to the anchor when possible, else Fail.
+  virtual void TransportFailed(wire::FailoverCause cause) noexcept = 0;
+
+  // --- settling, for the transport's own ways to settle ---
+  // Under failover_.lock(): the stream goes to TCP from byte 0 (StopRequestLocked first).
+  // `gated`: nothing was read from the client yet, and its first bytes are looked at
+  // before they are delivered (MayDeliver).
+  void SettlePlainLocked(bool gated) noexcept;
+  // Settled on the rings (after the lock): what the application did while held, and the
+  // wake-ups it is owed.
+  void AfterSettled() noexcept;
+  bool MayDeliver() const noexcept override;
+  // Wakes a reader: through the proxy when it asked, or one asleep on the transport's own
+  // descriptor (direct_readers_) whose event another thread took.
+  void WakeReaderNow() const noexcept override;
+  void WakeWriterNow() const noexcept override;
+
+  const char* const transport_;
+  // B of the application's proxy: set once the stream exists, while the progress thread
+  // may already be taking the peer's notes and reading it to wake a reader.
+  std::atomic<int> proxy_b_{-1};
+  bool aborting_ = false;  // SO_LINGER {1, 0}: no orderly notes at close
+  std::atomic<bool> orphaned_{false};
+
+  // The peer's notes as taken (by whoever polls: hence mutable where polling is a const
+  // read): its published cursor, its credit (what it consumed of ours), its ends, and the
+  // channel's failure.
+  mutable WakeState rx_wake_{};
+  mutable WakeState tx_wake_{};
+  mutable std::atomic<uint64_t> rx_produced_{0};
+  mutable std::atomic<uint64_t> tx_credit_{0};
+  mutable std::atomic<bool> rx_eof_{false};
+  mutable std::atomic<bool> peer_closed_{false};
+  mutable std::atomic<int> error_{0};
+  // Readers asleep on the transport's own descriptor (Channel::BeginRxSleep).
+  mutable std::atomic<uint32_t> direct_readers_{0};
+  // Receiver thread only: the last credit sent. Sender thread only: what was posted.
+  uint64_t credit_sent_ = 0;
+  uint64_t tx_posted_ = 0;
+  std::atomic<bool> eof_posted_{false};  // CloseTx's end note went (once)
+
+  // Settling: held (the carriage) until the CONFIRM; settle_at_ is when Settle must run
+  // next (0: settled), deadline_ms_ when it must decide. held_broken_: the request's
+  // channel failed or broke the protocol while held (plain, or a failover once confirmed).
+  std::atomic<bool> held_broken_{false};
+  std::atomic<uint64_t> settle_at_{0};
+  uint64_t held_nonce_ = 0;
+  uint64_t deadline_ms_ = 0;
+  std::atomic<bool> rx_close_wanted_{false};  // CloseRx while held
+  // Why bytes that are not a CONFIRM make the connection plain.
+  Reason plain_reason_ = Reason::kPeerNotSlipstream;
+  SettleGate gate_;  // MayDeliver has not seen the first bytes yet
+
+  // The carriage, the anchor, this end's own cursors (published, consumed, finished) and
+  // the stream on TCP after failover.
+  AnchorFailover failover_;
+};
+
+}  // namespace slip
