@@ -162,12 +162,18 @@ ncclResult_t Init(ncclDebugLogger_t logger) noexcept {
   }
   const gpudirect::DriverInfo& cuda = gpudirect::Driver();
   if (cuda.loaded && cuda.devices > 0) {
-    SLIP_LOG(kInfo,
-             "CUDA driver %d, %d device(s), DMA-BUF %s; registrations of device memory are "
-             "not offered yet, so NCCL stages it through host buffers (ptrSupport HOST)",
-             cuda.version, cuda.devices, cuda.dmabuf ? "supported" : "not supported");
+    SLIP_LOG(kInfo, "CUDA driver %d, %d device(s), DMA-BUF %s", cuda.version, cuda.devices,
+             cuda.dmabuf ? "supported" : "not supported");
   } else {
     SLIP_LOG(kInfo, "GPUDirect off: %s; host memory only (ptrSupport HOST)", cuda.why);
+  }
+  // What each device registers: NCCL stages GPU memory through host buffers where it is HOST.
+  for (int d = 0; d < s.physical_count; ++d) {
+    const int ptr = PtrSupportOf(s.physical[d]->device());
+    SLIP_LOG(kInfo, "%s: ptrSupport %s", s.physical[d]->device().name,
+             ptr & NCCL_PTR_DMABUF ? "HOST|CUDA|DMABUF"
+             : ptr & NCCL_PTR_CUDA ? "HOST|CUDA"
+                                   : "HOST");
   }
   s.initialised = true;
   return ncclSuccess;
