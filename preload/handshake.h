@@ -1,5 +1,5 @@
 // Detect and negotiate: how a connect() or accept() on a TCP socket becomes accelerated,
-// or stays plain with a recorded reason. See docs/DESIGN.md, "Connection lifecycle".
+// or stays plain with a recorded reason. See docs/DESIGN.md, "The connection engine".
 #pragma once
 
 #include <sys/socket.h>

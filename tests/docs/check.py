@@ -20,7 +20,15 @@ line each as FILE:LINE: what is wrong,
     README.md with a "variable" column lists (and a variable such a table lists that
     nothing outside tests/ reads);
   - a make target, in a `make ...` command in backticks or a code block, that the
-    Makefile does not have.
+    Makefile does not have;
+  - a citation of a section of docs/DESIGN.md, the doc's name followed by a title in
+    double quotes (with a comma, "'s" or a parenthesis between, or nothing), in these docs
+    and in the comments of the code (*.h, *.cc, *.c, *.py, *.sh, Makefile, CMakeLists.txt,
+    tests/ included), whose title is no heading of docs/DESIGN.md (any level; the heading
+    may go on after the title with " (" or ":"). A citation may run over lines (comment
+    markers between are skipped); one whose title lies in a code span is an example;
+  - in README.md and docs/*.md, a reference to an issue ("issue 13", "(issue #13)",
+    "issues 12 and 13"): the docs say what is, not the history of the work.
 
 Exit status 0 when nothing is wrong, 1 otherwise. Python 3 standard library only.
 """
@@ -321,6 +329,131 @@ def check_variables(root, report):
     return len(read)
 
 
+# --- citations of docs/DESIGN.md, issue references -------------------------------------
+
+DESIGN_DOC = os.path.join("docs", "DESIGN.md")
+# The doc's name (backticks around it or not), then ", ", "'s ", " (" or a space, then the
+# title in double quotes. Matched in text whose line breaks (and comment markers) became
+# spaces.
+CITATION = re.compile(r"(?<![\w-])DESIGN\.md`?(?:'s)?\s*,?\s*\(?\s*\"([^\"]{1,200})\"")
+# What starts a comment line, removed before a citation's lines are joined.
+COMMENT_LEAD = re.compile(r"^\s*(?://+!?|/\*+|\*+(?!/)|#+!?|--)?\s?")
+CITING_EXT = CODE_EXT | SHELL_EXT | {".py"}
+CITING_NAMES = {"Makefile", "CMakeLists.txt"}
+ISSUE = re.compile(r"(?i)(?<![\w/-])issues?\s+#?\d+")
+HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def normal(title):
+    return " ".join(title.replace("`", "").split())
+
+
+def design_headings(root):
+    """The headings of docs/DESIGN.md (any level, outside code blocks), normalised; None
+    when there is no such doc."""
+    path = os.path.join(root, DESIGN_DOC)
+    if not os.path.isfile(path):
+        return None
+    headings = set()
+    in_fence = False
+    with open(path, encoding="utf-8") as f:
+        for line in f.read().splitlines():
+            if FENCE.match(line):
+                in_fence = not in_fence
+                continue
+            m = HEADING.match(line)
+            if m and not in_fence:
+                headings.add(normal(m.group(2)))
+    return headings
+
+
+def names_heading(title, headings):
+    """Whether `title` is a heading, or a heading that goes on with " (" or ":"."""
+    t = normal(title)
+    return t in headings or any(h.startswith((t + " (", t + ":")) for h in headings)
+
+
+def citing_files(root, docs):
+    """The docs, then every code file of the tree (build trees aside) but this one."""
+    files = list(docs)
+    me = os.path.realpath(__file__)
+    for d, dirs, names in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if not NOT_SOURCE.match(x))
+        for name in sorted(names):
+            path = os.path.join(d, name)
+            if (os.path.splitext(name)[1] in CITING_EXT or name in CITING_NAMES) \
+                    and os.path.realpath(path) != me:
+                files.append(path)
+    return files
+
+
+def joined(path, text):
+    """The text with its lines joined by spaces (a code file's comment markers removed, a
+    doc's code spans that hold a quote blanked: examples), and where each line starts."""
+    lines = text.splitlines()
+    if path.endswith(".md"):
+        body = "\n".join(lines)
+        body = SPAN.sub(lambda m: " " * len(m.group(0)) if '"' in m.group(2) else m.group(0),
+                        body)
+        lines = body.split("\n")
+    else:
+        lines = [COMMENT_LEAD.sub("", line, count=1) for line in lines]
+    starts = []
+    pos = 0
+    for line in lines:
+        starts.append(pos)
+        pos += len(line) + 1
+    return " ".join(lines), starts
+
+
+def line_of(starts, offset):
+    lo, hi = 0, len(starts) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if starts[mid] <= offset:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo + 1
+
+
+def check_citations(root, docs, report):
+    headings = design_headings(root)
+    checked = 0
+    for path in citing_files(root, docs):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if "DESIGN.md" not in text:
+            continue
+        flat, starts = joined(path, text)
+        for m in CITATION.finditer(flat):
+            checked += 1
+            title = normal(m.group(1))
+            if headings is None:
+                report.add(path, line_of(starts, m.start()),
+                           f'cites {DESIGN_DOC}, "{title}", and there is no {DESIGN_DOC}')
+            elif not names_heading(title, headings):
+                report.add(path, line_of(starts, m.start()),
+                           f'cites {DESIGN_DOC}, "{title}", which is no heading of it '
+                           "(name one, or the part of one before its \" (\" or \":\")")
+    return checked
+
+
+def check_issues(root, doc, text, report):
+    """Issue references in README.md and docs/*.md."""
+    rel = os.path.relpath(doc, root)
+    if rel != "README.md" and os.path.dirname(rel) != "docs":
+        return
+    for m in ISSUE.finditer(text):
+        n = text.count("\n", 0, m.start()) + 1
+        ref = " ".join(m.group(0).split())
+        report.add(doc, n, f'"{ref}": a reference to an issue (say what is true now; the '
+                           "history of the work belongs to the issues themselves)")
+
+
 # --- make targets -----------------------------------------------------------------------
 
 def make_targets(root):
@@ -465,7 +598,9 @@ def main(argv):
             text = f.read()
         paths += check_paths(root, doc, text, report)
         goals += check_make(root, doc, text, targets, report)
+        check_issues(root, doc, text, report)
     variables = check_variables(root, report)
+    citations = check_citations(root, docs, report)
     order = {os.path.relpath(d, root): i for i, d in enumerate(docs)}
 
     def position(problem):
@@ -475,7 +610,7 @@ def main(argv):
     for p in sorted(report.problems, key=position):
         print(p)
     summary = (f"{len(docs)} docs: {paths} paths, {goals} make targets; {variables} SLIP_* "
-               "variables read outside tests/")
+               f"variables read outside tests/; {citations} citations of {DESIGN_DOC}")
     if report.problems:
         print(f"docs.check: {len(report.problems)} problems ({summary})")
         return 1
