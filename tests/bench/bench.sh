@@ -42,6 +42,9 @@ mkdir -p "$RAW" || exit 2
 
 MODES=(tcp shm)
 [[ $PLAIN_ONLY == 1 ]] && MODES=(tcp)
+# The shm column measures shm: connections are carried however short they are (tcp_crr's
+# last one request), as slip-perf compare does; the default policy keeps those plain.
+export SLIP_SHORT_CONNS=accelerate
 
 declare -A VAL=()        # VAL[metric.mode] = number
 declare -A TRANSPORT=()  # TRANSPORT[measurement] = connection summary under slip-run

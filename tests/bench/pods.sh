@@ -39,8 +39,9 @@ sweep=(--sizes "${SLIP_BENCH_SIZES:-64,64K,1M}" --duration "${SLIP_BENCH_DURATIO
 # run MODE: slip-perf server in one namespace, the client in the other; MODE plain or shm.
 run() {
   local mode=$1 wrap=()
+  # (Every connection carried however short: tcp_crr measures shm's setup.)
   [[ $mode == shm ]] && wrap=(env SLIP_RENDEZVOUS_DIR="$dir" SLIP_TRANSPORTS=shm,tcp
-    "$SLIP_RUN" --stats="$out/$mode.stats.jsonl" --)
+    SLIP_SHORT_CONNS=accelerate "$SLIP_RUN" --stats="$out/$mode.stats.jsonl" --)
   rm -f "$out/$mode.stats.jsonl"
   ip netns exec "$server_ns" timeout 300 "${wrap[@]}" "$SLIP_PERF" server -p 5301 --once \
     >"$out/$mode.server.log" 2>&1 &
