@@ -25,7 +25,9 @@ Carrier& Carrier::operator=(Carrier&& o) noexcept {
 }
 
 void TransportRegistry::Add(Transport* t) noexcept {
-  if (known_count_ < kMax) known_[known_count_++] = t;
+  if (known_count_ == kMax) return;
+  library_checks_[known_count_] = t->IsLibraryCaller();
+  known_[known_count_++] = t;
 }
 
 void TransportRegistry::Choose(const TransportList& order) noexcept {
@@ -39,7 +41,7 @@ void TransportRegistry::Choose(const TransportList& order) noexcept {
 
 Transport* TransportRegistry::LibraryOf(const void* code) const noexcept {
   for (size_t i = 0; i < known_count_; ++i) {
-    if (known_[i]->IsLibraryCaller(code)) return known_[i];
+    if (library_checks_[i] != nullptr && library_checks_[i](code)) return known_[i];
   }
   return nullptr;
 }

@@ -248,10 +248,12 @@ class Transport {
   // loaded: the face leaves the descriptors such code makes, and its waits, alone (a
   // provider's own sockets and its progress thread are not the application's). Asked on
   // every interposed socket call: cheap, and false while the transport has loaded nothing.
-  virtual bool IsLibraryCaller(const void* code) const noexcept {
-    (void)code;
-    return false;
-  }
+  // A plain function, taken once when the transport is registered: the face calls it from
+  // inside interposed calls (pipe, socket), where even a virtual call's sanitizer check
+  // (UBSan's vptr, which probes memory with pipe()) would call them again. Null: the
+  // transport loads no library.
+  using LibraryCheck = bool (*)(const void* code) noexcept;
+  virtual LibraryCheck IsLibraryCaller() const noexcept { return nullptr; }
   // A library of this transport accepted `conn` on `listening` (the face hid it already).
   virtual void LibraryAccepted(int listening, int conn) noexcept {
     (void)listening;
@@ -277,10 +279,12 @@ class TransportRegistry {
   size_t known_size() const noexcept { return known_count_; }
   Transport* known(size_t i) const noexcept { return known_[i]; }
   // The listed transport whose libraries hold `code` (Transport::IsLibraryCaller), or null.
+  // Makes no virtual call (see IsLibraryCaller).
   Transport* LibraryOf(const void* code) const noexcept;
 
  private:
   Transport* known_[kMax] = {};
+  Transport::LibraryCheck library_checks_[kMax] = {};  // known_[i]'s, taken at Add
   size_t known_count_ = 0;
   Transport* chosen_[kMax] = {};
   size_t chosen_count_ = 0;

@@ -222,8 +222,10 @@ class FabricTransport final : public ModuleTransport<StreamModule> {
     return fabric::OptionNames();
   }
 
-  bool IsLibraryCaller(const void* code) const noexcept override {
-    return g_in_use.load(std::memory_order_acquire) && IsTransportCode(code);
+  LibraryCheck IsLibraryCaller() const noexcept override {
+    return [](const void* code) noexcept {
+      return g_in_use.load(std::memory_order_acquire) && IsTransportCode(code);
+    };
   }
   void LibraryAccepted(int listening, int conn) noexcept override {
     if (StreamModule* m = Loaded()) m->ProviderAccepted(listening, conn);
