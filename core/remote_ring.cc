@@ -1,5 +1,7 @@
 #include "core/remote_ring.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -12,8 +14,11 @@
 
 namespace slip {
 
-RemoteRing::RemoteRing(const char* transport, uint32_t ring_size) noexcept
-    : Channel(ring_size), transport_(transport), failover_(transport, this, ring_size) {}
+RemoteRing::RemoteRing(const char* transport, const char* path, uint32_t ring_size) noexcept
+    : Channel(ring_size),
+      transport_(transport),
+      path_(path),
+      failover_(transport, this, ring_size) {}
 
 void RemoteRing::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
   held_nonce_ = nonce;
@@ -213,6 +218,86 @@ bool RemoteRing::MayDeliver() const noexcept {
   const bool pass = gate_.Pass(failover_.anchor(), transport_, &reset);
   if (reset) const_cast<RemoteRing*>(this)->Fail(ECONNRESET);
   return pass;
+}
+
+bool RemoteRing::FailOverLocked(wire::FailoverCause cause) noexcept {
+  HaltLocked();
+  if (!failover_.SendOurs(rx_produced_.load(std::memory_order_acquire), cause)) {
+    // A peer that reset the connection meanwhile is gone, not a failure of ours to report.
+    const LogLevel level =
+        errno == ECONNRESET || errno == EPIPE ? LogLevel::kDebug : LogLevel::kWarn;
+    if (LogEnabled(level))
+      LogWrite(level, "%s: %s, and the TCP connection cannot take FAILOVER (%s); resetting",
+               transport_, CauseText(cause), strerror(errno));
+    return false;
+  }
+  SayContinuing(cause);
+  // The peer answers with its own FAILOVER, which the control thread hands to
+  // OnPeerFailover.
+  return true;
+}
+
+bool RemoteRing::OnPeerFailover(const wire::Failover& peer) noexcept {
+  if (failover_.anchor() < 0 || !PeerKnown() || orphaned_.load()) return false;
+  // We resend from what the peer says it received, which is only so if no write of ours
+  // landed after an earlier one failed (a note of the later one would claim the earlier
+  // one's bytes). A hand-back follows no failure.
+  if (peer.cause != wire::FailoverCause::kHandBack && !PeerCountTrusted()) return false;
+  std::lock_guard<std::mutex> lock(failover_.lock());
+  const Carriage carriage = failover_.carriage();
+  if (error_.load(std::memory_order_acquire) != 0 ||
+      (carriage != Carriage::kTransport && carriage != Carriage::kFailing))
+    return false;
+  if (carriage == Carriage::kTransport) {
+    // The peer's path failed first (or it hands back): ours stops too, and our answer
+    // says what it delivered.
+    HaltLocked();
+    if (peer.cause != wire::FailoverCause::kHandBack)
+      SayContinuing(wire::FailoverCause::kPeerRequest);
+  }
+  switch (failover_.OnPeerFailover(peer, rx_produced_.load(std::memory_order_acquire),
+                                   tx_credit_.load(std::memory_order_acquire))) {
+    case AnchorFailover::Outcome::kContinued:
+      return true;
+    case AnchorFailover::Outcome::kMisfit:
+      Fail(EPROTO);
+      return false;
+    case AnchorFailover::Outcome::kUnanswered:
+      break;
+  }
+  Fail(ECONNRESET);
+  return false;
+}
+
+bool RemoteRing::HandBack(uint64_t consumed, int timeout_ms) noexcept {
+  if (failover_.anchor() < 0 || !PeerKnown() || orphaned_.load() || aborting_) return false;
+  std::lock_guard<std::mutex> lock(failover_.lock());
+  // After a failover the bytes the application did not read came over TCP already: they
+  // cannot be given back to the anchor.
+  if (failover_.carriage() != Carriage::kTransport || error_.load(std::memory_order_acquire) != 0)
+    return false;
+  // Whatever happens now, this end never speaks on the transport again (the new program
+  // owns its bytes): no close notes, no failover of its own.
+  aborting_ = true;
+  HaltLocked();
+  // What our last writes did not deliver is still in the send ring.
+  return failover_.HandBack(consumed, tx_credit_.load(std::memory_order_acquire), timeout_ms);
+}
+
+bool RemoteRing::AnchorGone() const noexcept {
+  const int fd = failover_.anchor();
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  return fd >= 0 && sys::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+         info.tcpi_state == TCP_CLOSE;
+}
+
+void RemoteRing::SayContinuing(wire::FailoverCause cause) const noexcept {
+  const LogLevel level = closing_.load() ? LogLevel::kInfo : LogLevel::kWarn;
+  if (LogEnabled(level))
+    LogWrite(level, "%s: %s: the connection continues on TCP (%llu bytes received over %s)",
+             transport_, CauseText(cause),
+             (unsigned long long)rx_produced_.load(std::memory_order_acquire), path_);
 }
 
 }  // namespace slip

@@ -88,10 +88,14 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
     return settle_at_.load(std::memory_order_acquire);
   }
   Settlement Settle(uint64_t now_ms, Reason* why) noexcept override;
+  // The peer's FAILOVER (its path failed, or it hands back at exec): ours stops too, and
+  // our answer says what it delivered (core/failover.h has the exchange).
+  bool OnPeerFailover(const wire::Failover& peer) noexcept override;
+  bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
 
  protected:
-  // `transport` names the transport in log lines.
-  RemoteRing(const char* transport, uint32_t ring_size) noexcept;
+  // `transport` names the transport in log lines, `path` what carries its bytes ("RDMA").
+  RemoteRing(const char* transport, const char* path, uint32_t ring_size) noexcept;
   ~RemoteRing() override = default;
 
   // --- what the transport alone knows ---
@@ -102,9 +106,22 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // kMismatch (it never will be: the connection is reset; *what says why, for the log).
   enum class PeerCheck : uint8_t { kReady, kWait, kMismatch };
   virtual PeerCheck ConfirmedPeer(uint64_t now_ms, const char** what) noexcept = 0;
-  // Under failover_.lock(), settling as plain: nothing of the request's channel lands in
-  // our ring from here on, and its peer learns it where the transport can say so.
-  virtual void StopRequestLocked() noexcept = 0;
+  // Under failover_.lock(): the carriage leaves the transport (AnchorFailover::Begin),
+  // nothing lands in our ring from here on, and what arrived so far (rx_produced_) is
+  // what we received.
+  virtual void HaltLocked() noexcept = 0;
+  // Under failover_.lock(), settling as plain: halts, and the request's peer learns it
+  // where the transport can say so.
+  virtual void StopRequestLocked() noexcept { HaltLocked(); }
+  // What `cause` means on this transport, for the log.
+  virtual const char* CauseText(wire::FailoverCause cause) const noexcept = 0;
+  // Whether the peer's ring is known: without it nothing ran on the transport, and there
+  // is nothing to fail over or hand back.
+  virtual bool PeerKnown() const noexcept { return true; }
+  // Whether the count of our bytes in the peer's FAILOVER can be trusted (a transport
+  // whose later writes may land after an earlier one failed cannot always say). False:
+  // the transport failed the channel, and said why.
+  virtual bool PeerCountTrusted() noexcept { return true; }
   // Takes what the transport's completions hold now (and arms its wake-ups for a sleeper).
   virtual void TakeArrivals() const noexcept = 0;
   // Sends the peer a credit note for `consumed`. False when it could not be posted (the
@@ -124,16 +141,31 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // wake-ups it is owed.
   void AfterSettled() noexcept;
   bool MayDeliver() const noexcept override;
+
+  // --- failover, for the transport's own ways to fail over ---
+  // Under failover_.lock(): halts and sends our FAILOVER (what we received) on the anchor,
+  // with the log line. False when the anchor cannot take it: the caller resets.
+  bool FailOverLocked(wire::FailoverCause cause) noexcept;
+  // The anchor was reset or closed for good: the peer is gone, not the transport. (From
+  // TCP_INFO: a peek or SO_ERROR would take the pending ECONNRESET from the control
+  // thread, which reports it to the application.)
+  bool AnchorGone() const noexcept;
+  // The log line of a stream that continues on TCP for `cause` (at info while the
+  // application closes: then the outcome is what matters).
+  void SayContinuing(wire::FailoverCause cause) const noexcept;
+
   // Wakes a reader: through the proxy when it asked, or one asleep on the transport's own
   // descriptor (direct_readers_) whose event another thread took.
   void WakeReaderNow() const noexcept override;
   void WakeWriterNow() const noexcept override;
 
   const char* const transport_;
+  const char* const path_;
   // B of the application's proxy: set once the stream exists, while the progress thread
   // may already be taking the peer's notes and reading it to wake a reader.
   std::atomic<int> proxy_b_{-1};
-  bool aborting_ = false;  // SO_LINGER {1, 0}: no orderly notes at close
+  bool aborting_ = false;             // SO_LINGER {1, 0}: no orderly notes at close
+  std::atomic<bool> closing_{false};  // the application let go: its close is under way
   std::atomic<bool> orphaned_{false};
 
   // The peer's notes as taken (by whoever polls: hence mutable where polling is a const

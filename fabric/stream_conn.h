@@ -177,10 +177,8 @@ class StreamConn final : public RemoteRing {
   void OnPeerViolation() noexcept override { Fail(EPROTO); }
 
   // --- ChannelControl (the rest is RemoteRing's) ---
-  bool OnPeerFailover(const wire::Failover& peer) noexcept override;
   void OnAnchorReady(uint32_t events) noexcept override { failover_.OnAnchorReady(events); }
   void BeforePeerGone() noexcept override;
-  bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
 
  private:
   StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept;
@@ -241,12 +239,13 @@ class StreamConn final : public RemoteRing {
   bool on_fabric() const noexcept { return failover_.on_transport(); }
   // Nothing lands in the stream's ring after this (it moves to a copy of the registered
   // one) and notes are ignored: what arrived so far is what we received.
-  void HaltLocked() noexcept;
+  void HaltLocked() noexcept override;
+  const char* CauseText(wire::FailoverCause cause) const noexcept override;
+  bool PeerCountTrusted() noexcept override;
   void TransportFailed(wire::FailoverCause cause) noexcept override;
   // Settling (stream_settle.cc): RemoteRing's hooks. A client's REQ carried its ring, so
   // only our endpoint must be up; settling as plain halts.
   PeerCheck ConfirmedPeer(uint64_t now_ms, const char** what) noexcept override;
-  void StopRequestLocked() noexcept override { HaltLocked(); }
   void TakeArrivals() const noexcept override { const_cast<StreamConn*>(this)->Poll(); }
   // Receives for remote CQ data on our own endpoint, where the provider needs them; with
   // sends, into the receive slots (slot: which one).

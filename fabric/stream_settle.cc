@@ -1,6 +1,7 @@
-// StreamConn's control side: settling a server's connection (the rules are core's,
-// core/remote_ring.h: here only what fabric adds), failover to the TCP anchor, and the
-// hand-back at exec (the exchange on the anchor is core's AnchorFailover).
+// StreamConn's control side, what fabric adds to core's (core/remote_ring.h: settling,
+// answering the peer's FAILOVER, the hand-back at exec): its endpoint at settling,
+// halting (the stream goes on in a copy of the registered ring), failing over when a
+// write fails, and whether the peer's count of our bytes can be trusted.
 //
 // A client's REQ carried its ring, so a CONFIRM of the request settles the connection as
 // soon as our endpoint for it is up (connected endpoints: it may come a moment after the
@@ -28,7 +29,9 @@ namespace {
 // How long a failover waits for our writes' completions before it knows their order.
 constexpr int kOrderWaitMs = 1000;
 
-const char* CauseText(wire::FailoverCause cause) noexcept {
+}  // namespace
+
+const char* StreamConn::CauseText(wire::FailoverCause cause) const noexcept {
   switch (cause) {
     case wire::FailoverCause::kPeerRequest:
       return "the peer's fabric path failed";
@@ -38,18 +41,6 @@ const char* CauseText(wire::FailoverCause cause) noexcept {
       return "a write on the fabric failed";
   }
 }
-
-// The anchor was reset or closed for good: the peer is gone, not the fabric.
-bool AnchorGone(int fd) noexcept {
-  tcp_info info{};
-  socklen_t len = sizeof(info);
-  // TCP_INFO, not a peek or SO_ERROR: those would take the pending ECONNRESET from the
-  // control thread, which reports it to the application.
-  return fd >= 0 && sys::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
-         info.tcpi_state == TCP_CLOSE;
-}
-
-}  // namespace
 
 void StreamConn::HoldForDroppedRequest(uint64_t nonce, uint64_t deadline_ms) noexcept {
   link_state_.store(LinkState::kDown, std::memory_order_release);  // (nothing to wait for)
@@ -110,73 +101,23 @@ void StreamConn::TransportFailed(wire::FailoverCause cause) noexcept {
   if (failover_.carriage() != Carriage::kTransport || error_.load(std::memory_order_acquire) != 0 ||
       orphaned_.load())
     return;
-  const int anchor = failover_.anchor();
-  if (anchor < 0 || aborting_ || AnchorGone(anchor)) {
+  if (failover_.anchor() < 0 || aborting_ || AnchorGone()) {
     // The peer reset the connection (or died): its reset, not a failing fabric.
     Fail(ECONNRESET);
     return;
   }
-  HaltLocked();
-  if (!failover_.SendOurs(rx_produced_.load(std::memory_order_acquire), cause)) {
-    SLIP_LOG(kWarn, "fabric: %s, and the TCP connection cannot take FAILOVER; resetting",
-             CauseText(cause));
-    Fail(ECONNRESET);
-    return;
-  }
-  SLIP_LOG(kWarn, "fabric: %s: the connection continues on TCP (%llu bytes received over %s)",
-           CauseText(cause), (unsigned long long)rx_produced_.load(), "the fabric");
-  // The peer answers with its own FAILOVER, which the control thread hands to
-  // OnPeerFailover.
+  if (!FailOverLocked(cause)) Fail(ECONNRESET);
 }
 
-bool StreamConn::OnPeerFailover(const wire::Failover& peer) noexcept {
-  if (failover_.anchor() < 0 || orphaned_.load()) return false;
-  // We resend from what the peer says it received, which is only so if no write of ours
-  // landed after an earlier one failed (a note of the later one would claim the earlier
-  // one's bytes): failing over then would deliver bytes that never came. Reset instead.
-  // (Where that can happen: StreamFabric::checks_write_order.)
-  if (peer.cause != wire::FailoverCause::kHandBack && fabric_->checks_write_order() &&
-      !WritesLandedInOrder(kOrderWaitMs)) {
-    SLIP_LOG(kWarn,
-             "fabric: a write failed and a later one may have landed (the provider connected "
-             "again): the peer's count of our bytes cannot be trusted; resetting");
-    Fail(ECONNRESET);
-    return false;
-  }
-  std::lock_guard<std::mutex> lock(failover_.lock());
-  const Carriage carriage = failover_.carriage();
-  if (error_.load(std::memory_order_acquire) != 0 ||
-      (carriage != Carriage::kTransport && carriage != Carriage::kFailing))
-    return false;
-  if (carriage == Carriage::kTransport) {
-    HaltLocked();
-    if (peer.cause != wire::FailoverCause::kHandBack)
-      SLIP_LOG(kWarn, "fabric: %s: the connection continues on TCP",
-               CauseText(wire::FailoverCause::kPeerRequest));
-  }
-  switch (failover_.OnPeerFailover(peer, rx_produced_.load(std::memory_order_acquire),
-                                   tx_credit_.load(std::memory_order_acquire))) {
-    case AnchorFailover::Outcome::kContinued:
-      return true;
-    case AnchorFailover::Outcome::kMisfit:
-      Fail(EPROTO);
-      return false;
-    case AnchorFailover::Outcome::kUnanswered:
-      break;
-  }
+bool StreamConn::PeerCountTrusted() noexcept {
+  // Where a write may land after an earlier one failed (StreamFabric::checks_write_order),
+  // failing over would deliver bytes that never came: reset instead.
+  if (!fabric_->checks_write_order() || WritesLandedInOrder(kOrderWaitMs)) return true;
+  SLIP_LOG(kWarn,
+           "fabric: a write failed and a later one may have landed (the provider connected "
+           "again): the peer's count of our bytes cannot be trusted; resetting");
   Fail(ECONNRESET);
   return false;
-}
-
-bool StreamConn::HandBack(uint64_t consumed, int timeout_ms) noexcept {
-  if (failover_.anchor() < 0 || orphaned_.load()) return false;
-  std::lock_guard<std::mutex> lock(failover_.lock());
-  if (failover_.carriage() != Carriage::kTransport || error_.load(std::memory_order_acquire) != 0)
-    return false;
-  // This end never speaks on the fabric again (the new program owns its bytes).
-  aborting_ = true;
-  HaltLocked();
-  return failover_.HandBack(consumed, tx_credit_.load(std::memory_order_acquire), timeout_ms);
 }
 
 }  // namespace slip::fabric

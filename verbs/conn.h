@@ -188,10 +188,8 @@ class Conn final : public RemoteRing {
     else
       delete this;
   }
-  bool OnPeerFailover(const wire::Failover& peer) noexcept override;
   bool OnPeerDecline() noexcept override;
   void OnAnchorReady(uint32_t events) noexcept override;
-  bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
 
   int BeginRxSleep() noexcept override;
   void EndRxSleep(bool woken) noexcept override;
@@ -255,13 +253,9 @@ class Conn final : public RemoteRing {
   void MaybeFailover() noexcept;  // a failure noticed under the poll lock, acted on after it
   // Under failover_.lock(): carriage kFailing (a held one stays held), the queue pair in
   // the error state, its completions taken. Nothing lands in our ring after this.
-  void HaltRdmaLocked() noexcept;
-  // The TCP anchor was reset (or closed for good): the peer is gone.
-  bool AnchorGone() const noexcept;
-  // Halts the queue pair and sends our FAILOVER (false: the anchor cannot take it).
-  bool StopRdmaLocked(wire::FailoverCause cause) noexcept;
-  // The log line of a connection that continues on TCP because of `cause`.
-  void SayContinuing(wire::FailoverCause cause) const noexcept;
+  void HaltLocked() noexcept override;
+  const char* CauseText(wire::FailoverCause cause) const noexcept override;
+  bool PeerKnown() const noexcept override { return have_peer_; }
   // Takes a FAILOVER the peer sent on the anchor, waiting up to `timeout_ms` (only when
   // nobody else reads the anchor: the control thread no longer watches it).
   bool TakePeerFailover(int timeout_ms) noexcept;
@@ -362,7 +356,6 @@ class Conn final : public RemoteRing {
   // Sender thread only.
   bool eof_sent_ = false;                       // CloseTx (sender side)
   std::atomic<bool> closed_sent_{false};        // CloseRx or close: we read no more
-  std::atomic<bool> closing_{false};            // the destructor runs: the application let go
   std::atomic<bool> peer_disconnected_{false};  // rdma_cm's DISCONNECTED arrived
 
   // Failover.

@@ -1,6 +1,8 @@
-// Conn's failover to the TCP anchor (docs/DESIGN.md "Failover"): the FAILOVER exchange,
-// the hand-back at exec, flushing before a close, and the liveness check that finds a
-// queue pair that stopped without telling anyone.
+// Conn's failover to the TCP anchor, what verbs adds to core's (core/remote_ring.h:
+// answering the peer's FAILOVER, the hand-back at exec): a failure noticed under the poll
+// lock acted on after it, halting the queue pair, a server's DECLINE, flushing before a
+// close, and the liveness check that finds a queue pair that stopped without telling
+// anyone.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -60,24 +62,10 @@ void Conn::MaybeFailover() noexcept {
     Fail(ECONNRESET);
     return;
   }
-  // The peer answers with its own FAILOVER, which the control thread hands to
-  // OnPeerFailover.
-  if (!StopRdmaLocked(failover_cause_.load(std::memory_order_relaxed))) Fail(ECONNRESET);
+  if (!FailOverLocked(failover_cause_.load(std::memory_order_relaxed))) Fail(ECONNRESET);
 }
 
-bool Conn::AnchorGone() const noexcept {
-  const int fd = failover_.anchor();
-  tcp_info info{};
-  socklen_t len = sizeof(info);
-  // TCP_INFO, not a peek or SO_ERROR: those would take the pending ECONNRESET from the
-  // control thread, which reports it to the application.
-  return fd >= 0 && sys::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
-         info.tcpi_state == TCP_CLOSE;
-}
-
-namespace {
-
-const char* CauseText(wire::FailoverCause cause) noexcept {
+const char* Conn::CauseText(wire::FailoverCause cause) const noexcept {
   switch (cause) {
     case wire::FailoverCause::kPeerRequest:
       return "the peer's RDMA path failed";
@@ -91,9 +79,7 @@ const char* CauseText(wire::FailoverCause cause) noexcept {
   return "?";
 }
 
-}  // namespace
-
-void Conn::HaltRdmaLocked() noexcept {
+void Conn::HaltLocked() noexcept {
   SpinGuard guard(&poll_busy_);
   failover_.Begin();
   // Nothing may land in our ring after we count what arrived: the queue pair goes to the
@@ -106,58 +92,6 @@ void Conn::HaltRdmaLocked() noexcept {
   DrainLocked();
 }
 
-void Conn::SayContinuing(wire::FailoverCause cause) const noexcept {
-  // While closing (the application has let go) the outcome is what matters, and
-  // FinishOnAnchor says it if bytes may be lost.
-  const LogLevel level = closing_.load() ? LogLevel::kInfo : LogLevel::kWarn;
-  if (LogEnabled(level))
-    LogWrite(level, "verbs: %s: the connection continues on TCP (%llu bytes received over RDMA)",
-             CauseText(cause), (unsigned long long)rx_produced_.load(std::memory_order_acquire));
-}
-
-bool Conn::StopRdmaLocked(wire::FailoverCause cause) noexcept {
-  HaltRdmaLocked();
-  if (!failover_.SendOurs(rx_produced_.load(std::memory_order_acquire), cause)) {
-    // A peer that reset the connection meanwhile is gone, not a failure of ours to report.
-    const LogLevel level =
-        errno == ECONNRESET || errno == EPIPE ? LogLevel::kDebug : LogLevel::kWarn;
-    if (LogEnabled(level))
-      LogWrite(level, "verbs: %s, and the TCP connection cannot take FAILOVER (%s); resetting",
-               CauseText(cause), strerror(errno));
-    return false;
-  }
-  SayContinuing(cause);
-  return true;
-}
-
-bool Conn::OnPeerFailover(const wire::Failover& peer) noexcept {
-  if (failover_.anchor() < 0 || !have_peer_ || orphaned_.load()) return false;
-  std::lock_guard<std::mutex> lock(failover_.lock());
-  const Carriage carriage = failover_.carriage();
-  if (error_.load(std::memory_order_acquire) != 0 ||
-      (carriage != Carriage::kTransport && carriage != Carriage::kFailing))
-    return false;
-  if (carriage == Carriage::kTransport) {
-    // The peer's path failed first (or it hands back): ours stops too, and our answer
-    // says what it delivered.
-    HaltRdmaLocked();
-    if (peer.cause != wire::FailoverCause::kHandBack)
-      SayContinuing(wire::FailoverCause::kPeerRequest);
-  }
-  switch (failover_.OnPeerFailover(peer, rx_produced_.load(std::memory_order_acquire),
-                                   tx_credit_.load(std::memory_order_acquire))) {
-    case AnchorFailover::Outcome::kContinued:
-      return true;
-    case AnchorFailover::Outcome::kMisfit:
-      Fail(EPROTO);
-      return false;
-    case AnchorFailover::Outcome::kUnanswered:
-      break;
-  }
-  Fail(ECONNRESET);
-  return false;
-}
-
 bool Conn::OnPeerDecline() noexcept {
   std::lock_guard<std::mutex> lock(failover_.lock());
   // (An URGENT or WINDOW of ours on the anchor would reach the declining server's
@@ -168,7 +102,7 @@ bool Conn::OnPeerDecline() noexcept {
   // The process whose rdma_cm listener took our request never had the connection (another
   // one accepted it): its queue pair wrote nothing into our ring and credited nothing.
   // (Counted once nothing more can land.)
-  HaltRdmaLocked();
+  HaltLocked();
   if (rx_produced_.load(std::memory_order_acquire) != 0 ||
       tx_credit_.load(std::memory_order_acquire) != 0)
     return false;
@@ -185,21 +119,6 @@ bool Conn::TakePeerFailover(int timeout_ms) noexcept {
   const int fd = failover_.anchor();
   wire::Failover peer;
   return fd >= 0 && ReceiveFailover(fd, timeout_ms, &peer) && OnPeerFailover(peer);
-}
-
-bool Conn::HandBack(uint64_t consumed, int timeout_ms) noexcept {
-  if (!CanFailover()) return false;
-  std::lock_guard<std::mutex> lock(failover_.lock());
-  // After a failover the bytes the application did not read came over TCP already: they
-  // cannot be given back to the anchor.
-  if (failover_.carriage() != Carriage::kTransport || error_.load(std::memory_order_acquire) != 0)
-    return false;
-  // Whatever happens now, this end never speaks on the anchor again (the new program owns
-  // its bytes): no close notes, no failover of our own.
-  aborting_ = true;
-  HaltRdmaLocked();
-  // What our last writes did not deliver is still in the send mirror.
-  return failover_.HandBack(consumed, tx_credit_.load(std::memory_order_acquire), timeout_ms);
 }
 
 void Conn::FinishOnAnchor() noexcept {

@@ -118,7 +118,7 @@ RemoteRing::PeerCheck Conn::ConfirmedPeer(uint64_t now_ms, const char** what) no
 
 void Conn::StopRequestLocked() noexcept {
   // Nothing lands in our ring from here on (the queue pair is in the error state).
-  HaltRdmaLocked();
+  HaltLocked();
   // The request's peer learns it at once (a client that gave up, or a forger).
   if (id_ && !rdma_released_.load(std::memory_order_acquire)) rdma_disconnect(id_);
 }
