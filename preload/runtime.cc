@@ -49,7 +49,7 @@ Runtime Initialise() noexcept {
   if (!rt.enabled) return rt;
   sys::SetHiddenFdFloor(ChooseHiddenFloor());  // first: the log file goes above it
   // Every descriptor of ours from here on is marked, and the program's calls find it not
-  // open (preload/fd_calls.cc); our own code's calls are recognised by where they come from.
+  // open (preload/hidden_fds.cc); our own code's calls are recognised by where they come from.
   EnableOwnFds();
   NoteOwnCode(reinterpret_cast<const void*>(&ChooseHiddenFloor));
   LogInit(rt.config.log_level, rt.config.log_file.c_str());

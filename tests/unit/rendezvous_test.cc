@@ -738,7 +738,7 @@ TEST(RendezvousFindTest, EachSynReachesTheReuseportMemberFoundFromItsSource) {
     ++hits[taker];
     // The client closes first, so that TIME_WAIT stays on its port, which no later bind()
     // takes: a 4-tuple in TIME_WAIT at the server would hide the listener from the next
-    // lookup made from that port (docs/DESIGN.md, known limitations), about once in 30 runs.
+    // lookup made from that port (docs/DESIGN.md, "Known limitations"), about once in 30 runs.
     close(tcp);
     close(conn);
   }
