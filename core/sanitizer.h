@@ -50,46 +50,44 @@ inline void HappensAfter(const void* addr) noexcept {
 #endif
 }
 
+namespace detail {
+#if defined(__SANITIZE_THREAD__)
+using ::AnnotateIgnoreReadsBegin;
+using ::AnnotateIgnoreReadsEnd;
+using ::AnnotateIgnoreWritesBegin;
+using ::AnnotateIgnoreWritesEnd;
+#else
+inline void AnnotateIgnoreReadsBegin(const char*, int) noexcept {}
+inline void AnnotateIgnoreReadsEnd(const char*, int) noexcept {}
+inline void AnnotateIgnoreWritesBegin(const char*, int) noexcept {}
+inline void AnnotateIgnoreWritesEnd(const char*, int) noexcept {}
+#endif
+}  // namespace detail
+
+// A scope in which ThreadSanitizer does not check this thread's reads or writes: the
+// Annotate pair it calls at each end (nothing, in other builds). Not trivial, so that a
+// scope's object is not an unused variable.
+template <void (*kBegin)(const char*, int), void (*kEnd)(const char*, int)>
+class IgnoreScope {
+ public:
+  IgnoreScope() noexcept { kBegin(__FILE__, __LINE__); }
+  ~IgnoreScope() { kEnd(__FILE__, __LINE__); }
+  IgnoreScope(const IgnoreScope&) = delete;
+  IgnoreScope& operator=(const IgnoreScope&) = delete;
+};
+
 // For its lifetime, this thread reads memory a peer writes whenever it likes (a registered
 // ring where the peer's late writes may still land, carried in by the provider from one of
 // our threads): what such a read sees is validated, never trusted, so its race with those
 // writes is the design. ThreadSanitizer does not check this thread's reads meanwhile.
-class PeerMemoryReads {
- public:
-#if defined(__SANITIZE_THREAD__)
-  PeerMemoryReads() noexcept {
-    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
-  }
-  ~PeerMemoryReads() {
-    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
-  }
-#else
-  PeerMemoryReads() noexcept {}  // (not trivial: a scope's object is not an unused variable)
-  ~PeerMemoryReads() {}
-#endif
-  PeerMemoryReads(const PeerMemoryReads&) = delete;
-  PeerMemoryReads& operator=(const PeerMemoryReads&) = delete;
-};
+using PeerMemoryReads =
+    IgnoreScope<detail::AnnotateIgnoreReadsBegin, detail::AnnotateIgnoreReadsEnd>;
 
 // For its lifetime, this thread's writes race with other threads' on purpose: it replaces
 // memory (a mapping) under threads that may still write it, whose late writes then land
 // in the replacement and are dropped. ThreadSanitizer does not check them, and forgets
 // what it knew of the memory a mapping made meanwhile replaces.
-class UnorderedWrites {
- public:
-#if defined(__SANITIZE_THREAD__)
-  UnorderedWrites() noexcept {
-    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
-  }
-  ~UnorderedWrites() {
-    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
-  }
-#else
-  UnorderedWrites() noexcept {}  // (not trivial: a scope's object is not an unused variable)
-  ~UnorderedWrites() {}
-#endif
-  UnorderedWrites(const UnorderedWrites&) = delete;
-  UnorderedWrites& operator=(const UnorderedWrites&) = delete;
-};
+using UnorderedWrites =
+    IgnoreScope<detail::AnnotateIgnoreWritesBegin, detail::AnnotateIgnoreWritesEnd>;
 
 }  // namespace slip::san
