@@ -11,6 +11,10 @@
 
 namespace slip {
 
+const void* ModuleAnchor() noexcept {
+  return reinterpret_cast<const void*>(&ModuleAnchor);
+}
+
 void* OpenModuleBeside(const void* anchor, const char* library, char* error,
                        unsigned long error_len) noexcept {
   Dl_info info{};

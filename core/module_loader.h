@@ -10,7 +10,27 @@
 #include <atomic>
 #include <mutex>
 
+#include "core/config.h"
+
 namespace slip {
+
+// What names a transport's module, for both faces: the library a face opens beside its own
+// shared object, and the module's entry point for each face.
+struct ModuleNames {
+  TransportKind kind;
+  const char* name;     // "verbs"
+  const char* library;  // "libslipstream-verbs.so"
+  // The shim's: Module* (const Config*, const Options*, int hidden_fd_floor, OwnFdTable*,
+  // char* error, size_t error_len) (core/module_transport.h).
+  const char* stream_entry;
+  // The NCCL face's: int (const Setup*, msg::Transport**, int max, char* error, size_t
+  // error_len) (core/msg_provider.h).
+  const char* message_entry;
+};
+
+// A function of the face's own shared object (core is linked into it): modules are loaded
+// beside it.
+const void* ModuleAnchor() noexcept;
 
 // dlopen()s `library` (a file name) beside the shared object that holds `anchor` (a
 // function of the face). nullptr with a one-line reason in `error` (dlerror's) when it

@@ -16,7 +16,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
+#include "core/log.h"
 #include "core/msg_comm.h"
 
 namespace slip::msg {
@@ -42,5 +44,19 @@ bool SameSecret(const uint8_t* a, const uint8_t* b, size_t n) noexcept;
 void FillSecret(uint8_t* out, size_t n) noexcept;
 // "192.0.2.1 port 5000", for log lines.
 const char* AddressText(const sockaddr_storage& a, char* buf, size_t len) noexcept;
+
+// A new listener's handle: `h->address` (its port set) and a fresh secret, of which the
+// listener keeps a copy in `secret` (its proofs are checked against it), encoded into
+// `out`, with the debug line that says where `transport` listens for `device`.
+inline void PublishAddressHandle(const char* transport, uint32_t magic, uint8_t version,
+                                 AddressHandle* h, uint8_t secret[kSecretBytes], const char* device,
+                                 uint8_t out[kHandleBytes]) noexcept {
+  FillSecret(h->secret, kSecretBytes);
+  std::memcpy(secret, h->secret, kSecretBytes);
+  EncodeAddressHandle(magic, version, *h, out);
+  char text[96];
+  SLIP_LOG(kDebug, "%s: NCCL listener on %s (%s)", transport,
+           AddressText(h->address, text, sizeof(text)), device);
+}
 
 }  // namespace slip::msg

@@ -4,6 +4,7 @@
 // returns the same transports (they live as long as the process), or -1 with the reason.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -22,11 +23,32 @@ struct Found {
   std::string why;
 };
 
-// `Setup` has `abi`, `kAbi`, `options`, `log_level` and `log_sink`; `find` returns a new
-// Found (or one derived from it, holding what the transports use).
+// What every module's setup holds (a module's own, in verbs/msg.h or fabric/msg.h, derives
+// from it and adds its fields): filled by the face (core/msg_provider.h ModuleProvider).
+// `Abi` changes with the layout: a module refuses a face of another build.
+template <typename Options, int Abi>
+struct ModuleSetup {
+  static constexpr int kAbi = Abi;
+  int abi = kAbi;  // the caller's
+  const Options* options = nullptr;
+  LogLevel log_level = LogLevel::kWarn;
+  LogSink log_sink = nullptr;       // the face's (NCCL's logger); null: stderr
+  uint32_t connect_timeout_ms = 0;  // a connect or accept that has not completed by then fails
+};
+
+// The module's copy of the face's setup, kept by the first ServeTransports (before any
+// transport exists).
+template <typename Setup>
+Setup& KeptSetup() noexcept {
+  static constinit Setup kept;
+  return kept;
+}
+
+// `Setup` is a ModuleSetup; `find` returns a new Found (or one derived from it, holding
+// what the transports use).
 template <typename Setup, typename Find>
-int ServeTransports(const Setup* setup, Setup* keep, const char* library, Find find,
-                    Transport** out, int max, char* error, size_t error_len) noexcept {
+int ServeTransports(const Setup* setup, const char* library, Find find, Transport** out, int max,
+                    char* error, size_t error_len) noexcept {
   static std::mutex mu;
   static Found* found = nullptr;  // never freed: comms may be used while the process exits
   std::lock_guard<std::mutex> lock(mu);
@@ -35,7 +57,7 @@ int ServeTransports(const Setup* setup, Setup* keep, const char* library, Find f
       snprintf(error, error_len, "%s is of another build", library);
       return -1;
     }
-    *keep = *setup;
+    KeptSetup<Setup>() = *setup;
     LogInit(setup->log_level, nullptr);
     if (setup->log_sink) LogSetSink(setup->log_sink);
     try {

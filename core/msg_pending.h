@@ -14,16 +14,33 @@
 #include <new>
 #include <vector>
 
+#include "core/log.h"
 #include "core/msg_handle.h"
+#include "core/no_destructor.h"
 #include "core/sys.h"
 
 namespace slip::msg {
+
+// A connect to `h` failed for `what`: one line naming the transport and the peer.
+inline Status ConnectFailed(const char* transport, const AddressHandle& h, Status st,
+                            const char* what) noexcept {
+  char text[96];
+  SLIP_LOG(kWarn, "%s: NCCL connect to %s failed: %s", transport,
+           AddressText(h.address, text, sizeof(text)), what);
+  return st;
+}
 
 // T has `AddressHandle handle` and `uint64_t deadline_ms` (CLOCK_MONOTONIC).
 template <typename T>
 class PendingConnects {
  public:
   static constexpr uint64_t kAbandonedMs = 10000;
+
+  // The process's table of T's connects (never destroyed: connects may run during exit).
+  static PendingConnects& Process() noexcept {
+    static NoDestructor<PendingConnects> connects;
+    return *connects;
+  }
 
   // One call of a face's Connect for handle `h`: a new connect goes through `begin(T*)`,
   // a kept one through `step(T*)`; each returns kAgain to be called again (the connect is

@@ -56,18 +56,6 @@ class Provider {
 // BuiltTransports, from the top-level CMakeLists.txt's SLIP_TRANSPORTS).
 std::span<Provider* const> BuiltMessageProviders() noexcept;
 
-// A function of the face's own shared object (core is linked into it): modules are loaded
-// beside it.
-const void* ModuleAnchor() noexcept;
-
-// What names a provider whose comms live in a module the face loads (verbs, fabric).
-struct ModuleNames {
-  TransportKind kind;
-  const char* name;     // "verbs"
-  const char* library;  // "libslipstream-verbs.so", opened beside the face's shared object
-  const char* symbol;   // its entry point: int (const Setup*, Transport**, int, char*, size_t)
-};
-
 // A provider whose comms live in a module the face loads on first need. Its options
 // (Options, read by `parse` from the process's environment; the module keeps a pointer to
 // them) and the module's setup (Setup: the fields every module's has, filled from the
@@ -76,10 +64,10 @@ struct ModuleNames {
 template <typename Options, typename Setup>
 class ModuleProvider final : public Provider {
  public:
-  using Parse = bool (*)(EnvLookup, void*, Options*, std::string*) noexcept;
   using Complete = void (*)(const FaceSetup&, Setup*) noexcept;
-  ModuleProvider(const ModuleNames& names, Parse parse, Complete complete = nullptr) noexcept
-      : names_(names), parse_(parse), complete_(complete) {}
+  ModuleProvider(const ModuleNames& names, const options::Table<Options>& options,
+                 Complete complete = nullptr) noexcept
+      : names_(names), table_(options), complete_(complete) {}
 
   TransportKind kind() const noexcept override { return names_.kind; }
   bool BetweenHosts() const noexcept override { return true; }
@@ -88,7 +76,7 @@ class ModuleProvider final : public Provider {
            size_t why_len) noexcept override {
     if (why_len > 0) why[0] = '\0';
     std::string error;
-    if (!parse_(ProcessEnv, nullptr, &options_, &error)) {
+    if (!table_.Parse(ProcessEnv, nullptr, &options_, &error)) {
       SLIP_LOG(kError, "%s: no %s devices", error.c_str(), names_.name);
       return 0;
     }
@@ -102,7 +90,7 @@ class ModuleProvider final : public Provider {
     void* module = OpenModuleBeside(ModuleAnchor(), names_.library, why, why_len);
     if (module == nullptr) return 0;
     using Entry = int (*)(const Setup*, Transport**, int, char*, size_t);
-    auto entry = reinterpret_cast<Entry>(dlsym(module, names_.symbol));
+    auto entry = reinterpret_cast<Entry>(dlsym(module, names_.message_entry));
     if (entry == nullptr) {
       snprintf(why, why_len, "the %s module has no message face", names_.name);
       return 0;
@@ -113,7 +101,7 @@ class ModuleProvider final : public Provider {
 
  private:
   const ModuleNames names_;
-  const Parse parse_;
+  const options::Table<Options>& table_;
   const Complete complete_;
   Options options_;
 };

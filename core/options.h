@@ -88,30 +88,39 @@ bool ParseTable(std::span<const Option<S>> table, EnvLookup lookup, void* ctx, S
   return true;
 }
 
-// A transport's whole read: ParseTable into fresh settings that replace *out only when
-// every value was good; no exception escapes (out of memory: false, *error empty).
-template <typename S, size_t N>
-bool ParseInto(const Option<S> (&table)[N], EnvLookup lookup, void* ctx, S* out,
-               std::string* error) noexcept {
-  if (lookup == nullptr || out == nullptr) return false;
-  try {
-    S parsed;
-    if (!ParseTable<S>(table, lookup, ctx, &parsed, error)) return false;
-    *out = std::move(parsed);
-    return true;
-  } catch (const std::bad_alloc&) {
-    if (error != nullptr) error->clear();
-    return false;
+// A transport's variables, as both faces read them: the table and its names (for the list
+// of unknown SLIP_* variables). Constant-initialised, so usable during any start-up.
+template <typename S>
+class Table {
+ public:
+  static constexpr size_t kMax = 16;
+  template <size_t N>
+  constexpr explicit Table(const Option<S> (&table)[N]) noexcept : table_(table), count_(N) {
+    static_assert(N <= kMax);
+    for (size_t i = 0; i < N; ++i) names_[i] = table[i].name;
   }
-}
 
-// The names of a table's variables (for the list of unknown SLIP_* variables).
-template <typename S, size_t N>
-constexpr std::array<const char*, N> NamesOf(const Option<S> (&table)[N]) {
-  std::array<const char*, N> names{};
-  for (size_t i = 0; i < N; ++i) names[i] = table[i].name;
-  return names;
-}
+  // The whole read: ParseTable into fresh settings that replace *out only when every
+  // value was good; no exception escapes (out of memory: false, *error empty).
+  bool Parse(EnvLookup lookup, void* ctx, S* out, std::string* error) const noexcept {
+    if (lookup == nullptr || out == nullptr) return false;
+    try {
+      S parsed;
+      if (!ParseTable<S>(std::span(table_, count_), lookup, ctx, &parsed, error)) return false;
+      *out = std::move(parsed);
+      return true;
+    } catch (const std::bad_alloc&) {
+      if (error != nullptr) error->clear();
+      return false;
+    }
+  }
+  std::span<const char* const> names() const noexcept { return {names_, count_}; }
+
+ private:
+  const Option<S>* table_;
+  size_t count_;
+  const char* names_[kMax] = {};
+};
 
 }  // namespace options
 }  // namespace slip

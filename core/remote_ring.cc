@@ -14,10 +14,12 @@
 
 namespace slip {
 
-RemoteRing::RemoteRing(const char* transport, const char* path, uint32_t ring_size) noexcept
+RemoteRing::RemoteRing(const char* transport, const char* path, const char* failure,
+                       uint32_t ring_size) noexcept
     : Channel(ring_size),
       transport_(transport),
       path_(path),
+      failure_(failure),
       failover_(transport, this, ring_size) {}
 
 void RemoteRing::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
@@ -290,6 +292,20 @@ bool RemoteRing::AnchorGone() const noexcept {
   socklen_t len = sizeof(info);
   return fd >= 0 && sys::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
          info.tcpi_state == TCP_CLOSE;
+}
+
+const char* RemoteRing::CauseText(wire::FailoverCause cause) const noexcept {
+  switch (cause) {
+    case wire::FailoverCause::kPeerRequest:
+      return "the peer's path failed";
+    case wire::FailoverCause::kTransportError:
+      return failure_;
+    case wire::FailoverCause::kDeviceRemoved:
+      return "the device went away";
+    case wire::FailoverCause::kHandBack:
+      return "the peer handed the connection back to TCP (exec)";
+  }
+  return "?";
 }
 
 void RemoteRing::SayContinuing(wire::FailoverCause cause) const noexcept {

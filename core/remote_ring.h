@@ -94,8 +94,10 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
 
  protected:
-  // `transport` names the transport in log lines, `path` what carries its bytes ("RDMA").
-  RemoteRing(const char* transport, const char* path, uint32_t ring_size) noexcept;
+  // `transport` names the transport in log lines, `path` what carries its bytes ("RDMA"),
+  // `failure` what fails when it fails ("the queue pair failed").
+  RemoteRing(const char* transport, const char* path, const char* failure,
+             uint32_t ring_size) noexcept;
   ~RemoteRing() override = default;
 
   // --- what the transport alone knows ---
@@ -113,8 +115,6 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // Under failover_.lock(), settling as plain: halts, and the request's peer learns it
   // where the transport can say so.
   virtual void StopRequestLocked() noexcept { HaltLocked(); }
-  // What `cause` means on this transport, for the log.
-  virtual const char* CauseText(wire::FailoverCause cause) const noexcept = 0;
   // Whether the peer's ring is known: without it nothing ran on the transport, and there
   // is nothing to fail over or hand back.
   virtual bool PeerKnown() const noexcept { return true; }
@@ -159,8 +159,12 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   void WakeReaderNow() const noexcept override;
   void WakeWriterNow() const noexcept override;
 
+  // What `cause` means, for the log.
+  const char* CauseText(wire::FailoverCause cause) const noexcept;
+
   const char* const transport_;
   const char* const path_;
+  const char* const failure_;
   // B of the application's proxy: set once the stream exists, while the progress thread
   // may already be taking the peer's notes and reading it to wake a reader.
   std::atomic<int> proxy_b_{-1};

@@ -33,18 +33,12 @@
 
 #include "core/log.h"
 #include "core/msg_comm.h"
+#include "core/msg_module.h"
 #include "fabric/options.h"
 
 namespace slip::fabric {
 
-struct MessageSetup {
-  static constexpr int kAbi = 1;
-  int abi = kAbi;  // the caller's: a module of another build refuses
-  const Options* options = nullptr;
-  LogLevel log_level = LogLevel::kWarn;
-  LogSink log_sink = nullptr;       // the face's (NCCL's logger); null: stderr
-  uint32_t connect_timeout_ms = 0;  // a connect or accept that has not completed by then fails
-};
+struct MessageSetup : msg::ModuleSetup<Options, 2> {};
 
 }  // namespace slip::fabric
 

@@ -27,7 +27,6 @@
 
 #include "core/log.h"
 #include "core/msg_pending.h"
-#include "core/no_destructor.h"
 #include "core/sys.h"
 #include "fabric/msg_internal.h"
 
@@ -116,12 +115,8 @@ class FabricListener final : public msg::Listener {
                msg::AddressText(device_.domain->ip_address(), text, sizeof(text)), strerror(errno));
       return Status::kSystem;
     }
-    msg::FillSecret(secret_, sizeof(secret_));
-    std::memcpy(h.secret, secret_, sizeof(secret_));
-    msgwire::EncodeHandle(h, handle);
-    char text[96];
-    SLIP_LOG(kDebug, "fabric: NCCL listener on %s for %s",
-             msg::AddressText(h.address, text, sizeof(text)), device_.info.name);
+    msg::PublishAddressHandle("fabric", msgwire::kHandleMagic, msgwire::kVersion, &h, secret_,
+                              device_.info.name, handle);
     return Status::kOk;
   }
 
@@ -157,7 +152,7 @@ class FabricListener final : public msg::Listener {
       }
       const int tcp = p.fd;
       p.fd = -1;
-      p.deadline_ms = now + Setup().connect_timeout_ms;
+      p.deadline_ms = now + msg::KeptSetup<MessageSetup>().connect_timeout_ms;
       p.link = Open(tcp, req);  // (then its hello, above, on a later call)
     }
     return Status::kAgain;
@@ -202,7 +197,8 @@ class FabricListener final : public msg::Listener {
       *slot = Pending{};
       slot->fd = fd;
       slot->accepted_ms = now;
-      slot->deadline_ms = now + std::min<uint64_t>(kReqWaitMs, Setup().connect_timeout_ms);
+      slot->deadline_ms =
+          now + std::min<uint64_t>(kReqWaitMs, msg::KeptSetup<MessageSetup>().connect_timeout_ms);
     }
   }
 
@@ -255,20 +251,12 @@ struct Connecting {
   size_t got = 0;
 };
 
-msg::PendingConnects<Connecting>& Connects() noexcept {
-  static NoDestructor<msg::PendingConnects<Connecting>> connects;  // (connects during exit)
-  return *connects;
-}
-
 Status Fail(const Connecting& c, Status st, const char* what) noexcept {
-  char text[96];
-  SLIP_LOG(kWarn, "fabric: NCCL connect to %s failed: %s",
-           msg::AddressText(c.handle.address, text, sizeof(text)), what);
-  return st;
+  return msg::ConnectFailed("fabric", c.handle, st, what);
 }
 
 Status Begin(const Device& device, Connecting* c) noexcept {
-  c->deadline_ms = sys::MonotonicMs() + Setup().connect_timeout_ms;
+  c->deadline_ms = sys::MonotonicMs() + msg::KeptSetup<MessageSetup>().connect_timeout_ms;
   c->tcp = StreamSocket(c->handle.address.ss_family);
   if (c->tcp < 0) return Fail(*c, Status::kSystem, strerror(errno));
   c->comm.reset(new (std::nothrow) Link(device, c->tcp, /*receiver=*/false));
@@ -355,7 +343,7 @@ class FabricTransport final : public msg::Transport {
       SLIP_LOG(kWarn, "fabric: NCCL connect: the handle is not a fabric listener's");
       return Status::kBadArgument;
     }
-    return Connects().Advance(
+    return msg::PendingConnects<Connecting>::Process().Advance(
         h, [this](Connecting* c) { return Begin(device_, c); },
         [out](Connecting* c) { return Step(c, out); });
   }

@@ -16,8 +16,6 @@ namespace slip::fabric::msgimpl {
 
 namespace {
 
-MessageSetup g_setup;
-
 constexpr int kMaxDevices = 4;
 
 // "tcp-eth0", "shm", "verbs-rxe0", "efa-rdmap0s6-rdm": the core provider and the domain.
@@ -54,8 +52,8 @@ struct Found : msg::Found {
 
 Found* Enumerate() {
   auto* found = new Found();
-  std::vector<InfoPtr> domains =
-      FindDomains(g_setup.options->provider, Use::kTaggedMessages, &found->why);
+  std::vector<InfoPtr> domains = FindDomains(msg::KeptSetup<MessageSetup>().options->provider,
+                                             Use::kTaggedMessages, &found->why);
   found->devices.reserve(kMaxDevices);  // (transports keep references to the devices)
   for (InfoPtr& info : domains) {
     if (found->devices.size() == kMaxDevices) break;
@@ -87,16 +85,12 @@ Found* Enumerate() {
 
 }  // namespace
 
-const MessageSetup& Setup() noexcept {
-  return g_setup;
-}
-
 }  // namespace slip::fabric::msgimpl
 
 extern "C" __attribute__((visibility("default"))) int slip_fabric_message_transports(
     const slip::fabric::MessageSetup* setup, slip::msg::Transport** out, int max, char* error,
     size_t error_len) {
   using namespace slip::fabric::msgimpl;
-  return slip::msg::ServeTransports(setup, &g_setup, "libslipstream-fabric.so", Enumerate, out, max,
-                                    error, error_len);
+  return slip::msg::ServeTransports(setup, "libslipstream-fabric.so", Enumerate, out, max, error,
+                                    error_len);
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/msg_comm.h"
+#include "core/msg_module.h"
 #include "fabric/domain.h"
 #include "fabric/msg.h"
 #include "fabric/msg_wire.h"
@@ -17,9 +18,6 @@
 namespace slip::fabric::msgimpl {
 
 using msg::Status;
-
-// The process's setup (set once by the entry point, before any transport exists).
-const MessageSetup& Setup() noexcept;
 
 // One domain as the NCCL face sees it.
 struct Device {

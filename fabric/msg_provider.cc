@@ -10,11 +10,8 @@
 namespace slip::fabric {
 
 msg::Provider* MessageProvider() noexcept {
-  static constexpr msg::ModuleNames kNames = {TransportKind::kFabric, "fabric",
-                                              "libslipstream-fabric.so",
-                                              "slip_fabric_message_transports"};
   // (Never destroyed: its comms may be used while the process exits.)
-  static NoDestructor<msg::ModuleProvider<Options, MessageSetup>> provider(kNames, ParseOptions);
+  static NoDestructor<msg::ModuleProvider<Options, MessageSetup>> provider(kModule, kOptionTable);
   return provider.get();
 }
 

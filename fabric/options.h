@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 
+#include "core/module_loader.h"
 #include "core/options.h"
 
 namespace slip::fabric {
@@ -55,10 +56,12 @@ struct Options {
   uint32_t negative_ttl_ms = 10000;
 };
 
-// Reads the variables above (the unset ones keep their defaults). False on a bad value,
-// with *error (when non-null) one line naming it; *out is then untouched.
-bool ParseOptions(EnvLookup lookup, void* ctx, Options* out, std::string* error) noexcept;
-// The variables' names (for the list of unknown SLIP_* variables).
-std::span<const char* const> OptionNames() noexcept;
+// The variables above, as both faces read them (the unset ones keep their defaults).
+extern const options::Table<Options> kOptionTable;
+
+// The module both faces load (core/module_loader.h).
+inline constexpr ModuleNames kModule = {TransportKind::kFabric, "fabric", "libslipstream-fabric.so",
+                                        "slip_fabric_stream_module",
+                                        "slip_fabric_message_transports"};
 
 }  // namespace slip::fabric

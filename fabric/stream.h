@@ -26,6 +26,7 @@
 #include "core/channel.h"
 #include "core/config.h"
 #include "core/own_fds.h"
+#include "core/ring_module.h"
 #include "core/stats.h"
 #include "core/wire.h"
 #include "fabric/options.h"
@@ -35,18 +36,17 @@ namespace slip::fabric {
 struct StreamListener;  // a UDP twin of one TCP listener
 struct StreamClient;    // a client connection from its REQ to its channel
 
-class StreamModule {
+class StreamModule : public RingModule<StreamListener, StreamClient> {
  public:
-  virtual ~StreamModule() = default;
-
   // The provider and domain every connection of this process uses ("tcp;ofi_rxm", "shm").
   virtual const char* provider() const noexcept = 0;
 
-  // --- listening side ---
+  // --- listening side (the pending requests: core/ring_module.h) ---
   // Binds the UDP twin of the TCP listener bound to `local`. nullptr with *why when it
-  // cannot (the UDP port is another program's, ...).
+  // cannot (the UDP port is another program's, ...). Its REQs are answered by the
+  // module's progress thread alone, as they come; a request counts as made once answered
+  // (AcceptPending's `committed`).
   virtual StreamListener* Listen(const sockaddr* local, bool v6only, Reason* why) noexcept = 0;
-  // (Its REQs are answered by the module's progress thread alone, as they come.)
   virtual void Unlisten(StreamListener* listener) noexcept = 0;
   // The listening socket is shared by processes (fork): REQs are refused from now on, since
   // the process that answers one may not be the one whose accept() takes its SYN.
@@ -54,46 +54,12 @@ class StreamModule {
   // Why a REQ for `client` -> `server` was refused lately; kNone if none was.
   virtual Reason Refused(StreamListener* listener, const wire::Endpoint& client,
                          const wire::Endpoint& server) noexcept = 0;
-  virtual bool HasPending(StreamListener* listener, const wire::Endpoint& client,
-                          const wire::Endpoint& server) noexcept = 0;
-  virtual void DropPending(StreamListener* listener, const wire::Endpoint& client,
-                           const wire::Endpoint& server) noexcept = 0;
-  // The pending request's channel, *held* until its client's CONFIRM settles it. nullptr
-  // with *why; *committed when its client had our REP (its CONFIRM may be on its way).
-  virtual std::unique_ptr<Channel> AcceptPending(StreamListener* listener,
-                                                 const wire::Endpoint& client,
-                                                 const wire::Endpoint& server, int proxy_b,
-                                                 Reason* why, bool* committed) noexcept = 0;
 
   // --- connecting side ---
-  // A client for `dest` (the negative cache answers here, before anything is sent): its
-  // UDP socket, connected, names the source address the TCP socket binds to (*source).
-  virtual StreamClient* Start(const sockaddr* dest, sockaddr_storage* source,
-                              Reason* why) noexcept = 0;
-  // Sends the REQ for the now known 4-tuple (the TCP socket is bound).
-  virtual bool Request(StreamClient* client, const wire::Endpoint& from, const wire::Endpoint& to,
-                       uint64_t nonce, uint32_t ring_size, Reason* why) noexcept = 0;
-  enum class Step : uint8_t {
-    kWaiting,   // wait for EventFd or Deadline
-    kAccepted,  // the REP came: the SYN may go
-    kFailed,    // *why (the negative cache remembers it where it should)
-  };
-  virtual Step Advance(StreamClient* client, Reason* why) noexcept = 0;
-  virtual int EventFd(StreamClient* client) noexcept = 0;
-  virtual uint64_t Deadline(StreamClient* client) noexcept = 0;
-  // The TCP connection is up and the CONFIRM sent: the channel. Consumes `client`.
-  virtual std::unique_ptr<Channel> Finish(StreamClient* client, int proxy_b) noexcept = 0;
-  // Gives up; the listener's pending request expires. Consumes `client`.
-  virtual void Abort(StreamClient* client) noexcept = 0;
+  // Start's UDP socket, connected, names the source address at once; Request sends the
+  // REQ, and Advance says kAccepted on its REP.
 
-  // fork(): in the child every inherited connection fails (the endpoint is the parent's),
-  // and no new one is made.
-  virtual void ForkPrepare() noexcept = 0;
-  virtual void ForkParent() noexcept = 0;
-  virtual void ForkChild() noexcept = 0;
-  // At exit: waits (bounded) until every connection's writes completed, and removes what
-  // the provider would leave behind (shm's region file).
-  virtual void FlushAll(int timeout_ms) noexcept = 0;
+  // --- the process ---
   // exec(): the image is about to be replaced (its connections handed back to TCP). What
   // only this image's exit would clean up goes now; no new connections after.
   virtual void BeforeExec() noexcept = 0;

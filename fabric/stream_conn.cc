@@ -60,7 +60,8 @@ class LongWait {
 }  // namespace
 
 StreamConn::StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept
-    : RemoteRing("fabric", "the fabric", ring_size), fabric_(fabric) {}
+    : RemoteRing("fabric", "the fabric", "a write on the fabric failed", ring_size),
+      fabric_(fabric) {}
 
 StreamConn* StreamConn::Create(StreamFabric* fabric, uint32_t ring_size, Reason* why) noexcept {
   std::unique_ptr<StreamConn> c(new (std::nothrow) StreamConn(fabric, ring_size));

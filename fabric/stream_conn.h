@@ -240,7 +240,6 @@ class StreamConn final : public RemoteRing {
   // Nothing lands in the stream's ring after this (it moves to a copy of the registered
   // one) and notes are ignored: what arrived so far is what we received.
   void HaltLocked() noexcept override;
-  const char* CauseText(wire::FailoverCause cause) const noexcept override;
   bool PeerCountTrusted() noexcept override;
   void TransportFailed(wire::FailoverCause cause) noexcept override;
   // Settling (stream_settle.cc): RemoteRing's hooks. A client's REQ carried its ring, so

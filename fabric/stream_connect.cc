@@ -117,7 +117,9 @@ bool StreamModuleImpl::ConnectLink(StreamClient* c, const streamwire::Message& r
   return c->conn->ConnectLink(reinterpret_cast<const sockaddr*>(&server), rep.note_tag, c->nonce);
 }
 
-StreamModule::Step StreamModuleImpl::Advance(StreamClient* c, Reason* why) noexcept {
+// (The source was Start's: never kResolved here.)
+StreamModule::Step StreamModuleImpl::Advance(StreamClient* c, sockaddr_storage* source,
+                                             Reason* why) noexcept {
   if (c->linking) {
     // Answered; our endpoint is connecting to the listener's.
     switch (c->conn->PollLink()) {
@@ -177,7 +179,7 @@ StreamModule::Step StreamModuleImpl::Advance(StreamClient* c, Reason* why) noexc
       return Step::kFailed;
     }
     c->linking = true;
-    return Advance(c, why);
+    return Advance(c, source, why);
   }
   const uint64_t now = sys::MonotonicMs();
   if (now >= c->deadline_ms) {

@@ -75,7 +75,7 @@ class StreamModuleImpl final : public StreamModule {
                       Reason* why) noexcept override;
   bool Request(StreamClient* client, const wire::Endpoint& from, const wire::Endpoint& to,
                uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
-  Step Advance(StreamClient* client, Reason* why) noexcept override;
+  Step Advance(StreamClient* client, sockaddr_storage* source, Reason* why) noexcept override;
   int EventFd(StreamClient* client) noexcept override;
   uint64_t Deadline(StreamClient* client) noexcept override;
   std::unique_ptr<Channel> Finish(StreamClient* client, int proxy_b) noexcept override;

@@ -31,17 +31,6 @@ constexpr int kOrderWaitMs = 1000;
 
 }  // namespace
 
-const char* StreamConn::CauseText(wire::FailoverCause cause) const noexcept {
-  switch (cause) {
-    case wire::FailoverCause::kPeerRequest:
-      return "the peer's fabric path failed";
-    case wire::FailoverCause::kHandBack:
-      return "the peer handed the connection back";
-    default:
-      return "a write on the fabric failed";
-  }
-}
-
 void StreamConn::HoldForDroppedRequest(uint64_t nonce, uint64_t deadline_ms) noexcept {
   link_state_.store(LinkState::kDown, std::memory_order_release);  // (nothing to wait for)
   plain_reason_ = Reason::kRendezvousBusy;

@@ -1,20 +1,14 @@
 // The fabric transport's public header: what a face may call. Everything else under
 // fabric/ is the transport's own.
 //
-// The transport is in two parts. Its face-side part, linked into each face, needs no
-// libfabric: it reads the transport's options at start-up and loads the module
-// (libslipstream-fabric.so: fabric/stream.h, fabric/msg.h) from next to the face's own
-// shared object the first time a connection, a listener or an NCCL comm could use it. A
-// missing library, a missing libfabric or no provider that can serve means no fabric for
-// this process: said once in the log, and connections take the other transports.
+// fabric carries connections between hosts over a libfabric provider's endpoints (RMA
+// writes into the peer's registered ring, or sends where a provider has none). Its
+// face-side part needs no libfabric; the module that does the work,
+// libslipstream-fabric.so (fabric/stream.h, fabric/msg.h), is loaded on first need
+// (core/module_transport.h).
 #pragma once
 
-namespace slip {
-class Transport;
-namespace msg {
-class Provider;
-}
-}  // namespace slip
+#include "core/transport_entries.h"
 
 namespace slip::fabric {
 

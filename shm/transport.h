@@ -6,12 +6,7 @@
 // device and no library beyond libc, and is linked into each face.
 #pragma once
 
-namespace slip {
-class Transport;
-namespace msg {
-class Provider;
-}
-}  // namespace slip
+#include "core/transport_entries.h"
 
 namespace slip::shm {
 

@@ -34,7 +34,7 @@ std::mutex conn_internal::g_registry_mu;
 Conn* conn_internal::g_registry_head = nullptr;
 
 Conn::Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept
-    : RemoteRing("verbs", "RDMA", ring_size), id_(id), device_(device) {
+    : RemoteRing("verbs", "RDMA", "the queue pair failed", ring_size), id_(id), device_(device) {
   std::lock_guard<std::mutex> lock(g_registry_mu);
   next_ = g_registry_head;
   if (next_) next_->prev_ = this;

@@ -254,7 +254,6 @@ class Conn final : public RemoteRing {
   // Under failover_.lock(): carriage kFailing (a held one stays held), the queue pair in
   // the error state, its completions taken. Nothing lands in our ring after this.
   void HaltLocked() noexcept override;
-  const char* CauseText(wire::FailoverCause cause) const noexcept override;
   bool PeerKnown() const noexcept override { return have_peer_; }
   // Takes a FAILOVER the peer sent on the anchor, waiting up to `timeout_ms` (only when
   // nobody else reads the anchor: the control thread no longer watches it).

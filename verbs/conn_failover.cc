@@ -65,20 +65,6 @@ void Conn::MaybeFailover() noexcept {
   if (!FailOverLocked(failover_cause_.load(std::memory_order_relaxed))) Fail(ECONNRESET);
 }
 
-const char* Conn::CauseText(wire::FailoverCause cause) const noexcept {
-  switch (cause) {
-    case wire::FailoverCause::kPeerRequest:
-      return "the peer's RDMA path failed";
-    case wire::FailoverCause::kTransportError:
-      return "the queue pair failed";
-    case wire::FailoverCause::kDeviceRemoved:
-      return "the RDMA device went away";
-    case wire::FailoverCause::kHandBack:
-      return "the peer handed the connection back to TCP (exec)";
-  }
-  return "?";
-}
-
 void Conn::HaltLocked() noexcept {
   SpinGuard guard(&poll_busy_);
   failover_.Begin();

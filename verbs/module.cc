@@ -18,7 +18,7 @@ namespace slip::verbs {
 
 using namespace module_internal;
 
-int VerbsModule::Start(char* error, size_t error_len) noexcept {
+int VerbsModule::Init(char* error, size_t error_len) noexcept {
   int count = 0;
   ibv_device** list = ibv_get_device_list(&count);
   int usable = 0;
@@ -165,7 +165,7 @@ extern "C" __attribute__((visibility("default"))) slip::verbs::Module* slip_verb
     snprintf(error, error_len, "out of memory");
     return nullptr;
   }
-  if (m->Start(error, error_len) < 0) return nullptr;  // half-started: kept, never used
+  if (m->Init(error, error_len) < 0) return nullptr;  // half-started: kept, never used
   module = m;
   return module;
 }

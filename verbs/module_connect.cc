@@ -1,6 +1,5 @@
 // The verbs module's client side: resolving a destination over RDMA, the REQ, the REP,
-// the HELLO, blocking (Resolve, Handshake) or a step at a time (StartResolve, Advance).
-#include <poll.h>
+// the HELLO, a step at a time (Start, Advance, Request: core/ring_module.h).
 
 #include <cerrno>
 #include <cstring>
@@ -28,7 +27,9 @@ void VerbsModule::ReleaseClient(ClientConn* c) noexcept {
   delete c;
 }
 
-ClientConn* VerbsModule::StartResolve(const sockaddr* dest, Reason* why) noexcept {
+ClientConn* VerbsModule::Start(const sockaddr* dest, sockaddr_storage* source,
+                               Reason* why) noexcept {
+  source->ss_family = AF_UNSPEC;  // Advance says kResolved with it
   *why = Reason::kNoRdmaPath;
   if (forked_.load()) {
     *why = Reason::kUnsupported;
@@ -236,26 +237,6 @@ VerbsModule::Step VerbsModule::TakeEvent(ClientConn* c, rdma_cm_event* event,
   return Step::kAccepted;
 }
 
-VerbsModule::Step VerbsModule::WaitStep(ClientConn* c, sockaddr_storage* source,
-                                        Reason* why) noexcept {
-  for (;;) {
-    Step step = Advance(c, source, why);
-    if (step != Step::kWaiting) return step;
-    uint64_t now = sys::MonotonicMs();
-    pollfd p{EventFd(c), POLLIN, 0};
-    sys::poll(&p, 1, c->deadline_ms > now ? int(c->deadline_ms - now) : 0);
-  }
-}
-
-ClientConn* VerbsModule::Resolve(const sockaddr* dest, sockaddr_storage* source,
-                                 Reason* why) noexcept {
-  ClientConn* c = StartResolve(dest, why);
-  if (!c) return nullptr;
-  if (WaitStep(c, source, why) == Step::kResolved) return c;
-  ReleaseClient(c);
-  return nullptr;
-}
-
 VerbsModule::Step VerbsModule::Redirect(ClientConn* c, uint16_t rdma_port, Reason* why) noexcept {
   SLIP_LOG(kDebug, "verbs: request from port %u redirected to rdma_cm port %u", c->client.port,
            rdma_port);
@@ -283,9 +264,8 @@ VerbsModule::Step VerbsModule::Redirect(ClientConn* c, uint16_t rdma_port, Reaso
   return Step::kWaiting;
 }
 
-bool VerbsModule::StartHandshake(ClientConn* c, const wire::Endpoint& client,
-                                 const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
-                                 Reason* why) noexcept {
+bool VerbsModule::Request(ClientConn* c, const wire::Endpoint& client, const wire::Endpoint& server,
+                          uint64_t nonce, uint32_t ring_size, Reason* why) noexcept {
   if (c->reused) {
     c->nonce = nonce;
     return SendClaim(c, client, server, ring_size, why);
@@ -324,14 +304,6 @@ bool VerbsModule::SendReq(ClientConn* c, Reason* why) noexcept {
   c->stage = ClientConn::Stage::kRequest;
   c->deadline_ms = sys::MonotonicMs() + config_->handshake_timeout_ms;
   return true;
-}
-
-bool VerbsModule::Handshake(ClientConn* c, const wire::Endpoint& client,
-                            const wire::Endpoint& server, uint64_t nonce, uint32_t ring_size,
-                            Reason* why) noexcept {
-  if (!StartHandshake(c, client, server, nonce, ring_size, why)) return false;
-  sockaddr_storage unused;
-  return WaitStep(c, &unused, why) == Step::kAccepted;
 }
 
 std::unique_ptr<Channel> VerbsModule::Finish(ClientConn* c, int proxy_b) noexcept {

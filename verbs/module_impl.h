@@ -209,7 +209,7 @@ class VerbsModule final : public Module, public ConnOwner {
  public:
   VerbsModule(const Config* config, const Options* options) noexcept
       : config_(config), options_(options) {}
-  int Start(char* error, size_t error_len) noexcept;
+  int Init(char* error, size_t error_len) noexcept;
 
   Listener* Listen(const sockaddr* local, uint64_t group_member, Reason* why) noexcept override;
   void Unlisten(Listener* listener, uint64_t group_member) noexcept override;
@@ -220,13 +220,9 @@ class VerbsModule final : public Module, public ConnOwner {
   std::unique_ptr<Channel> AcceptPending(Listener* listener, const wire::Endpoint& client,
                                          const wire::Endpoint& server, int proxy_b, Reason* why,
                                          bool* committed) noexcept override;
-  ClientConn* Resolve(const sockaddr* dest, sockaddr_storage* source,
-                      Reason* why) noexcept override;
-  bool Handshake(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
-                 uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
-  ClientConn* StartResolve(const sockaddr* dest, Reason* why) noexcept override;
-  bool StartHandshake(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
-                      uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
+  ClientConn* Start(const sockaddr* dest, sockaddr_storage* source, Reason* why) noexcept override;
+  bool Request(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
+               uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
   Step Advance(ClientConn* conn, sockaddr_storage* source, Reason* why) noexcept override;
   int EventFd(ClientConn* conn) noexcept override {
     return conn->channel ? conn->channel->fd : conn->conn->EventFd();
@@ -282,8 +278,6 @@ class VerbsModule final : public Module, public ConnOwner {
   // The group's holder named another rdma_cm port of the destination: ask there.
   Step Redirect(ClientConn* c, uint16_t rdma_port, Reason* why) noexcept;
   Step Resolved(ClientConn* c, sockaddr_storage* source, Reason* why) noexcept;
-  // Blocking use of Advance: waits on the event descriptor until a step is decided.
-  Step WaitStep(ClientConn* c, sockaddr_storage* source, Reason* why) noexcept;
   // Reuse: a parked client queue pair to `dest` whose listener parked too, or nullptr.
   Conn* TakeParked(const wire::Endpoint& dest) noexcept;
   void PutParked(Conn* conn) noexcept;

@@ -27,17 +27,12 @@
 
 #include "core/log.h"
 #include "core/msg_comm.h"
+#include "core/msg_module.h"
 #include "verbs/options.h"
 
 namespace slip::verbs {
 
-struct MessageSetup {
-  static constexpr int kAbi = 3;
-  int abi = kAbi;  // the caller's: a module of another build refuses
-  const Options* options = nullptr;
-  LogLevel log_level = LogLevel::kWarn;
-  LogSink log_sink = nullptr;       // the face's (NCCL's logger); null: stderr
-  uint32_t connect_timeout_ms = 0;  // a connect or accept that has not completed by then fails
+struct MessageSetup : msg::ModuleSetup<Options, 4> {
   // Flush receives into host memory too (SLIP_NCCL_FLUSH=1): the GPUDirect flush's path,
   // exercised where there is no GPU (the Soft-RoCE guest's tests).
   bool flush_host_memory = false;

@@ -321,7 +321,7 @@ class VerbsRecvComm final : public EndpointComm<msg::RecvComm> {
     const VerbsMemory* last_memory = nullptr;
     for (int i = 0; i < n; ++i) {
       const VerbsMemory* m = sizes[i] > 0 && memory ? ep_->Find(memory[i], data[i], 1) : nullptr;
-      if (m && (m->device || Setup().flush_host_memory)) {
+      if (m && (m->device || msg::KeptSetup<MessageSetup>().flush_host_memory)) {
         last = i;
         last_memory = m;
       }

@@ -13,7 +13,6 @@
 
 #include "core/log.h"
 #include "core/msg_pending.h"
-#include "core/no_destructor.h"
 #include "core/sys.h"
 #include "verbs/msg_internal.h"
 #include "verbs/qp.h"
@@ -58,12 +57,8 @@ class VerbsListener final : public msg::Listener {
       reinterpret_cast<sockaddr_in*>(&h.address)->sin_port = port;
     else
       reinterpret_cast<sockaddr_in6*>(&h.address)->sin6_port = port;
-    msg::FillSecret(h.secret, sizeof(h.secret));
-    std::memcpy(secret_, h.secret, sizeof(secret_));
-    msgwire::EncodeHandle(h, handle);
-    char text[96];
-    SLIP_LOG(kDebug, "verbs: NCCL listener on %s (%s)",
-             msg::AddressText(h.address, text, sizeof(text)), device.info.name);
+    msg::PublishAddressHandle("verbs", msgwire::kHandleMagic, msgwire::kVersion, &h, secret_,
+                              device.info.name, handle);
     return Status::kOk;
   }
 
@@ -151,7 +146,7 @@ class VerbsListener final : public msg::Listener {
     }
     slot->ep = std::move(ep);
     slot->fifo = req.area;
-    slot->deadline_ms = sys::MonotonicMs() + Setup().connect_timeout_ms;
+    slot->deadline_ms = sys::MonotonicMs() + msg::KeptSetup<MessageSetup>().connect_timeout_ms;
   }
 
   Status Advance(Pending* p, uint64_t now) noexcept {
@@ -172,7 +167,7 @@ class VerbsListener final : public msg::Listener {
     }
     if (now > p->deadline_ms) {
       SLIP_LOG(kInfo, "verbs: an NCCL connection did not complete in %u ms",
-               unsigned(Setup().connect_timeout_ms));
+               unsigned(msg::KeptSetup<MessageSetup>().connect_timeout_ms));
       return Status::kRemote;
     }
     return Status::kAgain;
@@ -194,16 +189,8 @@ struct Connecting {
   uint64_t deadline_ms = 0;
 };
 
-msg::PendingConnects<Connecting>& Connects() noexcept {
-  static NoDestructor<msg::PendingConnects<Connecting>> connects;  // (connects during exit)
-  return *connects;
-}
-
-Status Fail(const Connecting& c, Status status, const char* what) noexcept {
-  char text[96];
-  SLIP_LOG(kWarn, "verbs: NCCL connect to %s: %s",
-           msg::AddressText(c.handle.address, text, sizeof(text)), what);
-  return status;
+Status Fail(const Connecting& c, Status st, const char* what) noexcept {
+  return msg::ConnectFailed("verbs", c.handle, st, what);
 }
 
 Status Begin(Connecting* c) noexcept {
@@ -216,13 +203,13 @@ Status Begin(Connecting* c) noexcept {
   if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&c->handle.address),
                         kResolveTimeoutMs) != 0)
     return Fail(*c, Status::kSystem, strerror(errno));
-  c->deadline_ms = sys::MonotonicMs() + Setup().connect_timeout_ms;
+  c->deadline_ms = sys::MonotonicMs() + msg::KeptSetup<MessageSetup>().connect_timeout_ms;
   return Status::kAgain;
 }
 
 Status SendRequest(Connecting* c) noexcept {
   Endpoint* ep = c->ep.get();
-  if (int rc = ep->Build(Setup().queue_pairs); rc < 0)
+  if (int rc = ep->Build(msg::KeptSetup<MessageSetup>().queue_pairs); rc < 0)
     return Fail(*c, Status::kSystem, strerror(-rc));
   ConnectData req;
   std::memcpy(req.proof, c->handle.secret, kSecretHalf);
@@ -311,7 +298,7 @@ class VerbsTransport final : public msg::Transport {
       SLIP_LOG(kWarn, "verbs: NCCL connect: the handle is not a verbs listener's");
       return Status::kBadArgument;
     }
-    return Connects().Advance(
+    return msg::PendingConnects<Connecting>::Process().Advance(
         h, [](Connecting* c) { return Begin(c); }, [out](Connecting* c) { return Step(c, out); });
   }
 

@@ -25,8 +25,6 @@ namespace slip::verbs::msgimpl {
 
 namespace {
 
-MessageSetup g_setup;
-
 // Mbit/s of a port: its lanes times each lane's rate (InfiniBand's encoding of both).
 int PortSpeedMbps(const ibv_port_attr& port) noexcept {
   int lanes = 1;
@@ -172,7 +170,9 @@ msg::Found Enumerate() {
   for (int i = 0; i < n; ++i) {
     ibv_context* context = contexts[i];
     const char* name = ibv_get_device_name(context->device);
-    if (!g_setup.options->device.empty() && g_setup.options->device != name) continue;
+    if (!msg::KeptSetup<MessageSetup>().options->device.empty() &&
+        msg::KeptSetup<MessageSetup>().options->device != name)
+      continue;
     ibv_device_attr dev{};
     if (ibv_query_device(context, &dev) != 0) continue;
     bool added = false;
@@ -212,10 +212,6 @@ msg::Found Enumerate() {
 
 }  // namespace
 
-const MessageSetup& Setup() noexcept {
-  return g_setup;
-}
-
 }  // namespace slip::verbs::msgimpl
 
 extern "C" __attribute__((visibility("default"))) int slip_verbs_message_transports(
@@ -223,6 +219,6 @@ extern "C" __attribute__((visibility("default"))) int slip_verbs_message_transpo
     size_t error_len) {
   using namespace slip::verbs::msgimpl;
   return slip::msg::ServeTransports(
-      setup, &g_setup, "libslipstream-verbs.so", [] { return new slip::msg::Found(Enumerate()); },
-      out, max, error, error_len);
+      setup, "libslipstream-verbs.so", [] { return new slip::msg::Found(Enumerate()); }, out, max,
+      error, error_len);
 }

@@ -108,7 +108,8 @@ int Endpoint::Build(int queue_pairs) noexcept {
 }
 
 int Endpoint::Ready(const uint32_t* extra_qpn) noexcept {
-  if (int rc = ReadyQueuePair(id_, qp_, Setup().options->gid_index, IBV_ACCESS_REMOTE_WRITE);
+  if (int rc = ReadyQueuePair(id_, qp_, msg::KeptSetup<MessageSetup>().options->gid_index,
+                              IBV_ACCESS_REMOTE_WRITE);
       rc < 0)
     return rc;
   for (int i = 1; i < queue_pairs_; ++i)

@@ -11,15 +11,13 @@
 #include <vector>
 
 #include "core/msg_comm.h"
+#include "core/msg_module.h"
 #include "verbs/msg.h"
 #include "verbs/msg_wire.h"
 
 namespace slip::verbs::msgimpl {
 
 using msg::Status;
-
-// The process's setup (set once by the entry point, before any transport exists).
-const MessageSetup& Setup() noexcept;
 
 // One RDMA device as the NCCL face sees it.
 struct Device {

@@ -10,11 +10,9 @@
 namespace slip::verbs {
 
 msg::Provider* MessageProvider() noexcept {
-  static constexpr msg::ModuleNames kNames = {
-      TransportKind::kVerbs, "verbs", "libslipstream-verbs.so", "slip_verbs_message_transports"};
   // (Never destroyed: its comms may be used while the process exits.)
   static NoDestructor<msg::ModuleProvider<Options, MessageSetup>> provider(
-      kNames, ParseOptions, [](const msg::FaceSetup& face, MessageSetup* setup) noexcept {
+      kModule, kOptionTable, [](const msg::FaceSetup& face, MessageSetup* setup) noexcept {
         setup->flush_host_memory = face.flush_host_memory;
         setup->queue_pairs = face.queue_pairs;
       });

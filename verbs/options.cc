@@ -52,16 +52,8 @@ constexpr options::Option<Options> kOptions[] = {
      }},
 };
 
-constexpr auto kNames = options::NamesOf(kOptions);
-
 }  // namespace
 
-bool ParseOptions(EnvLookup lookup, void* ctx, Options* out, std::string* error) noexcept {
-  return options::ParseInto(kOptions, lookup, ctx, out, error);
-}
-
-std::span<const char* const> OptionNames() noexcept {
-  return kNames;
-}
+constinit const options::Table<Options> kOptionTable(kOptions);
 
 }  // namespace slip::verbs

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "core/module_loader.h"
 #include "core/options.h"
 
 namespace slip::verbs {
@@ -35,10 +36,11 @@ struct Options {
   uint64_t pin_max = 0;
 };
 
-// Reads the variables above (the unset ones keep their defaults). False on a bad value,
-// with *error (when non-null) one line naming it; *out is then untouched.
-bool ParseOptions(EnvLookup lookup, void* ctx, Options* out, std::string* error) noexcept;
-// The variables' names (for the list of unknown SLIP_* variables).
-std::span<const char* const> OptionNames() noexcept;
+// The variables above, as both faces read them (the unset ones keep their defaults).
+extern const options::Table<Options> kOptionTable;
+
+// The module both faces load (core/module_loader.h).
+inline constexpr ModuleNames kModule = {TransportKind::kVerbs, "verbs", "libslipstream-verbs.so",
+                                        "slip_verbs_module", "slip_verbs_message_transports"};
 
 }  // namespace slip::verbs

@@ -1,20 +1,13 @@
 // The verbs transport's public header: what a face may call. Everything else under verbs/
 // is the transport's own.
 //
-// The transport is in two parts. Its face-side part, linked into each face, needs no
-// rdma-core: it reads the transport's options at start-up and loads the module
-// (libslipstream-verbs.so: verbs/verbs.h, verbs/msg.h) from next to the face's own shared
-// object the first time a connection, a listener or an NCCL comm could use it. A missing
-// library, a missing rdma-core or no RDMA device means no verbs for this process: said
-// once in the log, and connections take the other transports.
+// verbs carries connections between hosts over RC queue pairs (libibverbs, librdmacm),
+// each end writing into the other's registered ring. Its face-side part needs no rdma-core;
+// the module that does the work, libslipstream-verbs.so (verbs/verbs.h, verbs/msg.h), is
+// loaded on first need (core/module_transport.h).
 #pragma once
 
-namespace slip {
-class Transport;
-namespace msg {
-class Provider;
-}
-}  // namespace slip
+#include "core/transport_entries.h"
 
 namespace slip::verbs {
 

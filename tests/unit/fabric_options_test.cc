@@ -15,7 +15,7 @@ using testing_env::Lookup;
 TEST(FabricOptions, DefaultIsTheBestMatch) {
   Env env;
   Options o;
-  ASSERT_TRUE(ParseOptions(Lookup, &env, &o, nullptr));
+  ASSERT_TRUE(kOptionTable.Parse(Lookup, &env, &o, nullptr));
   EXPECT_TRUE(o.provider.empty());
 }
 
@@ -24,7 +24,7 @@ TEST(FabricOptions, ProviderNamesAsFiInfoPrintsThem) {
     Env env{{"SLIP_FABRIC_PROVIDER", name}};
     Options o;
     std::string error;
-    ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << name << ": " << error;
+    ASSERT_TRUE(kOptionTable.Parse(Lookup, &env, &o, &error)) << name << ": " << error;
     EXPECT_EQ(o.provider, name);
   }
 }
@@ -38,12 +38,12 @@ TEST(FabricOptions, BadProviderNames) {
     Options o;
     o.provider = "sentinel";
     std::string error;
-    EXPECT_FALSE(ParseOptions(Lookup, &env, &o, &error)) << bad;
+    EXPECT_FALSE(kOptionTable.Parse(Lookup, &env, &o, &error)) << bad;
     EXPECT_EQ(error.rfind("SLIP_FABRIC_PROVIDER=\"", 0), 0u) << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
     EXPECT_EQ(o.provider, "sentinel");
   }
-  const auto names = OptionNames();
+  const auto names = kOptionTable.names();
   ASSERT_EQ(names.size(), 5u);
   EXPECT_STREQ(names[0], "SLIP_FABRIC_PROVIDER");
   EXPECT_STREQ(names[1], "SLIP_FABRIC_ENDPOINT");
@@ -64,7 +64,7 @@ TEST(FabricOptions, Endpoint) {
   for (const auto& [value, choice] : good) {
     Env env{{"SLIP_FABRIC_ENDPOINT", value}};
     std::string error;
-    ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << error;
+    ASSERT_TRUE(kOptionTable.Parse(Lookup, &env, &o, &error)) << error;
     EXPECT_EQ(o.endpoint, choice) << value;
   }
   for (const char* bad : {"", "MSG", "FI_EP_MSG", "dgram", "msg "}) {
@@ -72,7 +72,7 @@ TEST(FabricOptions, Endpoint) {
     Options kept;
     kept.endpoint = EndpointChoice::kDatagram;
     std::string error;
-    EXPECT_FALSE(ParseOptions(Lookup, &env, &kept, &error)) << bad;
+    EXPECT_FALSE(kOptionTable.Parse(Lookup, &env, &kept, &error)) << bad;
     EXPECT_EQ(error.rfind("SLIP_FABRIC_ENDPOINT=\"", 0), 0u) << error;
     EXPECT_EQ(kept.endpoint, EndpointChoice::kDatagram);
   }
@@ -85,14 +85,14 @@ TEST(FabricOptions, Notes) {
   for (const char* value : {"inline", "word"}) {
     Env env{{"SLIP_FABRIC_NOTES", value}};
     std::string error;
-    ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << error;
+    ASSERT_TRUE(kOptionTable.Parse(Lookup, &env, &o, &error)) << error;
     EXPECT_EQ(o.word_notes, std::string(value) == "word");
   }
   for (const char* bad : {"", "WORD", "8", "auto"}) {
     Env env{{"SLIP_FABRIC_NOTES", bad}};
     Options kept;
     std::string error;
-    EXPECT_FALSE(ParseOptions(Lookup, &env, &kept, &error)) << bad;
+    EXPECT_FALSE(kOptionTable.Parse(Lookup, &env, &kept, &error)) << bad;
     EXPECT_EQ(error.rfind("SLIP_FABRIC_NOTES=\"", 0), 0u) << error;
     EXPECT_TRUE(kept.word_notes);
   }
@@ -110,7 +110,7 @@ TEST(FabricOptions, Data) {
   for (const auto& [value, choice] : good) {
     Env env{{"SLIP_FABRIC_DATA", value}};
     std::string error;
-    ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << error;
+    ASSERT_TRUE(kOptionTable.Parse(Lookup, &env, &o, &error)) << error;
     EXPECT_EQ(o.data, choice) << value;
   }
   for (const char* bad : {"", "SEND", "rma", "msg", "send "}) {
@@ -118,7 +118,7 @@ TEST(FabricOptions, Data) {
     Options kept;
     kept.data = DataChoice::kSend;
     std::string error;
-    EXPECT_FALSE(ParseOptions(Lookup, &env, &kept, &error)) << bad;
+    EXPECT_FALSE(kOptionTable.Parse(Lookup, &env, &kept, &error)) << bad;
     EXPECT_EQ(error.rfind("SLIP_FABRIC_DATA=\"", 0), 0u) << error;
     EXPECT_EQ(kept.data, DataChoice::kSend);
   }
@@ -131,14 +131,14 @@ TEST(FabricOptions, NegativeTtl) {
   {
     Env env{{"SLIP_NEGATIVE_TTL_MS", "0"}};
     std::string error;
-    ASSERT_TRUE(ParseOptions(Lookup, &env, &o, &error)) << error;
+    ASSERT_TRUE(kOptionTable.Parse(Lookup, &env, &o, &error)) << error;
     EXPECT_EQ(o.negative_ttl_ms, 0u);
   }
   for (const char* bad : {"-1", "3600001", "ten", ""}) {
     Env env{{"SLIP_NEGATIVE_TTL_MS", bad}};
     Options kept;
     std::string error;
-    EXPECT_FALSE(ParseOptions(Lookup, &env, &kept, &error)) << bad;
+    EXPECT_FALSE(kOptionTable.Parse(Lookup, &env, &kept, &error)) << bad;
     EXPECT_EQ(error.rfind("SLIP_NEGATIVE_TTL_MS=\"", 0), 0u) << error;
     EXPECT_EQ(kept.negative_ttl_ms, 10000u);
   }

@@ -18,7 +18,7 @@ using testing_env::Lookup;
 Options MustParse(Env env) {
   Options options;
   std::string error;
-  EXPECT_TRUE(ParseOptions(Lookup, &env, &options, &error)) << error;
+  EXPECT_TRUE(kOptionTable.Parse(Lookup, &env, &options, &error)) << error;
   return options;
 }
 
@@ -29,7 +29,7 @@ void MustFail(const std::string& name, const std::string& value) {
   Options options;
   options.reuse = 777;  // sentinel
   std::string error;
-  EXPECT_FALSE(ParseOptions(Lookup, &env, &options, &error)) << name << "=" << value;
+  EXPECT_FALSE(kOptionTable.Parse(Lookup, &env, &options, &error)) << name << "=" << value;
   EXPECT_EQ(error.rfind(name + "=\"", 0), 0u) << error;
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   EXPECT_EQ(options.reuse, 777u);
@@ -79,13 +79,13 @@ TEST(VerbsOptions, BadValues) {
 }
 
 TEST(VerbsOptions, NamesAreTheVariablesRead) {
-  const auto names = OptionNames();
+  const auto names = kOptionTable.names();
   EXPECT_EQ(names.size(), 6u);
   for (const char* name : names) {
     // Each name listed is one the parser reads: a bad value there fails.
     Env env{{name, std::string(70, '\x01')}};
     Options o;
-    EXPECT_FALSE(ParseOptions(Lookup, &env, &o, nullptr)) << name;
+    EXPECT_FALSE(kOptionTable.Parse(Lookup, &env, &o, nullptr)) << name;
   }
   EXPECT_NE(std::find_if(names.begin(), names.end(),
                          [](const char* n) { return std::string_view(n) == "SLIP_VERBS_PIN_MAX"; }),
