@@ -14,13 +14,86 @@
 
 namespace slip {
 
-RemoteRing::RemoteRing(const char* transport, const char* path, const char* failure,
-                       uint32_t ring_size) noexcept
+RemoteRing::RemoteRing(const Names& names, uint32_t ring_size) noexcept
     : Channel(ring_size),
-      transport_(transport),
-      path_(path),
-      failure_(failure),
-      failover_(transport, this, ring_size) {}
+      names_(names),
+      transport_(names.transport),
+      failover_(names.transport, this, ring_size) {}
+
+void RemoteRing::Orphan() noexcept {
+  orphaned_.store(true, std::memory_order_release);
+  error_.store(ECONNRESET, std::memory_order_release);
+}
+
+void RemoteRing::SetProxy(int proxy_b) noexcept {
+  proxy_b_.store(proxy_b, std::memory_order_seq_cst);
+  failover_.SetOwnProxy(proxy_b);
+  // Held: nothing of the request's reaches the stream before it settles (AfterSettled).
+  if (held()) {
+    OnProxySet(false);
+    return;
+  }
+  // An end or a failure that came before the stream existed (a peer that wrote and shut
+  // down at once) found no proxy to tell: its first sleeper must still see it. (The fence
+  // pairs with the note's: one of the two shuts the proxy's end down.)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b, SHUT_WR);
+  OnProxySet(true);
+}
+
+bool RemoteRing::RxEof() const noexcept {
+  if (held()) return false;
+  if (rx_eof_.load(std::memory_order_acquire)) return true;
+  if (failover_.on_tcp()) return failover_.eof();
+  // (Completions that nobody else takes may hold it.)
+  if (ShowsArrivalsWithoutAsk() || !on_transport()) return false;
+  TakeArrivals();
+  return rx_eof_.load(std::memory_order_acquire);
+}
+
+bool RemoteRing::TxPeerClosed() const noexcept {
+  if (held()) return false;
+  if (peer_closed_.load(std::memory_order_acquire)) return true;
+  if (failover_.on_tcp()) return failover_.peer_closed();
+  if (ShowsArrivalsWithoutAsk() || !on_transport()) return false;
+  TakeArrivals();
+  return peer_closed_.load(std::memory_order_acquire);
+}
+
+RemoteRing::Took RemoteRing::TakeProduced(uint64_t produced) noexcept {
+  uint64_t known = rx_produced_.load(std::memory_order_acquire);
+  if (produced <= known) return Took::kNothing;  // (a later note said more)
+  // A peer that claims more than the ring holds would make us read garbage. (A note that
+  // the reader already read past is stale, not an overrun: another poller took a later
+  // one after our load of `known`, and the reader consumed what it said.)
+  const uint64_t consumed = failover_.consumed();
+  if (produced <= consumed) return Took::kNothing;
+  if (produced - consumed > ring_size()) {
+    SLIP_LOG(kWarn, "%s: the peer overran the ring (produced %llu, consumed %llu); resetting",
+             transport_, (unsigned long long)produced, (unsigned long long)consumed);
+    Fail(EPROTO);
+    return Took::kViolation;
+  }
+  while (produced > known &&
+         !rx_produced_.compare_exchange_weak(known, produced, std::memory_order_acq_rel)) {
+  }
+  // (Another poller may have moved it as far meanwhile: its wake-up then came first.)
+  return produced > known ? Took::kMoved : Took::kNothing;
+}
+
+RemoteRing::Took RemoteRing::TakeCredit(uint64_t credit) noexcept {
+  uint64_t known = tx_credit_.load(std::memory_order_acquire);
+  if (credit <= known) return Took::kNothing;
+  if (credit > failover_.published()) {
+    SLIP_LOG(kWarn, "%s: the peer credited bytes never sent; resetting", transport_);
+    Fail(EPROTO);
+    return Took::kViolation;
+  }
+  while (credit > known &&
+         !tx_credit_.compare_exchange_weak(known, credit, std::memory_order_acq_rel)) {
+  }
+  return credit > known ? Took::kMoved : Took::kNothing;
+}
 
 void RemoteRing::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
   held_nonce_ = nonce;
@@ -113,7 +186,7 @@ void RemoteRing::AfterSettled() noexcept {
   // Whoever waited for space or bytes while held is owed a wake-up now, if there is
   // anything for them (a token for nothing would make an idle connection readable).
   WakeWriterNow();
-  // (Pairs with the fence of a transport that wakes a reader only once settled.)
+  // (Pairs with WakeReaderIfSettled's fence.)
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (rx_produced_.load(std::memory_order_acquire) != failover_.consumed()) WakeReaderNow();
   // Confirmed, but its path broke meanwhile: the client is real, so the stream fails over
@@ -205,6 +278,12 @@ void RemoteRing::WakeReaderNow() const noexcept {
     // wakes it.
     proxy::WriteToken(&rx_wake_, b);
   }
+}
+
+void RemoteRing::WakeReaderIfSettled() const noexcept {
+  // (The fence pairs with AfterSettled's: one of the two sees the other's store.)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!held()) WakeReaderNow();
 }
 
 void RemoteRing::WakeWriterNow() const noexcept {
@@ -299,7 +378,7 @@ const char* RemoteRing::CauseText(wire::FailoverCause cause) const noexcept {
     case wire::FailoverCause::kPeerRequest:
       return "the peer's path failed";
     case wire::FailoverCause::kTransportError:
-      return failure_;
+      return names_.failure;
     case wire::FailoverCause::kDeviceRemoved:
       return "the device went away";
     case wire::FailoverCause::kHandBack:
@@ -313,7 +392,7 @@ void RemoteRing::SayContinuing(wire::FailoverCause cause) const noexcept {
   if (LogEnabled(level))
     LogWrite(level, "%s: %s: the connection continues on TCP (%llu bytes received over %s)",
              transport_, CauseText(cause),
-             (unsigned long long)rx_produced_.load(std::memory_order_acquire), path_);
+             (unsigned long long)rx_produced_.load(std::memory_order_acquire), names_.path);
 }
 
 }  // namespace slip

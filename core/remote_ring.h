@@ -32,10 +32,12 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 
 #include "core/channel.h"
 #include "core/channel_control.h"
+#include "core/config.h"
 #include "core/failover.h"
 #include "core/settle_gate.h"
 #include "core/stats.h"
@@ -45,6 +47,14 @@ namespace slip {
 
 class RemoteRing : public Channel, public ChannelControl, protected AnchorFailover::Ends {
  public:
+  // What the log lines and the stats call the transport.
+  struct Names {
+    TransportKind kind;
+    const char* transport;  // "verbs"
+    const char* path;       // what carries its bytes: "RDMA"
+    const char* failure;    // what fails when it fails: "the queue pair failed"
+  };
+
   // --- settling a server's connection ---
   // Listener, before the proxy is set: the request whose 4-tuple the accepted TCP
   // connection has is installed held until that connection's client proves it made the
@@ -58,6 +68,11 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // violations: no failover). Held, a failure is the request's, not the connection's
   // client's: it only marks the request broken, and settling decides.
   void Fail(int error) noexcept;
+  // After fork, in the child: the device's objects are the parent's, never touched again;
+  // the stream fails (ECONNRESET).
+  void Orphan() noexcept;
+  // The local proxy end that receives tokens and fill drains (owned from now on).
+  void SetProxy(int proxy_b) noexcept;
 
   // --- Channel: the cursors, as the carriage has them ---
   // On the transport, the peer's notes (taken first); on TCP, the anchor's stream; held,
@@ -67,7 +82,14 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // that wants more must first empty it, so the two never wait on each other).
   void RxConsumed(uint64_t consumed) noexcept override;
   uint64_t TxConsumed() const noexcept override;
+  // The ends, as the peer's notes say them (taken from the transport's completions first,
+  // where nobody else takes them); on TCP, the anchor's; held, neither.
+  bool RxEof() const noexcept override;
+  bool TxPeerClosed() const noexcept override;
   int Error() const noexcept override;
+  TransportKind kind() const noexcept override { return names_.kind; }
+  // The peer's cursors were out of range (core/stream.cc): the connection fails.
+  void OnPeerViolation() noexcept override { Fail(EPROTO); }
   WakeState* RxWake() noexcept override { return &rx_wake_; }
   WakeState* TxWake() noexcept override { return &tx_wake_; }
   ChannelControl* control() noexcept override { return this; }
@@ -75,6 +97,7 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // --- ChannelControl ---
   void Abort() noexcept override { aborting_ = true; }
   void SetAnchor(int fd) noexcept override { failover_.SetAnchor(fd); }
+  void OnAnchorReady(uint32_t events) noexcept override { failover_.OnAnchorReady(events); }
   AnchorFailover* failover() noexcept override { return &failover_; }
   // (Held, the anchor's bytes are the client's, for settling alone.)
   bool AnchorCarriesStream() const noexcept override {
@@ -94,10 +117,7 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   bool HandBack(uint64_t consumed, int timeout_ms) noexcept override;
 
  protected:
-  // `transport` names the transport in log lines, `path` what carries its bytes ("RDMA"),
-  // `failure` what fails when it fails ("the queue pair failed").
-  RemoteRing(const char* transport, const char* path, const char* failure,
-             uint32_t ring_size) noexcept;
+  RemoteRing(const Names& names, uint32_t ring_size) noexcept;
   ~RemoteRing() override = default;
 
   // --- what the transport alone knows ---
@@ -129,8 +149,20 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   virtual bool PostCredit(uint64_t consumed) noexcept = 0;
   // Settled on the rings, under failover_.lock().
   virtual void OnSettledLocked() noexcept {}
+  // SetProxy ran: `live` when the stream carries on the transport from now on (not held).
+  virtual void OnProxySet(bool live) noexcept { (void)live; }
   // The transport's path failed: fail over to the anchor when possible, else Fail.
   virtual void TransportFailed(wire::FailoverCause cause) noexcept = 0;
+
+  // The peer's notes: a cursor into rx_produced_ (its data, its end) or tx_credit_ (its
+  // credit, its CLOSED), which only move forward. Moved by this note; not (stale: another
+  // poller took a later one, or no further than known); or the peer broke the protocol
+  // (a cursor past what the ring holds, a credit for bytes never sent: the connection
+  // failed, said in the log).
+  enum class Took : uint8_t { kMoved, kNothing, kViolation };
+  Took TakeProduced(uint64_t produced) noexcept;
+  Took TakeCredit(uint64_t credit) noexcept;
+  bool on_transport() const noexcept { return failover_.on_transport(); }
 
   // --- settling, for the transport's own ways to settle ---
   // Under failover_.lock(): the stream goes to TCP from byte 0 (StopRequestLocked first).
@@ -157,14 +189,17 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // Wakes a reader: through the proxy when it asked, or one asleep on the transport's own
   // descriptor (direct_readers_) whose event another thread took.
   void WakeReaderNow() const noexcept override;
+  // The peer's bytes moved the cursor. Held, they are not the application's yet: settling
+  // wakes the reader once, for all of them (a token now and another then would be two
+  // edges for one arrival).
+  void WakeReaderIfSettled() const noexcept;
   void WakeWriterNow() const noexcept override;
 
   // What `cause` means, for the log.
   const char* CauseText(wire::FailoverCause cause) const noexcept;
 
-  const char* const transport_;
-  const char* const path_;
-  const char* const failure_;
+  const Names names_;
+  const char* const transport_;  // names_.transport
   // B of the application's proxy: set once the stream exists, while the progress thread
   // may already be taking the peer's notes and reading it to wake a reader.
   std::atomic<int> proxy_b_{-1};

@@ -24,6 +24,16 @@
 namespace slip::fabric {
 
 namespace {
+
+constexpr RemoteRing::Names kNames = {TransportKind::kFabric, "fabric", "the fabric",
+                                      "a write on the fabric failed"};
+
+// The whole cursor a note says, from the one it moves (RemoteRing::TakeProduced and
+// TakeCredit take it).
+uint64_t CursorOf(uint64_t data, const std::atomic<uint64_t>& known) noexcept {
+  return note::Cursor(data, known.load(std::memory_order_acquire));
+}
+
 constexpr size_t kPage = 4096;
 // How long a close waits for its writes to complete before it leaves their memory behind.
 constexpr int kCloseFlushMs = 5000;
@@ -60,8 +70,7 @@ class LongWait {
 }  // namespace
 
 StreamConn::StreamConn(StreamFabric* fabric, uint32_t ring_size) noexcept
-    : RemoteRing("fabric", "the fabric", "a write on the fabric failed", ring_size),
-      fabric_(fabric) {}
+    : RemoteRing(kNames, ring_size), fabric_(fabric) {}
 
 StreamConn* StreamConn::Create(StreamFabric* fabric, uint32_t ring_size, Reason* why) noexcept {
   std::unique_ptr<StreamConn> c(new (std::nothrow) StreamConn(fabric, ring_size));
@@ -82,7 +91,7 @@ bool StreamConn::Init(Reason* why) noexcept {
   // [receive ring | its words] [send ring | its words] [receive slots: sends], each page
   // aligned.
   const size_t rx_bytes = ring_size() + note::kWordBytes;
-  const size_t tx_bytes = ring_size() + kWordSlots * sizeof(uint64_t);
+  const size_t tx_bytes = ring_size() + WriteLedger::kWordSlots * sizeof(uint64_t);
   const size_t tx_at = (rx_bytes + kPage - 1) & ~(kPage - 1);
   const size_t slots_at = (tx_at + tx_bytes + kPage - 1) & ~(kPage - 1);
   const size_t slots_bytes = sends_ ? size_t(kSendReceives) * streamwire::kSendBytes : 0;
@@ -92,9 +101,9 @@ bool StreamConn::Init(Reason* why) noexcept {
   rx_ring_.store(rx, std::memory_order_release);
   tx_ring_ = rx + tx_at;
   std::memset(rx + ring_size(), 0, note::kWordBytes);
-  std::memset(tx_ring_ + ring_size(), 0, kWordSlots * sizeof(uint64_t));
+  std::memset(tx_ring_ + ring_size(), 0, WriteLedger::kWordSlots * sizeof(uint64_t));
   rx_words_ = reinterpret_cast<const volatile uint64_t*>(rx + ring_size());
-  tx_words_ = reinterpret_cast<uint64_t*>(tx_ring_ + ring_size());
+  writes_.SetWords(reinterpret_cast<uint64_t*>(tx_ring_ + ring_size()));
   uint64_t unused_key = 0;
   if (sends_) {
     // Nothing of ours is the peer's to write: it sends from its ring into our slots.
@@ -149,11 +158,11 @@ StreamConn::~StreamConn() {
   SLIP_LOG(kDebug,
            "fabric: conn %06x (peer %06x) closing: streamed %d held %d on the fabric %d peer ended "
            "%d error %d; sent %llu, credited %llu, received %llu, consumed %llu",
-           tag_, peer_.note_tag, int(proxy_b_.load() >= 0), int(held()), int(on_fabric()),
+           tag_, peer_.note_tag, int(proxy_b_.load() >= 0), int(held()), int(on_transport()),
            int(peer_ended), error_.load(), (unsigned long long)tx_posted_,
            (unsigned long long)tx_credit_.load(), (unsigned long long)rx_produced_.load(),
            (unsigned long long)failover_.consumed());
-  if (proxy_b_.load() >= 0 && ep_.load() != nullptr && !held() && on_fabric() && !aborting_ &&
+  if (proxy_b_.load() >= 0 && ep_.load() != nullptr && !held() && on_transport() && !aborting_ &&
       !peer_ended && error_.load(std::memory_order_acquire) == 0) {
     // The last holder closes (fabric connections do not cross fork): as TCP's close, a
     // final exact credit (the peer tells "our bytes were unread" from it), EOF for the
@@ -170,7 +179,7 @@ StreamConn::~StreamConn() {
   bool flushed = true;
   if (tag_ != 0) {
     flushed = Flush(peer_ended ? kEndedFlushMs : kCloseFlushMs);
-    if (!on_fabric() && !aborting_ && failover_.on_tcp()) failover_.FinishOnClose(kCloseFlushMs);
+    if (!on_transport() && !aborting_ && failover_.on_tcp()) failover_.FinishOnClose(kCloseFlushMs);
     fabric_->RemoveConn(tag_);
     // (No dispatch runs now: nothing else takes it out of kExpected.)
     if (link_state_.load(std::memory_order_acquire) == LinkState::kExpected)
@@ -208,7 +217,7 @@ void StreamConn::BeforePeerGone() noexcept {
   // An orderly peer said CLOSED (after its credit and EOF) before it closed its TCP
   // connection, but the notes take the fabric and the FIN the kernel's path: wait for the
   // notes a little (a dead peer sends none: the wait is bounded).
-  if (!on_fabric() || held() || orphaned_.load()) return;
+  if (!on_transport() || held() || orphaned_.load()) return;
   const uint64_t until = sys::MonotonicMs() + kPeerGoneWaitMs;
   while (!peer_closed_.load(std::memory_order_acquire) &&
          error_.load(std::memory_order_acquire) == 0 && sys::MonotonicMs() < until) {
@@ -220,29 +229,11 @@ const char* StreamConn::provider() const noexcept {
   return fabric_->provider();
 }
 
-void StreamConn::SetProxy(int proxy_b) noexcept {
-  proxy_b_.store(proxy_b, std::memory_order_seq_cst);
-  failover_.SetOwnProxy(proxy_b);
-  // Held: nothing of the request's reaches the stream before it settles (AfterSettled).
-  if (held()) return;
-  // An end or a failure that came before the stream existed (a peer that wrote and shut
-  // down at once) found no proxy to tell: its first sleeper must still see it. (The
-  // fence pairs with OnNote's: one of the two shuts the proxy's end down.)
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b, SHUT_WR);
-}
-
-void StreamConn::Orphan() noexcept {
-  orphaned_.store(true, std::memory_order_release);
-  error_.store(ECONNRESET, std::memory_order_release);
-}
-
 bool StreamConn::Flush(int timeout_ms) noexcept {
   if (failover_.on_tcp()) return failover_.PushAll(timeout_ms);
   const uint64_t until = sys::MonotonicMs() + uint64_t(timeout_ms);
   uint64_t next_look = 0;
-  while (tx_completed_.load(std::memory_order_acquire) !=
-         tx_writes_.load(std::memory_order_acquire)) {
+  while (!writes_.AllCompleted()) {
     if (Poll() != 0) continue;
     const uint64_t now = sys::MonotonicMs();
     if (now >= until) return false;
@@ -267,16 +258,16 @@ void StreamConn::OnNote(uint64_t data) noexcept {
     case note::Kind::kData:
       // (A reader is woken only for bytes it has not seen: a stale note, or a doorbell
       // whose word an earlier one already read, must not make poll() say readable.)
-      if (TakeProduced(data) == Took::kMoved) WakeReaderIfSettled();
+      if (TakeProduced(CursorOf(data, rx_produced_)) == Took::kMoved) WakeReaderIfSettled();
       break;
     case note::Kind::kCredit:
-      if (TakeCredit(data) == Took::kMoved) WakeWriterNow();
+      if (TakeCredit(CursorOf(data, tx_credit_)) == Took::kMoved) WakeWriterNow();
       break;
     case note::Kind::kEof:
       SLIP_LOG(kDebug, "fabric: conn %06x: EOF at %llu (received %llu)", tag_,
                (unsigned long long)(data & note::kCursorMask),
                (unsigned long long)rx_produced_.load());
-      if (TakeProduced(data) == Took::kViolation) break;
+      if (TakeProduced(CursorOf(data, rx_produced_)) == Took::kViolation) break;
       rx_eof_.store(true, std::memory_order_release);
       std::atomic_thread_fence(std::memory_order_seq_cst);  // (SetProxy's pair)
       // The proxy's end first: a poll that a token woke before it would report the
@@ -285,7 +276,7 @@ void StreamConn::OnNote(uint64_t data) noexcept {
       WakeReaderIfSettled();
       break;
     case note::Kind::kClosed:
-      if (TakeCredit(data) == Took::kViolation) break;
+      if (TakeCredit(CursorOf(data, tx_credit_)) == Took::kViolation) break;
       peer_closed_.store(true, std::memory_order_release);
       WakeWriterNow();
       break;
@@ -333,80 +324,23 @@ void StreamConn::OnLinkNote(uint32_t data) noexcept {
   OnNote(note::Encode(tag_, kind, note::LinkCursor(data, known)));
 }
 
-StreamConn::Took StreamConn::TakeProduced(uint64_t data) noexcept {
-  uint64_t known = rx_produced_.load(std::memory_order_acquire);
-  const uint64_t ahead = note::Ahead(data, known);
-  if (ahead == 0 || note::Stale(ahead)) return Took::kNothing;  // (a later note said more)
-  const uint64_t produced = known + ahead;
-  // A peer that claims more than the ring holds would make us read garbage. (A note that
-  // the reader already read past is stale, not an overrun: another poller took a later
-  // one after our load of `known`, and the reader consumed what it said. Seen as a false
-  // reset under iperf3 over shm, 1 run in ~30 under load.)
-  const uint64_t consumed = failover_.consumed();
-  if (produced <= consumed) return Took::kNothing;
-  if (produced - consumed > ring_size()) {
-    SLIP_LOG(kWarn, "fabric: the peer overran the ring (produced %llu, consumed %llu); resetting",
-             (unsigned long long)produced, (unsigned long long)consumed);
-    Fail(EPROTO);
-    return Took::kViolation;
-  }
-  while (produced > known &&
-         !rx_produced_.compare_exchange_weak(known, produced, std::memory_order_acq_rel)) {
-  }
-  // (Another poller may have moved it as far meanwhile: its wake-up then came first.)
-  return produced > known ? Took::kMoved : Took::kNothing;
-}
-
-StreamConn::Took StreamConn::TakeCredit(uint64_t data) noexcept {
-  uint64_t known = tx_credit_.load(std::memory_order_acquire);
-  const uint64_t ahead = note::Ahead(data, known);
-  if (ahead == 0 || note::Stale(ahead)) return Took::kNothing;
-  const uint64_t credit = known + ahead;
-  if (credit > failover_.published()) {
-    SLIP_LOG(kWarn, "fabric: the peer credited bytes never sent; resetting");
-    Fail(EPROTO);
-    return Took::kViolation;
-  }
-  while (credit > known &&
-         !tx_credit_.compare_exchange_weak(known, credit, std::memory_order_acq_rel)) {
-  }
-  return credit > known ? Took::kMoved : Took::kNothing;
-}
-
-uint64_t StreamConn::WriteSeq(uint64_t context) const noexcept {
-  // (Writes in flight are fewer than 2^31 apart: the 32 bits extend from the counter.)
-  const uint64_t next = write_seq_.load(std::memory_order_acquire);
-  return next - uint32_t(uint32_t(next) - write_context::Seq(context));
-}
-
 void StreamConn::OnWriteDone(uint64_t context) noexcept {
-  ReleaseWordSlot(write_context::Slot(context));
+  writes_.ReleaseWord(write_context::Slot(context));
   if (write_context::Slot(context) == write_context::kDataSlot && fabric_->defers_notes())
     data_landed_.fetch_add(1, std::memory_order_acq_rel);
-  const uint64_t done = WriteSeq(context) + 1;
-  uint64_t known = last_done_.load(std::memory_order_acquire);
-  while (done > known && !last_done_.compare_exchange_weak(known, done)) {
-  }
-  tx_completed_.fetch_add(1, std::memory_order_acq_rel);
+  writes_.Done(write_context::Seq(context));
 }
 
 bool StreamConn::WritesLandedInOrder(int timeout_ms) noexcept {
   if (!Flush(timeout_ms)) return false;
-  // (last_done_ is one past the last write that completed; first_failed_ the first that
-  // failed, or ~0.)
-  return last_done_.load(std::memory_order_acquire) <=
-         first_failed_.load(std::memory_order_acquire);
+  return writes_.InOrder();
 }
 
 void StreamConn::OnWriteFailed(int error, uint64_t context) noexcept {
-  ReleaseWordSlot(write_context::Slot(context));
-  const uint64_t failed = WriteSeq(context);
-  uint64_t known = first_failed_.load(std::memory_order_acquire);
-  while (failed < known && !first_failed_.compare_exchange_weak(known, failed)) {
-  }
-  tx_completed_.fetch_add(1, std::memory_order_acq_rel);
+  writes_.ReleaseWord(write_context::Slot(context));
+  writes_.Failed(write_context::Seq(context));
   // After the peer's orderly close its ring may be gone: the end, not a failure.
-  if (peer_closed_.load(std::memory_order_acquire) || !on_fabric()) return;
+  if (peer_closed_.load(std::memory_order_acquire) || !on_transport()) return;
   // The first failure only (the others are taken while it waits, and have nothing to add).
   if (write_failed_.exchange(true, std::memory_order_acq_rel)) return;
   // A closing peer closes its endpoint once its last notes were delivered, so a write of
@@ -419,31 +353,13 @@ void StreamConn::OnWriteFailed(int error, uint64_t context) noexcept {
          sys::MonotonicMs() < until) {
     if (Poll() == 0) sched_yield();
   }
-  if (peer_closed_.load(std::memory_order_acquire) || !on_fabric()) return;
+  if (peer_closed_.load(std::memory_order_acquire) || !on_transport()) return;
   SLIP_LOG(kInfo, "fabric: a write failed (%s)%s", fi_strerror(error),
            AnchorEnded() ? ", and the peer's TCP connection ended" : "");
   TransportFailed(wire::FailoverCause::kTransportError);
 }
 
-void StreamConn::WakeReaderIfSettled() const noexcept {
-  // Held, the bytes are not the application's yet: settling wakes the reader once, for
-  // all of them (a token now and another then would be two edges for one arrival). The
-  // fence pairs with AfterSettled's: one of the two sees the other's store.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (!held()) WakeReaderNow();
-}
-
 // ------------------------------------------------------------------------ Channel
-
-bool StreamConn::RxEof() const noexcept {
-  if (held()) return false;
-  if (rx_eof_.load(std::memory_order_acquire)) return true;
-  if (failover_.on_tcp()) return failover_.eof();
-  // (Our own queue is taken in only while somebody asks: its EOF may wait there.)
-  if (!cq_ || !on_fabric()) return false;
-  const_cast<StreamConn*>(this)->Poll();
-  return rx_eof_.load(std::memory_order_acquire);
-}
 
 void StreamConn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
   std::memcpy(tx_ring_ + offset, src, len);
@@ -494,13 +410,6 @@ void StreamConn::TxPublish(uint64_t produced) noexcept {
   tx_posted_ = produced;
 }
 
-bool StreamConn::TxPeerClosed() const noexcept {
-  if (held()) return false;
-  if (peer_closed_.load(std::memory_order_acquire)) return true;
-  if (failover_.on_tcp()) return failover_.peer_closed();
-  return false;
-}
-
 void StreamConn::CloseTx() noexcept {
   // (The same race as TxPublish's.) On TCP the FIN follows the last byte; held, settling
   // sends the EOF.
@@ -543,46 +452,27 @@ bool StreamConn::PostNote(note::Kind kind, uint64_t cursor, bool delivered) noex
   uint32_t slot;
   uint64_t next_look = 0, ended_since = 0;
   LongWait wait;
-  while ((slot = TakeWordSlot()) == 0) {
+  while ((slot = writes_.TakeWord()) == 0) {
     if (!AwaitRoom(&next_look, &ended_since)) return false;
     if (wait.DueNow()) {
       SLIP_LOG(kInfo,
                "fabric: conn %06x: every cursor word has been in flight for %llu ms (%llu writes "
                "posted, %llu completed)",
-               tag_, wait.waited_ms(), (unsigned long long)tx_writes_.load(),
-               (unsigned long long)tx_completed_.load());
+               tag_, wait.waited_ms(), (unsigned long long)writes_.posted(),
+               (unsigned long long)writes_.completed());
     }
   }
-  uint64_t* word = &tx_words_[slot - 1];
+  uint64_t* word = writes_.word(slot);
   // The end stays flagged in later writes of the same word (a credit after CLOSED).
   const bool end = kind == note::Kind::kEof || kind == note::Kind::kClosed ||
                    (note::WordOffset(kind) == note::kConsumedWord && closed_posted_.load());
   *word = cursor | (end ? note::kEndFlag : 0);
-  // The slot is taken again only after this write completed (ReleaseWordSlot), which
-  // libfabric orders after the post by means ThreadSanitizer may not see: it is told.
-  san::HappensBefore(word);
+  san::HappensBefore(word);  // (WriteLedger::ReleaseWord's pair)
   if (Post(word, sizeof(*word), peer_.base + ring_size() + note::WordOffset(kind), true,
            note::EncodeShort(peer_.note_tag, kind), slot, delivered))
     return true;
-  ReleaseWordSlot(slot);
+  writes_.ReleaseWord(slot);
   return false;
-}
-
-uint32_t StreamConn::TakeWordSlot() noexcept {
-  uint64_t busy = word_slots_busy_.load(std::memory_order_acquire);
-  while (~busy != 0) {
-    const int free = __builtin_ctzll(~busy);
-    if (word_slots_busy_.compare_exchange_weak(busy, busy | uint64_t(1) << free,
-                                               std::memory_order_acq_rel))
-      return uint32_t(free) + 1;
-  }
-  return 0;
-}
-
-void StreamConn::ReleaseWordSlot(uint32_t slot) noexcept {
-  if (slot < 1 || slot > kWordSlots) return;
-  san::HappensAfter(&tx_words_[slot - 1]);  // (PostNote's pair: its write completed)
-  word_slots_busy_.fetch_and(~(uint64_t(1) << (slot - 1)), std::memory_order_acq_rel);
 }
 
 bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_note, uint64_t data,
@@ -591,8 +481,8 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_
   if (ep == nullptr || error_.load(std::memory_order_acquire) != 0 ||
       orphaned_.load(std::memory_order_relaxed))
     return false;
-  void* context = reinterpret_cast<void*>(uintptr_t(write_context::Make(
-      tag_, slot, uint32_t(write_seq_.fetch_add(1, std::memory_order_relaxed)))));
+  void* context =
+      reinterpret_cast<void*>(uintptr_t(write_context::Make(tag_, slot, writes_.Next())));
   uint64_t next_look = 0, ended_since = 0;
   LongWait refused;
   for (;;) {
@@ -601,7 +491,7 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_
                                                remote, peer_.key, context, delivered);
     if (rc == 0) {
       if (slot == write_context::kDataSlot && delivered) ++data_posted_;
-      tx_writes_.fetch_add(1, std::memory_order_acq_rel);
+      writes_.Posted();
       return true;
     }
     if (rc != -FI_EAGAIN) {
@@ -623,14 +513,14 @@ bool StreamConn::Post(const void* src, uint32_t len, uint64_t remote, bool with_
                "fabric: conn %06x: the provider has refused a write of %u bytes%s for %llu ms "
                "(%llu writes posted, %llu completed)",
                tag_, len, delivered ? " (delivery complete)" : "", refused.waited_ms(),
-               (unsigned long long)tx_writes_.load(), (unsigned long long)tx_completed_.load());
+               (unsigned long long)writes_.posted(), (unsigned long long)writes_.completed());
     }
   }
 }
 
 bool StreamConn::AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept {
   if (Poll() == 0) sched_yield();
-  if (error_.load(std::memory_order_acquire) != 0 || !on_fabric() ||
+  if (error_.load(std::memory_order_acquire) != 0 || !on_transport() ||
       peer_closed_.load(std::memory_order_acquire))
     return false;
   // A peer process that died never drains its queue (1.17's shm answers -FI_EAGAIN for
@@ -655,7 +545,7 @@ bool StreamConn::AwaitLanded() noexcept {
   // (A failed write is never counted as landed.)
   uint64_t next_look = 0, ended_since = 0;
   while (data_landed_.load(std::memory_order_acquire) != data_posted_) {
-    if (first_failed_.load(std::memory_order_acquire) != ~uint64_t(0)) return false;
+    if (writes_.AnyFailed()) return false;
     if (!AwaitRoom(&next_look, &ended_since)) return false;
   }
   return true;

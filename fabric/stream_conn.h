@@ -13,19 +13,18 @@
 // writer, the stream's adaptive spin), and the module's progress thread sleeps on it
 // otherwise, so arrivals are taken whether anybody asks or not (ShowsArrivalsWithoutAsk).
 //
-// Over a connected endpoint the connection has a completion queue of its own, and verbs'
-// design (verbs/conn_events.cc): a blocking reader sleeps on its descriptor, woken by the
-// kernel with no thread in between (BeginRxSleep); the progress thread watches it, one
-// event at a time, only while somebody waits through the proxy (a reader in poll or epoll,
-// a writer for room; WantsProgress), so a message nobody sleeps for wakes no thread. The
-// queue is armed (fi_trywait) before either sleeps on it. Arrivals are taken in only while
-// somebody asks: the stream arms the connection before every sleep.
+// Over a connected endpoint the connection has a completion queue of its own
+// (docs/DESIGN.md, "A connection's own completion queue"): a blocking reader sleeps on its
+// descriptor (BeginRxSleep); the progress thread watches it, one event at a time, only
+// while somebody waits through the proxy (WantsProgress). The queue is armed (fi_trywait)
+// before either sleeps on it. Arrivals are taken in only while somebody asks: the stream
+// arms the connection before every sleep.
 //
 // Failover: a write that fails (the peer's endpoint gone, the provider's connection broken)
 // moves the stream onto its TCP anchor through core's AnchorFailover, from the byte both
 // ends agree on; halting means deregistering the receive ring, so that nothing lands in it
-// after our count. A server's connection is held until its client's CONFIRM (settle in
-// stream_settle.cc), exactly as verbs'.
+// after our count. A server's connection is held until its client's CONFIRM (RemoteRing's
+// settling, core/remote_ring.h; this transport's hooks in stream_settle.cc).
 //
 // Thread safety: the Channel contract; posting and polling are thread safe (the domain is
 // FI_THREAD_SAFE); the switches of the carriage run under failover_.lock().
@@ -43,6 +42,7 @@
 #include "fabric/ring_memory.h"
 #include "fabric/stream_link.h"
 #include "fabric/stream_note.h"
+#include "fabric/write_ledger.h"
 
 namespace slip::fabric {
 
@@ -81,8 +81,8 @@ class StreamConn final : public RemoteRing {
  public:
   // Receives posted per connected endpoint, where notes consume them (verbs), each posted
   // again once its completion is taken. More than a peer has cursor-word notes in flight
-  // (kWordSlots); cursor notes are bounded by the peer's send queue instead, and one that
-  // finds none posted waits at the peer (RNR, retried for ever) until our next poll.
+  // (WriteLedger::kWordSlots); cursor notes are bounded by the peer's send queue instead, and one
+  // that finds none posted waits at the peer (RNR, retried for ever) until our next poll.
   static constexpr int kPostedReceives = 128;
   // Sends (StreamFabric::sends): receives of streamwire::kSendBytes each, one per message
   // the peer may have in flight before it waits for us (FI_RM_ENABLED).
@@ -125,8 +125,6 @@ class StreamConn final : public RemoteRing {
   void OnReceive(uint64_t context, size_t len, bool has_note, uint64_t data) noexcept;
   // Remote CQ data on our own endpoint's queue: only our peer writes there.
   void OnPeerNote(uint64_t data) noexcept;
-  // The local proxy end that receives tokens and fill drains (owned from now on).
-  void SetProxy(int proxy_b) noexcept;
   // Server: held until the client proves in band that it made the request (a CONFIRM with
   // `nonce`); Settle decides by `deadline_ms` (RemoteRing::Hold; its TCP connection is
   // accepted, so it is no longer unproven).
@@ -154,30 +152,23 @@ class StreamConn final : public RemoteRing {
   // (a queue it could not arm, or one without a descriptor, is polled then).
   void OnWatchEvent() noexcept;
   void OnProgressTurn() noexcept;
-  // After fork in a child: never touch the parent's fabric objects again.
-  void Orphan() noexcept;
   // Waits (bounded) until every posted write completed.
   bool Flush(int timeout_ms) noexcept;
 
   // --- Channel ---
-  TransportKind kind() const noexcept override { return TransportKind::kFabric; }
   const char* provider() const noexcept override;
   const uint8_t* RxData() const noexcept override {
     return rx_ring_.load(std::memory_order_acquire);
   }
-  bool RxEof() const noexcept override;
   bool ShowsArrivalsWithoutAsk() const noexcept override { return !cq_; }
   int BeginRxSleep() noexcept override;
   void EndRxSleep(bool woken) noexcept override;
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
   void TxPublish(uint64_t produced) noexcept override;
-  bool TxPeerClosed() const noexcept override;
   void CloseTx() noexcept override;
   void CloseRx() noexcept override;
-  void OnPeerViolation() noexcept override { Fail(EPROTO); }
 
   // --- ChannelControl (the rest is RemoteRing's) ---
-  void OnAnchorReady(uint32_t events) noexcept override { failover_.OnAnchorReady(events); }
   void BeforePeerGone() noexcept override;
 
  private:
@@ -210,9 +201,6 @@ class StreamConn final : public RemoteRing {
   // While the provider has no room (or no cursor word is free): polls, and gives up when
   // the connection failed, left the fabric or its peer closed or died. False: give up.
   bool AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept;
-  // A free cursor word of ours (1-based), or 0 when every one is in flight.
-  uint32_t TakeWordSlot() noexcept;
-  void ReleaseWordSlot(uint32_t slot) noexcept;
   // ofi_rxm connects again after its connection failed, so a write posted after one that
   // failed may still land, and a note it carries then claims bytes that never did. True
   // when that cannot have happened: every write completed (waiting up to `timeout_ms`) and
@@ -222,21 +210,12 @@ class StreamConn final : public RemoteRing {
   // far was delivered. False: one failed, or the connection failed, left the fabric or its
   // peer closed or died; then no note may claim them.
   bool AwaitLanded() noexcept;
-  uint64_t WriteSeq(uint64_t context) const noexcept;
   // The anchor says the peer's TCP connection ended (closed, or the peer's FIN in), from
   // TCP_INFO alone: nothing is read, so the control thread still gets a pending reset to
   // report.
   bool AnchorEnded() const noexcept;
-  // A note's cursor into rx_produced_ (data, the end) or tx_credit_ (credit, CLOSED), which
-  // only move forward: moved by this note, not (stale, or no further than known), or the
-  // peer broke the protocol (the connection failed).
-  enum class Took : uint8_t { kMoved, kNothing, kViolation };
-  Took TakeProduced(uint64_t data) noexcept;
-  Took TakeCredit(uint64_t data) noexcept;
-  void WakeReaderIfSettled() const noexcept;
 
   // Failover (stream_settle.cc), under failover_.lock() where it says Locked.
-  bool on_fabric() const noexcept { return failover_.on_transport(); }
   // Nothing lands in the stream's ring after this (it moves to a copy of the registered
   // one) and notes are ignored: what arrived so far is what we received.
   void HaltLocked() noexcept override;
@@ -267,9 +246,7 @@ class StreamConn final : public RemoteRing {
   std::unique_ptr<uint8_t[]> rx_copy_;
   uint8_t* tx_ring_ = nullptr;
   // Word notes: the peer writes its cursors to rx_words_ (after the receive ring, in its
-  // registration); ours go from tx_words_ (after the send ring), one word per write in
-  // flight (a word must not change before its write has read it).
-  static constexpr uint32_t kWordSlots = 64;
+  // registration); ours go from the words after the send ring (writes_ hands them out).
   // Cursor notes instead (StreamFabric::link_notes): no words, one write per publish.
   bool link_notes_ = false;
   // Sends instead of writes (StreamFabric::sends): the peer's messages land in our receive
@@ -282,8 +259,6 @@ class StreamConn final : public RemoteRing {
   std::atomic<bool> rx_drain_wanted_{false};
   std::atomic<uint32_t> rx_copying_{0};
   const volatile uint64_t* rx_words_ = nullptr;
-  uint64_t* tx_words_ = nullptr;
-  std::atomic<uint64_t> word_slots_busy_{0};
   MrPtr rx_mr_;
   MrPtr tx_mr_;
   void* tx_desc_ = nullptr;
@@ -313,13 +288,7 @@ class StreamConn final : public RemoteRing {
   uint64_t data_posted_ = 0;
   std::atomic<bool> closed_posted_{false};
   std::atomic<uint32_t> credits_posting_{0};  // PostCredit under way (CloseRx waits)
-  std::atomic<uint64_t> tx_writes_{0};        // posted writes
-  std::atomic<uint64_t> tx_completed_{0};
-  // Writes' numbers (write_context::Seq has their low 32 bits): the next one, the first
-  // that failed (~0: none), one past the last that completed (0: none).
-  std::atomic<uint64_t> write_seq_{0};
-  std::atomic<uint64_t> first_failed_{~uint64_t(0)};
-  std::atomic<uint64_t> last_done_{0};
+  WriteLedger writes_;
   std::atomic<bool> write_failed_{false};  // OnWriteFailed looked at a failure already
   // StreamFabric::defers_notes: writes of our bytes delivered (data_posted_: posted, by
   // the sender); equal, every one landed.

@@ -1,21 +1,14 @@
 // StreamConn's own completion queue (connected endpoints): who polls it, who sleeps on its
-// descriptor, and when the progress thread watches it. The rules are verbs' own channel's
-// (verbs/conn_events.cc), over libfabric's wait objects: fi_trywait takes what the queue
-// holds and asks for an event on its next completion (the verbs provider: drains the
-// channel's events, ibv_req_notify_cq), or says that completions are there to take first.
-//
-// Who may sleep on the descriptor, and who wakes them:
-// - a blocking reader (BeginRxSleep): armed, announced, then checked; a completion after
-//   the arming makes the descriptor readable. Another thread that takes the queue's
-//   events first (a trywait of its own) takes the completion too, and the note it hands
-//   in wakes the announced reader through the proxy (WakeReaderNow).
-// - the progress thread, for one event (EPOLLONESHOT), set while somebody waits through
-//   the proxy (a reader in poll or epoll, a writer for room): the waiter announced itself
-//   before its poll, so arming from that poll cannot miss a completion. The event's
-//   handler polls, which sets the shot again while it is still wanted.
-// Nobody else: a message that nobody sleeps for wakes no thread. Except where the provider
-// moves data only when asked (FI_PROGRESS_MANUAL: tcp): there the thread watches every
-// connection from the moment its endpoint is up, as it watched the process's one queue.
+// descriptor, and when the progress thread watches it, by the rules of docs/DESIGN.md ("A
+// connection's own completion queue"), over libfabric's wait objects: fi_trywait takes
+// what the queue holds and asks for an event on its next completion (the verbs provider:
+// drains the channel's events, ibv_req_notify_cq), or says that completions are there to
+// take first. Another thread that takes the queue's events first (a trywait of its own)
+// takes the completion too, and the note it hands in wakes the announced reader through
+// the proxy (WakeReaderNow). The event's handler polls, which sets the shot again while it
+// is still wanted. Where the provider moves data only when asked (FI_PROGRESS_MANUAL:
+// tcp), the thread watches every connection from the moment its endpoint is up, as it
+// watched the process's one queue.
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
@@ -57,7 +50,7 @@ int StreamConn::DrainOwn() noexcept {
 }
 
 bool StreamConn::WantsProgress() const noexcept {
-  if (!on_fabric()) return false;  // the anchor's news come through the control thread
+  if (!on_transport()) return false;  // the anchor's news come through the control thread
   // A provider that moves data only when asked (tcp) needs it asked on both ends whether
   // anybody waits or not: the peer's writes complete (delivered) only once ours took them.
   if (fabric_->manual_progress()) return true;
@@ -101,7 +94,7 @@ int StreamConn::BeginRxSleep() noexcept {
   if (!cq_ || cq_fd_ < 0 || proxy_b_.load() < 0 || orphaned_.load(std::memory_order_relaxed))
     return -1;
   // After failover the news come from the anchor, through the control thread and the proxy.
-  if (!on_fabric()) return -1;
+  if (!on_transport()) return -1;
   // Armed first, announced after: a note taken while arming is ours to see at the stream's
   // check (no token for it); one taken by another thread after the check finds us
   // announced and writes one.

@@ -143,7 +143,7 @@ void StreamConn::OnReceive(uint64_t context, size_t len, bool has_note, uint64_t
       return;
     }
   }
-  if (link_.ep() && !PostReceive(slot) && on_fabric()) {
+  if (link_.ep() && !PostReceive(slot) && on_transport()) {
     // The peer would stall on a receive it cannot consume: take the anchor instead.
     TransportFailed(wire::FailoverCause::kTransportError);
     return;

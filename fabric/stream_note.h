@@ -109,5 +109,11 @@ constexpr uint64_t Ahead(uint64_t data, uint64_t known) noexcept {
 constexpr bool Stale(uint64_t ahead) noexcept {
   return ahead > (kCursorMask >> 1);
 }
+// The whole cursor a note says, from the last one `known`: `known` itself where the note
+// says nothing newer (stale: a later note said more).
+constexpr uint64_t Cursor(uint64_t data, uint64_t known) noexcept {
+  const uint64_t ahead = Ahead(data, known);
+  return Stale(ahead) ? known : known + ahead;
+}
 
 }  // namespace slip::fabric::note

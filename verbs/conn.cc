@@ -30,11 +30,18 @@ namespace slip::verbs {
 
 using namespace conn_internal;
 
+namespace {
+
+constexpr RemoteRing::Names kNames = {TransportKind::kVerbs, "verbs", "RDMA",
+                                      "the queue pair failed"};
+
+}  // namespace
+
 std::mutex conn_internal::g_registry_mu;
 Conn* conn_internal::g_registry_head = nullptr;
 
 Conn::Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept
-    : RemoteRing("verbs", "RDMA", "the queue pair failed", ring_size), id_(id), device_(device) {
+    : RemoteRing(kNames, ring_size), id_(id), device_(device) {
   std::lock_guard<std::mutex> lock(g_registry_mu);
   next_ = g_registry_head;
   if (next_) next_->prev_ = this;
@@ -153,7 +160,7 @@ Conn::~Conn() {
 bool Conn::ReleaseRdma(const char* why) noexcept {
   if (rdma_released_.load(std::memory_order_acquire) || orphaned_.load()) return true;
   // A stream still on RDMA needs all of it (it has not failed over or failed yet).
-  if (on_rdma() && error_.load(std::memory_order_acquire) == 0) return false;
+  if (on_transport() && error_.load(std::memory_order_acquire) == 0) return false;
   {
     // Pollers and posters check the flag under their lock before they touch the queues.
     SpinGuard post(&post_busy_);
@@ -212,7 +219,7 @@ bool Conn::CloseStream(bool may_linger) noexcept {
   if (held()) return false;
   // A FAILOVER the peer sent while we were closing: the control thread no longer reads the
   // anchor, and the bytes the peer lost must still go out, on TCP.
-  if (on_rdma() && CanFailover()) TakePeerFailover(0);
+  if (on_transport() && CanFailover()) TakePeerFailover(0);
   // The peer's notes may still sit in the completion queue: take them first (a peer that
   // closed without keeping its queue pair is about to disconnect, and we would wait for
   // acknowledgements from a queue pair that is going away).
@@ -222,7 +229,7 @@ bool Conn::CloseStream(bool may_linger) noexcept {
   bool linger = may_linger && !no_reuse_ && own_.channel && !closed_sent_.load() && !aborting_ &&
                 !peer_leaves && !peer_disconnected_.load(std::memory_order_acquire);
   bool orderly = false;
-  if (on_rdma() && id_ && qp_ && have_peer_ && streamed_ &&
+  if (on_transport() && id_ && qp_ && have_peer_ && streamed_ &&
       error_.load(std::memory_order_acquire) == 0 && !peer_leaves && !aborting_) {
     // The last holder in this process closes (a forked child cannot hold a verbs
     // connection): as TCP's close, EOF for the peer's reader and EPIPE for its writer,
@@ -240,13 +247,13 @@ bool Conn::CloseStream(bool may_linger) noexcept {
     SLIP_LOG(kDebug, "verbs: closing: credit %llu, eof %d, closed %d, keeping the queue pair %d",
              (unsigned long long)credit_sent_, int(eof), int(closed), int(linger));
     const bool flushed = FlushRdma(5000, true);
-    if (!flushed && on_rdma())
+    if (!flushed && on_transport())
       SLIP_LOG(kWarn, "verbs: closing with writes not acknowledged by the peer");
     orderly = eof && closed && flushed;
   }
   MaybeFailover();
-  if (!on_rdma() && !aborting_) FinishOnAnchor();
-  linger = linger && orderly && on_rdma() && error_.load(std::memory_order_acquire) == 0 &&
+  if (!on_transport() && !aborting_) FinishOnAnchor();
+  linger = linger && orderly && on_transport() && error_.load(std::memory_order_acquire) == 0 &&
            !peer_disconnected_.load(std::memory_order_acquire);
   if (!linger) return false;
   // The stream is over: its descriptors are the application's (the anchor) or go now.
@@ -269,16 +276,9 @@ void Conn::SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept
   have_peer_ = true;
 }
 
-void Conn::SetProxy(int proxy_b) noexcept {
-  proxy_b_.store(proxy_b, std::memory_order_seq_cst);
-  failover_.SetOwnProxy(proxy_b);
+void Conn::OnProxySet(bool live) noexcept {
   streamed_ = true;
-  // Held: nothing of the request's reaches the stream before it settles (settle.cc).
-  if (held()) return;
-  // Anything that arrived before the stream existed must still wake its first sleeper.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (rx_eof_.load() || error_.load()) sys::shutdown(proxy_b, SHUT_WR);
-  stream_live_.store(true, std::memory_order_release);  // the peer's rings are set by now
+  if (live) stream_live_.store(true, std::memory_order_release);
 }
 
 bool Conn::PostRecv(uint32_t index) noexcept {

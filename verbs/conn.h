@@ -82,8 +82,6 @@ class Conn final : public RemoteRing {
   int Connect(int gid_override) noexcept;
   // The peer's ring (from REP or HELLO); data may flow only once it is known.
   void SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept;
-  // The local proxy end that receives tokens and fill drains (owned from now on).
-  void SetProxy(int proxy_b) noexcept;
   // The client's first SEND: its ring for the server.
   bool SendHello(uint64_t nonce) noexcept;
   bool HelloReceived(Hello* hello) const noexcept;
@@ -150,7 +148,6 @@ class Conn final : public RemoteRing {
   // Not under the poll lock.
   void TransportFailed(wire::FailoverCause cause) noexcept override;
   // After fork in a child: never touch the parent's verbs objects again.
-  void Orphan() noexcept;
 
   // --- device removal (docs/DESIGN.md "Failover") ---
   // Progress thread: rdma_cm said DEVICE_REMOVAL for this connection's id (and the
@@ -171,15 +168,12 @@ class Conn final : public RemoteRing {
   bool Poll() const noexcept;
 
   // --- Channel ---
-  TransportKind kind() const noexcept override { return TransportKind::kVerbs; }
   const uint8_t* RxData() const noexcept override { return slot_.rx_ring(); }
-  bool RxEof() const noexcept override;
   // Completions are polled while a reader asks (SomebodyWaitsOnProxy): the end of the
   // stream, say, behind a token the application has not read yet needs a new ask.
   bool ShowsArrivalsWithoutAsk() const noexcept override { return false; }
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
   void TxPublish(uint64_t produced) noexcept override;
-  bool TxPeerClosed() const noexcept override;
   void CloseTx() noexcept override;
   void CloseRx() noexcept override;
   void Destroy() noexcept override {
@@ -189,7 +183,6 @@ class Conn final : public RemoteRing {
       delete this;
   }
   bool OnPeerDecline() noexcept override;
-  void OnAnchorReady(uint32_t events) noexcept override;
 
   int BeginRxSleep() noexcept override;
   void EndRxSleep(bool woken) noexcept override;
@@ -240,13 +233,14 @@ class Conn final : public RemoteRing {
   void StopRequestLocked() noexcept override;
   void TakeArrivals() const noexcept override { Poll(); }
   void OnSettledLocked() noexcept override { stream_live_.store(true, std::memory_order_release); }
+  // A stream runs on the queue pair now (live: the peer's ring is set by now).
+  void OnProxySet(bool live) noexcept override;
   // A group's client (HoldForTaken): settles on the TAKEN, or goes plain.
   Settlement SettleClient(uint64_t now_ms, Reason* why) noexcept;
 
   // Failover (under failover_.lock() where it says Locked).
   // The queue pair carries the stream, or will once settled (held): what "on RDMA" meant
   // before failover for every step of the data path.
-  bool on_rdma() const noexcept { return failover_.on_transport(); }
   bool CanFailover() const noexcept;
   // Under the poll lock (or anywhere): remembers a transport failure for MaybeFailover.
   void RequestFailover(wire::FailoverCause cause) noexcept;

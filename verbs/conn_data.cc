@@ -18,7 +18,7 @@ using namespace conn_internal;
 
 bool Conn::Poll() const noexcept {
   if (orphaned_.load(std::memory_order_relaxed)) return true;
-  if (!on_rdma()) return true;
+  if (!on_transport()) return true;
   {
     // Waits for a concurrent poller rather than skipping: a caller deciding EOF or reset
     // must see every completion that has arrived, and drains are short.
@@ -48,7 +48,7 @@ void Conn::RunDeferredWakes() const noexcept {
   // A load first: every poll comes here, and a read-modify-write on every one would cost.
   if (deferred_wakes_.load(std::memory_order_relaxed) == 0) return;
   uint32_t wakes = deferred_wakes_.exchange(0, std::memory_order_acquire);
-  if (wakes & kWakeReader) WakeReaderNow();
+  if (wakes & kWakeReader) WakeReaderIfSettled();
   if (wakes & kWakeWriter) WakeWriterNow();
 }
 
@@ -105,7 +105,7 @@ void Conn::Handle(const ibv_wc& wc) const noexcept {
     // queues: the end of the connection, not a failure.
     if (rx_eof_.load(std::memory_order_acquire) && peer_closed_.load(std::memory_order_acquire))
       return;
-    if (!on_rdma()) return;  // our own stop flushed it
+    if (!on_transport()) return;  // our own stop flushed it
     if (error_.load(std::memory_order_relaxed) == 0 && wc.status != IBV_WC_WR_FLUSH_ERR)
       SLIP_LOG(kWarn, "verbs: %s completion failed: %s", (wc.wr_id & kRecvTag) ? "receive" : "send",
                ibv_wc_status_str(wc.status));
@@ -149,26 +149,16 @@ void Conn::Handle(const ibv_wc& wc) const noexcept {
     self->Fail(EPROTO);
     return;
   }
-  if (error_.load(std::memory_order_relaxed) == 0 && on_rdma() && !self->PostRecv(index))
+  if (error_.load(std::memory_order_relaxed) == 0 && on_transport() && !self->PostRecv(index))
     self->RequestFailover(wire::FailoverCause::kTransportError);
 }
 
 void Conn::HandleNote(uint32_t note) const noexcept {
+  auto* self = const_cast<Conn*>(this);  // (polling is a const read; a violation fails it)
   switch (NoteKind(note)) {
     case Note::kData: {
-      uint64_t produced = NoteCursor(note, rx_produced_.load(std::memory_order_relaxed));
-      // A peer that claims more than the ring can hold would make us read garbage.
-      if (produced - failover_.consumed() > ring_size()) {
-        SLIP_LOG(kWarn,
-                 "verbs: the peer overran the ring (produced %llu, consumed %llu, last %llu, "
-                 "note %08x); resetting",
-                 (unsigned long long)produced, (unsigned long long)failover_.consumed(),
-                 (unsigned long long)rx_produced_.load(), note);
-        const_cast<Conn*>(this)->Fail(EPROTO);
-        return;
-      }
-      rx_produced_.store(produced, std::memory_order_release);
-      WakeReader();
+      const uint64_t produced = NoteCursor(note, rx_produced_.load(std::memory_order_relaxed));
+      if (self->TakeProduced(produced) == Took::kMoved) WakeReader();
       break;
     }
     case Note::kCredit: {
@@ -176,11 +166,9 @@ void Conn::HandleNote(uint32_t note) const noexcept {
       // It is the authority: the note's 30 bits may be older than a word that a later
       // credit write already replaced, and extending them from a newer value would
       // invent credit.
-      auto* word = reinterpret_cast<volatile uint64_t*>(slot_.control() + kCreditInOffset);
-      uint64_t credit = *word;
-      if (credit > tx_credit_.load(std::memory_order_relaxed))
-        tx_credit_.store(credit, std::memory_order_release);
-      WakeWriter();
+      const uint64_t credit =
+          *reinterpret_cast<volatile uint64_t*>(slot_.control() + kCreditInOffset);
+      if (self->TakeCredit(credit) == Took::kMoved) WakeWriter();
       break;
     }
     case Note::kEof:
@@ -200,7 +188,7 @@ void Conn::WakeReader() const noexcept {
     deferred_wakes_.fetch_or(kWakeReader, std::memory_order_release);
     return;
   }
-  WakeReaderNow();
+  WakeReaderIfSettled();
 }
 
 void Conn::WakeWriter() const noexcept {
@@ -218,7 +206,7 @@ void Conn::OnDisconnect() noexcept {
     std::atomic<bool>* flag;
     ~SayDisconnected() { flag->store(true, std::memory_order_release); }
   } say{&peer_disconnected_};
-  if (!on_rdma()) return;  // the peer's side of a failover
+  if (!on_transport()) return;  // the peer's side of a failover
   // The peer's EOF and CLOSED notes, if any, came before its DREQ, but may still sit in
   // the completion queue: take them first. A disconnect without them means the transport
   // (or the peer process) went away under us.
@@ -239,20 +227,7 @@ void Conn::OnDisconnect() noexcept {
     TransportFailed(wire::FailoverCause::kTransportError);
 }
 
-void Conn::Orphan() noexcept {
-  orphaned_.store(true, std::memory_order_release);
-  error_.store(ECONNRESET, std::memory_order_release);
-}
-
 // ------------------------------------------------------------------------ Channel
-
-bool Conn::RxEof() const noexcept {
-  if (held()) return false;
-  if (rx_eof_.load(std::memory_order_acquire)) return true;
-  if (failover_.on_tcp()) return failover_.eof();
-  Poll();
-  return rx_eof_.load(std::memory_order_acquire);
-}
 
 void Conn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
   std::memcpy(slot_.tx_mirror() + offset, src, len);
@@ -283,14 +258,6 @@ void Conn::TxPublish(uint64_t produced) noexcept {
   if (PostNote(frags, count, Note::kData, produced)) tx_posted_ = produced;
 }
 
-bool Conn::TxPeerClosed() const noexcept {
-  if (held()) return false;
-  if (peer_closed_.load(std::memory_order_acquire)) return true;
-  if (failover_.on_tcp()) return failover_.peer_closed();
-  Poll();
-  return peer_closed_.load(std::memory_order_acquire);
-}
-
 void Conn::CloseTx() noexcept {
   // (The same race as TxPublish's.) On TCP the FIN follows the last byte; failing, it
   // does once on TCP; held, settling sends it, on the queue pair or on TCP.
@@ -309,7 +276,7 @@ void Conn::CloseRx() noexcept {
 bool Conn::WaitSendSpace(uint32_t needed) noexcept {
   // Called with post_busy_ held. Each signalled completion frees a batch of slots.
   while (sq_posted_ + needed - sq_completed_.load(std::memory_order_acquire) > sq_depth_) {
-    if (error_.load(std::memory_order_acquire) != 0 || !on_rdma()) return false;
+    if (error_.load(std::memory_order_acquire) != 0 || !on_transport()) return false;
     Poll();
     sched_yield();
   }
@@ -318,7 +285,7 @@ bool Conn::WaitSendSpace(uint32_t needed) noexcept {
 
 bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor,
                     bool signal) noexcept {
-  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || !on_rdma()) return false;
+  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || !on_transport()) return false;
   const uint32_t imm = htonl(EncodeNote(note, cursor));
   ibv_send_wr wrs[4]{};
   ibv_sge sges[4]{};
@@ -388,7 +355,7 @@ bool Conn::PostLocked(ibv_send_wr* wrs, int n, bool signal) noexcept {
 }
 
 bool Conn::PostCredit(uint64_t consumed) noexcept {
-  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || !on_rdma()) return false;
+  if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || !on_transport()) return false;
   // The cursor goes into the peer's credit word (right after its ring).
   uint64_t value = consumed;
   auto* out = reinterpret_cast<uint64_t*>(slot_.control() + kCreditOutOffset);

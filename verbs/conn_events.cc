@@ -1,5 +1,6 @@
 // Conn's own completion channel: where a blocking reader sleeps (Stream's direct sleep) and
-// what the progress thread watches, one shot, while somebody waits through the proxy.
+// what the progress thread watches, one shot, while somebody waits through the proxy, by
+// the rules of docs/DESIGN.md ("A connection's own completion queue").
 #include <fcntl.h>
 #include <sys/epoll.h>
 
@@ -118,7 +119,7 @@ void Conn::TakeEvents(int max) noexcept {
 int Conn::BeginRxSleep() noexcept {
   if (!own_.channel || proxy_b_.load() < 0 || orphaned_.load(std::memory_order_relaxed)) return -1;
   // After failover the news come from the anchor, through the control thread and the proxy.
-  if (!on_rdma()) return -1;
+  if (!on_transport()) return -1;
   direct_readers_.fetch_add(1, std::memory_order_seq_cst);
   // Announced, then checked: ReleaseRdma sets the flag, then looks for us (and wakes us).
   if (rdma_released_.load(std::memory_order_seq_cst)) {

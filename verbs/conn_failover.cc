@@ -96,11 +96,6 @@ bool Conn::OnPeerDecline() noexcept {
   return true;
 }
 
-void Conn::OnAnchorReady(uint32_t events) noexcept {
-  // (Never under the poll lock: the wake-ups go out at once.)
-  failover_.OnAnchorReady(events);
-}
-
 bool Conn::TakePeerFailover(int timeout_ms) noexcept {
   const int fd = failover_.anchor();
   wire::Failover peer;
@@ -143,7 +138,7 @@ bool Conn::Flush(int timeout_ms) noexcept {
 bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
   {
     SpinGuard guard(&post_busy_);
-    if (!on_rdma() || rdma_released_.load(std::memory_order_relaxed)) return false;
+    if (!on_transport() || rdma_released_.load(std::memory_order_relaxed)) return false;
     if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
     // Unsignalled writes complete silently: a signalled empty write behind them tells
     // when they are all acknowledged.
@@ -163,7 +158,7 @@ bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
   const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
   for (;;) {
     Poll();
-    if (error_.load(std::memory_order_acquire) != 0 || !on_rdma()) return false;
+    if (error_.load(std::memory_order_acquire) != 0 || !on_transport()) return false;
     // A peer that failed over waits for our answer, not for acknowledgements.
     if (own_anchor && TakePeerFailover(0)) return false;
     // A peer that went away acknowledges nothing more (our queue pair, ours and not

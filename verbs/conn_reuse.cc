@@ -89,7 +89,7 @@ void Conn::Park() noexcept {
 }
 
 bool Conn::ParkedDead() const noexcept {
-  return error_.load(std::memory_order_acquire) != 0 || !on_rdma() ||
+  return error_.load(std::memory_order_acquire) != 0 || !on_transport() ||
          peer_disconnected_.load(std::memory_order_acquire) ||
          (peer_closed_.load(std::memory_order_acquire) &&
           !peer_lingers_.load(std::memory_order_acquire));
