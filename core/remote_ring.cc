@@ -54,10 +54,7 @@ bool RemoteRing::RxEof() const noexcept {
 bool RemoteRing::TxPeerClosed() const noexcept {
   if (held()) return false;
   if (peer_closed_.load(std::memory_order_acquire)) return true;
-  if (failover_.on_tcp()) return failover_.peer_closed();
-  if (ShowsArrivalsWithoutAsk() || !on_transport()) return false;
-  TakeArrivals();
-  return peer_closed_.load(std::memory_order_acquire);
+  return failover_.on_tcp() && failover_.peer_closed();
 }
 
 RemoteRing::Took RemoteRing::TakeProduced(uint64_t produced) noexcept {

@@ -82,8 +82,9 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // that wants more must first empty it, so the two never wait on each other).
   void RxConsumed(uint64_t consumed) noexcept override;
   uint64_t TxConsumed() const noexcept override;
-  // The ends, as the peer's notes say them (taken from the transport's completions first,
-  // where nobody else takes them); on TCP, the anchor's; held, neither.
+  // The ends, as the peer's notes say them; on TCP, the anchor's; held, neither. The
+  // reader's end is taken from the transport's completions first where nobody else takes
+  // them (a sender's look costs nothing: it is asked on every send).
   bool RxEof() const noexcept override;
   bool TxPeerClosed() const noexcept override;
   int Error() const noexcept override;

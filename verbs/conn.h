@@ -147,7 +147,6 @@ class Conn final : public RemoteRing {
   // The queue pair or device failed: fail over to the anchor when possible, else Fail.
   // Not under the poll lock.
   void TransportFailed(wire::FailoverCause cause) noexcept override;
-  // After fork in a child: never touch the parent's verbs objects again.
 
   // --- device removal (docs/DESIGN.md "Failover") ---
   // Progress thread: rdma_cm said DEVICE_REMOVAL for this connection's id (and the
@@ -174,6 +173,8 @@ class Conn final : public RemoteRing {
   bool ShowsArrivalsWithoutAsk() const noexcept override { return false; }
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
   void TxPublish(uint64_t produced) noexcept override;
+  // Polls first: a sender that never waits would not see the peer's CLOSED otherwise.
+  bool TxPeerClosed() const noexcept override;
   void CloseTx() noexcept override;
   void CloseRx() noexcept override;
   void Destroy() noexcept override {

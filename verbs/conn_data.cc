@@ -229,6 +229,13 @@ void Conn::OnDisconnect() noexcept {
 
 // ------------------------------------------------------------------------ Channel
 
+bool Conn::TxPeerClosed() const noexcept {
+  if (RemoteRing::TxPeerClosed()) return true;
+  if (held() || failover_.on_tcp()) return false;
+  Poll();
+  return peer_closed_.load(std::memory_order_acquire);
+}
+
 void Conn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
   std::memcpy(slot_.tx_mirror() + offset, src, len);
 }
