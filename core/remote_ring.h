@@ -164,6 +164,12 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   Took TakeProduced(uint64_t produced) noexcept;
   Took TakeCredit(uint64_t credit) noexcept;
   bool on_transport() const noexcept { return failover_.on_transport(); }
+  // A thread waits through the proxy (a reader in poll or epoll, a writer for room): the
+  // progress thread must take the transport's completions for it.
+  bool SomebodyWaitsOnProxy() const noexcept {
+    return rx_wake_.reader_waiting.load(std::memory_order_relaxed) != 0 ||
+           tx_wake_.writer_waiting.load(std::memory_order_relaxed) != 0;
+  }
 
   // --- settling, for the transport's own ways to settle ---
   // Under failover_.lock(): the stream goes to TCP from byte 0 (StopRequestLocked first).

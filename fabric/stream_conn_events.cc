@@ -54,8 +54,7 @@ bool StreamConn::WantsProgress() const noexcept {
   // A provider that moves data only when asked (tcp) needs it asked on both ends whether
   // anybody waits or not: the peer's writes complete (delivered) only once ours took them.
   if (fabric_->manual_progress()) return true;
-  return rx_wake_.reader_waiting.load(std::memory_order_relaxed) != 0 ||
-         tx_wake_.writer_waiting.load(std::memory_order_relaxed) != 0;
+  return SomebodyWaitsOnProxy();
 }
 
 bool StreamConn::ArmCq() noexcept {

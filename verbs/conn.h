@@ -275,7 +275,6 @@ class Conn final : public RemoteRing {
   ibv_comp_channel* SetUpOwnChannel() noexcept;
   // Takes the completion events waiting on the own channel (non-blocking), at most `max`.
   void TakeEvents(int max) noexcept;
-  bool SomebodyWaitsOnProxy() const noexcept;
   // Asks the progress thread (one shot) for the next event on the own channel: only while
   // a thread waits through the proxy (epoll/poll/select, a blocking send).
   void WatchFromProgress() const noexcept;

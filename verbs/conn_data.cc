@@ -61,11 +61,6 @@ bool Conn::WantsProgress() const noexcept {
   return SomebodyWaitsOnProxy() || parked_.load(std::memory_order_relaxed);
 }
 
-bool Conn::SomebodyWaitsOnProxy() const noexcept {
-  return rx_wake_.reader_waiting.load(std::memory_order_relaxed) != 0 ||
-         tx_wake_.writer_waiting.load(std::memory_order_relaxed) != 0;
-}
-
 void Conn::DrainLocked() const noexcept {
   if (rdma_released_.load(std::memory_order_relaxed)) return;  // (under poll_busy_)
   ibv_wc wc[16];
