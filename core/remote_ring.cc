@@ -41,6 +41,18 @@ void RemoteRing::SetProxy(int proxy_b) noexcept {
   OnProxySet(true);
 }
 
+void RemoteRing::TxPublish(uint64_t produced) noexcept {
+  // (A publish racing with failover is sent by one of the two: AnchorFailover::Publish.)
+  if (failover_.Publish(produced) != Carriage::kTransport || produced == tx_posted_) return;
+  if (PostData(tx_posted_, produced)) tx_posted_ = produced;
+}
+
+void RemoteRing::CloseTx() noexcept {
+  // (The same race as TxPublish's.) On TCP the FIN follows the last byte; failing, it does
+  // once on TCP; held, settling sends it, on the transport or on TCP.
+  if (failover_.FinishTx() == Carriage::kTransport && !eof_posted_.exchange(true)) PostEnd();
+}
+
 bool RemoteRing::RxEof() const noexcept {
   if (held()) return false;
   if (rx_eof_.load(std::memory_order_acquire)) return true;

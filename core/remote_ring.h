@@ -82,6 +82,11 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // that wants more must first empty it, so the two never wait on each other).
   void RxConsumed(uint64_t consumed) noexcept override;
   uint64_t TxConsumed() const noexcept override;
+  // The carriage's dispatch: on the transport, PostData and PostEnd; on TCP, failing or
+  // held, AnchorFailover (core/failover.h), which pushes to the anchor, resends from where
+  // the peer says once it says, or leaves it to settling.
+  void TxPublish(uint64_t produced) noexcept final;
+  void CloseTx() noexcept final;
   // The ends, as the peer's notes say them; on TCP, the anchor's; held, neither. The
   // reader's end is taken from the transport's completions first where nobody else takes
   // them (a sender's look costs nothing: it is asked on every send).
@@ -148,6 +153,12 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // Sends the peer a credit note for `consumed`. False when it could not be posted (the
   // next consumption tries again).
   virtual bool PostCredit(uint64_t consumed) noexcept = 0;
+  // Sender thread, on the transport: writes the ring's bytes [from, to) into the peer's
+  // ring and the note that says `to`. False when not all of it went (the next publish
+  // posts from `from` again, or the failover that a refusal asked for resends).
+  virtual bool PostData(uint64_t from, uint64_t to) noexcept = 0;
+  // The end of our stream (EOF after tx_posted_), once.
+  virtual void PostEnd() noexcept = 0;
   // Settled on the rings, under failover_.lock().
   virtual void OnSettledLocked() noexcept {}
   // SetProxy ran: `live` when the stream carries on the transport from now on (not held).

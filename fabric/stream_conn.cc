@@ -365,11 +365,8 @@ void StreamConn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
   std::memcpy(tx_ring_ + offset, src, len);
 }
 
-void StreamConn::TxPublish(uint64_t produced) noexcept {
-  // (A publish racing with failover is sent by one of the two: AnchorFailover::Publish.)
-  if (failover_.Publish(produced) != Carriage::kTransport || produced == tx_posted_) return;
+bool StreamConn::PostData(uint64_t from, uint64_t produced) noexcept {
   const uint32_t mask = ring_size() - 1;
-  uint64_t from = tx_posted_;
   if (sends_) {
     // Messages of at most a receive slot each, every one with the cursor at its end (the
     // receiver checks each against the bytes it has).
@@ -380,10 +377,9 @@ void StreamConn::TxPublish(uint64_t produced) noexcept {
       from += len;
       if (!Post(tx_ring_ + offset, uint32_t(len), 0, true,
                 note::EncodeLink(note::Kind::kData, from), 0))
-        return;
+        return false;
     }
-    tx_posted_ = produced;
-    return;
+    return true;
   }
   const uint32_t max_write = fabric_->max_write();
   const bool defer = fabric_->defers_notes();
@@ -402,19 +398,15 @@ void StreamConn::TxPublish(uint64_t produced) noexcept {
                                         : note::Encode(peer_.note_tag, note::Kind::kData, produced);
     if (!Post(tx_ring_ + offset, uint32_t(len), peer_.base + offset, with_note, data,
               write_context::kDataSlot, /*delivered=*/defer))
-      return;
+      return false;
   }
-  if (defer && !AwaitLanded()) return;
-  if ((defer || (!link_notes_ && fabric_->word_notes())) && !PostNote(note::Kind::kData, produced))
-    return;
-  tx_posted_ = produced;
+  if (defer && !AwaitLanded()) return false;
+  return !(defer || (!link_notes_ && fabric_->word_notes())) ||
+         PostNote(note::Kind::kData, produced);
 }
 
-void StreamConn::CloseTx() noexcept {
-  // (The same race as TxPublish's.) On TCP the FIN follows the last byte; held, settling
-  // sends the EOF.
-  if (failover_.FinishTx() == Carriage::kTransport && !eof_posted_.exchange(true))
-    PostNote(note::Kind::kEof, tx_posted_);
+void StreamConn::PostEnd() noexcept {
+  PostNote(note::Kind::kEof, tx_posted_);
 }
 
 void StreamConn::CloseRx() noexcept {

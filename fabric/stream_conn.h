@@ -164,8 +164,6 @@ class StreamConn final : public RemoteRing {
   int BeginRxSleep() noexcept override;
   void EndRxSleep(bool woken) noexcept override;
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
-  void TxPublish(uint64_t produced) noexcept override;
-  void CloseTx() noexcept override;
   void CloseRx() noexcept override;
 
   // --- ChannelControl (the rest is RemoteRing's) ---
@@ -198,6 +196,8 @@ class StreamConn final : public RemoteRing {
   bool PostNote(note::Kind kind, uint64_t cursor, bool delivered = false) noexcept;
   // A credit note for `consumed` (delivered where it follows our CLOSED).
   bool PostCredit(uint64_t consumed) noexcept override;
+  bool PostData(uint64_t from, uint64_t to) noexcept override;
+  void PostEnd() noexcept override;
   // While the provider has no room (or no cursor word is free): polls, and gives up when
   // the connection failed, left the fabric or its peer closed or died. False: give up.
   bool AwaitRoom(uint64_t* next_look, uint64_t* ended_since) noexcept;

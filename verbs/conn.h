@@ -172,10 +172,8 @@ class Conn final : public RemoteRing {
   // stream, say, behind a token the application has not read yet needs a new ask.
   bool ShowsArrivalsWithoutAsk() const noexcept override { return false; }
   void TxCopy(uint32_t offset, const void* src, size_t len) noexcept override;
-  void TxPublish(uint64_t produced) noexcept override;
   // Polls first: a sender that never waits would not see the peer's CLOSED otherwise.
   bool TxPeerClosed() const noexcept override;
-  void CloseTx() noexcept override;
   void CloseRx() noexcept override;
   void Destroy() noexcept override {
     if (owner_)
@@ -217,6 +215,8 @@ class Conn final : public RemoteRing {
   bool PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor,
                 bool signal = false) noexcept;
   bool PostCredit(uint64_t consumed) noexcept override;
+  bool PostData(uint64_t from, uint64_t to) noexcept override;
+  void PostEnd() noexcept override;
   // Posts a chained list of n WRs (signalling one in kSignalEvery), waiting for send-queue
   // space; false (and the channel failed) when the queue pair refuses.
   bool PostChain(ibv_send_wr* wrs, int n, bool signal = false) noexcept;

@@ -235,36 +235,22 @@ void Conn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
   std::memcpy(slot_.tx_mirror() + offset, src, len);
 }
 
-void Conn::TxPublish(uint64_t produced) noexcept {
-  // (A publish racing with failover is sent by one of the two: AnchorFailover::Publish.)
-  switch (failover_.Publish(produced)) {
-    case Carriage::kTcp:      // pushed to the anchor
-    case Carriage::kFailing:  // resent from where the peer says, once it says
-    case Carriage::kHeld:     // (nothing can be published while held)
-      return;
-    case Carriage::kTransport:
-      break;
-  }
-  if (produced == tx_posted_) return;
+bool Conn::PostData(uint64_t from, uint64_t to) noexcept {
   const uint32_t mask = ring_size() - 1;
   Fragment frags[2];
   int count = 0;
-  uint64_t from = tx_posted_;
-  while (from < produced) {
+  while (from < to) {
     uint32_t offset = uint32_t(from & mask);
-    uint64_t len = produced - from;
+    uint64_t len = to - from;
     if (len > ring_size() - offset) len = ring_size() - offset;
     frags[count++] = Fragment{offset, uint32_t(len)};
     from += len;
   }
-  if (PostNote(frags, count, Note::kData, produced)) tx_posted_ = produced;
+  return PostNote(frags, count, Note::kData, to);
 }
 
-void Conn::CloseTx() noexcept {
-  // (The same race as TxPublish's.) On TCP the FIN follows the last byte; failing, it
-  // does once on TCP; held, settling sends it, on the queue pair or on TCP.
-  if (failover_.FinishTx() == Carriage::kTransport && !eof_posted_.exchange(true))
-    eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
+void Conn::PostEnd() noexcept {
+  eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
 }
 
 void Conn::CloseRx() noexcept {
