@@ -15,10 +15,7 @@
 namespace slip {
 
 RemoteRing::RemoteRing(const Names& names, uint32_t ring_size) noexcept
-    : Channel(ring_size),
-      names_(names),
-      transport_(names.transport),
-      failover_(names.transport, this, ring_size) {}
+    : Channel(ring_size), names_(names), failover_(names.transport, this, ring_size) {}
 
 void RemoteRing::Orphan() noexcept {
   orphaned_.store(true, std::memory_order_release);
@@ -79,7 +76,7 @@ RemoteRing::Took RemoteRing::TakeProduced(uint64_t produced) noexcept {
   if (produced <= consumed) return Took::kNothing;
   if (produced - consumed > ring_size()) {
     SLIP_LOG(kWarn, "%s: the peer overran the ring (produced %llu, consumed %llu); resetting",
-             transport_, (unsigned long long)produced, (unsigned long long)consumed);
+             names_.transport, (unsigned long long)produced, (unsigned long long)consumed);
     Fail(EPROTO);
     return Took::kViolation;
   }
@@ -94,7 +91,7 @@ RemoteRing::Took RemoteRing::TakeCredit(uint64_t credit) noexcept {
   uint64_t known = tx_credit_.load(std::memory_order_acquire);
   if (credit <= known) return Took::kNothing;
   if (credit > failover_.published()) {
-    SLIP_LOG(kWarn, "%s: the peer credited bytes never sent; resetting", transport_);
+    SLIP_LOG(kWarn, "%s: the peer credited bytes never sent; resetting", names_.transport);
     Fail(EPROTO);
     return Took::kViolation;
   }
@@ -138,7 +135,7 @@ ChannelControl::Settlement RemoteRing::Settle(uint64_t now_ms, Reason* why) noex
         SLIP_LOG(kWarn,
                  "%s: the client's CONFIRM does not match this connection's request (%s); "
                  "resetting it",
-                 transport_, what);
+                 names_.transport, what);
         gate_.Trip();
         SettlePlainLocked(/*gated=*/true);
         Fail(ECONNRESET);
@@ -169,7 +166,7 @@ ChannelControl::Settlement RemoteRing::Settle(uint64_t now_ms, Reason* why) noex
       SLIP_LOG(kInfo,
                "%s: no CONFIRM from the client of a requested connection in time; it "
                "continues on TCP",
-               transport_);
+               names_.transport);
       SettlePlainLocked(/*gated=*/true);
       *why = Reason::kHandshakeTimeout;
       return Settlement::kPlain;
@@ -225,7 +222,7 @@ void RemoteRing::Fail(int error) noexcept {
   }
   int expected = 0;
   if (!error_.compare_exchange_strong(expected, error)) return;
-  SLIP_LOG(kDebug, "%s: connection failed (%s; eof %d, peer closed %d)", transport_,
+  SLIP_LOG(kDebug, "%s: connection failed (%s; eof %d, peer closed %d)", names_.transport,
            strerror(error), int(rx_eof_.load()), int(peer_closed_.load()));
   // Readers see the error after what already arrived; writers wake to it.
   if (const int b = proxy_b_.load(); b >= 0) {
@@ -305,7 +302,7 @@ void RemoteRing::WakeWriterNow() const noexcept {
 
 bool RemoteRing::MayDeliver() const noexcept {
   bool reset = false;
-  const bool pass = gate_.Pass(failover_.anchor(), transport_, &reset);
+  const bool pass = gate_.Pass(failover_.anchor(), names_.transport, &reset);
   if (reset) const_cast<RemoteRing*>(this)->Fail(ECONNRESET);
   return pass;
 }
@@ -318,7 +315,7 @@ bool RemoteRing::FailOverLocked(wire::FailoverCause cause) noexcept {
         errno == ECONNRESET || errno == EPIPE ? LogLevel::kDebug : LogLevel::kWarn;
     if (LogEnabled(level))
       LogWrite(level, "%s: %s, and the TCP connection cannot take FAILOVER (%s); resetting",
-               transport_, CauseText(cause), strerror(errno));
+               names_.transport, CauseText(cause), strerror(errno));
     return false;
   }
   SayContinuing(cause);
@@ -400,7 +397,7 @@ void RemoteRing::SayContinuing(wire::FailoverCause cause) const noexcept {
   const LogLevel level = closing_.load() ? LogLevel::kInfo : LogLevel::kWarn;
   if (LogEnabled(level))
     LogWrite(level, "%s: %s: the connection continues on TCP (%llu bytes received over %s)",
-             transport_, CauseText(cause),
+             names_.transport, CauseText(cause),
              (unsigned long long)rx_produced_.load(std::memory_order_acquire), names_.path);
 }
 

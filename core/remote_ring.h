@@ -217,7 +217,6 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   const char* CauseText(wire::FailoverCause cause) const noexcept;
 
   const Names names_;
-  const char* const transport_;  // names_.transport
   // B of the application's proxy: set once the stream exists, while the progress thread
   // may already be taking the peer's notes and reading it to wake a reader.
   std::atomic<int> proxy_b_{-1};

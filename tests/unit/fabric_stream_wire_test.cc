@@ -295,6 +295,11 @@ TEST(FabricStreamNote, CarriesTagKindAndCursor) {
   // A note behind what is known (taken out of order by another poller) is stale.
   const uint64_t old = note::Encode(1, note::Kind::kData, known - 50);
   EXPECT_TRUE(note::Stale(note::Ahead(old, known)));
+  // The whole cursor: extended, across the wrap, and `known` itself for a stale note.
+  EXPECT_EQ(note::Cursor(n, known), (uint64_t(5) << 36) + 12345);
+  EXPECT_EQ(note::Cursor(after, before_wrap), (uint64_t(6) << 36) + 20);
+  EXPECT_EQ(note::Cursor(old, known), known);
+  EXPECT_EQ(note::Cursor(note::Encode(1, note::Kind::kData, known), known), known);
 }
 
 TEST(FabricStreamNote, ShortNotesNameTagAndKindOnly) {
