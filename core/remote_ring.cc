@@ -307,6 +307,47 @@ bool RemoteRing::MayDeliver() const noexcept {
   return pass;
 }
 
+bool RemoteRing::CanFailover() const noexcept {
+  return failover_.anchor() >= 0 && PeerKnown() && !orphaned_.load(std::memory_order_acquire) &&
+         !aborting_ && error_.load(std::memory_order_acquire) == 0;
+}
+
+void RemoteRing::TransportFailed(wire::FailoverCause cause) noexcept {
+  RequestFailover(cause);
+  MaybeFailover();
+}
+
+void RemoteRing::RequestFailover(wire::FailoverCause cause) noexcept {
+  if (held()) {
+    held_broken_.store(true, std::memory_order_seq_cst);
+    return;
+  }
+  failover_cause_.store(cause, std::memory_order_relaxed);
+  failover_wanted_.store(true, std::memory_order_release);
+}
+
+void RemoteRing::MaybeFailover() noexcept {
+  if (!failover_wanted_.load(std::memory_order_acquire) ||
+      failover_.carriage() != Carriage::kTransport)
+    return;
+  std::lock_guard<std::mutex> lock(failover_.lock());
+  if (failover_.carriage() != Carriage::kTransport || error_.load(std::memory_order_acquire) != 0)
+    return;
+  if (!CanFailover()) {
+    Fail(ECONNRESET);
+    return;
+  }
+  if (AnchorGone()) {
+    // The peer reset the connection (SO_LINGER {1, 0} closes its anchor before its
+    // transport's path, or it died with bytes unread): its reset, not a failing transport.
+    SLIP_LOG(kDebug, "%s: the path went down after the peer reset the connection",
+             names_.transport);
+    Fail(ECONNRESET);
+    return;
+  }
+  if (!FailOverLocked(failover_cause_.load(std::memory_order_relaxed))) Fail(ECONNRESET);
+}
+
 bool RemoteRing::FailOverLocked(wire::FailoverCause cause) noexcept {
   HaltLocked();
   if (!failover_.SendOurs(rx_produced_.load(std::memory_order_acquire), cause)) {
@@ -399,6 +440,30 @@ void RemoteRing::SayContinuing(wire::FailoverCause cause) const noexcept {
     LogWrite(level, "%s: %s: the connection continues on TCP (%llu bytes received over %s)",
              names_.transport, CauseText(cause),
              (unsigned long long)rx_produced_.load(std::memory_order_acquire), names_.path);
+}
+
+void RemoteRing::ResetStreamState() noexcept {
+  auto reset = [](WakeState* wake) {
+    wake->reader_waiting.store(0);
+    wake->writer_waiting.store(0);
+    wake->tokens.store(0);
+  };
+  reset(&rx_wake_);
+  reset(&tx_wake_);
+  rx_produced_.store(0);
+  tx_credit_.store(0);
+  rx_eof_.store(false);
+  peer_closed_.store(false);
+  credit_sent_ = 0;
+  tx_posted_ = 0;
+  eof_posted_.store(false);
+  rx_close_wanted_.store(false);
+  held_broken_.store(false);
+  gate_.Lower();
+  closing_.store(false);
+  aborting_ = false;
+  failover_wanted_.store(false);
+  failover_.Reset();  // anchor, cursors, carriage
 }
 
 }  // namespace slip

@@ -73,6 +73,12 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   void Orphan() noexcept;
   // The local proxy end that receives tokens and fill drains (owned from now on).
   void SetProxy(int proxy_b) noexcept;
+  // The transport's path failed: the stream fails over to the anchor when it can (the
+  // peer's ring was known, the anchor is there, the application did not abort, the peer
+  // did not reset it), else the channel fails (ECONNRESET). Held, the failure is the
+  // request's: it only marks the request broken. Not under a lock that halting takes
+  // (HaltLocked): there, RequestFailover.
+  void TransportFailed(wire::FailoverCause cause) noexcept;
 
   // --- Channel: the cursors, as the carriage has them ---
   // On the transport, the peer's notes (taken first); on TCP, the anchor's stream; held,
@@ -163,8 +169,6 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   virtual void OnSettledLocked() noexcept {}
   // SetProxy ran: `live` when the stream carries on the transport from now on (not held).
   virtual void OnProxySet(bool live) noexcept { (void)live; }
-  // The transport's path failed: fail over to the anchor when possible, else Fail.
-  virtual void TransportFailed(wire::FailoverCause cause) noexcept = 0;
 
   // The peer's notes: a cursor into rx_produced_ (its data, its end) or tx_credit_ (its
   // credit, its CLOSED), which only move forward. Moved by this note; not (stale: another
@@ -193,6 +197,13 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   bool MayDeliver() const noexcept override;
 
   // --- failover, for the transport's own ways to fail over ---
+  // A failure noticed where halting cannot run (under the transport's poll lock): kept
+  // for MaybeFailover, which the transport calls once it let go of that lock.
+  void RequestFailover(wire::FailoverCause cause) noexcept;
+  void MaybeFailover() noexcept;
+  // The stream may still move to the anchor: it is there, the peer's ring was known, and
+  // nothing ended the channel (an error, an abortive close, a fork child's copy).
+  bool CanFailover() const noexcept;
   // Under failover_.lock(): halts and sends our FAILOVER (what we received) on the anchor,
   // with the log line. False when the anchor cannot take it: the caller resets.
   bool FailOverLocked(wire::FailoverCause cause) noexcept;
@@ -203,6 +214,12 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // The log line of a stream that continues on TCP for `cause` (at info while the
   // application closes: then the outcome is what matters).
   void SayContinuing(wire::FailoverCause cause) const noexcept;
+
+  // A transport that carries another stream on the same channel (verbs' reused queue
+  // pairs): the stream's state back to a new connection's (cursors, ends, wake-ups,
+  // settling, the carriage and the anchor). Only once nothing of the old stream can
+  // arrive any more.
+  void ResetStreamState() noexcept;
 
   // Wakes a reader: through the proxy when it asked, or one asleep on the transport's own
   // descriptor (direct_readers_) whose event another thread took.
@@ -252,6 +269,10 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // Why bytes that are not a CONFIRM make the connection plain.
   Reason plain_reason_ = Reason::kPeerNotSlipstream;
   SettleGate gate_;  // MayDeliver has not seen the first bytes yet
+
+  // RequestFailover's, for MaybeFailover.
+  std::atomic<bool> failover_wanted_{false};
+  std::atomic<wire::FailoverCause> failover_cause_{wire::FailoverCause::kTransportError};
 
   // The carriage, the anchor, this end's own cursors (published, consumed, finished) and
   // the stream on TCP after failover.

@@ -220,7 +220,6 @@ class StreamConn final : public RemoteRing {
   // one) and notes are ignored: what arrived so far is what we received.
   void HaltLocked() noexcept override;
   bool PeerCountTrusted() noexcept override;
-  void TransportFailed(wire::FailoverCause cause) noexcept override;
   // Settling (stream_settle.cc): RemoteRing's hooks. A client's REQ carried its ring, so
   // only our endpoint must be up; settling as plain halts.
   PeerCheck ConfirmedPeer(uint64_t now_ms, const char** what) noexcept override;

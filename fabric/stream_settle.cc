@@ -1,7 +1,7 @@
 // StreamConn's control side, what fabric adds to core's (core/remote_ring.h: settling,
 // answering the peer's FAILOVER, the hand-back at exec): its endpoint at settling,
-// halting (the stream goes on in a copy of the registered ring), failing over when a
-// write fails, and whether the peer's count of our bytes can be trusted.
+// halting (the stream goes on in a copy of the registered ring), and whether the peer's
+// count of our bytes can be trusted.
 //
 // A client's REQ carried its ring, so a CONFIRM of the request settles the connection as
 // soon as our endpoint for it is up (connected endpoints: it may come a moment after the
@@ -79,23 +79,6 @@ void StreamConn::HaltLocked() noexcept {
   rx_ring_.store(copy.get(), std::memory_order_release);
   failover_.SetRings(copy.get(), tx_ring_);
   rx_copy_ = std::move(copy);
-}
-
-void StreamConn::TransportFailed(wire::FailoverCause cause) noexcept {
-  if (failover_.carriage() != Carriage::kTransport) {
-    if (held()) held_broken_.store(true, std::memory_order_seq_cst);
-    return;
-  }
-  std::lock_guard<std::mutex> lock(failover_.lock());
-  if (failover_.carriage() != Carriage::kTransport || error_.load(std::memory_order_acquire) != 0 ||
-      orphaned_.load())
-    return;
-  if (failover_.anchor() < 0 || aborting_ || AnchorGone()) {
-    // The peer reset the connection (or died): its reset, not a failing fabric.
-    Fail(ECONNRESET);
-    return;
-  }
-  if (!FailOverLocked(cause)) Fail(ECONNRESET);
 }
 
 bool StreamConn::PeerCountTrusted() noexcept {

@@ -1,70 +1,12 @@
-// Conn's lifetime: creation (completion queue, queue pair, rings), the queue pair's way to
-// ready-to-send, the peer's ring, the HELLO, closing the stream, and destruction; the
-// registry of live connections. The rest of Conn by concern: conn_data.cc (polling, the
-// Channel data path, posting), conn_failover.cc (failover, hand-back, flush, liveness),
-// conn_reuse.cc (parking and claiming queue pairs), conn_events.cc (the own completion
-// channel), settle.cc (a server's connection held until its CONFIRM).
+// Conn's lifetime: creation (QpChannel's queues and rings), closing the stream, and
+// destruction. The rest by concern: conn_reuse.cc (parking and claiming queue pairs),
+// settle.cc (a group's client held until the TAKEN).
 #include "verbs/conn.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/epoll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <cerrno>
-#include <cstring>
-#include <mutex>
 #include <new>
 
-#include "core/log.h"
-#include "core/proxy.h"
-#include "core/sys.h"
-#include "verbs/conn_internal.h"
-#include "verbs/qp.h"
-
 namespace slip::verbs {
-
-using namespace conn_internal;
-
-namespace {
-
-constexpr RemoteRing::Names kNames = {TransportKind::kVerbs, "verbs", "RDMA",
-                                      "the queue pair failed"};
-
-}  // namespace
-
-std::mutex conn_internal::g_registry_mu;
-Conn* conn_internal::g_registry_head = nullptr;
-
-Conn::Conn(rdma_cm_id* id, Device* device, uint32_t ring_size) noexcept
-    : RemoteRing(kNames, ring_size), id_(id), device_(device) {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  next_ = g_registry_head;
-  if (next_) next_->prev_ = this;
-  g_registry_head = this;
-}
-
-void ConnRegistryLock() noexcept {
-  g_registry_mu.lock();
-}
-void ConnRegistryUnlock() noexcept {
-  g_registry_mu.unlock();
-}
-
-void OrphanAllConns() noexcept {
-  for (Conn* c = g_registry_head; c; c = c->next_) c->Orphan();
-}
-
-void FlushAllConns(int timeout_ms) noexcept {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  for (Conn* c = g_registry_head; c; c = c->next_) {
-    if (c->have_peer_ && c->Error() == 0) c->Flush(timeout_ms);
-  }
-}
 
 Conn* Conn::Create(rdma_cm_id* id, Device* device, uint32_t ring_size, bool send_notify,
                    int* error) noexcept {
@@ -74,8 +16,7 @@ Conn* Conn::Create(rdma_cm_id* id, Device* device, uint32_t ring_size, bool send
     return nullptr;
   }
   if (int rc = conn->Init(send_notify); rc < 0) {
-    conn->id_ = nullptr;  // the caller keeps the id
-    delete conn;
+    delete conn;  // (Init left the id to the caller)
     *error = rc;
     return nullptr;
   }
@@ -83,245 +24,17 @@ Conn* Conn::Create(rdma_cm_id* id, Device* device, uint32_t ring_size, bool send
   return conn;
 }
 
-int Conn::Init(bool send_notify) noexcept {
-  send_notify_ = send_notify;
-  device_->Use();
-  device_held_ = true;
-  if (int rc = device_->GetSlot(ring_size(), &slot_); rc < 0) return rc;
-  remote_lkey_ = slot_.remote_mr->lkey;
-  local_lkey_ = slot_.local_mr->lkey;
-  failover_.SetRings(slot_.rx_ring(), slot_.tx_mirror());
-  cq_ = ibv_create_cq(device_->context(), int(kSendDepth + kRecvDepth), this, SetUpOwnChannel(), 0);
-  if (!cq_) return -(errno ? errno : ENOMEM);
-  if (ibv_req_notify_cq(cq_, 0) != 0) return -(errno ? errno : EIO);
-  if (own_.channel) {
-    // The first event (armed above) goes to the progress thread, as with the device's channel.
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLONESHOT;
-    ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
-    watched_.store(true, std::memory_order_relaxed);
-    if (sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_ADD, own_.channel->fd, &ev) != 0)
-      return -(errno ? errno : EIO);
-  }
-  QueuePairCaps caps;
-  caps.send_depth = kSendDepth;
-  caps.recv_depth = kRecvDepth;
-  caps.inline_wanted = kInlineWanted;
-  // In the slot's own protection domain: only this queue pair reaches the slot.
-  qp_ = CreateQueuePair(slot_.pd, cq_, caps, &max_inline_, &sq_depth_);
-  if (!qp_) return -(errno ? errno : EINVAL);
-  qp_num_ = qp_->qp_num;
-  // The queue pair is ours, not rdma_cm's (rdma_create_qp would move it through its states
-  // itself): so that Connect can choose the source GID. INIT now, for the receives.
-  if (int rc = InitQueuePair(id_, qp_); rc < 0) return rc;
-  for (uint32_t i = 0; i < kRecvDepth; ++i) {
-    if (!PostRecv(i)) return -(errno ? errno : EIO);
-  }
-  return 0;
-}
-
 Conn::~Conn() {
-  {
-    std::lock_guard<std::mutex> lock(g_registry_mu);
-    if (prev_) prev_->next_ = next_;
-    if (next_) next_->prev_ = prev_;
-    if (g_registry_head == this) g_registry_head = next_;
-  }
-  if (orphaned_.load(std::memory_order_acquire)) {
-    // A forked child: these objects are the parent's. Only our own descriptor goes.
-    if (const int b = proxy_b_.load(); b >= 0) sys::close(b);
-    return;
-  }
+  // Unlisted first: the progress thread's sweeps call into the connection.
+  Unlist();
   if (!stream_closed_) CloseStream(false);
-  {
-    // No reposting of receives once the queue pair starts going away.
-    SpinGuard guard(&poll_busy_);
-    error_.store(ECONNRESET, std::memory_order_release);
-  }
-  if (rdma_released_.load(std::memory_order_acquire)) {
-    // ReleaseRdma destroyed the verbs objects and left the rings' memory to us.
-    Device::FreeRings(&slot_);
-  } else {
-    if (id_) rdma_disconnect(id_);
-    if (qp_) ibv_destroy_qp(qp_);
-    if (id_) rdma_destroy_id(id_);  // waits until the progress thread acknowledged its events
-    if (cq_) ibv_destroy_cq(cq_);   // likewise for completion events
-    {
-      std::lock_guard<std::mutex> lock(g_registry_mu);
-      DropOwnChannelLocked();  // after the queue that reports to it
-    }
-    if (slot_.base) device_->PutSlot(slot_);
-  }
-  // Last: the device may be destroyed from here on (once removed).
-  if (device_held_) device_->Unuse();
-  if (const int b = proxy_b_.load(); b >= 0) sys::close(b);
-}
-
-bool Conn::ReleaseRdma(const char* why) noexcept {
-  if (rdma_released_.load(std::memory_order_acquire) || orphaned_.load()) return true;
-  // A stream still on RDMA needs all of it (it has not failed over or failed yet).
-  if (on_transport() && error_.load(std::memory_order_acquire) == 0) return false;
-  {
-    // Pollers and posters check the flag under their lock before they touch the queues.
-    SpinGuard post(&post_busy_);
-    SpinGuard poll(&poll_busy_);
-    rdma_released_.store(true, std::memory_order_seq_cst);
-  }
-  // A thread in TakeEvents or the watch got in before the flag: it acknowledges the event
-  // it took (destroying the queue would wait for that) and lets go of the channel.
-  while (channel_users_.load(std::memory_order_seq_cst) != 0) sched_yield();
-  // A reader asleep on the channel (BeginRxSleep) would not wake for it going away: a token
-  // moves it to the proxy (BeginRxSleep refuses from now on), and its sleep no longer holds
-  // the device's file.
-  if (direct_readers_.load(std::memory_order_seq_cst) != 0) WakeReaderNow();
-  if (qp_) ibv_destroy_qp(qp_);
-  if (cq_) ibv_destroy_cq(cq_);
-  DropOwnChannelLocked();
-  Device::DeregisterSlot(&slot_);  // the memory stays: RxData, TxCopy and the TCP path
-  // Every event of the id was acknowledged (the progress thread calls this after its
-  // events), so this does not wait.
-  if (id_) rdma_destroy_id(id_);
-  if (device_held_) {
-    device_held_ = false;
-    device_->Unuse();
-  }
-  SLIP_LOG(kDebug, "verbs: queue pair %u released (%s)", qp_num_, why);
-  return true;
-}
-
-int ReleaseRemovedConns(const Device* device) noexcept {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  int holding = 0;
-  for (Conn* c = g_registry_head; c; c = c->next_) {
-    // Parked queue pairs are deleted instead (SweepParked: a removal fails them); one an
-    // application thread still sets up is not told yet (its own events will fail it).
-    if (c->device_ != device || !c->device_removed_.load(std::memory_order_acquire) ||
-        c->parked_.load(std::memory_order_acquire))
-      continue;
-    if (!c->ReleaseRdma("its device went away")) ++holding;
-  }
-  return holding;
-}
-
-Conn::ChannelUse::ChannelUse(const Conn* conn) noexcept : conn_(conn) {
-  conn->channel_users_.fetch_add(1, std::memory_order_seq_cst);
-  ok_ = conn->own_.channel && !conn->rdma_released_.load(std::memory_order_seq_cst) &&
-        !conn->orphaned_.load(std::memory_order_relaxed);
+  Teardown();
 }
 
 bool Conn::CloseStream(bool may_linger) noexcept {
-  if (stream_closed_ || orphaned_.load(std::memory_order_acquire)) return false;
+  if (stream_closed_ || orphaned()) return false;
   stream_closed_ = true;
-  stream_live_.store(false, std::memory_order_relaxed);
-  closing_.store(true, std::memory_order_release);
-  // Closed before it settled: nothing was carried either way, and the queue pair may be a
-  // forger's. It goes, and its peer (if real) fails over to an anchor that is closed.
-  if (held()) return false;
-  // A FAILOVER the peer sent while we were closing: the control thread no longer reads the
-  // anchor, and the bytes the peer lost must still go out, on TCP.
-  if (on_transport() && CanFailover()) TakePeerFailover(0);
-  // The peer's notes may still sit in the completion queue: take them first (a peer that
-  // closed without keeping its queue pair is about to disconnect, and we would wait for
-  // acknowledgements from a queue pair that is going away).
-  if (cq_ && qp_ && have_peer_) Poll();
-  const bool peer_leaves = peer_closed_.load(std::memory_order_acquire) &&
-                           !peer_lingers_.load(std::memory_order_acquire);
-  bool linger = may_linger && !no_reuse_ && own_.channel && !closed_sent_.load() && !aborting_ &&
-                !peer_leaves && !peer_disconnected_.load(std::memory_order_acquire);
-  bool orderly = false;
-  if (on_transport() && id_ && qp_ && have_peer_ && streamed_ &&
-      error_.load(std::memory_order_acquire) == 0 && !peer_leaves && !aborting_) {
-    // The last holder in this process closes (a forked child cannot hold a verbs
-    // connection): as TCP's close, EOF for the peer's reader and EPIPE for its writer,
-    // delivered before the disconnect so that the peer tells a close from a crash. A final
-    // exact credit first: the peer decides "reset, our bytes were unread" from it, and
-    // credits otherwise go out only every quarter ring.
-    uint64_t consumed = failover_.consumed();
-    if (consumed != credit_sent_ && PostCredit(consumed)) credit_sent_ = consumed;
-    bool eof = eof_sent_ || eof_posted_.exchange(true) || PostNote(nullptr, 0, Note::kEof, 0);
-    // Said before the note goes: a disconnect from then on is the end we ask for.
-    // Signalled: the flush below waits for its completion rather than posting a write of
-    // its own for that.
-    bool closed = closed_sent_.exchange(true) ||
-                  PostNote(nullptr, 0, Note::kClosed, linger ? kClosedLingers : 0, true);
-    SLIP_LOG(kDebug, "verbs: closing: credit %llu, eof %d, closed %d, keeping the queue pair %d",
-             (unsigned long long)credit_sent_, int(eof), int(closed), int(linger));
-    const bool flushed = FlushRdma(5000, true);
-    if (!flushed && on_transport())
-      SLIP_LOG(kWarn, "verbs: closing with writes not acknowledged by the peer");
-    orderly = eof && closed && flushed;
-  }
-  MaybeFailover();
-  if (!on_transport() && !aborting_) FinishOnAnchor();
-  linger = linger && orderly && on_transport() && error_.load(std::memory_order_acquire) == 0 &&
-           !peer_disconnected_.load(std::memory_order_acquire);
-  if (!linger) return false;
-  // The stream is over: its descriptors are the application's (the anchor) or go now.
-  failover_.SetAnchor(-1);
-  if (const int b = proxy_b_.exchange(-1); b >= 0) {
-    sys::close(b);
-  }
-  return true;
-}
-
-int Conn::Connect(int gid_override) noexcept {
-  // The peer writes into our ring: remote write always.
-  return ReadyQueuePair(id_, qp_, gid_override, IBV_ACCESS_REMOTE_WRITE);
-}
-
-void Conn::SetPeer(uint64_t ring_addr, uint32_t rkey, bool send_notify) noexcept {
-  peer_ring_addr_ = ring_addr;
-  peer_rkey_ = rkey;
-  send_notify_ = send_notify_ || send_notify;
-  have_peer_ = true;
-}
-
-void Conn::OnProxySet(bool live) noexcept {
-  streamed_ = true;
-  if (live) stream_live_.store(true, std::memory_order_release);
-}
-
-bool Conn::PostRecv(uint32_t index) noexcept {
-  ibv_sge sge{};
-  sge.addr = uint64_t(uintptr_t(slot_.control() + kRecvBufOffset + index * kRecvBufSize));
-  sge.length = kRecvBufSize;
-  sge.lkey = remote_lkey_;
-  ibv_recv_wr wr{};
-  wr.wr_id = kRecvTag | index;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad = nullptr;
-  return ibv_post_recv(qp_, &wr, &bad) == 0;
-}
-
-bool Conn::SendHello(uint64_t nonce) noexcept {
-  Hello hello;
-  hello.ring_log2 = uint8_t(__builtin_ctz(ring_size()));
-  hello.nonce = nonce;
-  hello.ring_addr = uint64_t(uintptr_t(slot_.rx_ring()));
-  hello.rkey = slot_.remote_mr->rkey;
-  uint8_t* buf = slot_.control() + kHelloOutOffset;
-  size_t len = EncodeHello(hello, buf, kRecvBufSize);
-  ibv_sge sge{uint64_t(uintptr_t(buf)), uint32_t(len), remote_lkey_};
-  ibv_send_wr wr{};
-  wr.wr_id = 0;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  SpinGuard guard(&post_busy_);
-  if (rdma_released_.load(std::memory_order_relaxed)) return false;
-  ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
-  ++sq_posted_;
-  ++unsignaled_;
-  return true;
-}
-
-bool Conn::HelloReceived(Hello* hello) const noexcept {
-  Poll();
-  if (!hello_received_.load(std::memory_order_acquire)) return false;
-  *hello = hello_;
-  return true;
+  return EndStream(may_linger && !no_reuse_);
 }
 
 }  // namespace slip::verbs

@@ -1,33 +1,20 @@
 // Conn's reuse of queue pairs (docs/DESIGN.md "Reusing queue pairs"): the link messages
 // (PARKED, CLAIM, ANSWER), parking, and starting a claimed connection again from zero.
-#include <sys/epoll.h>
-
 #include <cstring>
 #include <mutex>
 
 #include "core/log.h"
 #include "core/sys.h"
 #include "verbs/conn.h"
-#include "verbs/conn_internal.h"
 
 namespace slip::verbs {
-
-using namespace conn_internal;
 
 bool Conn::SendLink(const LinkMsg& msg) noexcept {
   // From a buffer of the control block, one per kind: a SEND's bytes must stay put until
   // it completes. A PARKED may still be in flight when the CLAIM goes; the next message of
   // a kind follows a whole stream.
-  uint8_t* buf =
-      slot_.control() + (msg.kind == LinkKind::kParked ? kParkedOutOffset : kClaimOutOffset);
-  const size_t len = EncodeLink(msg, buf, kRecvBufSize);
-  ibv_sge sge{uint64_t(uintptr_t(buf)), uint32_t(len), remote_lkey_};
-  ibv_send_wr wr{};
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  if (len <= max_inline_) wr.send_flags = IBV_SEND_INLINE;
-  return PostChain(&wr, 1);
+  const size_t offset = msg.kind == LinkKind::kParked ? kParkedOutOffset : kClaimOutOffset;
+  return PostControl(offset, EncodeLink(msg, slot().control() + offset, kRecvBufSize));
 }
 
 void Conn::HandleLink(const LinkMsg& msg) const noexcept {
@@ -102,37 +89,9 @@ bool Conn::Claimable() const noexcept {
 }
 
 void Conn::ResetStream() noexcept {
-  stream_live_.store(false, std::memory_order_relaxed);
-  // Both ends' last writes of the old stream landed before the PARKED that preceded this
-  // (the client's claim, or the listener's answer to it): nothing old arrives any more.
-  rx_wake_.reader_waiting.store(0);
-  rx_wake_.writer_waiting.store(0);
-  rx_wake_.tokens.store(0);
-  tx_wake_.reader_waiting.store(0);
-  tx_wake_.writer_waiting.store(0);
-  tx_wake_.tokens.store(0);
-  rx_produced_.store(0);
-  tx_credit_.store(0);
-  *reinterpret_cast<volatile uint64_t*>(slot_.control() + kCreditInOffset) = 0;
-  rx_eof_.store(false);
-  peer_closed_.store(false);
-  peer_lingers_.store(false);
+  ResetChannel();
   peer_parked_.store(false);
   parked_said_.store(false);
-  deferred_wakes_.store(0);
-  credit_sent_ = 0;
-  tx_posted_ = 0;
-  eof_sent_ = false;
-  eof_posted_.store(false);
-  rx_close_wanted_.store(false);
-  held_broken_.store(false);
-  gate_.Lower();
-  closed_sent_.store(false);
-  closing_.store(false);
-  aborting_ = false;
-  failover_wanted_.store(false);
-  failover_.Reset();  // anchor, cursors, carriage
-  streamed_ = false;
   stream_closed_ = false;
   answer_.store(0);
   claim_taken_.store(false);
@@ -141,18 +100,7 @@ void Conn::ResetStream() noexcept {
 }
 
 bool Conn::SendClaim(uint64_t nonce, uint16_t client_port, uint16_t server_port) noexcept {
-  {
-    // From now on this thread takes the queue pair's events (EventFd): the progress
-    // thread's watch stands down (OnWatchEvent checks claiming_ under the same lock).
-    std::lock_guard<std::mutex> lock(g_registry_mu);
-    claiming_.store(true, std::memory_order_seq_cst);
-    if (own_.channel && !own_.dropped && watched_.exchange(false)) {
-      epoll_event ev{};
-      ev.events = EPOLLONESHOT;
-      ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
-      sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_MOD, own_fd_, &ev);
-    }
-  }
+  TakeEventsHere();  // the answer wakes this thread, through EventFd
   parked_.store(false, std::memory_order_seq_cst);
   ResetStream();
   claim_nonce_ = nonce;
@@ -171,7 +119,7 @@ int Conn::TakeAnswer() noexcept {
   Poll();
   int answer = answer_.load(std::memory_order_acquire);
   if (answer == 0 && error_.load(std::memory_order_acquire) != 0) answer = -1;
-  if (answer != 0) claiming_.store(false, std::memory_order_release);
+  if (answer != 0) GiveEventsBack();
   return answer;
 }
 
@@ -185,21 +133,7 @@ bool Conn::TakeClaim(LinkMsg* claim) noexcept {
 void Conn::BeginClaimed(const LinkMsg& claim) noexcept {
   parked_.store(false, std::memory_order_seq_cst);
   ResetStream();
-  // The claim is this connection's HELLO: the client's ring is the one we know.
-  Hello hello;
-  hello.ring_log2 = claim.ring_log2;
-  hello.nonce = claim.nonce;
-  hello.ring_addr = peer_ring_addr_;
-  hello.rkey = peer_rkey_;
-  hello_ = hello;
-  hello_received_.store(true, std::memory_order_release);
-}
-
-bool Conn::SendTaken(uint64_t nonce) noexcept {
-  LinkMsg taken;
-  taken.kind = LinkKind::kTaken;
-  taken.nonce = nonce;
-  return SendLink(taken);
+  TakeHelloOf(claim.ring_log2, claim.nonce);
 }
 
 bool Conn::SendAnswer(uint64_t nonce, bool accepted) noexcept {

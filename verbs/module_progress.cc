@@ -69,7 +69,7 @@ void VerbsModule::HandleCompletions(Device* device) noexcept {
   ibv_cq* cq = nullptr;
   void* context = nullptr;
   while (ibv_get_cq_event(device->comp_channel(), &cq, &context) == 0)
-    static_cast<Conn*>(context)->OnCompletionEvent();  // acks the event
+    static_cast<QpChannel*>(context)->OnCompletionEvent();  // acks the event
 }
 
 void VerbsModule::HandleCmEvent(rdma_cm_event* event) noexcept {

@@ -1,19 +1,9 @@
-// Settling a verbs connection: a server's (core/remote_ring.h says the rules; here is
-// what verbs adds), and the client's of a listener that shares its port.
-//
-// A server's connection settles on the client's CONFIRM only once the request's HELLO
-// (the client's ring) came on its queue pair: the HELLO left before the SYN, so it may
-// still be in flight or in the completion queue, and Settle looks again in a moment. A
-// CONFIRM whose queue pair never said its ring resets the connection. Settle runs under
-// failover_.lock() and polls the queue pair for the HELLO: nothing may ask for a failover
-// while held (Fail and RequestFailover only mark the request broken), so the poll never
-// takes that lock again. Settling as plain puts the queue pair in the error state and
-// disconnects it: the request's peer (a client that gave up, or a forger) learns it at once.
-//
-// A client whose listener shares its port (SO_REUSEPORT, kFlagGroup in the REP) is held
-// too, since another process may accept its connection, a plain one among them, which
-// would read a CONFIRM as data: it sends the CONFIRM only once the accepting process said
-// TAKEN on the queue pair (docs/DESIGN.md "Servers that share a port", over verbs).
+// Settling a group's client: the client of a listener that shares its port (SO_REUSEPORT,
+// kFlagGroup in the REP) is held, since another process may accept its connection, a
+// plain one among them, which would read a CONFIRM as data: it sends the CONFIRM only once
+// the accepting process said TAKEN on the queue pair (docs/DESIGN.md "Servers that share a
+// port", over verbs). A server's connection settles as RemoteRing says, on the HELLO
+// (QpChannel::ConfirmedPeer).
 //
 //   TAKEN                                     -> CONFIRM, then the rings carry the stream
 //   the server's bytes or EOF, the queue pair
@@ -99,28 +89,11 @@ ChannelControl::Settlement Conn::Settle(uint64_t now_ms, Reason* why) noexcept {
   return awaits_taken() ? SettleClient(now_ms, why) : RemoteRing::Settle(now_ms, why);
 }
 
-RemoteRing::PeerCheck Conn::ConfirmedPeer(uint64_t now_ms, const char** what) noexcept {
-  Hello hello;
-  if (!HelloReceived(&hello)) {
-    // Its HELLO left before its SYN, on the queue pair: it is in flight, or in the
-    // completion queue (unless the queue pair broke, or time is up).
-    if (!held_broken_.load() && now_ms < deadline_ms_) return PeerCheck::kWait;
-    *what = "no HELLO on its queue pair";
-    return PeerCheck::kMismatch;
-  }
-  if (hello.nonce != held_nonce_ || (1u << hello.ring_log2) != ring_size()) {
-    *what = "its queue pair's HELLO is another request's";
-    return PeerCheck::kMismatch;
-  }
-  SetPeer(hello.ring_addr, hello.rkey, false);
-  return PeerCheck::kReady;
-}
-
-void Conn::StopRequestLocked() noexcept {
-  // Nothing lands in our ring from here on (the queue pair is in the error state).
-  HaltLocked();
-  // The request's peer learns it at once (a client that gave up, or a forger).
-  if (id_ && !rdma_released_.load(std::memory_order_acquire)) rdma_disconnect(id_);
+bool Conn::SendTaken(uint64_t nonce) noexcept {
+  LinkMsg taken;
+  taken.kind = LinkKind::kTaken;
+  taken.nonce = nonce;
+  return SendLink(taken);
 }
 
 }  // namespace slip::verbs

@@ -1,4 +1,4 @@
-// Conn's data path: polling the completion queue (what arrived, and whom it wakes), the
+// QpChannel's data path: polling the completion queue (what arrived, and whom it wakes), the
 // Channel functions the stream calls, and posting writes and notes to the send queue.
 #include <arpa/inet.h>
 #include <sys/socket.h>
@@ -9,14 +9,14 @@
 #include "core/log.h"
 #include "core/proxy.h"
 #include "core/sys.h"
-#include "verbs/conn.h"
-#include "verbs/conn_internal.h"
+#include "verbs/qp_channel.h"
+#include "verbs/qp_channel_internal.h"
 
 namespace slip::verbs {
 
-using namespace conn_internal;
+using namespace qp_channel_internal;
 
-bool Conn::Poll() const noexcept {
+bool QpChannel::Poll() const noexcept {
   if (orphaned_.load(std::memory_order_relaxed)) return true;
   if (!on_transport()) return true;
   {
@@ -40,11 +40,11 @@ bool Conn::Poll() const noexcept {
   RunDeferredWakes();
   if (own_.channel && !watched_.load(std::memory_order_relaxed) && WantsProgress())
     WatchFromProgress();
-  const_cast<Conn*>(this)->MaybeFailover();
+  const_cast<QpChannel*>(this)->MaybeFailover();
   return true;
 }
 
-void Conn::RunDeferredWakes() const noexcept {
+void QpChannel::RunDeferredWakes() const noexcept {
   // A load first: every poll comes here, and a read-modify-write on every one would cost.
   if (deferred_wakes_.load(std::memory_order_relaxed) == 0) return;
   uint32_t wakes = deferred_wakes_.exchange(0, std::memory_order_acquire);
@@ -52,29 +52,30 @@ void Conn::RunDeferredWakes() const noexcept {
   if (wakes & kWakeWriter) WakeWriterNow();
 }
 
-bool Conn::SomebodyWaits() const noexcept {
+bool QpChannel::SomebodyWaits() const noexcept {
   return SomebodyWaitsOnProxy() || direct_readers_.load(std::memory_order_relaxed) != 0 ||
          parked_.load(std::memory_order_relaxed) || claiming_.load(std::memory_order_relaxed);
 }
 
-bool Conn::WantsProgress() const noexcept {
+bool QpChannel::WantsProgress() const noexcept {
   return SomebodyWaitsOnProxy() || parked_.load(std::memory_order_relaxed);
 }
 
-void Conn::DrainLocked() const noexcept {
+void QpChannel::DrainLocked() const noexcept {
   if (rdma_released_.load(std::memory_order_relaxed)) return;  // (under poll_busy_)
   ibv_wc wc[16];
   for (;;) {
     int n = ibv_poll_cq(cq_, 16, wc);
     if (n <= 0) {
-      if (n < 0) const_cast<Conn*>(this)->RequestFailover(wire::FailoverCause::kTransportError);
+      if (n < 0)
+        const_cast<QpChannel*>(this)->RequestFailover(wire::FailoverCause::kTransportError);
       return;
     }
     for (int i = 0; i < n; ++i) Handle(wc[i]);
   }
 }
 
-void Conn::OnCompletionEvent() noexcept {
+void QpChannel::OnCompletionEvent() noexcept {
   {
     SpinGuard guard(&poll_busy_);
     defer_wakes_ = true;
@@ -88,13 +89,14 @@ void Conn::OnCompletionEvent() noexcept {
     defer_wakes_ = false;
   }
   RunDeferredWakes();
+  MaybeFailover();
+  // Last: destroying the queue (Teardown) waits for this, and the channel may go then.
   // (After ReleaseRdma too: it waits for this thread's ChannelUse before destroying cq_.)
   ibv_ack_cq_events(cq_, 1);
-  MaybeFailover();
 }
 
-void Conn::Handle(const ibv_wc& wc) const noexcept {
-  auto* self = const_cast<Conn*>(this);
+void QpChannel::Handle(const ibv_wc& wc) const noexcept {
+  auto* self = const_cast<QpChannel*>(this);
   if (wc.status != IBV_WC_SUCCESS) {
     // After the peer's orderly close (EOF and CLOSED arrived) its disconnect flushes our
     // queues: the end of the connection, not a failure.
@@ -148,8 +150,8 @@ void Conn::Handle(const ibv_wc& wc) const noexcept {
     self->RequestFailover(wire::FailoverCause::kTransportError);
 }
 
-void Conn::HandleNote(uint32_t note) const noexcept {
-  auto* self = const_cast<Conn*>(this);  // (polling is a const read; a violation fails it)
+void QpChannel::HandleNote(uint32_t note) const noexcept {
+  auto* self = const_cast<QpChannel*>(this);  // (polling is a const read; a violation fails it)
   switch (NoteKind(note)) {
     case Note::kData: {
       const uint64_t produced = NoteCursor(note, rx_produced_.load(std::memory_order_relaxed));
@@ -178,7 +180,7 @@ void Conn::HandleNote(uint32_t note) const noexcept {
   }
 }
 
-void Conn::WakeReader() const noexcept {
+void QpChannel::WakeReader() const noexcept {
   if (defer_wakes_) {
     deferred_wakes_.fetch_or(kWakeReader, std::memory_order_release);
     return;
@@ -186,7 +188,7 @@ void Conn::WakeReader() const noexcept {
   WakeReaderIfSettled();
 }
 
-void Conn::WakeWriter() const noexcept {
+void QpChannel::WakeWriter() const noexcept {
   if (defer_wakes_) {
     deferred_wakes_.fetch_or(kWakeWriter, std::memory_order_release);
     return;
@@ -194,7 +196,7 @@ void Conn::WakeWriter() const noexcept {
   WakeWriterNow();
 }
 
-void Conn::OnDisconnect() noexcept {
+void QpChannel::OnDisconnect() noexcept {
   // Said last, once the notes are taken and the outcome settled: a closing end's flush
   // stops at it and reads peer_closed_ then.
   struct SayDisconnected {
@@ -224,18 +226,18 @@ void Conn::OnDisconnect() noexcept {
 
 // ------------------------------------------------------------------------ Channel
 
-bool Conn::TxPeerClosed() const noexcept {
+bool QpChannel::TxPeerClosed() const noexcept {
   if (RemoteRing::TxPeerClosed()) return true;
   if (held() || failover_.on_tcp()) return false;
   Poll();
   return peer_closed_.load(std::memory_order_acquire);
 }
 
-void Conn::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
+void QpChannel::TxCopy(uint32_t offset, const void* src, size_t len) noexcept {
   std::memcpy(slot_.tx_mirror() + offset, src, len);
 }
 
-bool Conn::PostData(uint64_t from, uint64_t to) noexcept {
+bool QpChannel::PostData(uint64_t from, uint64_t to) noexcept {
   const uint32_t mask = ring_size() - 1;
   Fragment frags[2];
   int count = 0;
@@ -249,11 +251,11 @@ bool Conn::PostData(uint64_t from, uint64_t to) noexcept {
   return PostNote(frags, count, Note::kData, to);
 }
 
-void Conn::PostEnd() noexcept {
+void QpChannel::PostEnd() noexcept {
   eof_sent_ = PostNote(nullptr, 0, Note::kEof, 0);
 }
 
-void Conn::CloseRx() noexcept {
+void QpChannel::CloseRx() noexcept {
   rx_close_wanted_.store(true, std::memory_order_seq_cst);
   if (failover_.carriage() == Carriage::kTransport && !closed_sent_.load())
     closed_sent_ = PostNote(nullptr, 0, Note::kClosed, 0);
@@ -261,7 +263,7 @@ void Conn::CloseRx() noexcept {
 
 // ------------------------------------------------------------------------ posting
 
-bool Conn::WaitSendSpace(uint32_t needed) noexcept {
+bool QpChannel::WaitSendSpace(uint32_t needed) noexcept {
   // Called with post_busy_ held. Each signalled completion frees a batch of slots.
   while (sq_posted_ + needed - sq_completed_.load(std::memory_order_acquire) > sq_depth_) {
     if (error_.load(std::memory_order_acquire) != 0 || !on_transport()) return false;
@@ -271,8 +273,8 @@ bool Conn::WaitSendSpace(uint32_t needed) noexcept {
   return true;
 }
 
-bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor,
-                    bool signal) noexcept {
+bool QpChannel::PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor,
+                         bool signal) noexcept {
   if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || !on_transport()) return false;
   const uint32_t imm = htonl(EncodeNote(note, cursor));
   ibv_send_wr wrs[4]{};
@@ -313,7 +315,7 @@ bool Conn::PostNote(const Fragment* fragments, int count, Note note, uint64_t cu
   return PostChain(wrs, n, signal);
 }
 
-bool Conn::PostChain(ibv_send_wr* wrs, int n, bool signal) noexcept {
+bool QpChannel::PostChain(ibv_send_wr* wrs, int n, bool signal) noexcept {
   bool posted = false;
   {
     SpinGuard guard(&post_busy_);
@@ -324,7 +326,7 @@ bool Conn::PostChain(ibv_send_wr* wrs, int n, bool signal) noexcept {
   return posted;
 }
 
-bool Conn::PostLocked(ibv_send_wr* wrs, int n, bool signal) noexcept {
+bool QpChannel::PostLocked(ibv_send_wr* wrs, int n, bool signal) noexcept {
   unsignaled_ += uint32_t(n);
   if (unsignaled_ >= kSignalEvery || signal) {
     wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
@@ -342,7 +344,7 @@ bool Conn::PostLocked(ibv_send_wr* wrs, int n, bool signal) noexcept {
   return false;
 }
 
-bool Conn::PostCredit(uint64_t consumed) noexcept {
+bool QpChannel::PostCredit(uint64_t consumed) noexcept {
   if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || !on_transport()) return false;
   // The cursor goes into the peer's credit word (right after its ring).
   uint64_t value = consumed;

@@ -1,4 +1,4 @@
-// Conn's own completion channel: where a blocking reader sleeps (Stream's direct sleep) and
+// QpChannel's own completion channel: where a blocking reader sleeps (Stream's direct sleep) and
 // what the progress thread watches, one shot, while somebody waits through the proxy, by
 // the rules of docs/DESIGN.md ("A connection's own completion queue").
 #include <fcntl.h>
@@ -11,21 +11,21 @@
 
 #include "core/log.h"
 #include "core/sys.h"
-#include "verbs/conn.h"
-#include "verbs/conn_internal.h"
+#include "verbs/qp_channel.h"
+#include "verbs/qp_channel_internal.h"
 
 namespace slip::verbs {
 
-using namespace conn_internal;
+using namespace qp_channel_internal;
 
-std::unordered_set<const void*>* conn_internal::g_watched = nullptr;
-int conn_internal::g_watch_epoll = -1;
+std::unordered_set<const void*>* qp_channel_internal::g_watched = nullptr;
+int qp_channel_internal::g_watch_epoll = -1;
 
 void SetConnWatchEpoll(int epoll_fd) noexcept {
   g_watch_epoll = epoll_fd;
 }
 
-ibv_comp_channel* Conn::SetUpOwnChannel() noexcept {
+ibv_comp_channel* QpChannel::SetUpOwnChannel() noexcept {
   if (g_watch_epoll < 0) return device_->comp_channel();
   {
     std::lock_guard<std::mutex> lock(g_registry_mu);
@@ -37,9 +37,9 @@ ibv_comp_channel* Conn::SetUpOwnChannel() noexcept {
       return device_->comp_channel();
     }
   }
-  own_.conn = this;
+  own_.owner = this;
   ibv_comp_channel* channel = ibv_create_comp_channel(device_->context());
-  if (!channel) return device_->comp_channel();  // ~OwnChannel drops the registration
+  if (!channel) return device_->comp_channel();  // (Teardown drops the registration)
   // Above the floor, or not at all: a connection (a pending request of a remote peer's
   // above all) never takes a descriptor number the application would get. The kernel
   // finds the channel by its number when the queue is created, after this.
@@ -57,47 +57,31 @@ ibv_comp_channel* Conn::SetUpOwnChannel() noexcept {
   return channel;
 }
 
-void Conn::DropOwnChannelLocked() noexcept {
+void QpChannel::DropOwnChannelLocked() noexcept {
   if (own_.dropped) return;
   own_.dropped = true;
-  if (own_.conn && g_watched) g_watched->erase(own_.conn);  // OnWatchEvent ignores it now
+  if (own_.owner && g_watched) g_watched->erase(own_.owner);  // OnWatchEvent ignores it now
   if (!own_.channel) return;
   sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_DEL, own_.channel->fd, nullptr);
   ibv_destroy_comp_channel(own_.channel);
 }
 
-Conn::OwnChannel::~OwnChannel() {
-  if (dropped) return;  // ~Conn or ReleaseRdma did it
-  if (conn) {
-    std::lock_guard<std::mutex> lock(g_registry_mu);
-    g_watched->erase(conn);
-  }
-  if (!channel) return;
-  if (conn->orphaned_.load(std::memory_order_acquire)) {
-    // A forked child: the channel and the epoll registration are the parent's.
-    sys::close(channel->fd);
-    return;
-  }
-  sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_DEL, channel->fd, nullptr);
-  ibv_destroy_comp_channel(channel);
-}
-
-void Conn::OnWatchEvent(uint64_t key) noexcept {
+void QpChannel::OnWatchEvent(uint64_t key) noexcept {
   std::lock_guard<std::mutex> lock(g_registry_mu);
-  auto* conn = reinterpret_cast<Conn*>(uintptr_t(key & ~uint64_t(1)));
-  if (!g_watched || g_watched->count(conn) == 0) return;  // destroyed since
+  auto* channel = reinterpret_cast<QpChannel*>(uintptr_t(key & ~uint64_t(1)));
+  if (!g_watched || g_watched->count(channel) == 0) return;  // destroyed since
   // A client waiting for its claim's answer takes its events itself (they are what wakes
   // it): taken here, the answer would come without waking it.
-  if (conn->claiming_.load(std::memory_order_acquire)) return;
+  if (channel->claiming_.load(std::memory_order_acquire)) return;
   // The one shot fired. Cleared before taking the events: a proxy sleeper that announces
   // itself after this store arms it again (Poll), one that did before is seen below.
-  conn->watched_.store(false, std::memory_order_seq_cst);
+  channel->watched_.store(false, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  conn->TakeEvents(1 << 30);
-  if (conn->WantsProgress()) conn->WatchFromProgress();
+  channel->TakeEvents(1 << 30);
+  if (channel->WantsProgress()) channel->WatchFromProgress();
 }
 
-void Conn::WatchFromProgress() const noexcept {
+void QpChannel::WatchFromProgress() const noexcept {
   ChannelUse use(this);
   if (!use.ok() || watched_.exchange(true, std::memory_order_seq_cst)) return;
   epoll_event ev{};
@@ -106,7 +90,7 @@ void Conn::WatchFromProgress() const noexcept {
   sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_MOD, own_fd_, &ev);
 }
 
-void Conn::TakeEvents(int max) noexcept {
+void QpChannel::TakeEvents(int max) noexcept {
   if (!own_.channel || orphaned_.load(std::memory_order_relaxed)) return;
   ChannelUse use(this);
   if (!use.ok()) return;
@@ -116,7 +100,7 @@ void Conn::TakeEvents(int max) noexcept {
     OnCompletionEvent();  // acks
 }
 
-int Conn::BeginRxSleep() noexcept {
+int QpChannel::BeginRxSleep() noexcept {
   if (!own_.channel || proxy_b_.load() < 0 || orphaned_.load(std::memory_order_relaxed)) return -1;
   // After failover the news come from the anchor, through the control thread and the proxy.
   if (!on_transport()) return -1;
@@ -129,13 +113,26 @@ int Conn::BeginRxSleep() noexcept {
   return own_fd_;
 }
 
-void Conn::EndRxSleep(bool woken) noexcept {
+void QpChannel::EndRxSleep(bool woken) noexcept {
   direct_readers_.fetch_sub(1, std::memory_order_seq_cst);
   // One event at most: an event disarms the queue until OnCompletionEvent arms it again, so
   // a second one can only follow that; it stays readable on the channel for the next
   // sleeper (whose ppoll then returns at once) or the progress thread's one shot (epoll
   // reports it when armed). Not woken by the channel: nothing to take now, the same way.
   if (woken) TakeEvents(1);
+}
+
+void QpChannel::TakeEventsHere() noexcept {
+  // From now on the caller takes the queue pair's events (EventFd): the progress thread's
+  // watch stands down (OnWatchEvent checks claiming_ under the same lock).
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  claiming_.store(true, std::memory_order_seq_cst);
+  if (own_.channel && !own_.dropped && watched_.exchange(false)) {
+    epoll_event ev{};
+    ev.events = EPOLLONESHOT;
+    ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
+    sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_MOD, own_fd_, &ev);
+  }
 }
 
 }  // namespace slip::verbs

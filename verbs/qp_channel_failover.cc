@@ -1,8 +1,7 @@
-// Conn's failover to the TCP anchor, what verbs adds to core's (core/remote_ring.h:
-// answering the peer's FAILOVER, the hand-back at exec): a failure noticed under the poll
-// lock acted on after it, halting the queue pair, a server's DECLINE, flushing before a
-// close, and the liveness check that finds a queue pair that stopped without telling
-// anyone.
+// QpChannel's failover to the TCP anchor, what verbs adds to core's (core/remote_ring.h:
+// deciding, answering the peer's FAILOVER, the hand-back at exec): halting the queue pair,
+// a server's DECLINE, closing after failover, flushing before a close, and the liveness
+// check that finds a queue pair that stopped without telling anyone.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -14,58 +13,14 @@
 
 #include "core/log.h"
 #include "core/sys.h"
-#include "verbs/conn.h"
-#include "verbs/conn_internal.h"
+#include "verbs/qp_channel.h"
+#include "verbs/qp_channel_internal.h"
 
 namespace slip::verbs {
 
-using namespace conn_internal;
+using namespace qp_channel_internal;
 
-bool Conn::CanFailover() const noexcept {
-  return failover_.anchor() >= 0 && have_peer_ && !orphaned_.load(std::memory_order_acquire) &&
-         !aborting_ && error_.load(std::memory_order_acquire) == 0;
-}
-
-void Conn::RequestFailover(wire::FailoverCause cause) noexcept {
-  if (held()) {
-    held_broken_.store(true, std::memory_order_seq_cst);
-    return;
-  }
-  if (!CanFailover()) {
-    Fail(ECONNRESET);
-    return;
-  }
-  failover_cause_.store(cause, std::memory_order_relaxed);
-  failover_wanted_.store(true, std::memory_order_release);
-}
-
-void Conn::TransportFailed(wire::FailoverCause cause) noexcept {
-  RequestFailover(cause);
-  MaybeFailover();
-}
-
-void Conn::MaybeFailover() noexcept {
-  if (!failover_wanted_.load(std::memory_order_acquire) ||
-      failover_.carriage() != Carriage::kTransport)
-    return;
-  std::lock_guard<std::mutex> lock(failover_.lock());
-  if (failover_.carriage() != Carriage::kTransport || error_.load(std::memory_order_acquire) != 0)
-    return;
-  if (!CanFailover()) {  // (an abortive close took the anchor since the request)
-    Fail(ECONNRESET);
-    return;
-  }
-  if (AnchorGone()) {
-    // The peer reset the connection (SO_LINGER {1, 0} closes its anchor before its queue
-    // pair, or it died with bytes unread): its reset, not a failing transport.
-    SLIP_LOG(kDebug, "verbs: the queue pair went down after the peer reset the connection");
-    Fail(ECONNRESET);
-    return;
-  }
-  if (!FailOverLocked(failover_cause_.load(std::memory_order_relaxed))) Fail(ECONNRESET);
-}
-
-void Conn::HaltLocked() noexcept {
+void QpChannel::HaltLocked() noexcept {
   SpinGuard guard(&poll_busy_);
   failover_.Begin();
   // Nothing may land in our ring after we count what arrived: the queue pair goes to the
@@ -78,7 +33,7 @@ void Conn::HaltLocked() noexcept {
   DrainLocked();
 }
 
-bool Conn::OnPeerDecline() noexcept {
+bool QpChannel::OnPeerDecline() noexcept {
   std::lock_guard<std::mutex> lock(failover_.lock());
   // (An URGENT or WINDOW of ours on the anchor would reach the declining server's
   // application as bytes: only a reset is safe then.)
@@ -96,13 +51,13 @@ bool Conn::OnPeerDecline() noexcept {
   return true;
 }
 
-bool Conn::TakePeerFailover(int timeout_ms) noexcept {
+bool QpChannel::TakePeerFailover(int timeout_ms) noexcept {
   const int fd = failover_.anchor();
   wire::Failover peer;
   return fd >= 0 && ReceiveFailover(fd, timeout_ms, &peer) && OnPeerFailover(peer);
 }
 
-void Conn::FinishOnAnchor() noexcept {
+void QpChannel::FinishOnAnchor() noexcept {
   const uint64_t published = failover_.published();
   if (failover_.carriage() == Carriage::kFailing && !TakePeerFailover(5000)) {
     // A peer that closed its TCP connection too (EOF or reset) has ended, as a TCP peer
@@ -122,7 +77,7 @@ void Conn::FinishOnAnchor() noexcept {
   if (failover_.on_tcp()) failover_.FinishOnClose(5000);
 }
 
-bool Conn::Flush(int timeout_ms) noexcept {
+bool QpChannel::Flush(int timeout_ms) noexcept {
   switch (failover_.carriage()) {
     case Carriage::kTcp:
       return failover_.PushAll(timeout_ms);
@@ -135,7 +90,7 @@ bool Conn::Flush(int timeout_ms) noexcept {
   return FlushRdma(timeout_ms, false);
 }
 
-bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
+bool QpChannel::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
   {
     SpinGuard guard(&post_busy_);
     if (!on_transport() || rdma_released_.load(std::memory_order_relaxed)) return false;
@@ -180,14 +135,14 @@ bool Conn::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
 
 void CheckAllConns(uint64_t now_ms) noexcept {
   std::lock_guard<std::mutex> lock(g_registry_mu);
-  for (Conn* c = g_registry_head; c; c = c->next_) {
+  for (QpChannel* c = g_registry_head; c; c = c->next_) {
     c->CheckLiveness(now_ms);
     if (c->failover_.on_tcp() && !c->rdma_released())
       c->ReleaseRdma("the stream is on TCP for good");
   }
 }
 
-void Conn::CheckLiveness(uint64_t now_ms) noexcept {
+void QpChannel::CheckLiveness(uint64_t now_ms) noexcept {
   // (stream_live_ first: it orders the peer's ring address and key before their use.)
   if (!stream_live_.load(std::memory_order_acquire) || orphaned_.load(std::memory_order_relaxed) ||
       parked_.load(std::memory_order_relaxed) || failover_.carriage() != Carriage::kTransport ||
@@ -232,7 +187,7 @@ void Conn::CheckLiveness(uint64_t now_ms) noexcept {
   }
 }
 
-bool Conn::PostProbe(uint64_t* done_at) noexcept {
+bool QpChannel::PostProbe(uint64_t* done_at) noexcept {
   // Never wait for the send queue here (the progress thread serves every connection): a
   // writer holding it, or a full queue, already has writes in flight for the transport to
   // judge.

@@ -1,5 +1,5 @@
-// What the files of Conn share (verbs/conn*.cc): send-queue constants, the spin lock of
-// the data path, and the registry of live connections. Internal to the verbs library.
+// What the files of QpChannel share (verbs/qp_channel*.cc): send-queue constants, the spin
+// lock of the data path, and the registry of live channels. Internal to the verbs library.
 #pragma once
 
 #include <sched.h>
@@ -11,9 +11,9 @@
 
 namespace slip::verbs {
 
-class Conn;
+class QpChannel;
 
-namespace conn_internal {
+namespace qp_channel_internal {
 
 inline constexpr uint32_t kSendDepth = 256;
 inline constexpr uint32_t kInlineWanted = 220;
@@ -32,14 +32,14 @@ class SpinGuard {
   std::atomic_flag* flag_;
 };
 
-// The registry (verbs/conn.cc): a mutex-protected intrusive list of live connections.
+// The registry (verbs/qp_channel.cc): a mutex-protected intrusive list of live channels.
 extern std::mutex g_registry_mu;
-extern Conn* g_registry_head;
+extern QpChannel* g_registry_head;
 // Connections with an own completion channel watched by the progress thread, which may
 // hold an event for one that is being destroyed: it looks the key up here first (under
-// g_registry_mu, which it keeps while it handles the event). verbs/conn_events.cc.
+// g_registry_mu, which it keeps while it handles the event). verbs/qp_channel_events.cc.
 extern std::unordered_set<const void*>* g_watched;
 extern int g_watch_epoll;
 
-}  // namespace conn_internal
+}  // namespace qp_channel_internal
 }  // namespace slip::verbs
