@@ -23,6 +23,16 @@
 
 namespace slip::msg {
 
+// The magics of a module transport's NCCL-face messages: "SL", the transport's letter, and
+// M (its handle), Q (a request), P (the reply), as little-endian u32s.
+struct Magics {
+  uint32_t handle, request, reply;
+};
+constexpr Magics MagicsOf(char letter) noexcept {
+  const uint32_t base = uint32_t('S') | uint32_t('L') << 8 | uint32_t(uint8_t(letter)) << 16;
+  return {base | uint32_t('M') << 24, base | uint32_t('Q') << 24, base | uint32_t('P') << 24};
+}
+
 constexpr size_t kSecretBytes = 32;
 constexpr size_t kSecretHalf = kSecretBytes / 2;
 

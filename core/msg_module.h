@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/log.h"
@@ -80,4 +82,38 @@ int ServeTransports(const Setup* setup, const char* library, Find find, Transpor
   return n;
 }
 
+// A module transport over one of its devices: the name, the device (`Held`: the device
+// itself, or a reference to one that outlives the transport), and Listen by its listener's
+// Start; Connect is the transport's own.
+template <typename Held>
+class DeviceTransport : public Transport {
+ public:
+  DeviceTransport(const char* name, Held device) noexcept : name_(name), device_(device) {}
+  const char* name() const noexcept final { return name_; }
+  const DeviceInfo& device() const noexcept final { return device_.info; }
+
+ protected:
+  // A new `L` made of `args`, started by `start(listener)`, into *out.
+  template <typename L, typename Start, typename... Args>
+  static Status StartListener(std::unique_ptr<Listener>* out, Start start,
+                              Args&&... args) noexcept {
+    auto listener = std::unique_ptr<L>(new (std::nothrow) L(std::forward<Args>(args)...));
+    if (!listener) return Status::kSystem;
+    if (Status st = start(listener.get()); st != Status::kOk) return st;
+    *out = std::move(listener);
+    return Status::kOk;
+  }
+
+  const char* const name_;
+  Held device_;
+};
+
 }  // namespace slip::msg
+
+// The module's exported entry of the message face (`symbol`: its ModuleNames'
+// message_entry), serving what `find` finds (ServeTransports).
+#define SLIP_MESSAGE_ENTRY(symbol, Setup, library, find)                                        \
+  extern "C" __attribute__((visibility("default"))) int symbol(                                 \
+      const Setup* setup, slip::msg::Transport** out, int max, char* error, size_t error_len) { \
+    return slip::msg::ServeTransports(setup, library, find, out, max, error, error_len);        \
+  }

@@ -115,7 +115,7 @@ class FabricListener final : public msg::Listener {
                msg::AddressText(device_.domain->ip_address(), text, sizeof(text)), strerror(errno));
       return Status::kSystem;
     }
-    msg::PublishAddressHandle("fabric", msgwire::kHandleMagic, msgwire::kVersion, &h, secret_,
+    msg::PublishAddressHandle("fabric", msgwire::kMagic.handle, msgwire::kVersion, &h, secret_,
                               device_.info.name, handle);
     return Status::kOk;
   }
@@ -145,7 +145,7 @@ class FabricListener final : public msg::Listener {
         continue;
       }
       Hello req;
-      if (!msgwire::ParseHello(msgwire::kReqMagic, p.in, kHelloBytes, &req) ||
+      if (!msgwire::ParseHello(msgwire::kMagic.request, p.in, kHelloBytes, &req) ||
           !msg::SameSecret(req.proof, secret_, msg::kSecretHalf)) {
         Drop(&p, "it does not carry this listener's secret");
         continue;
@@ -226,7 +226,7 @@ class FabricListener final : public msg::Listener {
       SLIP_LOG(kWarn, "fabric: NCCL listener refused a connection: %s", why.c_str());
       return nullptr;
     }
-    if (!OwnAddress(link->endpoint(), &rep) || !WriteHello(tcp, msgwire::kRepMagic, rep)) {
+    if (!OwnAddress(link->endpoint(), &rep) || !WriteHello(tcp, msgwire::kMagic.reply, rep)) {
       SLIP_LOG(kWarn, "fabric: NCCL listener cannot answer a sender");
       return nullptr;
     }
@@ -302,7 +302,7 @@ Status Step(Connecting* c, std::unique_ptr<msg::SendComm>* out) noexcept {
       return Fail(*c, Status::kSystem, strerror(err ? err : errno));
     Hello req;
     std::memcpy(req.proof, c->handle.secret, msg::kSecretHalf);
-    if (!OwnAddress(c->comm->endpoint(), &req) || !WriteHello(c->tcp, msgwire::kReqMagic, req))
+    if (!OwnAddress(c->comm->endpoint(), &req) || !WriteHello(c->tcp, msgwire::kMagic.request, req))
       return Fail(*c, Status::kSystem, "cannot send the request");
     c->requested = true;
   }
@@ -313,7 +313,7 @@ Status Step(Connecting* c, std::unique_ptr<msg::SendComm>* out) noexcept {
                                                : Status::kAgain;
   }
   Hello rep;
-  if (!msgwire::ParseHello(msgwire::kRepMagic, c->in, kHelloBytes, &rep) ||
+  if (!msgwire::ParseHello(msgwire::kMagic.reply, c->in, kHelloBytes, &rep) ||
       !msg::SameSecret(rep.proof, c->handle.secret + msg::kSecretHalf, msg::kSecretHalf))
     return Fail(*c, Status::kRemote, "the answer does not carry the handle's secret");
   std::string why;
@@ -323,18 +323,13 @@ Status Step(Connecting* c, std::unique_ptr<msg::SendComm>* out) noexcept {
   return AwaitHello(c, out);
 }
 
-class FabricTransport final : public msg::Transport {
+class FabricTransport final : public msg::DeviceTransport<const Device&> {
  public:
-  explicit FabricTransport(const Device& device) noexcept : device_(device) {}
-  const char* name() const noexcept override { return "fabric"; }
-  const msg::DeviceInfo& device() const noexcept override { return device_.info; }
+  explicit FabricTransport(const Device& device) noexcept : DeviceTransport("fabric", device) {}
 
   Status Listen(uint8_t* handle, std::unique_ptr<msg::Listener>* out) noexcept override {
-    auto listener = std::unique_ptr<FabricListener>(new (std::nothrow) FabricListener(device_));
-    if (!listener) return Status::kSystem;
-    if (Status st = listener->Start(handle); st != Status::kOk) return st;
-    *out = std::move(listener);
-    return Status::kOk;
+    return StartListener<FabricListener>(
+        out, [handle](FabricListener* listener) { return listener->Start(handle); }, device_);
   }
 
   Status Connect(const uint8_t* handle, std::unique_ptr<msg::SendComm>* out) noexcept override {
@@ -347,9 +342,6 @@ class FabricTransport final : public msg::Transport {
         h, [this](Connecting* c) { return Begin(device_, c); },
         [out](Connecting* c) { return Step(c, out); });
   }
-
- private:
-  const Device& device_;
 };
 
 }  // namespace

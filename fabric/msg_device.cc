@@ -87,10 +87,5 @@ Found* Enumerate() {
 
 }  // namespace slip::fabric::msgimpl
 
-extern "C" __attribute__((visibility("default"))) int slip_fabric_message_transports(
-    const slip::fabric::MessageSetup* setup, slip::msg::Transport** out, int max, char* error,
-    size_t error_len) {
-  using namespace slip::fabric::msgimpl;
-  return slip::msg::ServeTransports(setup, "libslipstream-fabric.so", Enumerate, out, max, error,
-                                    error_len);
-}
+SLIP_MESSAGE_ENTRY(slip_fabric_message_transports, slip::fabric::MessageSetup,
+                   "libslipstream-fabric.so", slip::fabric::msgimpl::Enumerate)

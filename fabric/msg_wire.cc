@@ -5,11 +5,11 @@
 namespace slip::fabric::msgwire {
 
 void EncodeHandle(const Handle& h, uint8_t out[msg::kHandleBytes]) noexcept {
-  msg::EncodeAddressHandle(kHandleMagic, kVersion, h, out);
+  msg::EncodeAddressHandle(kMagic.handle, kVersion, h, out);
 }
 
 bool ParseHandle(const uint8_t* in, size_t len, Handle* out) noexcept {
-  return msg::ParseAddressHandle(kHandleMagic, kVersion, in, len, out);
+  return msg::ParseAddressHandle(kMagic.handle, kVersion, in, len, out);
 }
 
 bool EncodeHello(uint32_t magic, const Hello& h, uint8_t out[kHelloBytes]) noexcept {
@@ -41,7 +41,7 @@ bool ParseHello(uint32_t magic, const uint8_t* in, size_t len, Hello* out) noexc
   // One encoding per message: zeros past the address, a key only in a REP, never 0 there.
   for (size_t i = h.address_len; i < kMaxAddressBytes; ++i)
     if (h.address[i] != 0) return false;
-  const bool rep = magic == kRepMagic;
+  const bool rep = magic == kMagic.reply;
   if (rep ? (h.tag_key == 0 || h.tag_key > kMaxTagKey) : h.tag_key != 0) return false;
   *out = h;
   return true;

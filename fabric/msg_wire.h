@@ -1,7 +1,7 @@
 // The wire of fabric's message comms (fabric/msg.h): the listener's handle and the two
 // messages of the exchange on the comm's TCP connection.
 //
-//   handle  core/msg_handle.h with kHandleMagic: the TCP listener's address and a secret
+//   handle  core/msg_handle.h with kMagic.handle: the TCP listener's address and a secret
 //   REQ     sender -> listener: the secret's first half and the sender endpoint's address
 //   REP     listener -> receiver's comm: the second half, the comm's tag key and the
 //           receiving endpoint's address
@@ -22,9 +22,7 @@
 
 namespace slip::fabric::msgwire {
 
-constexpr uint32_t kHandleMagic = 0x4d464c53;  // "SLFM"
-constexpr uint32_t kReqMagic = 0x51464c53;     // "SLFQ"
-constexpr uint32_t kRepMagic = 0x50464c53;     // "SLFP"
+constexpr msg::Magics kMagic = msg::MagicsOf('F');  // "SLFM", "SLFQ", "SLFP"
 constexpr uint8_t kVersion = 1;
 // Endpoint addresses: EFA's are 32 bytes, tcp's a sockaddr (16 or 28), shm's a name.
 constexpr size_t kMaxAddressBytes = 64;
@@ -42,7 +40,7 @@ struct Hello {
 constexpr size_t kHelloBytes = 4 + 1 + 1 + 2 + msg::kSecretHalf + 4 + kMaxAddressBytes;
 constexpr uint32_t kMaxTagKey = 0x7fffffff;
 
-// kReqMagic or kRepMagic. Encode writes kHelloBytes (false: the address is empty or too
+// kMagic.request or kMagic.reply. Encode writes kHelloBytes (false: the address is empty or too
 // long); Parse wants exactly kHelloBytes.
 bool EncodeHello(uint32_t magic, const Hello& h, uint8_t out[kHelloBytes]) noexcept;
 bool ParseHello(uint32_t magic, const uint8_t* in, size_t len, Hello* out) noexcept;

@@ -57,7 +57,7 @@ class VerbsListener final : public msg::Listener {
       reinterpret_cast<sockaddr_in*>(&h.address)->sin_port = port;
     else
       reinterpret_cast<sockaddr_in6*>(&h.address)->sin6_port = port;
-    msg::PublishAddressHandle("verbs", msgwire::kHandleMagic, msgwire::kVersion, &h, secret_,
+    msg::PublishAddressHandle("verbs", msgwire::kMagic.handle, msgwire::kVersion, &h, secret_,
                               device.info.name, handle);
     return Status::kOk;
   }
@@ -96,7 +96,7 @@ class VerbsListener final : public msg::Listener {
     rdma_cm_id* id = event->id;
     ConnectData req;
     const bool ours =
-        msgwire::ParseConnectData(msgwire::kReqMagic,
+        msgwire::ParseConnectData(msgwire::kMagic.request,
                                   static_cast<const uint8_t*>(event->param.conn.private_data),
                                   event->param.conn.private_data_len, &req) &&
         msg::SameSecret(req.proof, secret_, kSecretHalf);
@@ -135,7 +135,7 @@ class VerbsListener final : public msg::Listener {
       rep.extra = req.extra;
       for (int i = 0; i < req.extra; ++i) rep.extra_qpn[i] = ep->qp(i + 1)->qp_num;
       uint8_t data[msgwire::kConnectDataBytes];
-      const size_t len = msgwire::EncodeConnectData(msgwire::kRepMagic, rep, data, sizeof(data));
+      const size_t len = msgwire::EncodeConnectData(msgwire::kMagic.reply, rep, data, sizeof(data));
       rdma_conn_param param = ConnParam(data, len, ep->qp()->qp_num);
       if (rdma_accept(id, &param) != 0) rc = -(errno ? errno : EINVAL);
     }
@@ -217,7 +217,7 @@ Status SendRequest(Connecting* c) noexcept {
   req.extra = uint8_t(ep->queue_pairs() - 1);
   for (int i = 0; i < req.extra; ++i) req.extra_qpn[i] = ep->qp(i + 1)->qp_num;
   uint8_t data[msgwire::kConnectDataBytes];
-  const size_t len = msgwire::EncodeConnectData(msgwire::kReqMagic, req, data, sizeof(data));
+  const size_t len = msgwire::EncodeConnectData(msgwire::kMagic.request, req, data, sizeof(data));
   rdma_conn_param param = ConnParam(data, len, ep->qp()->qp_num);
   if (rdma_connect(ep->id(), &param) != 0) return Fail(*c, Status::kSystem, strerror(errno));
   return Status::kAgain;
@@ -231,7 +231,7 @@ Status Step(Connecting* c, std::unique_ptr<msg::SendComm>* out) noexcept {
     if (type == RDMA_CM_EVENT_CONNECT_RESPONSE) {
       ConnectData rep;
       const bool theirs =
-          msgwire::ParseConnectData(msgwire::kRepMagic,
+          msgwire::ParseConnectData(msgwire::kMagic.reply,
                                     static_cast<const uint8_t*>(event->param.conn.private_data),
                                     event->param.conn.private_data_len, &rep) &&
           msg::SameSecret(rep.proof, c->handle.secret + kSecretHalf, kSecretHalf);
@@ -278,18 +278,13 @@ Status Step(Connecting* c, std::unique_ptr<msg::SendComm>* out) noexcept {
   return Status::kAgain;
 }
 
-class VerbsTransport final : public msg::Transport {
+class VerbsTransport final : public msg::DeviceTransport<const Device> {
  public:
-  explicit VerbsTransport(const Device& device) noexcept : device_(device) {}
-  const char* name() const noexcept override { return "verbs"; }
-  const msg::DeviceInfo& device() const noexcept override { return device_.info; }
+  explicit VerbsTransport(const Device& device) noexcept : DeviceTransport("verbs", device) {}
 
   Status Listen(uint8_t* handle, std::unique_ptr<msg::Listener>* out) noexcept override {
-    auto listener = std::unique_ptr<VerbsListener>(new (std::nothrow) VerbsListener());
-    if (!listener) return Status::kSystem;
-    if (Status st = listener->Start(device_, handle); st != Status::kOk) return st;
-    *out = std::move(listener);
-    return Status::kOk;
+    return StartListener<VerbsListener>(
+        out, [&](VerbsListener* listener) { return listener->Start(device_, handle); });
   }
 
   Status Connect(const uint8_t* handle, std::unique_ptr<msg::SendComm>* out) noexcept override {
@@ -301,9 +296,6 @@ class VerbsTransport final : public msg::Transport {
     return msg::PendingConnects<Connecting>::Process().Advance(
         h, [](Connecting* c) { return Begin(c); }, [out](Connecting* c) { return Step(c, out); });
   }
-
- private:
-  const Device device_;
 };
 
 }  // namespace

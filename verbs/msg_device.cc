@@ -214,11 +214,6 @@ msg::Found Enumerate() {
 
 }  // namespace slip::verbs::msgimpl
 
-extern "C" __attribute__((visibility("default"))) int slip_verbs_message_transports(
-    const slip::verbs::MessageSetup* setup, slip::msg::Transport** out, int max, char* error,
-    size_t error_len) {
-  using namespace slip::verbs::msgimpl;
-  return slip::msg::ServeTransports(
-      setup, "libslipstream-verbs.so", [] { return new slip::msg::Found(Enumerate()); }, out, max,
-      error, error_len);
-}
+SLIP_MESSAGE_ENTRY(slip_verbs_message_transports, slip::verbs::MessageSetup,
+                   "libslipstream-verbs.so",
+                   [] { return new slip::msg::Found(slip::verbs::msgimpl::Enumerate()); })

@@ -10,11 +10,11 @@
 namespace slip::verbs::msgwire {
 
 void EncodeHandle(const Handle& h, uint8_t out[msg::kHandleBytes]) noexcept {
-  msg::EncodeAddressHandle(kHandleMagic, kVersion, h, out);
+  msg::EncodeAddressHandle(kMagic.handle, kVersion, h, out);
 }
 
 bool ParseHandle(const uint8_t* in, size_t len, Handle* out) noexcept {
-  return msg::ParseAddressHandle(kHandleMagic, kVersion, in, len, out);
+  return msg::ParseAddressHandle(kMagic.handle, kVersion, in, len, out);
 }
 
 size_t EncodeConnectData(uint32_t magic, const ConnectData& d, uint8_t* out, size_t cap) noexcept {

@@ -2,7 +2,7 @@
 // private data of the rdma_cm exchange, and the clear-to-send entries a receiver writes
 // into its sender's memory.
 //
-//   handle   kHandleMagic, version, the listener's rdma_cm address (family, port, address)
+//   handle   kMagic.handle, version, the listener's rdma_cm address (family, port, address)
 //            and a 32-byte random secret. The sender proves it read the handle with the
 //            secret's first half (in its REQ); the listener proves it made the handle with
 //            the second half (in its REP): an rdma_cm address can be listened on by anybody
@@ -37,9 +37,7 @@
 
 namespace slip::verbs::msgwire {
 
-constexpr uint32_t kHandleMagic = 0x4d564c53;  // "SLVM"
-constexpr uint32_t kReqMagic = 0x51564c53;     // "SLVQ"
-constexpr uint32_t kRepMagic = 0x50564c53;     // "SLVP"
+constexpr msg::Magics kMagic = msg::MagicsOf('V');  // "SLVM", "SLVQ", "SLVP"
 constexpr uint8_t kVersion = 1;
 using msg::kSecretBytes;
 using msg::kSecretHalf;

@@ -33,7 +33,7 @@ void FuzzHello(uint32_t magic, const uint8_t* data, size_t size) {
   }
   Require(size == kHelloBytes);
   Require(h.address_len >= 1 && h.address_len <= kMaxAddressBytes);
-  Require(magic == kRepMagic ? h.tag_key >= 1 && h.tag_key <= kMaxTagKey : h.tag_key == 0);
+  Require(magic == kMagic.reply ? h.tag_key >= 1 && h.tag_key <= kMaxTagKey : h.tag_key == 0);
   uint8_t again[kHelloBytes];
   Require(EncodeHello(magic, h, again));
   Require(std::memcmp(again, data, kHelloBytes) == 0);
@@ -98,8 +98,8 @@ void FuzzAll(const uint8_t* data, size_t size) {
   FuzzStreamMessage(data, size);
   FuzzLinkParam(data, size);
   FuzzHandle(data, size);
-  FuzzHello(kReqMagic, data, size);
-  FuzzHello(kRepMagic, data, size);
+  FuzzHello(kMagic.request, data, size);
+  FuzzHello(kMagic.reply, data, size);
 }
 
 }  // namespace
@@ -111,8 +111,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // With each kind's header written over the first bytes.
   std::vector<uint8_t> copy(data, data + size);
   if (copy.size() >= 5) {
-    for (uint32_t magic : {kHandleMagic, kReqMagic, kRepMagic, slip::fabric::streamwire::kMagic,
-                           slip::fabric::streamwire::kLinkMagic}) {
+    for (uint32_t magic :
+         {kMagic.handle, kMagic.request, kMagic.reply, slip::fabric::streamwire::kMagic,
+          slip::fabric::streamwire::kLinkMagic}) {
       for (int i = 0; i < 4; ++i) copy[size_t(i)] = uint8_t(magic >> (8 * i));
       copy[4] =
           magic == slip::fabric::streamwire::kMagic ? slip::fabric::streamwire::kVersion : kVersion;

@@ -26,12 +26,12 @@ std::vector<std::vector<uint8_t>> Seeds() {
     out.emplace_back(buf, buf + sizeof(buf));
   }
   for (uint8_t len : {uint8_t(1), uint8_t(16), uint8_t(kMaxAddressBytes)}) {
-    for (uint32_t magic : {kReqMagic, kRepMagic}) {
+    for (uint32_t magic : {kMagic.request, kMagic.reply}) {
       Hello hello;
       hello.address_len = len;
       for (size_t i = 0; i < len; ++i) hello.address[i] = uint8_t(0x40 + i);
       for (size_t i = 0; i < sizeof(hello.proof); ++i) hello.proof[i] = uint8_t(0xa0 + i);
-      hello.tag_key = magic == kRepMagic ? (len == 1 ? 1 : kMaxTagKey) : 0;
+      hello.tag_key = magic == kMagic.reply ? (len == 1 ? 1 : kMaxTagKey) : 0;
       uint8_t buf[kHelloBytes];
       if (!EncodeHello(magic, hello, buf)) return {};
       out.emplace_back(buf, buf + sizeof(buf));

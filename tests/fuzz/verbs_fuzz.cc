@@ -236,7 +236,7 @@ void CheckMessageWire(const uint8_t* data, size_t size) {
   } else {
     for (uint8_t b : h.secret) Require(b == 0xee);
   }
-  for (uint32_t magic : {mw::kReqMagic, mw::kRepMagic}) {
+  for (uint32_t magic : {mw::kMagic.request, mw::kMagic.reply}) {
     mw::ConnectData d;
     d.area.addr = 0xeeee;
     if (mw::ParseConnectData(magic, in, size, &d)) {
@@ -269,7 +269,7 @@ void FuzzOne(const uint8_t* data, size_t size) {
   CheckMessageWire(data, size);
   if (size >= 5) {
     // With a handle's and a REQ's header written in, so that mutation reaches the fields.
-    for (uint32_t magic : {msgwire::kHandleMagic, msgwire::kReqMagic}) {
+    for (uint32_t magic : {msgwire::kMagic.handle, msgwire::kMagic.request}) {
       std::vector<uint8_t> headed(data, data + size);
       for (int i = 0; i < 4; ++i) headed[size_t(i)] = uint8_t(magic >> (8 * i));
       headed[4] = msgwire::kVersion;

@@ -98,11 +98,11 @@ std::vector<std::vector<uint8_t>> Seeds() {
     mw::EncodeHandle(h, handle);
     add(mw::kHandleWireBytes, handle);
   }
-  for (uint32_t magic : {mw::kReqMagic, mw::kRepMagic}) {
+  for (uint32_t magic : {mw::kMagic.request, mw::kMagic.reply}) {
     mw::ConnectData d;
     for (size_t i = 0; i < sizeof(d.proof); ++i) d.proof[i] = uint8_t(0xa0 + i);
     d.area = {0x00007f1234560000ull, 0x1234};
-    d.extra = magic == mw::kReqMagic ? 3 : 1;
+    d.extra = magic == mw::kMagic.request ? 3 : 1;
     for (int i = 0; i < d.extra; ++i) d.extra_qpn[i] = 0x100 + uint32_t(i);
     add(mw::EncodeConnectData(magic, d, buf, sizeof buf), buf);
   }

@@ -15,12 +15,12 @@ Hello SampleHello(uint32_t magic) {
   h.address_len = 16;
   for (size_t i = 0; i < 16; ++i) h.address[i] = uint8_t(0x30 + i);
   for (size_t i = 0; i < sizeof(h.proof); ++i) h.proof[i] = uint8_t(i * 11 + 5);
-  h.tag_key = magic == kRepMagic ? 0x1234567 : 0;
+  h.tag_key = magic == kMagic.reply ? 0x1234567 : 0;
   return h;
 }
 
 TEST(FabricMsgWire, HelloRoundTrips) {
-  for (uint32_t magic : {kReqMagic, kRepMagic}) {
+  for (uint32_t magic : {kMagic.request, kMagic.reply}) {
     uint8_t buf[kHelloBytes];
     ASSERT_TRUE(EncodeHello(magic, SampleHello(magic), buf));
     Hello out;
@@ -30,17 +30,18 @@ TEST(FabricMsgWire, HelloRoundTrips) {
     EXPECT_EQ(0, std::memcmp(out.proof, SampleHello(magic).proof, sizeof(out.proof)));
     EXPECT_EQ(out.tag_key, SampleHello(magic).tag_key);
     // The other kind's magic is not this one.
-    EXPECT_FALSE(ParseHello(magic == kReqMagic ? kRepMagic : kReqMagic, buf, sizeof(buf), &out));
+    EXPECT_FALSE(ParseHello(magic == kMagic.request ? kMagic.reply : kMagic.request, buf,
+                            sizeof(buf), &out));
   }
 }
 
 TEST(FabricMsgWire, HelloRejectsWhatIsOutOfRange) {
   uint8_t good[kHelloBytes];
-  ASSERT_TRUE(EncodeHello(kRepMagic, SampleHello(kRepMagic), good));
+  ASSERT_TRUE(EncodeHello(kMagic.reply, SampleHello(kMagic.reply), good));
   Hello out;
   out.address_len = 0xee;
   auto rejected = [&](const uint8_t* b, size_t n) {
-    return !ParseHello(kRepMagic, b, n, &out) && out.address_len == 0xee;  // untouched
+    return !ParseHello(kMagic.reply, b, n, &out) && out.address_len == 0xee;  // untouched
   };
   EXPECT_TRUE(rejected(good, kHelloBytes - 1));  // short
   uint8_t longer[kHelloBytes + 1] = {};
@@ -54,21 +55,21 @@ TEST(FabricMsgWire, HelloRejectsWhatIsOutOfRange) {
   }
   // A key of 0 or past 2^31 in a REP; any key in a REQ.
   for (uint32_t key : {0u, 0x80000000u}) {
-    Hello h = SampleHello(kRepMagic);
+    Hello h = SampleHello(kMagic.reply);
     h.tag_key = key;
-    ASSERT_TRUE(EncodeHello(kRepMagic, h, bad));
+    ASSERT_TRUE(EncodeHello(kMagic.reply, h, bad));
     EXPECT_TRUE(rejected(bad, sizeof(bad))) << key;
   }
-  Hello req = SampleHello(kReqMagic);
+  Hello req = SampleHello(kMagic.request);
   req.tag_key = 7;
-  ASSERT_TRUE(EncodeHello(kReqMagic, req, bad));
-  EXPECT_FALSE(ParseHello(kReqMagic, bad, sizeof(bad), &out));
+  ASSERT_TRUE(EncodeHello(kMagic.request, req, bad));
+  EXPECT_FALSE(ParseHello(kMagic.request, bad, sizeof(bad), &out));
   // An address that does not fit does not encode.
-  Hello empty = SampleHello(kReqMagic);
+  Hello empty = SampleHello(kMagic.request);
   empty.address_len = 0;
-  EXPECT_FALSE(EncodeHello(kReqMagic, empty, bad));
+  EXPECT_FALSE(EncodeHello(kMagic.request, empty, bad));
   empty.address_len = kMaxAddressBytes + 1;
-  EXPECT_FALSE(EncodeHello(kReqMagic, empty, bad));
+  EXPECT_FALSE(EncodeHello(kMagic.request, empty, bad));
 }
 
 TEST(FabricMsgWire, HandleIsNotVerbs) {
@@ -85,7 +86,7 @@ TEST(FabricMsgWire, HandleIsNotVerbs) {
   EXPECT_EQ(reinterpret_cast<sockaddr_in*>(&out.address)->sin_port, htons(5000));
   EXPECT_EQ(out.secret[0], 9);
   // Another transport's handle with the same layout does not parse as ours.
-  msg::EncodeAddressHandle(kHandleMagic + 1, kVersion, h, buf);
+  msg::EncodeAddressHandle(kMagic.handle + 1, kVersion, h, buf);
   EXPECT_FALSE(ParseHandle(buf, sizeof(buf), &out));
 }
 

@@ -1040,7 +1040,7 @@ TEST_F(NcclPlugin, BadFabricHandlesAreErrors) {
       fw::Hello req;
       std::memcpy(req.proof, h.secret, slip::msg::kSecretHalf);
       req.address_len = 1;
-      ASSERT_TRUE(fw::EncodeHello(fw::kReqMagic, req, msg));
+      ASSERT_TRUE(fw::EncodeHello(fw::kMagic.request, req, msg));
     }
     ASSERT_EQ(write(fd, msg, sizeof(msg)), ssize_t(sizeof(msg)));
     // The listener drops it (closes the connection) and accepts nothing.

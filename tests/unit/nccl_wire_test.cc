@@ -215,9 +215,10 @@ TEST(VerbsMsgWire, ConnectDataIsExactAndKindChecked) {
   d.extra_qpn[0] = 0x12;
   d.extra_qpn[1] = 0xffffff;
   uint8_t wire[56] = {};  // rdma_cm pads private data with zeros
-  ASSERT_EQ(vw::EncodeConnectData(vw::kReqMagic, d, wire, sizeof(wire)), vw::kConnectDataBytes);
+  ASSERT_EQ(vw::EncodeConnectData(vw::kMagic.request, d, wire, sizeof(wire)),
+            vw::kConnectDataBytes);
   vw::ConnectData back;
-  ASSERT_TRUE(vw::ParseConnectData(vw::kReqMagic, wire, sizeof(wire), &back));
+  ASSERT_TRUE(vw::ParseConnectData(vw::kMagic.request, wire, sizeof(wire), &back));
   EXPECT_EQ(std::memcmp(back.proof, d.proof, sizeof(d.proof)), 0);
   EXPECT_EQ(back.area.addr, d.area.addr);
   EXPECT_EQ(back.area.rkey, d.area.rkey);
@@ -235,15 +236,15 @@ TEST(VerbsMsgWire, ConnectDataIsExactAndKindChecked) {
     bad.extra_qpn[0] = qpn1;
     bad.extra_qpn[1] = qpn2;
     uint8_t w[56] = {};
-    ASSERT_EQ(vw::EncodeConnectData(vw::kReqMagic, bad, w, sizeof(w)), vw::kConnectDataBytes);
-    EXPECT_FALSE(vw::ParseConnectData(vw::kReqMagic, w, sizeof(w), &back)) << int(extra);
+    ASSERT_EQ(vw::EncodeConnectData(vw::kMagic.request, bad, w, sizeof(w)), vw::kConnectDataBytes);
+    EXPECT_FALSE(vw::ParseConnectData(vw::kMagic.request, w, sizeof(w), &back)) << int(extra);
   }
-  EXPECT_FALSE(vw::ParseConnectData(vw::kRepMagic, wire, sizeof(wire), &back));  // a REQ
-  EXPECT_FALSE(vw::ParseConnectData(vw::kReqMagic, wire, vw::kConnectDataBytes - 1, &back));
-  EXPECT_FALSE(vw::ParseConnectData(vw::kReqMagic, nullptr, 0, &back));
+  EXPECT_FALSE(vw::ParseConnectData(vw::kMagic.reply, wire, sizeof(wire), &back));  // a REQ
+  EXPECT_FALSE(vw::ParseConnectData(vw::kMagic.request, wire, vw::kConnectDataBytes - 1, &back));
+  EXPECT_FALSE(vw::ParseConnectData(vw::kMagic.request, nullptr, 0, &back));
   wire[6] = 1;  // padding
-  EXPECT_FALSE(vw::ParseConnectData(vw::kReqMagic, wire, sizeof(wire), &back));
-  EXPECT_EQ(vw::EncodeConnectData(vw::kReqMagic, d, wire, vw::kConnectDataBytes - 1), 0u);
+  EXPECT_FALSE(vw::ParseConnectData(vw::kMagic.request, wire, sizeof(wire), &back));
+  EXPECT_EQ(vw::EncodeConnectData(vw::kMagic.request, d, wire, vw::kConnectDataBytes - 1), 0u);
 }
 
 TEST(VerbsMsgWire, CtsEntriesCarryTheirReceivesStamp) {
