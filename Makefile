@@ -81,9 +81,7 @@ test-sanitize-suite: sanitize-builds
 # "long" (vm.verbs_extra, workloads.gloo.2, workloads.cpython_sockets) is left out to keep
 # this within 40 minutes: `make test-long`.
 # --repeat until-pass:2: a test must fail twice in a row to fail the run (every failure is
-# still printed). Kept as a guard on loaded 2-CPU machines after an intermittent hang
-# (iperf3.both, 1 run in 5) turned out to be a real bug, now fixed: see
-# docs/COMPATIBILITY.md.
+# still printed): a guard against the timing of a loaded 2-CPU machine.
 test:
 	@scripts/install-deps.sh workloads
 	@$(MAKE) --no-print-directory build sanitize-builds
