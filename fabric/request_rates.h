@@ -26,7 +26,7 @@
 #include <mutex>
 
 #include "core/wire.h"
-#include "fabric/keyed_hash.h"
+#include "core/keyed_hash.h"
 
 namespace slip::fabric {
 

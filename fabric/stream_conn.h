@@ -130,7 +130,7 @@ class StreamConn final : public RemoteRing {
   // accepted, so it is no longer unproven).
   void Hold(uint64_t nonce, uint64_t deadline_ms) noexcept;
   // The same for a connection whose request the listener answered and then dropped before
-  // its TCP connection came (fabric/pending_requests.h): nothing of the client's reaches
+  // its TCP connection came (core/pending_requests.h): nothing of the client's reaches
   // this connection on the fabric, so its CONFIRM settles it onto the TCP connection (a
   // failover from byte 0), and its other bytes make it plain (kRendezvousBusy).
   void HoldForDroppedRequest(uint64_t nonce, uint64_t deadline_ms) noexcept;

@@ -156,7 +156,7 @@ class StreamFabric {
   // At most kRetiredMax bytes wait: past it the oldest go early (a peer that slow risks
   // its connection, not our memory). `unproven`: the rings of a request whose TCP
   // connection never came, kept apart and counted in unproven_retired_bytes(): they are
-  // the pending requests' budget's (fabric/pending_requests.h), and go early when a new
+  // the pending requests' budget's (core/pending_requests.h), and go early when a new
   // request needs the room (ReleaseUnproven), since their peer is most likely whoever
   // floods us with requests.
   void Retire(MrPtr rx, MrPtr tx, RingMemory memory, size_t bytes, bool unproven) noexcept;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/negative_cache.h"
-#include "fabric/pending_requests.h"
+#include "core/pending_requests.h"
 #include "fabric/request_rates.h"
 #include "fabric/stream.h"
 #include "fabric/stream_conn.h"
@@ -32,6 +32,12 @@ struct StreamListener {
   TokenBucket answers = RequestRates::ListenerBucket();  // (under RequestRates' mutex)
   std::atomic<bool> shared{false};                       // fork: REQs are refused
 };
+
+// Deletes a request's connection that the table (core/pending_requests.h) hands back:
+// always one of ours.
+inline void DeleteRequest(RemoteRing* conn) noexcept {
+  delete static_cast<StreamConn*>(conn);
+}
 
 struct StreamClient {
   int udp = -1;
@@ -53,7 +59,7 @@ class StreamModuleImpl final : public StreamModule {
     fabric_->SetTurn(&StreamModuleImpl::Turn, this);
   }
   ~StreamModuleImpl() override {
-    while (StreamConn* conn = pending_.ForgetOneOf(nullptr)) delete conn;
+    while (RemoteRing* conn = pending_.ForgetOneOf(nullptr)) DeleteRequest(conn);
   }
 
   const char* provider() const noexcept override { return fabric_->provider(); }

@@ -1,10 +1,10 @@
 // The listener's side of the fabric rendezvous: a UDP socket on the TCP listener's address
 // and port, whose REQs are answered (a connection's rings made, our REP sent) and kept
-// under their 4-tuple until accept() takes them (fabric/pending_requests.h).
+// under their 4-tuple until accept() takes them (core/pending_requests.h).
 //
 // Who may ask: a REQ must come from the client address it names and for this listener's
 // port; it is answered within the rates of fabric/request_rates.h, and kept within the
-// budget and shares of fabric/pending_requests.h. One request per 4-tuple: a second one
+// budget and shares of core/pending_requests.h. One request per 4-tuple: a second one
 // with another nonce is refused (the first may be a forger's; its client then goes plain,
 // never wrong), a repeat of the same one is answered again (its REP was lost).
 //
@@ -136,7 +136,7 @@ bool StreamModuleImpl::ServeListener(void* ctx) noexcept {
 
 void StreamModuleImpl::Unlisten(StreamListener* l) noexcept {
   fabric_->UnwatchFd(l->udp);  // (no serve runs from here on)
-  while (StreamConn* conn = pending_.ForgetOneOf(&l->requests)) delete conn;
+  while (RemoteRing* conn = pending_.ForgetOneOf(&l->requests)) DeleteRequest(conn);
   sys::close(l->udp);
   delete l;
 }
@@ -245,7 +245,7 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
       PendingRequests::Room room;
       const PendingRequests::Admitted admitted = pending_.Reserve(
           &l->requests, WhoSent(source, req.server), Charge(ring_size), now_ms, &room);
-      for (size_t i = 0; i < room.evicted_count; ++i) delete room.evicted[i];
+      for (size_t i = 0; i < room.evicted_count; ++i) DeleteRequest(room.evicted[i]);
       // (Rings that must still retire are the budget's too: the oldest go early.)
       fabric_->ReleaseUnproven(pending_.budget() - std::min(pending_.budget(), pending_.charged()));
       if (admitted != PendingRequests::Admitted::kYes) {
@@ -321,7 +321,7 @@ void StreamModuleImpl::CheckRequests(uint64_t now_ms) noexcept {
   // A request whose grace is over is kept only if the kernel shows its TCP connection at
   // this host (in the handshake, queued, or accepted): what it is waiting for.
   PendingRequests::Check checks[kChecks];
-  StreamConn* done[kChecks + 16];
+  RemoteRing* done[kChecks + 16];
   for (int round = 0; round < kCheckRounds; ++round) {
     const size_t n = pending_.TakeDue(now_ms, checks, kChecks);
     for (size_t i = 0; i < n; ++i) {
@@ -338,7 +338,7 @@ void StreamModuleImpl::CheckRequests(uint64_t now_ms) noexcept {
       SLIP_LOG(kDebug,
                "fabric: %zu requests dropped (no TCP connection after their grace) or expired",
                count);
-    for (size_t i = 0; i < count; ++i) delete done[i];
+    for (size_t i = 0; i < count; ++i) DeleteRequest(done[i]);
     if (count > 0)
       fabric_->ReleaseUnproven(pending_.budget() - std::min(pending_.budget(), pending_.charged()));
     if (n < kChecks && count < sizeof(done) / sizeof(done[0])) return;
@@ -367,7 +367,7 @@ void StreamModuleImpl::DropPending(StreamListener* l, const wire::Endpoint& clie
                                    const wire::Endpoint& server) noexcept {
   (void)l;
   if (tables_.load(std::memory_order_acquire))
-    delete pending_.Forget(Tuple{client, server}, sys::MonotonicMs());
+    DeleteRequest(pending_.Forget(Tuple{client, server}, sys::MonotonicMs()));
 }
 
 std::unique_ptr<Channel> StreamModuleImpl::AcceptPending(StreamListener* l,
@@ -380,7 +380,7 @@ std::unique_ptr<Channel> StreamModuleImpl::AcceptPending(StreamListener* l,
       !pending_.Take(Tuple{client, server}, sys::MonotonicMs(), &taken))
     return nullptr;
   *committed = true;  // its client had our REP: its CONFIRM may be on its way
-  std::unique_ptr<StreamConn> conn(taken.conn);
+  std::unique_ptr<StreamConn> conn(static_cast<StreamConn*>(taken.conn));
   if (taken.dropped) {
     // Dropped before its connection came (its grace, or room for another's): a connection
     // without a fabric path stands in, so that a CONFIRM of the client's goes onto TCP.

@@ -26,6 +26,7 @@
 
 #include "core/config.h"
 #include "core/negative_cache.h"
+#include "core/pending_requests.h"
 #include "core/sys.h"
 #include "core/wire.h"
 #include "verbs/conn.h"
@@ -40,13 +41,13 @@ namespace slip::verbs {
 namespace module_internal {
 inline constexpr int kListenBacklog = 1024;
 // A request waits for its TCP connection to be accepted: the application may leave it in
-// the backlog for a while (as long as shm's registrations: 30 s). A bound on how many
-// may wait keeps a flood of requests without SYNs from pinning unbounded memory.
-inline constexpr uint64_t kPendingTtlMs = 30000;
-inline constexpr size_t kMaxPendingPerListener = 1024;
-// One source address may hold this many of them: a host that floods requests (each pins
-// a slot until it expires) takes no more than its share of the listener's.
-inline constexpr size_t kMaxPendingPerSource = 64;
+// the backlog for a while. A bound on how many may wait keeps a flood of requests without
+// SYNs from pinning unbounded memory, and one source address (a host that floods requests,
+// each pinning a slot until it expires) takes no more than its share of the listener's:
+// the limits of core/pending_requests.h, which fabric's table applies.
+inline constexpr uint64_t kPendingTtlMs = PendingRequests::kPendingMs;
+inline constexpr size_t kMaxPendingPerListener = PendingRequests::kMaxPerListener;
+inline constexpr size_t kMaxPendingPerSource = PendingRequests::kMaxPerPrincipal;
 // Parked queue pairs (docs/DESIGN.md "Reusing queue pairs"): one whose peer has not closed
 // yet waits this long for it; a client's idle one this long for a connection to claim it;
 // a listener's (which the client drops first) longer.

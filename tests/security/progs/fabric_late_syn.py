@@ -1,7 +1,7 @@
 """A fabric client whose TCP connection comes after the listener dropped its request.
 
 The listener keeps an answered request only while the kernel shows its TCP connection
-(fabric/pending_requests.h: after a grace of 1 s, it drops the others), and a request can
+(core/pending_requests.h: after a grace of 1 s, it drops the others), and a request can
 also be given up for room. A real client's SYN can be that slow (lost once, retransmitted
 a second later) and its CONFIRM follows: it must never reach the server's application as
 data. This plays such a client by hand, the wire format written out independently of the

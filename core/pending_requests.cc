@@ -1,11 +1,11 @@
-#include "fabric/pending_requests.h"
+#include "core/pending_requests.h"
 
 #include <sys/random.h>
 
 #include <cstring>
 #include <new>
 
-namespace slip::fabric {
+namespace slip {
 
 namespace {
 
@@ -195,7 +195,7 @@ void PendingRequests::Release(Room* room) noexcept {
   room->reserved = false;
 }
 
-void PendingRequests::Keep(Room* room, const Tuple& t, uint64_t nonce, StreamConn* conn,
+void PendingRequests::Keep(Room* room, const Tuple& t, uint64_t nonce, RemoteRing* conn,
                            const Answer& answer, uint64_t now_ms) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   const uint32_t i = free_request_;  // (reserved: one is free)
@@ -223,7 +223,7 @@ void PendingRequests::Keep(Room* room, const Tuple& t, uint64_t nonce, StreamCon
   room->reserved = false;
 }
 
-StreamConn* PendingRequests::RemoveLocked(uint32_t i) noexcept {
+RemoteRing* PendingRequests::RemoveLocked(uint32_t i) noexcept {
   Request& r = requests_[i];
   uint32_t* link = &request_heads_[r.hash & (kMaxRequests - 1)];
   while (*link != i) link = &requests_[*link].chain;
@@ -244,7 +244,7 @@ StreamConn* PendingRequests::RemoveLocked(uint32_t i) noexcept {
   charged_ -= r.charge;
   --r.owner->kept;
   --requests_used_;
-  StreamConn* conn = r.conn;
+  RemoteRing* conn = r.conn;
   r.conn = nullptr;
   r.state = State::kFree;
   ++r.generation;
@@ -253,7 +253,7 @@ StreamConn* PendingRequests::RemoveLocked(uint32_t i) noexcept {
   return conn;
 }
 
-StreamConn* PendingRequests::DropLocked(uint32_t i, uint64_t now_ms) noexcept {
+RemoteRing* PendingRequests::DropLocked(uint32_t i, uint64_t now_ms) noexcept {
   ExpireDroppedLocked(now_ms);
   const Request& r = requests_[i];
   if (dropped_used_ < kMaxDropped) {  // (reserved for every unproven request: Reserve)
@@ -308,7 +308,7 @@ size_t PendingRequests::TakeDue(uint64_t now_ms, Check* out, size_t max) noexcep
   return n;
 }
 
-void PendingRequests::Settle(const Check* checks, size_t n, uint64_t now_ms, StreamConn** out,
+void PendingRequests::Settle(const Check* checks, size_t n, uint64_t now_ms, RemoteRing** out,
                              size_t max, size_t* count) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   *count = 0;
@@ -373,7 +373,7 @@ bool PendingRequests::Take(const Tuple& t, uint64_t now_ms, Taken* out) noexcept
   return true;
 }
 
-StreamConn* PendingRequests::Forget(const Tuple& t, uint64_t now_ms) noexcept {
+RemoteRing* PendingRequests::Forget(const Tuple& t, uint64_t now_ms) noexcept {
   const uint64_t hash = HashOf(t);
   std::lock_guard<std::mutex> lock(mu_);
   if (const uint32_t d = FindDroppedLocked(hash, now_ms); d != kNil) UnchainDroppedLocked(d);
@@ -381,7 +381,7 @@ StreamConn* PendingRequests::Forget(const Tuple& t, uint64_t now_ms) noexcept {
   return i == kNil ? nullptr : RemoveLocked(i);
 }
 
-StreamConn* PendingRequests::ForgetOneOf(const RequestOwner* owner) noexcept {
+RemoteRing* PendingRequests::ForgetOneOf(const RequestOwner* owner) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (!requests_ || (owner && owner->kept == 0) || requests_used_ == 0) return nullptr;
   for (uint32_t i = 0; i < kMaxRequests; ++i)
@@ -416,4 +416,4 @@ Reason PendingRequests::Refused(const Tuple& t, uint64_t now_ms) noexcept {
   return Reason::kNone;
 }
 
-}  // namespace slip::fabric
+}  // namespace slip

@@ -1,12 +1,12 @@
-// The requests a process's fabric listeners answered and keep for accept(), before
-// anything proves that the TCP connection they announce exists (fabric/stream_listen.cc).
+// The requests a process's listeners answered and keep for accept(), before anything proves
+// that the TCP connection they announce exists: what a transport whose requests are
+// answered before the SYN (core/ring_module.h) keeps them in (fabric/stream_listen.cc).
 //
-// Anybody who can send a datagram to a listener's port can make us keep one, so what they
-// hold is bounded the way shm bounds its registrations (docs/SECURITY.md, "Resource
-// exhaustion"):
+// Anybody who can reach a listener can make us keep one, so what they hold is bounded the
+// way shm bounds its registrations (docs/SECURITY.md, "Resource exhaustion"):
 //
-// - Memory: the requests' rings (and the rings of those dropped that must still retire:
-//   StreamFabric::Retire's unproven ones) fit a byte budget per process; at most
+// - Memory: the requests' rings (and, where the transport says so, the rings of those
+//   dropped that must still retire: fabric's) fit a byte budget per process; at most
 //   kMaxPerListener requests per listener and a ceiling in all (kMaxRequests, less where
 //   each holds descriptors: a share of those above the hidden floor).
 // - Sharing: each request belongs to a principal, the local user whose socket sent it
@@ -21,8 +21,9 @@
 // A dropped request's client had our REP and may still confirm: its TCP connection may
 // come late. So what is dropped leaves a record of its 4-tuple and nonce (a few bytes, not
 // its rings) for kPendingMs, and accept() finds that record: the connection is then held
-// without a fabric path, and the client's CONFIRM moves it onto TCP (a failover from byte
-// 0), never into the application's bytes (StreamConn::HoldForDroppedRequest). Room for
+// without a path of the transport's, and the client's CONFIRM moves it onto TCP (a
+// failover from byte 0), never into the application's bytes (fabric's
+// StreamConn::HoldForDroppedRequest). Room for
 // those records is reserved before a request is kept: when there is none, the request is
 // refused.
 //
@@ -31,7 +32,7 @@
 //
 // Thread safety: every method takes the table's mutex. The table never touches a
 // connection: it keeps each request's as an owned pointer and hands it back to be deleted
-// (outside the mutex), so that it depends on nothing of libfabric's (unit-tested alone).
+// (outside the mutex), so that it depends on no transport (unit-tested alone).
 #pragma once
 
 #include <cstddef>
@@ -39,13 +40,13 @@
 #include <memory>
 #include <mutex>
 
+#include "core/keyed_hash.h"
 #include "core/stats.h"
 #include "core/wire.h"
-#include "fabric/keyed_hash.h"
 
-namespace slip::fabric {
+namespace slip {
 
-class StreamConn;
+class RemoteRing;
 
 // What the table counts per listener (a listener's share: kMaxPerListener).
 struct RequestOwner {
@@ -109,7 +110,7 @@ class PendingRequests {
   // Room for one more request of `charge` bytes, from `who`, at `l`.
   static constexpr size_t kMaxEvicted = 8;
   struct Room {
-    StreamConn* evicted[kMaxEvicted] = {};  // the caller deletes them (outside the lock)
+    RemoteRing* evicted[kMaxEvicted] = {};  // the caller deletes them (outside the lock)
     size_t evicted_count = 0;
     RequestOwner* owner = nullptr;
     uint32_t principal = 0;
@@ -121,7 +122,7 @@ class PendingRequests {
                    Room* room) noexcept;
   // The reserved room is taken by `conn` (owned from now on) for `t`, whose REP says
   // `answer`, or given back.
-  void Keep(Room* room, const Tuple& t, uint64_t nonce, StreamConn* conn, const Answer& answer,
+  void Keep(Room* room, const Tuple& t, uint64_t nonce, RemoteRing* conn, const Answer& answer,
             uint64_t now_ms) noexcept;
   void Release(Room* room) noexcept;
 
@@ -135,7 +136,7 @@ class PendingRequests {
   size_t TakeDue(uint64_t now_ms, Check* out, size_t max) noexcept;
   // The answers: connected ones are kept, the others dropped (their records stay). Also
   // expires what is due. Connections to delete go into out[0..*count) (at most `max`).
-  void Settle(const Check* checks, size_t n, uint64_t now_ms, StreamConn** out, size_t max,
+  void Settle(const Check* checks, size_t n, uint64_t now_ms, RemoteRing** out, size_t max,
               size_t* count) noexcept;
   // When TakeDue has something to do next (0: nothing kept).
   uint64_t next_due_ms() const noexcept;
@@ -143,7 +144,7 @@ class PendingRequests {
   // accept()'s side. Whether a request, or a dropped request's record, waits for `t`.
   bool Has(const Tuple& t, uint64_t now_ms) noexcept;
   struct Taken {
-    StreamConn* conn = nullptr;  // the request's (owned by the caller now); null: dropped
+    RemoteRing* conn = nullptr;  // the request's (owned by the caller now); null: dropped
     uint64_t nonce = 0;
     uint8_t ring_log2 = 0;  // a dropped request's
     bool dropped = false;
@@ -152,10 +153,10 @@ class PendingRequests {
   bool Take(const Tuple& t, uint64_t now_ms, Taken* out) noexcept;
   // Forgets `t`'s request (another transport carries the connection): its connection, or
   // null.
-  StreamConn* Forget(const Tuple& t, uint64_t now_ms) noexcept;
+  RemoteRing* Forget(const Tuple& t, uint64_t now_ms) noexcept;
   // One request of `owner`'s (the listener goes), or of anybody's (null: the table goes):
   // its connection, or null when none is left.
-  StreamConn* ForgetOneOf(const RequestOwner* owner) noexcept;
+  RemoteRing* ForgetOneOf(const RequestOwner* owner) noexcept;
 
   // Refusals, by 4-tuple, for kPendingMs.
   void RecordRefusal(const Tuple& t, Reason why, uint64_t now_ms) noexcept;
@@ -171,7 +172,7 @@ class PendingRequests {
     Tuple tuple;
     uint64_t hash = 0;
     uint64_t nonce = 0;
-    StreamConn* conn = nullptr;
+    RemoteRing* conn = nullptr;
     RequestOwner* owner = nullptr;
     Answer answer;
     uint64_t created_ms = 0;
@@ -211,9 +212,9 @@ class PendingRequests {
   uint32_t FindLocked(const Tuple& t, uint64_t hash) const noexcept;
   uint32_t HolderLocked(const Principal& who, bool add) noexcept;
   // Takes request `i` out of every table (its holder's count too); returns its connection.
-  StreamConn* RemoveLocked(uint32_t i) noexcept;
+  RemoteRing* RemoveLocked(uint32_t i) noexcept;
   // The same, leaving a record of it for its client's late connection.
-  StreamConn* DropLocked(uint32_t i, uint64_t now_ms) noexcept;
+  RemoteRing* DropLocked(uint32_t i, uint64_t now_ms) noexcept;
   // The oldest unproven request of the holder with the most, or kNil.
   uint32_t VictimLocked() const noexcept;
   void ExpireDroppedLocked(uint64_t now_ms) noexcept;
@@ -248,4 +249,4 @@ class PendingRequests {
   size_t refusal_next_ = 0;
 };
 
-}  // namespace slip::fabric
+}  // namespace slip

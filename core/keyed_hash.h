@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace slip::fabric {
+namespace slip {
 
 class KeyedHash {
  public:
@@ -63,4 +63,4 @@ class KeyedHash {
   uint64_t k0_ = 0, k1_ = 0;
 };
 
-}  // namespace slip::fabric
+}  // namespace slip

@@ -1,33 +1,26 @@
-// Unit tests for fabric/pending_requests.h and fabric/request_rates.h: what a fabric
-// listener keeps for requests not yet proven by their TCP connection, and how fast it
-// answers them.
+// Unit tests for core/pending_requests.h: what a listener keeps for requests not yet proven
+// by their TCP connection.
+#include "core/pending_requests.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <set>
 
-#include "fabric/pending_requests.h"
-#include "fabric/request_rates.h"
+#include "tests/unit/loopback_endpoint.h"
 
-namespace slip::fabric {
+namespace slip {
 namespace {
 
-// The table never touches a connection: opaque pointers stand for them.
-StreamConn* Conn(uintptr_t n) {
-  return reinterpret_cast<StreamConn*>(n << 4);
-}
+using test::LoopbackAt;
 
-wire::Endpoint At(uint8_t last, uint16_t port) {
-  wire::Endpoint e;
-  e.family = 4;
-  e.port = port;
-  e.addr[0] = 127;
-  e.addr[3] = last;
-  return e;
+// The table never touches a connection: opaque pointers stand for them.
+RemoteRing* Conn(uintptr_t n) {
+  return reinterpret_cast<RemoteRing*>(n << 4);
 }
 
 Tuple TupleOf(uint8_t client, uint16_t port) {
-  return Tuple{At(client, port), At(1, 5000)};
+  return Tuple{LoopbackAt(client, port), LoopbackAt(1, 5000)};
 }
 
 Principal Uid(uint32_t uid) {
@@ -66,7 +59,7 @@ class PendingTest : public ::testing::Test {
   size_t budget_ = 100 * kCharge;
   PendingRequests table_;
   RequestOwner owner_;
-  std::set<StreamConn*> evicted_;
+  std::set<RemoteRing*> evicted_;
   PendingRequests::Admitted last_refusal_ = PendingRequests::Admitted::kYes;
   uint64_t now_ = 5000;  // (the lookups' clock)
 };
@@ -111,7 +104,7 @@ TEST_F(PendingTest, AFullBudgetTakesTheOldestOfTheHolderWithTheMost) {
   ASSERT_TRUE(Keep(TupleOf(9, 2), Uid(0), 2, 1001));
   EXPECT_TRUE(evicted_.empty());
   ASSERT_TRUE(Keep(TupleOf(9, 3), Uid(0), 3, 1500));
-  ASSERT_EQ(evicted_, std::set<StreamConn*>{Conn(200)});
+  ASSERT_EQ(evicted_, std::set<RemoteRing*>{Conn(200)});
   PendingRequests::Taken taken;
   ASSERT_TRUE(table_.Take(TupleOf(2, 2000), now_, &taken));
   EXPECT_TRUE(taken.dropped);
@@ -134,7 +127,7 @@ TEST_F(PendingTest, AfterTheGraceOnlyConnectedRequestsStay) {
   ASSERT_EQ(table_.TakeDue(2000, checks, 8), 2u);
   EXPECT_TRUE(checks[0].tuple == TupleOf(2, 1));
   checks[1].connected = true;  // (2, 2)'s SYN came
-  StreamConn* done[8];
+  RemoteRing* done[8];
   size_t count = 0;
   table_.Settle(checks, 2, 2000, done, 8, &count);
   ASSERT_EQ(count, 1u);
@@ -191,7 +184,7 @@ TEST_F(PendingTest, ACeilingOfRequestsIsAFullTableToo) {
   ASSERT_TRUE(Keep(TupleOf(2, 2), Uid(65534), 2, 1001));
   ASSERT_TRUE(Keep(TupleOf(9, 1), Uid(0), 3, 1002));
   ASSERT_TRUE(Keep(TupleOf(9, 2), Uid(0), 4, 1003));
-  EXPECT_EQ(evicted_, std::set<StreamConn*>{Conn(1)});
+  EXPECT_EQ(evicted_, std::set<RemoteRing*>{Conn(1)});
   EXPECT_EQ(owner_.kept, 3u);
   // The holder with the most (root's 2) asks again: it is refused, not made to give up
   // its own; a third sender takes root's oldest.
@@ -199,7 +192,7 @@ TEST_F(PendingTest, ACeilingOfRequestsIsAFullTableToo) {
   EXPECT_EQ(last_refusal_, PendingRequests::Admitted::kFull);
   EXPECT_EQ(evicted_.size(), 1u);
   ASSERT_TRUE(Keep(TupleOf(7, 1), Uid(5), 6, 1005));
-  EXPECT_EQ(evicted_, (std::set<StreamConn*>{Conn(1), Conn(3)}));
+  EXPECT_EQ(evicted_, (std::set<RemoteRing*>{Conn(1), Conn(3)}));
   PendingRequests::Answer a;
   EXPECT_EQ(table_.Find(TupleOf(9, 2), 4, &a), PendingRequests::Found::kSame);
 }
@@ -218,50 +211,5 @@ TEST_F(PendingTest, RefusalsAreRememberedByTuple) {
   EXPECT_EQ(table_.Refused(TupleOf(2, 1), 1200), Reason::kNone);
 }
 
-TEST(RequestRatesTest, ASourceGetsItsBurstThenItsRate) {
-  RequestRates rates;
-  ASSERT_TRUE(rates.Init());
-  TokenBucket listener = RequestRates::ListenerBucket();
-  uint64_t now = 1000000;
-  int answered = 0;
-  for (int i = 0; i < 1000; ++i) answered += rates.Admit(&listener, At(2, uint16_t(i)), now);
-  EXPECT_EQ(answered, int(RequestRates::kSourceBurst));
-  EXPECT_TRUE(rates.DroppedLately(At(2, 9), now / 1000));
-  EXPECT_FALSE(rates.DroppedLately(At(3, 9), now / 1000));
-  now += 500000;  // half a second: half its rate
-  answered = 0;
-  for (int i = 0; i < 1000; ++i) answered += rates.Admit(&listener, At(2, uint16_t(i)), now);
-  EXPECT_EQ(answered, int(RequestRates::kSourceRate / 2));
-}
-
-// A flood from many addresses empties the listener's bucket; a source that is not
-// flooding is still answered, and one whose requests were proven gets its tokens back.
-TEST(RequestRatesTest, QuietAndProvenSourcesAreAnsweredThroughAFlood) {
-  RequestRates rates;
-  ASSERT_TRUE(rates.Init());
-  TokenBucket listener = RequestRates::ListenerBucket();
-  uint64_t now = 1000000;
-  auto flood = [&] {
-    for (int s = 0; s < 64; ++s)
-      for (int i = 0; i < 100; ++i) rates.Admit(&listener, At(uint8_t(10 + s), uint16_t(i)), now);
-  };
-  flood();
-  now += 100000;
-  flood();
-  EXPECT_FALSE(rates.Admit(&listener, At(10, 1), now));
-  int answered = 0;
-  for (int i = 0; i < 8; ++i) answered += rates.Admit(&listener, At(2, uint16_t(i)), now);
-  EXPECT_EQ(answered, 8);
-  // A busy client whose connections are real: each accepted one gives its tokens back.
-  answered = 0;
-  for (int i = 0; i < 200; ++i) {
-    if (rates.Admit(&listener, At(3, uint16_t(i)), now)) {
-      ++answered;
-      rates.Refund(&listener, At(3, uint16_t(i)));
-    }
-  }
-  EXPECT_EQ(answered, 200);
-}
-
 }  // namespace
-}  // namespace slip::fabric
+}  // namespace slip
