@@ -21,9 +21,8 @@
 // A dropped request's client had our REP and may still confirm: its TCP connection may
 // come late. So what is dropped leaves a record of its 4-tuple and nonce (a few bytes, not
 // its rings) for kPendingMs, and accept() finds that record: the connection is then held
-// without a path of the transport's, and the client's CONFIRM moves it onto TCP (a
-// failover from byte 0), never into the application's bytes (fabric's
-// StreamConn::HoldForDroppedRequest). Room for
+// without a path of the transport's (core/stand_in_ring.h), and the client's CONFIRM moves
+// it onto TCP (a failover from byte 0), never into the application's bytes. Room for
 // those records is reserved before a request is kept: when there is none, the request is
 // refused.
 //

@@ -348,6 +348,32 @@ void RemoteRing::MaybeFailover() noexcept {
   if (!FailOverLocked(failover_cause_.load(std::memory_order_relaxed))) Fail(ECONNRESET);
 }
 
+bool RemoteRing::TakePeerFailover(int timeout_ms) noexcept {
+  const int fd = failover_.anchor();
+  wire::Failover peer;
+  return fd >= 0 && ReceiveFailover(fd, timeout_ms, &peer) && OnPeerFailover(peer);
+}
+
+void RemoteRing::FinishOnAnchor() noexcept {
+  const uint64_t published = failover_.published();
+  if (failover_.carriage() == Carriage::kFailing && !TakePeerFailover(5000)) {
+    // A peer that closed its TCP connection too (EOF or reset) has ended, as a TCP peer
+    // that closes with bytes unread would: nothing is lost that it still wanted.
+    uint8_t byte;
+    const int fd = failover_.anchor();
+    const bool peer_ended =
+        AnchorGone() || (fd >= 0 && sys::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0);
+    if (published != tx_credit_.load() && !peer_ended)
+      SLIP_LOG(kWarn,
+               "%s: closed during failover without the peer's answer: up to %llu bytes "
+               "not confirmed as received",
+               names_.transport, (unsigned long long)(published - tx_credit_.load()));
+    return;
+  }
+  // Closing ends the stream (the last holder: these connections do not cross fork).
+  if (failover_.on_tcp()) failover_.FinishOnClose(5000);
+}
+
 bool RemoteRing::FailOverLocked(wire::FailoverCause cause) noexcept {
   HaltLocked();
   if (!failover_.SendOurs(rx_produced_.load(std::memory_order_acquire), cause)) {

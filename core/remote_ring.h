@@ -211,6 +211,12 @@ class RemoteRing : public Channel, public ChannelControl, protected AnchorFailov
   // TCP_INFO: a peek or SO_ERROR would take the pending ECONNRESET from the control
   // thread, which reports it to the application.)
   bool AnchorGone() const noexcept;
+  // Takes a FAILOVER the peer sent on the anchor, waiting up to `timeout_ms` (only when
+  // nobody else reads the anchor: the control thread no longer watches it, as at close).
+  bool TakePeerFailover(int timeout_ms) noexcept;
+  // Closing after failover (the last holder): the peer's FAILOVER if still missing, then
+  // every byte out on the anchor.
+  void FinishOnAnchor() noexcept;
   // The log line of a stream that continues on TCP for `cause` (at info while the
   // application closes: then the outcome is what matters).
   void SayContinuing(wire::FailoverCause cause) const noexcept;

@@ -25,9 +25,6 @@ namespace slip::fabric {
 
 namespace {
 
-constexpr RemoteRing::Names kNames = {TransportKind::kFabric, "fabric", "the fabric",
-                                      "a write on the fabric failed"};
-
 // The whole cursor a note says, from the one it moves (RemoteRing::TakeProduced and
 // TakeCredit take it).
 uint64_t CursorOf(uint64_t data, const std::atomic<uint64_t>& known) noexcept {

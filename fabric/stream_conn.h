@@ -79,6 +79,9 @@ constexpr uint32_t Seq(uint64_t c) noexcept {
 
 class StreamConn final : public RemoteRing {
  public:
+  // What the log lines and the stats call the transport.
+  static constexpr Names kNames = {TransportKind::kFabric, "fabric", "the fabric",
+                                   "a write on the fabric failed"};
   // Receives posted per connected endpoint, where notes consume them (verbs), each posted
   // again once its completion is taken. More than a peer has cursor-word notes in flight
   // (WriteLedger::kWordSlots); cursor notes are bounded by the peer's send queue instead, and one
@@ -129,11 +132,6 @@ class StreamConn final : public RemoteRing {
   // `nonce`); Settle decides by `deadline_ms` (RemoteRing::Hold; its TCP connection is
   // accepted, so it is no longer unproven).
   void Hold(uint64_t nonce, uint64_t deadline_ms) noexcept;
-  // The same for a connection whose request the listener answered and then dropped before
-  // its TCP connection came (core/pending_requests.h): nothing of the client's reaches
-  // this connection on the fabric, so its CONFIRM settles it onto the TCP connection (a
-  // failover from byte 0), and its other bytes make it plain (kRendezvousBusy).
-  void HoldForDroppedRequest(uint64_t nonce, uint64_t deadline_ms) noexcept;
   // A listener's connection for a request not yet proven by its TCP connection: its rings,
   // should they have to retire (a peer may still write them), count against the budget of
   // unproven requests (StreamFabric::Retire), not the connections'.

@@ -22,6 +22,7 @@
 
 #include "core/log.h"
 #include "core/sock_diag.h"
+#include "core/stand_in_ring.h"
 #include "core/sys.h"
 #include "fabric/stream_internal.h"
 
@@ -381,26 +382,29 @@ std::unique_ptr<Channel> StreamModuleImpl::AcceptPending(StreamListener* l,
     return nullptr;
   *committed = true;  // its client had our REP: its CONFIRM may be on its way
   std::unique_ptr<StreamConn> conn(static_cast<StreamConn*>(taken.conn));
-  if (taken.dropped) {
-    // Dropped before its connection came (its grace, or room for another's): a connection
-    // without a fabric path stands in, so that a CONFIRM of the client's goes onto TCP.
-    conn.reset(NewConn(1u << taken.ring_log2, why));
-    if (!conn) return nullptr;
-    SLIP_LOG(kDebug, "fabric: conn %06x stands in for a dropped request from port %u", conn->tag(),
-             unsigned(client.port));
-  } else {
-    rates_.Refund(&l->answers, client);  // (proven: its tokens come back)
-    SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) accepted from port %u", conn->tag(),
-             unsigned(conn->peer_tag()), unsigned(client.port));
-  }
-  const int own_b = sys::DupAbove(proxy_b, floor_);
   *why = Reason::kResources;
+  const int own_b = sys::DupAbove(proxy_b, floor_);
   if (own_b < 0) return nullptr;
   const uint64_t deadline = sys::MonotonicMs() + config_->handshake_timeout_ms;
-  if (taken.dropped)
-    conn->HoldForDroppedRequest(taken.nonce, deadline);
-  else
-    conn->Hold(taken.nonce, deadline);
+  if (taken.dropped) {
+    // Dropped before its connection came (its grace, or room for another's): a stand-in
+    // without a fabric path (core/stand_in_ring.h), so that a CONFIRM of the client's goes
+    // onto TCP.
+    auto stand_in =
+        StandInRing::Create(StreamConn::kNames, 1u << taken.ring_log2, taken.nonce, deadline);
+    if (!stand_in) {
+      sys::close(own_b);
+      return nullptr;
+    }
+    SLIP_LOG(kDebug, "fabric: a stand-in for a dropped request from port %u",
+             unsigned(client.port));
+    stand_in->SetProxy(own_b);
+    return stand_in;
+  }
+  rates_.Refund(&l->answers, client);  // (proven: its tokens come back)
+  SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) accepted from port %u", conn->tag(),
+           unsigned(conn->peer_tag()), unsigned(client.port));
+  conn->Hold(taken.nonce, deadline);
   conn->SetProxy(own_b);
   return conn;
 }

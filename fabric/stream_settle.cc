@@ -31,12 +31,6 @@ constexpr int kOrderWaitMs = 1000;
 
 }  // namespace
 
-void StreamConn::HoldForDroppedRequest(uint64_t nonce, uint64_t deadline_ms) noexcept {
-  link_state_.store(LinkState::kDown, std::memory_order_release);  // (nothing to wait for)
-  plain_reason_ = Reason::kRendezvousBusy;
-  Hold(nonce, deadline_ms);
-}
-
 void StreamConn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
   unproven_ = false;  // (its TCP connection is accepted)
   RemoteRing::Hold(nonce, deadline_ms);
@@ -45,8 +39,8 @@ void StreamConn::Hold(uint64_t nonce, uint64_t deadline_ms) noexcept {
 RemoteRing::PeerCheck StreamConn::ConfirmedPeer(uint64_t now_ms, const char**) noexcept {
   if (ep_.load(std::memory_order_acquire) == nullptr) {
     // Its client's endpoint was connected before its SYN left, but ours may hear of it a
-    // moment later (the provider's last handshake message, the progress thread). No
-    // endpoint at all (a dropped request's: HoldForDroppedRequest): nothing to wait for.
+    // moment later (the provider's last handshake message, the progress thread). An
+    // endpoint that went down: nothing to wait for.
     if (fabric_->connected() && link_state_.load(std::memory_order_acquire) != LinkState::kDown &&
         now_ms < deadline_ms_)
       return PeerCheck::kWait;

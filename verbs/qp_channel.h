@@ -200,11 +200,6 @@ class QpChannel : public RemoteRing {
   // the error state, its completions taken. Nothing lands in our ring after this.
   void HaltLocked() noexcept override;
   bool PeerKnown() const noexcept override { return have_peer_; }
-  // Takes a FAILOVER the peer sent on the anchor, waiting up to `timeout_ms` (only when
-  // nobody else reads the anchor: the control thread no longer watches it).
-  bool TakePeerFailover(int timeout_ms) noexcept;
-  // Closing after failover: the peer's FAILOVER if still missing, then every byte out.
-  void FinishOnAnchor() noexcept;
   void DrainLocked() const noexcept;
   void Handle(const ibv_wc& wc) const noexcept;
   void HandleNote(uint32_t note) const noexcept;
