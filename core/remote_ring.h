@@ -5,6 +5,14 @@
 // it made the request. A transport derives its channel from this and supplies what its
 // device alone knows: posting writes and credits, taking its completions, halting.
 //
+// A transport whose path retransmits (one that carries the bytes in packets of its own
+// rather than as one-sided writes) fits the same hooks: PostData(from, to) sends the ring's
+// bytes [from, to), which stay in the send ring until the peer's credit says they were
+// consumed, so a resend reads them from there (no copy of its own); its receiver places
+// what arrived in order into the ring and hands the new cursor to TakeProduced, where a
+// duplicate or a stale one is kNothing. Halting means the path delivers nothing more, and
+// PeerCountTrusted says whether a failover may trust the peer's count.
+//
 // Settling (docs/DESIGN.md, "Settling a connection"). A listener's request names the TCP
 // 4-tuple it is for, but anybody who can reach the listener can name any tuple: until the
 // TCP connection's client proves, in band, that it made the request (its CONFIRM carries
