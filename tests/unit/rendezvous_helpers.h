@@ -1,4 +1,4 @@
-// Helpers shared by the rendezvous tests (rendezvous_test.cc, dir_rendezvous_test.cc):
+// Helpers shared by the rendezvous tests (rendezvous_fixture.h, dir_rendezvous_test.cc):
 // addresses, TCP sockets, and what a listener answered on a rendezvous connection.
 #pragma once
 
