@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/module_loader.h"
+
 namespace slip::fabric {
 
 namespace {
@@ -269,6 +271,9 @@ bool OpenCq(fid_domain* domain, size_t entries, fi_cq_format format, bool waitab
 
 bool Endpoint::Open(const Domain& domain, size_t cq_entries, fi_cq_format format, bool waitable,
                     std::string* why) {
+  // A provider may install signal handlers as its first endpoint opens (shm's, which
+  // unlink its regions and re-raise): the application's signals stay its own.
+  KeepSignalDispositions keep("fabric");
   fi_av_attr av_attr{};
   av_attr.type = FI_AV_TABLE;
   av_attr.count = 4;
