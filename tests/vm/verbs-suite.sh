@@ -100,7 +100,7 @@ for c in $VERBS_ONLY; do
   run "verbs.$c" /usr/bin/python3 tests/vm/verbs_cases.py --build-dir "$BUILD" "${c%%.*}" "${c#*.}"
 done
 
-# 3. The NCCL plugin's harness (tests/unit/nccl_plugin_test.cc) over verbs: the plugin
+# 3. The NCCL plugin's harness (tests/unit/nccl_plugin_fixture.h) over verbs: the plugin
 #    offers rxe0, and every comm is an RC queue pair through it (about 15 s); flushes
 #    of host memory forced (SLIP_NCCL_FLUSH=1), so that the GPUDirect flush's READ runs.
 #    The extra run (SLIP_VERBS_EXTRA=1): with three queue pairs per comm (SLIP_NCCL_QPS=3),
