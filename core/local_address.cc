@@ -66,7 +66,10 @@ bool PeerEndpoint(int fd, wire::Endpoint* ep) noexcept {
 bool IsLoopback(const wire::Endpoint& ep) noexcept {
   if (ep.family == 4) return ep.addr[0] == 127;
   static const uint8_t kLoop6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
-  return std::memcmp(ep.addr, kLoop6, 16) == 0;
+  static const uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  // (127/8 mapped into IPv6 too: an endpoint read off the wire need not be folded.)
+  return std::memcmp(ep.addr, kLoop6, 16) == 0 ||
+         (std::memcmp(ep.addr, kMapped, 12) == 0 && ep.addr[12] == 127);
 }
 
 bool IsLocalDestination(const sockaddr* addr) noexcept {

@@ -2,8 +2,12 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
+
+#include "core/local_address.h"
+#include "core/sock_diag.h"
 
 namespace slip {
 
@@ -414,6 +418,47 @@ Reason PendingRequests::Refused(const Tuple& t, uint64_t now_ms) noexcept {
   for (uint32_t i = refusal_heads_[hash & (kRefusals - 1)]; i != kNil; i = refusals_[i].chain)
     if (refusals_[i].hash == hash && now_ms < refusals_[i].until_ms) return refusals_[i].why;
   return Reason::kNone;
+}
+
+Principal Principal::OfSource(const wire::Endpoint& source) noexcept {
+  Principal who;
+  if (IsLoopback(source)) {
+    who.kind = Kind::kLoopback;
+    return who;
+  }
+  who.kind = Kind::kAddress;
+  who.address = source;
+  who.address.port = 0;
+  return who;
+}
+
+size_t PendingRequests::DefaultBudget(size_t charge) noexcept {
+  return std::max(size_t(192) << 20, kMinRequests * charge);
+}
+
+size_t PendingRequests::CheckDue(uint64_t now_ms, Deleter release) noexcept {
+  constexpr size_t kChecks = 64;   // requests asked about per round
+  constexpr int kCheckRounds = 8;  // rounds per call: the rest waits for the next
+  Check checks[kChecks];
+  RemoteRing* done[kChecks + 16];
+  size_t gone = 0;
+  for (int round = 0; round < kCheckRounds; ++round) {
+    const size_t n = TakeDue(now_ms, checks, kChecks);
+    for (size_t i = 0; i < n; ++i) {
+      sockaddr_storage server{}, client{};
+      SocketInfo info;
+      checks[i].connected = wire::SockaddrFromEndpoint(checks[i].tuple.server, &server) &&
+                            wire::SockaddrFromEndpoint(checks[i].tuple.client, &client) &&
+                            FindConnection(reinterpret_cast<sockaddr*>(&server),
+                                           reinterpret_cast<sockaddr*>(&client), &info) == 0;
+    }
+    size_t count = 0;
+    Settle(checks, n, now_ms, done, sizeof(done) / sizeof(done[0]), &count);
+    for (size_t i = 0; i < count; ++i) release(done[i]);
+    gone += count;
+    if (n < kChecks && count < sizeof(done) / sizeof(done[0])) break;
+  }
+  return gone;
 }
 
 }  // namespace slip

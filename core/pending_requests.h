@@ -69,6 +69,10 @@ struct Principal {
   bool operator==(const Principal& o) const noexcept {
     return kind == o.kind && uid == o.uid && address == o.address;
   }
+  // Who sent from `source` when the kernel names no user for it: its address, or for a
+  // loopback address the one principal every local sender shares (any local user may
+  // send from any loopback address).
+  static Principal OfSource(const wire::Endpoint& source) noexcept;
 };
 
 class PendingRequests {
@@ -88,6 +92,10 @@ class PendingRequests {
   PendingRequests(const PendingRequests&) = delete;
   PendingRequests& operator=(const PendingRequests&) = delete;
 
+  // The budget of a process whose transport has none of its own: 192 MiB, or kMinRequests
+  // requests' worth where one is `charge` bytes and that is more.
+  static constexpr size_t kMinRequests = 8;
+  static size_t DefaultBudget(size_t charge) noexcept;
   // The tables (fixed from now on), for at most `max_kept` requests (<= kMaxRequests) in
   // `budget_bytes`. False: no memory.
   bool Init(size_t budget_bytes, size_t max_kept = kMaxRequests) noexcept;
@@ -139,6 +147,12 @@ class PendingRequests {
               size_t* count) noexcept;
   // When TakeDue has something to do next (0: nothing kept).
   uint64_t next_due_ms() const noexcept;
+  // TakeDue and Settle in rounds, the kernel asked in between (core/sock_diag.h
+  // FindConnection: the connection in its handshake, queued or accepted): what a progress
+  // thread calls once next_due_ms() is reached. Each connection to delete goes to
+  // `release`, outside the table's mutex. Returns how many went.
+  using Deleter = void (*)(RemoteRing* conn) noexcept;
+  size_t CheckDue(uint64_t now_ms, Deleter release) noexcept;
 
   // accept()'s side. Whether a request, or a dropped request's record, waits for `t`.
   bool Has(const Tuple& t, uint64_t now_ms) noexcept;

@@ -35,12 +35,6 @@ constexpr int kBatches = 8;      // recvmmsg calls per serve
 // A serve that took this many was busy: the socket rests a moment (StreamFabric::ServeFn),
 // so that a flood is taken in batches rather than in a wake-up per datagram.
 constexpr int kBusy = 16;
-constexpr size_t kChecks = 64;   // requests asked about per round (PendingRequests::TakeDue)
-constexpr int kCheckRounds = 8;  // rounds per turn
-// The budget of unproven requests' rings when a process has no other (bytes): at least
-// kMinRequests requests' worth at its ring size.
-constexpr size_t kDefaultBudget = size_t(192) << 20;
-constexpr size_t kMinRequests = 8;
 // Over connected endpoints each kept request holds its completion queue's descriptors
 // (three, the tcp provider's socket pair and epoll set) above the hidden floor: the
 // requests may hold a quarter of the numbers there (about as many as the floor), so that
@@ -55,15 +49,6 @@ bool IsAnyAddress(const wire::Endpoint& e) noexcept {
   for (uint8_t b : e.addr)
     if (b != 0) return false;
   return true;
-}
-
-// 127/8, ::1, and 127/8 mapped into IPv6: any local user may send from any of them.
-bool IsLoopback(const wire::Endpoint& e) noexcept {
-  static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  static constexpr uint8_t kOne[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
-  if (e.family == 4) return e.addr[0] == 127;
-  return std::memcmp(e.addr, kOne, 16) == 0 ||
-         (std::memcmp(e.addr, kMapped, 12) == 0 && e.addr[12] == 127);
 }
 
 }  // namespace
@@ -81,10 +66,10 @@ bool StreamModuleImpl::HaveTables() noexcept {
   if (tables_.load(std::memory_order_acquire)) return true;
   std::lock_guard<std::mutex> lock(tables_mu_);
   if (tables_.load(std::memory_order_relaxed)) return true;
-  const size_t budget = std::max(kDefaultBudget, kMinRequests * Charge(config_->ring_size));
-  const size_t by_fds = fabric_->connected()
-                            ? std::max(kMinRequests, size_t(floor_) / 4 / kFdsPerRequest)
-                            : PendingRequests::kMaxRequests;
+  const size_t budget = PendingRequests::DefaultBudget(Charge(config_->ring_size));
+  const size_t by_fds = fabric_->connected() ? std::max(PendingRequests::kMinRequests,
+                                                        size_t(floor_) / 4 / kFdsPerRequest)
+                                             : PendingRequests::kMaxRequests;
   if (!pending_.Init(budget, by_fds) || !rates_.Init()) return false;
   tables_.store(true, std::memory_order_release);
   return true;
@@ -182,14 +167,7 @@ Principal StreamModuleImpl::WhoSent(const wire::Endpoint& source,
     who.uid = info.uid;
     return who;
   }
-  if (IsLoopback(source)) {
-    who.kind = Principal::Kind::kLoopback;
-    return who;
-  }
-  who.kind = Principal::Kind::kAddress;
-  who.address = source;
-  who.address.port = 0;
-  return who;
+  return Principal::OfSource(source);
 }
 
 void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
@@ -321,29 +299,11 @@ void StreamModuleImpl::Turn(void* ctx, uint64_t now_ms) noexcept {
 void StreamModuleImpl::CheckRequests(uint64_t now_ms) noexcept {
   // A request whose grace is over is kept only if the kernel shows its TCP connection at
   // this host (in the handshake, queued, or accepted): what it is waiting for.
-  PendingRequests::Check checks[kChecks];
-  RemoteRing* done[kChecks + 16];
-  for (int round = 0; round < kCheckRounds; ++round) {
-    const size_t n = pending_.TakeDue(now_ms, checks, kChecks);
-    for (size_t i = 0; i < n; ++i) {
-      sockaddr_storage server{}, client{};
-      SocketInfo info;
-      checks[i].connected = wire::SockaddrFromEndpoint(checks[i].tuple.server, &server) &&
-                            wire::SockaddrFromEndpoint(checks[i].tuple.client, &client) &&
-                            FindConnection(reinterpret_cast<sockaddr*>(&server),
-                                           reinterpret_cast<sockaddr*>(&client), &info) == 0;
-    }
-    size_t count = 0;
-    pending_.Settle(checks, n, now_ms, done, sizeof(done) / sizeof(done[0]), &count);
-    if (count > 0)
-      SLIP_LOG(kDebug,
-               "fabric: %zu requests dropped (no TCP connection after their grace) or expired",
-               count);
-    for (size_t i = 0; i < count; ++i) DeleteRequest(done[i]);
-    if (count > 0)
-      fabric_->ReleaseUnproven(pending_.budget() - std::min(pending_.budget(), pending_.charged()));
-    if (n < kChecks && count < sizeof(done) / sizeof(done[0])) return;
-  }
+  const size_t gone = pending_.CheckDue(now_ms, DeleteRequest);
+  if (gone == 0) return;
+  SLIP_LOG(kDebug, "fabric: %zu requests dropped (no TCP connection after their grace) or expired",
+           gone);
+  fabric_->ReleaseUnproven(pending_.budget() - std::min(pending_.budget(), pending_.charged()));
 }
 
 Reason StreamModuleImpl::Refused(StreamListener* l, const wire::Endpoint& client,

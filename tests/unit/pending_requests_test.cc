@@ -3,11 +3,15 @@
 #include "core/pending_requests.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <set>
+#include <vector>
 
 #include "tests/unit/loopback_endpoint.h"
+#include "tests/unit/tcp_pair.h"
 
 namespace slip {
 namespace {
@@ -209,6 +213,59 @@ TEST_F(PendingTest, RefusalsAreRememberedByTuple) {
     table_.RecordRefusal(TupleOf(3, uint16_t(i)), Reason::kRendezvousBusy, 1100);
   EXPECT_EQ(table_.Refused(TupleOf(2, 2), 1200), Reason::kDeclined);
   EXPECT_EQ(table_.Refused(TupleOf(2, 1), 1200), Reason::kNone);
+}
+
+// The kernel is asked for real: a request whose TCP connection exists (a loopback pair)
+// stays after its grace, one for a 4-tuple nobody connected is released.
+std::vector<RemoteRing*>* g_released = nullptr;
+
+TEST_F(PendingTest, CheckDueAsksTheKernelAndReleasesTheUnconnected) {
+  int fds[2];
+  ASSERT_NO_FATAL_FAILURE(testing::TcpPair(fds));
+  sockaddr_storage client{}, server{};
+  socklen_t len = sizeof(client);
+  ASSERT_EQ(getsockname(fds[0], reinterpret_cast<sockaddr*>(&client), &len), 0);
+  len = sizeof(server);
+  ASSERT_EQ(getpeername(fds[0], reinterpret_cast<sockaddr*>(&server), &len), 0);
+  Tuple connected;
+  ASSERT_TRUE(wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&client), &connected.client));
+  ASSERT_TRUE(wire::EndpointFromSockaddr(reinterpret_cast<sockaddr*>(&server), &connected.server));
+  Tuple nobody = connected;
+  nobody.client.port = uint16_t(connected.client.port ^ 0x4000);
+  ASSERT_TRUE(Keep(connected, Uid(1), 1, 1000));
+  ASSERT_TRUE(Keep(nobody, Uid(1), 2, 1000));
+  std::vector<RemoteRing*> released;
+  g_released = &released;
+  EXPECT_EQ(table_.CheckDue(1000 + PendingRequests::kGraceMs - 1, [](RemoteRing*) noexcept {}),
+            0u);  // (in its grace)
+  EXPECT_EQ(table_.CheckDue(1000 + PendingRequests::kGraceMs,
+                            [](RemoteRing* conn) noexcept { g_released->push_back(conn); }),
+            1u);
+  g_released = nullptr;
+  EXPECT_EQ(released, std::vector<RemoteRing*>{Conn(2)});
+  PendingRequests::Answer a;
+  EXPECT_EQ(table_.Find(connected, 1, &a), PendingRequests::Found::kSame);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+TEST(PrincipalTest, LoopbackSendersShareOneOthersAreTheirAddress) {
+  const Principal a = Principal::OfSource(LoopbackAt(2, 1000));
+  EXPECT_EQ(a.kind, Principal::Kind::kLoopback);
+  EXPECT_TRUE(a == Principal::OfSource(LoopbackAt(77, 2000)));
+  wire::Endpoint mapped{};  // ::ffff:127.0.0.9, unfolded
+  mapped.family = 6;
+  mapped.addr[10] = mapped.addr[11] = 0xff;
+  mapped.addr[12] = 127;
+  mapped.addr[15] = 9;
+  EXPECT_EQ(Principal::OfSource(mapped).kind, Principal::Kind::kLoopback);
+  wire::Endpoint remote = LoopbackAt(5, 3000);
+  remote.addr[0] = 10;
+  const Principal r = Principal::OfSource(remote);
+  EXPECT_EQ(r.kind, Principal::Kind::kAddress);
+  EXPECT_EQ(r.address.port, 0);  // (any port of that address)
+  remote.port = 4000;
+  EXPECT_TRUE(r == Principal::OfSource(remote));
 }
 
 }  // namespace
