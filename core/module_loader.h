@@ -38,10 +38,11 @@ const void* ModuleAnchor() noexcept;
 void* OpenModuleBeside(const void* anchor, const char* library, char* error,
                        unsigned long error_len) noexcept;
 
-// The application's signal handlers, kept while a module loads and starts (its libraries
-// may install their own as they initialise: PSM's exit(1) on SIGINT and SIGTERM through
-// libfabric, shm's unlink-and-reraise), and put back when this goes out of scope, with a
-// debug line naming each signal a library changed. The application's signals stay its own.
+// The application's signal handlers, kept while a module loads and starts, or opens what
+// its libraries install handlers for (PSM's exit(1) on SIGINT and SIGTERM through libfabric
+// at its load, shm's unlink-and-reraise at its first endpoint), and put back when this goes
+// out of scope, with a debug line naming each signal a library changed. The application's
+// signals stay its own.
 class KeepSignalDispositions {
  public:
   explicit KeepSignalDispositions(const char* module) noexcept;

@@ -7,8 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/module_loader.h"
-
 namespace slip::fabric {
 
 namespace {
@@ -113,7 +111,6 @@ bool Link::Open(const Domain& domain, const fi_info* request, const sockaddr* se
     client->dest_addrlen = len;
   }
   fid_ep* ep = nullptr;
-  KeepSignalDispositions keep("fabric");  // (as Endpoint::Open says)
   int rc = fi_endpoint(domain.domain(), const_cast<fi_info*>(request ? request : client.get()), &ep,
                        reinterpret_cast<void*>(uintptr_t(tag)));
   if (rc != 0) {

@@ -342,6 +342,11 @@ std::unique_ptr<Channel> StreamModuleImpl::AcceptPending(StreamListener* l,
     return nullptr;
   *committed = true;  // its client had our REP: its CONFIRM may be on its way
   std::unique_ptr<StreamConn> conn(static_cast<StreamConn*>(taken.conn));
+  if (!taken.dropped) {
+    rates_.Refund(&l->answers, client);  // (proven: its tokens come back)
+    SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) accepted from port %u", conn->tag(),
+             unsigned(conn->peer_tag()), unsigned(client.port));
+  }
   *why = Reason::kResources;
   const int own_b = sys::DupAbove(proxy_b, floor_);
   if (own_b < 0) return nullptr;
@@ -361,9 +366,6 @@ std::unique_ptr<Channel> StreamModuleImpl::AcceptPending(StreamListener* l,
     stand_in->SetProxy(own_b);
     return stand_in;
   }
-  rates_.Refund(&l->answers, client);  // (proven: its tokens come back)
-  SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) accepted from port %u", conn->tag(),
-           unsigned(conn->peer_tag()), unsigned(client.port));
   conn->Hold(taken.nonce, deadline);
   conn->SetProxy(own_b);
   return conn;

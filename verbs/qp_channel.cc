@@ -297,9 +297,10 @@ bool QpChannel::SendHello(uint64_t nonce) noexcept {
   hello.nonce = nonce;
   hello.ring_addr = uint64_t(uintptr_t(slot_.rx_ring()));
   hello.rkey = slot_.remote_mr->rkey;
-  const size_t len = EncodeHello(hello, slot_.control() + kHelloOutOffset, kRecvBufSize);
+  uint8_t* buf = slot_.control() + kHelloOutOffset;
+  const size_t len = EncodeHello(hello, buf, kRecvBufSize);
   // Before the stream exists: posted as it is, never waiting for room (the queue is empty).
-  ibv_sge sge{uint64_t(uintptr_t(slot_.control() + kHelloOutOffset)), uint32_t(len), remote_lkey_};
+  ibv_sge sge{uint64_t(uintptr_t(buf)), uint32_t(len), remote_lkey_};
   ibv_send_wr wr{};
   wr.wr_id = 0;
   wr.sg_list = &sge;
