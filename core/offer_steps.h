@@ -89,6 +89,9 @@ class RingTwin : public ListenerTwin {
   void Drop(const wire::Endpoint& client, const wire::Endpoint& server) noexcept override {
     m_->DropPending(l_, client, server);
   }
+  Reason Refused(const wire::Endpoint& client, const wire::Endpoint& server) noexcept override {
+    return m_->Refused(l_, client, server);
+  }
 
  protected:
   RingTwin(Module* m, Listener* l, const Config* config) noexcept : m_(m), l_(l), config_(config) {}

@@ -394,6 +394,28 @@ RemoteRing* PendingRequests::ForgetOneOf(const RequestOwner* owner) noexcept {
   return nullptr;
 }
 
+RemoteRing* PendingRequests::Withdraw(const Tuple& t, const RemoteRing* conn, Reason why,
+                                      uint64_t now_ms) noexcept {
+  {
+    const uint64_t hash = HashOf(t);
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint32_t i = FindLocked(t, hash);
+    if (i == kNil || requests_[i].conn != conn) return nullptr;
+    RemoveLocked(i);
+  }
+  RecordRefusal(t, why, now_ms);
+  return const_cast<RemoteRing*>(conn);
+}
+
+RemoteRing* PendingRequests::DropOneIf(Match match, const void* ctx, uint64_t now_ms) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!requests_ || requests_used_ == 0) return nullptr;
+  for (uint32_t i = 0; i < kMaxRequests; ++i)
+    if (requests_[i].state != State::kFree && match(requests_[i].conn, ctx))
+      return DropLocked(i, now_ms);
+  return nullptr;
+}
+
 void PendingRequests::RecordRefusal(const Tuple& t, Reason why, uint64_t now_ms) noexcept {
   const uint64_t hash = HashOf(t);
   std::lock_guard<std::mutex> lock(mu_);

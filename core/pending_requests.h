@@ -170,6 +170,15 @@ class PendingRequests {
   // One request of `owner`'s (the listener goes), or of anybody's (null: the table goes):
   // its connection, or null when none is left.
   RemoteRing* ForgetOneOf(const RequestOwner* owner) noexcept;
+  // `t`'s request if its connection is `conn`, whose client gave up (it is plain): no
+  // record is left, but the refusal `why`, for accept()'s reason. Its connection, or null.
+  RemoteRing* Withdraw(const Tuple& t, const RemoteRing* conn, Reason why,
+                       uint64_t now_ms) noexcept;
+  // Drops one request whose connection `match` names (its path is gone: a record is left,
+  // as for any dropped request): its connection, or null when none is left. `match` runs
+  // under the table's mutex, and may read only what a connection never changes.
+  using Match = bool (*)(const RemoteRing* conn, const void* ctx) noexcept;
+  RemoteRing* DropOneIf(Match match, const void* ctx, uint64_t now_ms) noexcept;
 
   // Refusals, by 4-tuple, for kPendingMs.
   void RecordRefusal(const Tuple& t, Reason why, uint64_t now_ms) noexcept;

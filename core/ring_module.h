@@ -45,6 +45,15 @@ class RingModule {
   virtual std::unique_ptr<Channel> AcceptPending(Listener* listener, const wire::Endpoint& client,
                                                  const wire::Endpoint& server, int proxy_b,
                                                  Reason* why, bool* committed) noexcept = 0;
+  // Why a request for `client` -> `server` was refused lately (its client was told, and
+  // is plain); kNone if none was: so that accept()'s stats say why.
+  virtual Reason Refused(Listener* listener, const wire::Endpoint& client,
+                         const wire::Endpoint& server) noexcept {
+    (void)listener;
+    (void)client;
+    (void)server;
+    return Reason::kNone;
+  }
 
   // --- connecting side ---
   // A client for `dest` (nullptr with *why when the negative cache or a local check

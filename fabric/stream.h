@@ -26,7 +26,7 @@
 #include "core/channel.h"
 #include "core/config.h"
 #include "core/own_fds.h"
-#include "core/ring_module.h"
+#include "core/request_module.h"
 #include "core/stats.h"
 #include "core/wire.h"
 #include "fabric/options.h"
@@ -36,12 +36,12 @@ namespace slip::fabric {
 struct StreamListener;  // a UDP twin of one TCP listener
 struct StreamClient;    // a client connection from its REQ to its channel
 
-class StreamModule : public RingModule<StreamListener, StreamClient> {
+class StreamModule : public RequestModule<StreamListener, StreamClient> {
  public:
   // The provider and domain every connection of this process uses ("tcp;ofi_rxm", "shm").
   virtual const char* provider() const noexcept = 0;
 
-  // --- listening side (the pending requests: core/ring_module.h) ---
+  // --- listening side (the pending requests: core/request_module.h) ---
   // Binds the UDP twin of the TCP listener bound to `local`. nullptr with *why when it
   // cannot (the UDP port is another program's, ...). Its REQs are answered by the
   // module's progress thread alone, as they come; a request counts as made once answered
@@ -51,9 +51,6 @@ class StreamModule : public RingModule<StreamListener, StreamClient> {
   // The listening socket is shared by processes (fork): REQs are refused from now on, since
   // the process that answers one may not be the one whose accept() takes its SYN.
   virtual void Share(StreamListener* listener) noexcept = 0;
-  // Why a REQ for `client` -> `server` was refused lately; kNone if none was.
-  virtual Reason Refused(StreamListener* listener, const wire::Endpoint& client,
-                         const wire::Endpoint& server) noexcept = 0;
 
   // --- connecting side ---
   // Start's UDP socket, connected, names the source address at once; Request sends the
@@ -66,6 +63,9 @@ class StreamModule : public RingModule<StreamListener, StreamClient> {
   // The face saw libfabric accept `fd` on `listening` (fd already above the floor): the
   // connection listener's sockets are bounded and given a deadline (fabric/link_sockets.h).
   virtual void ProviderAccepted(int listening, int fd) noexcept = 0;
+
+ protected:
+  using RequestModule::RequestModule;
 };
 
 }  // namespace slip::fabric

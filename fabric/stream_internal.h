@@ -35,9 +35,7 @@ struct StreamListener {
 
 // Deletes a request's connection that the table (core/pending_requests.h) hands back:
 // always one of ours.
-inline void DeleteRequest(RemoteRing* conn) noexcept {
-  delete static_cast<StreamConn*>(conn);
-}
+void DeleteRequest(RemoteRing* conn) noexcept;
 
 struct StreamClient {
   int udp = -1;
@@ -55,11 +53,13 @@ class StreamModuleImpl final : public StreamModule {
  public:
   StreamModuleImpl(const Config* config, const Options* options, int hidden_fd_floor,
                    std::unique_ptr<StreamFabric> fabric) noexcept
-      : config_(config), options_(options), floor_(hidden_fd_floor), fabric_(std::move(fabric)) {
+      : StreamModule(StreamConn::kNames, DeleteRequest, hidden_fd_floor,
+                     config->handshake_timeout_ms),
+        config_(config),
+        options_(options),
+        floor_(hidden_fd_floor),
+        fabric_(std::move(fabric)) {
     fabric_->SetTurn(&StreamModuleImpl::Turn, this);
-  }
-  ~StreamModuleImpl() override {
-    while (RemoteRing* conn = pending_.ForgetOneOf(nullptr)) DeleteRequest(conn);
   }
 
   const char* provider() const noexcept override { return fabric_->provider(); }
@@ -67,15 +67,6 @@ class StreamModuleImpl final : public StreamModule {
   StreamListener* Listen(const sockaddr* local, bool v6only, Reason* why) noexcept override;
   void Unlisten(StreamListener* listener) noexcept override;
   void Share(StreamListener* listener) noexcept override { listener->shared.store(true); }
-  Reason Refused(StreamListener* listener, const wire::Endpoint& client,
-                 const wire::Endpoint& server) noexcept override;
-  bool HasPending(StreamListener* listener, const wire::Endpoint& client,
-                  const wire::Endpoint& server) noexcept override;
-  void DropPending(StreamListener* listener, const wire::Endpoint& client,
-                   const wire::Endpoint& server) noexcept override;
-  std::unique_ptr<Channel> AcceptPending(StreamListener* listener, const wire::Endpoint& client,
-                                         const wire::Endpoint& server, int proxy_b, Reason* why,
-                                         bool* committed) noexcept override;
 
   StreamClient* Start(const sockaddr* dest, sockaddr_storage* source,
                       Reason* why) noexcept override;
@@ -132,12 +123,15 @@ class StreamModuleImpl final : public StreamModule {
   // The tables, made at the first listener (clients never pay for them).
   bool HaveTables() noexcept;
   // The progress thread's calls: a listener's UDP socket is readable; a turn (the requests
-  // whose grace is over: PendingRequests::TakeDue).
+  // whose grace is over: RequestKeeper::CheckDue).
   static bool ServeListener(void* ctx) noexcept;
   static void Turn(void* ctx, uint64_t now_ms) noexcept;
-  void CheckRequests(uint64_t now_ms) noexcept;
   // A descriptor of ours, above the application's (close-on-exec), or -1 (closed).
   int Hide(int fd) const noexcept;
+  // accept() took a kept request (core/request_module.h).
+  void Accepted(StreamListener* l, const wire::Endpoint& client, const KeptRequest& kept,
+                bool* committed) noexcept override;
+  Reason RefusedLately(StreamListener* l, const wire::Endpoint& client) noexcept override;
 
   const Config* config_;
   const Options* options_;
@@ -145,8 +139,7 @@ class StreamModuleImpl final : public StreamModule {
   std::unique_ptr<StreamFabric> fabric_;
   NegativeCache negative_;
   std::mutex tables_mu_;
-  std::atomic<bool> tables_{false};  // pending_ and rates_ are made
-  PendingRequests pending_;
+  std::atomic<bool> tables_{false};  // the requests' table and rates_ are made
   RequestRates rates_;
   bool MakesNew() const noexcept { return !forked_.load() && !exec_retired_.load(); }
   std::atomic<bool> forked_{false};        // a fork child: nothing new

@@ -53,6 +53,10 @@ bool IsAnyAddress(const wire::Endpoint& e) noexcept {
 
 }  // namespace
 
+void DeleteRequest(RemoteRing* conn) noexcept {
+  delete static_cast<StreamConn*>(conn);
+}
+
 int StreamModuleImpl::Hide(int fd) const noexcept {
   return sys::MoveAbove(fd, floor_);
 }
@@ -70,7 +74,7 @@ bool StreamModuleImpl::HaveTables() noexcept {
   const size_t by_fds = fabric_->connected() ? std::max(PendingRequests::kMinRequests,
                                                         size_t(floor_) / 4 / kFdsPerRequest)
                                              : PendingRequests::kMaxRequests;
-  if (!pending_.Init(budget, by_fds) || !rates_.Init()) return false;
+  if (!requests_.Make(budget, by_fds) || !rates_.Init()) return false;
   tables_.store(true, std::memory_order_release);
   return true;
 }
@@ -122,7 +126,7 @@ bool StreamModuleImpl::ServeListener(void* ctx) noexcept {
 
 void StreamModuleImpl::Unlisten(StreamListener* l) noexcept {
   fabric_->UnwatchFd(l->udp);  // (no serve runs from here on)
-  while (RemoteRing* conn = pending_.ForgetOneOf(&l->requests)) DeleteRequest(conn);
+  requests_.ForgetOwner(&l->requests);
   sys::close(l->udp);
   delete l;
 }
@@ -195,9 +199,11 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
     if (rates_.MayRefuse(now_us)) Refuse(l, req, Reason::kNone, from, from_len, now_ms);
     return;
   }
+  PendingRequests* const table = requests_.table();
+  if (!table) return;  // (a fork child's: it has no progress thread)
   const Tuple tuple{req.client, req.server};
   PendingRequests::Answer answer;
-  switch (pending_.Find(tuple, req.nonce, &answer)) {
+  switch (table->Find(tuple, req.nonce, &answer)) {
     case PendingRequests::Found::kSame:
       break;  // its REP was lost: the same again
     case PendingRequests::Found::kOther:
@@ -222,11 +228,11 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
         return;
       }
       PendingRequests::Room room;
-      const PendingRequests::Admitted admitted = pending_.Reserve(
+      const PendingRequests::Admitted admitted = table->Reserve(
           &l->requests, WhoSent(source, req.server), Charge(ring_size), now_ms, &room);
       for (size_t i = 0; i < room.evicted_count; ++i) DeleteRequest(room.evicted[i]);
       // (Rings that must still retire are the budget's too: the oldest go early.)
-      fabric_->ReleaseUnproven(pending_.budget() - std::min(pending_.budget(), pending_.charged()));
+      fabric_->ReleaseUnproven(table->budget() - std::min(table->budget(), table->charged()));
       if (admitted != PendingRequests::Admitted::kYes) {
         SLIP_LOG(kDebug, "fabric: refusing a REQ for port %u (%s)", unsigned(l->local.port),
                  admitted == PendingRequests::Admitted::kPrincipalFull
@@ -242,7 +248,7 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
       if (conn && !connected) why = Reason::kNoRdmaPath;
       if (!connected) {
         delete conn;
-        pending_.Release(&room);
+        table->Release(&room);
         Refuse(l, req, why, from, from_len, now_ms);
         return;
       }
@@ -254,7 +260,7 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
       answer.note_tag = conn->tag();
       SLIP_LOG(kDebug, "fabric: conn %06x answers a REQ from port %u", conn->tag(),
                unsigned(req.client.port));
-      pending_.Keep(&room, tuple, req.nonce, conn, answer, now_ms);  // (accept() may take it now)
+      table->Keep(&room, tuple, req.nonce, conn, answer, now_ms);  // (accept() may take it now)
       break;
     }
   }
@@ -278,7 +284,9 @@ void StreamModuleImpl::Answer(StreamListener* l, const uint8_t* in, size_t len,
 
 void StreamModuleImpl::Refuse(StreamListener* l, const streamwire::Message& req, Reason why,
                               const sockaddr* from, socklen_t from_len, uint64_t now_ms) noexcept {
-  if (why != Reason::kNone) pending_.RecordRefusal(Tuple{req.client, req.server}, why, now_ms);
+  PendingRequests* const table = requests_.table();
+  if (table && why != Reason::kNone)
+    table->RecordRefusal(Tuple{req.client, req.server}, why, now_ms);
   streamwire::Message rep;
   rep.type = streamwire::Type::kRefuse;
   rep.nonce = req.nonce;
@@ -291,84 +299,31 @@ void StreamModuleImpl::Refuse(StreamListener* l, const streamwire::Message& req,
 
 void StreamModuleImpl::Turn(void* ctx, uint64_t now_ms) noexcept {
   auto* m = static_cast<StreamModuleImpl*>(ctx);
-  if (!m->tables_.load(std::memory_order_acquire)) return;
-  const uint64_t due = m->pending_.next_due_ms();
-  if (due != 0 && due <= now_ms) m->CheckRequests(now_ms);
-}
-
-void StreamModuleImpl::CheckRequests(uint64_t now_ms) noexcept {
   // A request whose grace is over is kept only if the kernel shows its TCP connection at
   // this host (in the handshake, queued, or accepted): what it is waiting for.
-  const size_t gone = pending_.CheckDue(now_ms, DeleteRequest);
+  const size_t gone = m->requests_.CheckDue(now_ms);
   if (gone == 0) return;
   SLIP_LOG(kDebug, "fabric: %zu requests dropped (no TCP connection after their grace) or expired",
            gone);
-  fabric_->ReleaseUnproven(pending_.budget() - std::min(pending_.budget(), pending_.charged()));
+  PendingRequests* const table = m->requests_.table();
+  m->fabric_->ReleaseUnproven(table->budget() - std::min(table->budget(), table->charged()));
 }
 
-Reason StreamModuleImpl::Refused(StreamListener* l, const wire::Endpoint& client,
-                                 const wire::Endpoint& server) noexcept {
+Reason StreamModuleImpl::RefusedLately(StreamListener* l, const wire::Endpoint& client) noexcept {
   (void)l;
-  if (!tables_.load(std::memory_order_acquire)) return Reason::kNone;
-  const uint64_t now = sys::MonotonicMs();
-  const Reason why = pending_.Refused(Tuple{client, server}, now);
-  if (why != Reason::kNone) return why;
   // Its REQs may have been dropped for their source's rate (nothing recorded by 4-tuple).
-  return rates_.DroppedLately(client, now) ? Reason::kRendezvousBusy : Reason::kNone;
+  return tables_.load(std::memory_order_acquire) && rates_.DroppedLately(client, sys::MonotonicMs())
+             ? Reason::kRendezvousBusy
+             : Reason::kNone;
 }
 
-bool StreamModuleImpl::HasPending(StreamListener* l, const wire::Endpoint& client,
-                                  const wire::Endpoint& server) noexcept {
-  (void)l;
-  return tables_.load(std::memory_order_acquire) &&
-         pending_.Has(Tuple{client, server}, sys::MonotonicMs());
-}
-
-void StreamModuleImpl::DropPending(StreamListener* l, const wire::Endpoint& client,
-                                   const wire::Endpoint& server) noexcept {
-  (void)l;
-  if (tables_.load(std::memory_order_acquire))
-    DeleteRequest(pending_.Forget(Tuple{client, server}, sys::MonotonicMs()));
-}
-
-std::unique_ptr<Channel> StreamModuleImpl::AcceptPending(StreamListener* l,
-                                                         const wire::Endpoint& client,
-                                                         const wire::Endpoint& server, int proxy_b,
-                                                         Reason* why, bool* committed) noexcept {
-  PendingRequests::Taken taken;
-  *why = Reason::kConnectSlow;
-  if (!tables_.load(std::memory_order_acquire) ||
-      !pending_.Take(Tuple{client, server}, sys::MonotonicMs(), &taken))
-    return nullptr;
-  *committed = true;  // its client had our REP: its CONFIRM may be on its way
-  std::unique_ptr<StreamConn> conn(static_cast<StreamConn*>(taken.conn));
-  if (!taken.dropped) {
-    rates_.Refund(&l->answers, client);  // (proven: its tokens come back)
-    SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) accepted from port %u", conn->tag(),
-             unsigned(conn->peer_tag()), unsigned(client.port));
-  }
-  *why = Reason::kResources;
-  const int own_b = sys::DupAbove(proxy_b, floor_);
-  if (own_b < 0) return nullptr;
-  const uint64_t deadline = sys::MonotonicMs() + config_->handshake_timeout_ms;
-  if (taken.dropped) {
-    // Dropped before its connection came (its grace, or room for another's): a stand-in
-    // without a fabric path (core/stand_in_ring.h), so that a CONFIRM of the client's goes
-    // onto TCP.
-    auto stand_in =
-        StandInRing::Create(StreamConn::kNames, 1u << taken.ring_log2, taken.nonce, deadline);
-    if (!stand_in) {
-      sys::close(own_b);
-      return nullptr;
-    }
-    SLIP_LOG(kDebug, "fabric: a stand-in for a dropped request from port %u",
-             unsigned(client.port));
-    stand_in->SetProxy(own_b);
-    return stand_in;
-  }
-  conn->Hold(taken.nonce, deadline);
-  conn->SetProxy(own_b);
-  return conn;
+void StreamModuleImpl::Accepted(StreamListener* l, const wire::Endpoint& client,
+                                const KeptRequest& kept, bool* committed) noexcept {
+  (void)committed;                     // (its client had our REP)
+  rates_.Refund(&l->answers, client);  // (proven: its tokens come back)
+  const auto* conn = static_cast<const StreamConn*>(kept.conn);
+  SLIP_LOG(kDebug, "fabric: conn %06x (peer %06x) accepted from port %u", conn->tag(),
+           unsigned(conn->peer_tag()), unsigned(client.port));
 }
 
 }  // namespace slip::fabric

@@ -39,6 +39,7 @@ void StreamModuleImpl::ForkChild() noexcept {
   // The endpoint, its thread and every registration are the parent's: the child's copies
   // of its connections fail (ECONNRESET), and it makes no new ones.
   forked_.store(true);
+  requests_.ForkChild();
   fabric_->ForEachConn([](StreamConn* c) { c->Orphan(); });
   fabric_->Abandon();
 }

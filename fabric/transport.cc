@@ -90,9 +90,6 @@ class FabricTwin final : public RingTwin<StreamModule> {
   FabricTwin(StreamModule* m, StreamListener* l, const Config* config) noexcept
       : RingTwin(m, l, config) {}
   ~FabricTwin() override { m_->Unlisten(l_); }
-  Reason Refused(const wire::Endpoint& client, const wire::Endpoint& server) noexcept override {
-    return m_->Refused(l_, client, server);
-  }
   // (No ServiceFd: REQs are answered by the module's progress thread alone. A client sends
   // its SYN only once it has our REP, so accept() finds its request kept already and
   // never reads the socket, where a flood would run on the application's thread.)

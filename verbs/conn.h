@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "core/pending_requests.h"
 #include "core/wire.h"
 #include "verbs/qp_channel.h"
 
@@ -52,6 +53,12 @@ class Conn final : public QpChannel {
     else
       delete this;
   }
+
+  // --- a listener's request ---
+  // The 4-tuple of the request it answers, kept in the module's table until accept()
+  // takes it (the progress thread withdraws it there when its client disconnects first).
+  void SetRequest(const Tuple& t) noexcept { request_ = t; }
+  const Tuple& request() const noexcept { return request_; }
 
   // --- a group's client (settle.cc) ---
   // ExpectTaken (at the REP) lets the TAKEN in from then on; HoldForTaken (before SetProxy)
@@ -111,6 +118,7 @@ class Conn final : public QpChannel {
   void ResetStream() noexcept;
 
   ConnOwner* owner_ = nullptr;
+  Tuple request_{};  // (set and read by the progress thread)
 
   // A group's client: expecting the TAKEN (from the REP on), its nonce, whether it came,
   // how long Settle waits before it looks at the completion queue again, and since when.

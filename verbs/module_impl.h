@@ -1,6 +1,7 @@
-// The verbs module's internals, shared by its files: the records of a listener's pending
-// requests, of a client's handshake, of parked queue pairs and of removed devices, and the
-// VerbsModule class (verbs.h's Module). Internal to the verbs library.
+// The verbs module's internals, shared by its files: the records of a listener, of a
+// client's handshake, of parked queue pairs and of removed devices, and the VerbsModule
+// class (verbs.h's Module). A listener's requests are kept in core's table
+// (core/request_module.h). Internal to the verbs library.
 //
 // Files by concern: module.cc (start-up, devices, fork, the library's entry point),
 // module_progress.cc (the progress thread: rdma_cm events, completions, requests arriving
@@ -9,7 +10,7 @@
 // module_connect.cc (the client's handshake), module_reuse.cc (parked queue pairs),
 // module_removal.cc (a device that goes away).
 //
-// Locks: mu_ (devices_, listeners_) before a Listener's mu; park_mu_ is a leaf.
+// Locks: mu_ (devices_, listeners_) before the requests' table's; park_mu_ is a leaf.
 #pragma once
 
 #include <rdma/rdma_cma.h>
@@ -40,14 +41,6 @@ namespace slip::verbs {
 
 namespace module_internal {
 inline constexpr int kListenBacklog = 1024;
-// A request waits for its TCP connection to be accepted: the application may leave it in
-// the backlog for a while. A bound on how many may wait keeps a flood of requests without
-// SYNs from pinning unbounded memory, and one source address (a host that floods requests,
-// each pinning a slot until it expires) takes no more than its share of the listener's:
-// the limits of core/pending_requests.h, which fabric's table applies.
-inline constexpr uint64_t kPendingTtlMs = PendingRequests::kPendingMs;
-inline constexpr size_t kMaxPendingPerListener = PendingRequests::kMaxPerListener;
-inline constexpr size_t kMaxPendingPerSource = PendingRequests::kMaxPerPrincipal;
 // Parked queue pairs (docs/DESIGN.md "Reusing queue pairs"): one whose peer has not closed
 // yet waits this long for it; a client's idle one this long for a connection to claim it;
 // a listener's (which the client drops first) longer.
@@ -107,18 +100,6 @@ inline int DirectoryFd(uint64_t key) noexcept {
 
 }  // namespace module_internal
 
-struct Pending {
-  wire::Endpoint client, server;
-  uint64_t nonce = 0;
-  uint8_t ring_log2 = 0;
-  // Null once withdrawn: the queue pair and its slot are given back at once (a flood of
-  // requests that disconnect pins nothing), the record stays until it expires so that
-  // accept() knows the client gave up.
-  Conn* conn = nullptr;
-  uint64_t expires_ms = 0;
-  bool withdrawn = false;  // the client disconnected before confirming
-};
-
 // A TCP listening socket of this process in an SO_REUSEPORT group.
 struct GroupMember {
   uint64_t inode = 0;
@@ -144,26 +125,7 @@ struct Listener {
   // served only for a SYN that one of them will get. Under the module's mu_.
   bool group = false;
   std::vector<GroupMember> members;
-  std::mutex mu;
-  std::vector<Pending> pending;
-
-  // Requests that hold a queue pair (under mu).
-  size_t Live() const noexcept {
-    size_t n = 0;
-    for (const Pending& p : pending) n += p.conn != nullptr;
-    return n;
-  }
-  // Makes room for one more record: the oldest withdrawn one goes (its client is plain
-  // already). False when every record holds a queue pair and the table is full.
-  bool RoomForOne(size_t limit) noexcept {
-    if (pending.size() < limit) return true;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (pending[i].conn) continue;
-      pending.erase(pending.begin() + long(i));
-      return true;
-    }
-    return false;
-  }
+  RequestOwner requests;  // its share of the module's table (core/pending_requests.h)
 };
 
 struct ClientConn {
@@ -209,18 +171,14 @@ struct Removal {
 class VerbsModule final : public Module, public ConnOwner {
  public:
   VerbsModule(const Config* config, const Options* options) noexcept
-      : config_(config), options_(options) {}
+      : Module(QpChannel::kNames, DeleteRequest, sys::HiddenFdFloor(),
+               config->handshake_timeout_ms),
+        config_(config),
+        options_(options) {}
   int Init(char* error, size_t error_len) noexcept;
 
   Listener* Listen(const sockaddr* local, uint64_t group_member, Reason* why) noexcept override;
   void Unlisten(Listener* listener, uint64_t group_member) noexcept override;
-  bool HasPending(Listener* listener, const wire::Endpoint& client,
-                  const wire::Endpoint& server) noexcept override;
-  void DropPending(Listener* listener, const wire::Endpoint& client,
-                   const wire::Endpoint& server) noexcept override;
-  std::unique_ptr<Channel> AcceptPending(Listener* listener, const wire::Endpoint& client,
-                                         const wire::Endpoint& server, int proxy_b, Reason* why,
-                                         bool* committed) noexcept override;
   ClientConn* Start(const sockaddr* dest, sockaddr_storage* source, Reason* why) noexcept override;
   bool Request(ClientConn* conn, const wire::Endpoint& client, const wire::Endpoint& server,
                uint64_t nonce, uint32_t ring_size, Reason* why) noexcept override;
@@ -241,6 +199,19 @@ class VerbsModule final : public Module, public ConnOwner {
   void Release(Conn* conn) noexcept override;
 
  private:
+  // accept() took a kept request (core/request_module.h): committed once its client's
+  // HELLO came; a group's client is told TAKEN.
+  void Accepted(Listener* l, const wire::Endpoint& client, const KeptRequest& kept,
+                bool* committed) noexcept override;
+  static void DeleteRequest(RemoteRing* conn) noexcept { delete static_cast<Conn*>(conn); }
+  // The table, made at the first listener (clients never pay for it); null in a fork child.
+  PendingRequests* Requests() noexcept;
+  // Room in the table for a request for `t` with rings of `ring_size` at `l` (its REP or
+  // ANSWER goes once it is kept): false when its sender or the listener has no more
+  // (refused, and recorded for accept()'s reason). The caller deletes the requests it
+  // evicted (room->evicted), outside mu_.
+  bool ReserveRequest(Listener* l, const Tuple& t, uint32_t ring_size,
+                      PendingRequests::Room* room) noexcept;
   void Run() noexcept;
   void HandleCmEvent(rdma_cm_event* event) noexcept;
   void OnConnectRequest(rdma_cm_event* event) noexcept;
@@ -261,13 +232,12 @@ class VerbsModule final : public Module, public ConnOwner {
   // new one, the first member process to bind the port again.
   void TakeOverPorts() noexcept;
   void HandleCompletions(Device* device) noexcept;
-  void ExpirePending() noexcept;
+  void CheckRequests(uint64_t now_ms) noexcept;
   void TrimIdleSlots(uint64_t now_ms) noexcept;
   Device* DeviceFor(ibv_context* context, int* error) noexcept;
   bool DeviceAllowed(ibv_context* context) const noexcept;
   bool SendNotify(Device* device) const noexcept;
   static void Reject(rdma_cm_id* id) noexcept;
-  void DestroyPending(std::vector<Pending>* dropped) noexcept;
   Reason MemlockReason(int error, uint32_t ring_size) noexcept;
   bool IsListenerId(rdma_cm_id* id) noexcept;
   void ReleaseClient(ClientConn* c) noexcept;
@@ -295,11 +265,6 @@ class VerbsModule final : public Module, public ConnOwner {
   // a new connection that could not get resources tries once more. False if none.
   bool EvictParked() noexcept;
   Listener* ListenerFor(const wire::Endpoint& server) noexcept;
-  // When a request queued now expires: it waits for its TCP connection to be accepted.
-  uint64_t PendingExpiry() const noexcept {
-    return sys::MonotonicMs() + std::max<uint64_t>(module_internal::kPendingTtlMs,
-                                                   2 * uint64_t(config_->handshake_timeout_ms));
-  }
   // Device removal (docs/DESIGN.md "Failover"): the event's context is noted (and no longer
   // handed out); after the events were acknowledged, ReapRemoved destroys what the process
   // holds on it: listener ids bound to it, requests pending on it, parked queue pairs, the

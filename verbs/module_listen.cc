@@ -40,9 +40,48 @@ int module_internal::BindListener(rdma_event_channel* channel, Listener* l, uint
   return error;
 }
 
+namespace {
+
+// What a request with rings of `ring_size` is charged against the table's budget: its two
+// rings, and its queues.
+size_t Charge(uint32_t ring_size) noexcept {
+  return 2 * size_t(ring_size) + PendingRequests::kOverheadBytes;
+}
+
+}  // namespace
+
+PendingRequests* VerbsModule::Requests() noexcept {
+  // (Each kept request's completion channel has a descriptor above the floor, or shares
+  // its device's: the table needs no limit by descriptors.)
+  if (!requests_.Make(PendingRequests::DefaultBudget(Charge(config_->ring_size)),
+                      PendingRequests::kMaxRequests))
+    return nullptr;
+  return requests_.table();
+}
+
+bool VerbsModule::ReserveRequest(Listener* l, const Tuple& t, uint32_t ring_size,
+                                 PendingRequests::Room* room) noexcept {
+  PendingRequests* table = requests_.table();
+  const uint64_t now = sys::MonotonicMs();
+  // The kernel names no user for a request that came over rdma_cm: its source address
+  // is its principal.
+  const PendingRequests::Admitted admitted =
+      table->Reserve(&l->requests, Principal::OfSource(t.client), Charge(ring_size), now, room);
+  if (admitted == PendingRequests::Admitted::kYes) return true;
+  SLIP_LOG(kWarn, "verbs: rejecting a request for port %u: %s", l->port,
+           admitted == PendingRequests::Admitted::kPrincipalFull
+               ? "its sender has as many requests kept as it may"
+               : "as many requests are kept as the listener may");
+  table->RecordRefusal(t, Reason::kRendezvousBusy, now);
+  return false;
+}
+
 Listener* VerbsModule::Listen(const sockaddr* local, uint64_t group_member, Reason* why) noexcept {
   *why = Reason::kNoRdmaPath;
   if (forked_.load()) return nullptr;
+  *why = Reason::kResources;
+  if (!Requests()) return nullptr;
+  *why = Reason::kNoRdmaPath;
   wire::Endpoint ep;
   if (!wire::EndpointFromSockaddr(local, &ep)) return nullptr;
   if (group_member != 0) {
@@ -147,85 +186,24 @@ void VerbsModule::Unlisten(Listener* l, uint64_t group_member) noexcept {
   if (forked_.load()) return;  // the parent's objects: leave them alone
   if (id) rdma_destroy_id(id);
   if (port_id) rdma_destroy_id(port_id);
-  std::vector<Pending> dropped;
-  {
-    std::lock_guard<std::mutex> lock(l->mu);
-    dropped.swap(l->pending);
-  }
-  DestroyPending(&dropped);
+  requests_.ForgetOwner(&l->requests);
   delete l;
 }
 
-bool VerbsModule::HasPending(Listener* l, const wire::Endpoint& client,
-                             const wire::Endpoint& server) noexcept {
-  std::lock_guard<std::mutex> lock(l->mu);
-  for (const Pending& p : l->pending) {
-    if (p.client == client && p.server == server) return true;
-  }
-  return false;
-}
-
-// Moves every request pending for the tuple out of the listener's table.
-static void TakeTuple(Listener* l, const wire::Endpoint& client, const wire::Endpoint& server,
-                      std::vector<Pending>* out) noexcept {
-  std::lock_guard<std::mutex> lock(l->mu);
-  MoveOutIf(&l->pending, out,
-            [&](const Pending& p) { return p.client == client && p.server == server; });
-}
-
-void VerbsModule::DropPending(Listener* l, const wire::Endpoint& client,
-                              const wire::Endpoint& server) noexcept {
-  std::vector<Pending> dropped;
-  TakeTuple(l, client, server, &dropped);
-  if (!dropped.empty())
-    SLIP_LOG(kInfo, "verbs: dropping %zu connection request(s) of a plain connection",
-             dropped.size());
-  DestroyPending(&dropped);
-}
-
-std::unique_ptr<Channel> VerbsModule::AcceptPending(Listener* l, const wire::Endpoint& client,
-                                                    const wire::Endpoint& server, int proxy_b,
-                                                    Reason* why, bool* committed) noexcept {
-  std::vector<Pending> taken;
-  TakeTuple(l, client, server, &taken);
-  // One connection makes one request; a client sends its HELLO before its SYN, so the one
-  // that did is the likelier real one. Which it is, the CONFIRM says when it comes.
-  size_t chosen = taken.size();
-  *committed = false;
-  for (size_t i = 0; i < taken.size(); ++i) {
-    if (!taken[i].conn || taken[i].withdrawn) continue;  // its client gave up
-    Hello hello;
-    const bool said = taken[i].conn->HelloReceived(&hello) && hello.nonce == taken[i].nonce;
-    *committed = *committed || said;
-    if (chosen == taken.size() || said) chosen = i;
-    if (said) break;
-  }
-  *why = Reason::kConnectSlow;  // (every client of the tuple gave up)
-  std::unique_ptr<Conn> conn;
-  uint64_t nonce = 0;
-  if (chosen != taken.size()) {
-    conn.reset(taken[chosen].conn);
-    nonce = taken[chosen].nonce;
-    taken.erase(taken.begin() + long(chosen));
-  }
-  const size_t live = size_t(std::count_if(
-      taken.begin(), taken.end(), [](const Pending& p) { return p.conn && !p.withdrawn; }));
-  if (live)
-    SLIP_LOG(kWarn, "verbs: %zu other connection request(s) for one connection: rejected", live);
-  DestroyPending(&taken);
-  if (!conn) return nullptr;
-  *why = Reason::kFdLimit;
-  int b = proxy_b < 0 ? -1 : sys::DupHigh(proxy_b, sys::HiddenFdFloor());
-  if (b < 0) return nullptr;
-  conn->Hold(nonce, sys::MonotonicMs() + config_->handshake_timeout_ms);
-  conn->SetProxy(b);
+void VerbsModule::Accepted(Listener* l, const wire::Endpoint& client, const KeptRequest& kept,
+                           bool* committed) noexcept {
+  auto* conn = static_cast<Conn*>(kept.conn);
+  // A client sends its HELLO before its SYN: until it came, its CONFIRM has not been sent
+  // either, and plain TCP is safe should the stream not be installed.
+  Hello hello;
+  *committed = conn->HelloReceived(&hello) && hello.nonce == kept.nonce;
   conn->SetOwner(this);
+  SLIP_LOG(kDebug, "verbs: request from port %u accepted", unsigned(client.port));
   // A group's client waits for this before its CONFIRM: the process that took the request
   // is the one that accepted the connection. (Lost, the client goes plain by its deadline,
   // and so does this end: its CONFIRM never comes.)
-  if (l->group && !conn->SendTaken(nonce))
+  if (l->group && !conn->SendTaken(kept.nonce))
     SLIP_LOG(kInfo, "verbs: cannot say TAKEN to a request's client; it will continue on TCP");
-  return conn;
 }
 
 }  // namespace slip::verbs

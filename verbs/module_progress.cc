@@ -1,5 +1,5 @@
 // The verbs module's progress thread: rdma_cm events, completion events, connection
-// requests as they arrive (checked, bounded, answered) and as they expire.
+// requests as they arrive (checked, bounded, answered) and as they come due (core's table).
 #include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -40,7 +40,7 @@ void VerbsModule::Run() noexcept {
       }
     }
     ServeClaims();
-    ExpirePending();
+    CheckRequests(sys::MonotonicMs());
     SweepParked();
     if (const uint64_t now = sys::MonotonicMs(); now - last_housekeeping_ms_ >= 500) {
       last_housekeeping_ms_ = now;
@@ -73,6 +73,7 @@ void VerbsModule::HandleCompletions(Device* device) noexcept {
 }
 
 void VerbsModule::HandleCmEvent(rdma_cm_event* event) noexcept {
+  Conn* withdrawn = nullptr;  // deleted after the ack (rdma_destroy_id waits for it)
   switch (event->event) {
     case RDMA_CM_EVENT_CONNECT_REQUEST:
       OnConnectRequest(event);  // acks
@@ -85,15 +86,15 @@ void VerbsModule::HandleCmEvent(rdma_cm_event* event) noexcept {
       // Listener ids carry a Listener, connection ids their Conn.
       auto* conn = IsListenerId(event->id) ? nullptr : static_cast<Conn*>(event->id->context);
       if (conn) {
-        if (event->event == RDMA_CM_EVENT_DISCONNECTED) {
-          // A pending request whose client gave up: accept() must not wait for it.
-          std::lock_guard<std::mutex> lock(mu_);
-          for (Listener* l : listeners_) {
-            std::lock_guard<std::mutex> llock(l->mu);
-            for (Pending& p : l->pending) {
-              if (p.conn == conn) p.withdrawn = true;
-            }
-          }
+        PendingRequests* table = event->event == RDMA_CM_EVENT_DISCONNECTED && !conn->client_role()
+                                     ? requests_.table()
+                                     : nullptr;
+        if (table &&
+            table->Withdraw(conn->request(), conn, Reason::kConnectSlow, sys::MonotonicMs())) {
+          // A kept request whose client gave up (it is plain): its queue pair goes now, and
+          // accept() finds nothing for its connection.
+          withdrawn = conn;
+        } else if (event->event == RDMA_CM_EVENT_DISCONNECTED) {
           conn->OnDisconnect();
         } else if (event->event == RDMA_CM_EVENT_DEVICE_REMOVAL) {
           conn->TransportFailed(wire::FailoverCause::kDeviceRemoved);
@@ -111,6 +112,7 @@ void VerbsModule::HandleCmEvent(rdma_cm_event* event) noexcept {
       break;  // ESTABLISHED, TIMEWAIT_EXIT, ADDR_CHANGE: nothing to do
   }
   rdma_ack_cm_event(event);
+  delete withdrawn;  // (disconnected: its peer learns nothing new)
 }
 
 void VerbsModule::Reject(rdma_cm_id* id) noexcept {
@@ -124,6 +126,9 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
   ParseResult pr = ParseReq(static_cast<const uint8_t*>(event->param.conn.private_data),
                             event->param.conn.private_data_len, &req);
   wire::Endpoint peer, local;
+  const Tuple tuple{req.client, req.server};
+  PendingRequests* const table = Requests();
+  PendingRequests::Room room;  // (reserved last, given back on every failure after it)
   bool ok = pr == ParseResult::kOk;
   if (!ok) {
     SLIP_LOG(kInfo, "verbs: rejecting a connection request: %s private data", ParseResultName(pr));
@@ -158,23 +163,18 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
              "is SLIP_RING_SIZE, %u KiB)",
              (1u << req.ring_log2) >> 10, config_->ring_size >> 10);
     ok = false;
+  } else if (!table) {
+    ok = false;
+  } else if (PendingRequests::Answer unused;
+             table->Find(tuple, req.nonce, &unused) != PendingRequests::Found::kNone) {
+    // One request per 4-tuple (a connection makes one): the first may be a forger's, and
+    // this client then goes plain, never wrong.
+    SLIP_LOG(kInfo, "verbs: rejecting a request for port %u (its connection has another one)",
+             listener->port);
+    ok = false;
   } else {
-    std::lock_guard<std::mutex> lock(listener->mu);
-    size_t live = 0, from_source = 0;
-    for (const Pending& p : listener->pending) {
-      if (!p.conn) continue;  // withdrawn: holds nothing
-      ++live;
-      from_source += SameAddress(p.client, req.client);
-    }
-    if (live >= kMaxPendingPerListener || !listener->RoomForOne(2 * kMaxPendingPerListener)) {
-      SLIP_LOG(kWarn, "verbs: %zu requests already wait on port %u; rejecting", live,
-               listener->port);
-      ok = false;
-    } else if (from_source >= kMaxPendingPerSource) {
-      SLIP_LOG(kWarn, "verbs: %zu requests from one address already wait on port %u; rejecting",
-               from_source, listener->port);
-      ok = false;
-    }
+    ok = ReserveRequest(listener, tuple, 1u << req.ring_log2, &room);
+    for (size_t i = 0; i < room.evicted_count; ++i) DeleteRequest(room.evicted[i]);
   }
   Conn* conn = nullptr;
   if (ok) {
@@ -196,40 +196,26 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
       rep.rkey = conn->slot().remote_mr->rkey;
       uint8_t data[kRepSize];
       rdma_conn_param param = ConnParam(data, EncodeRep(rep, data, sizeof(data)), conn->qp_num());
-      Pending p;
-      p.client = req.client;
-      p.server = req.server;
-      p.nonce = req.nonce;
-      p.ring_log2 = req.ring_log2;
-      p.conn = conn;
-      p.expires_ms = PendingExpiry();
       // A group's connections do not keep their queue pairs: a claim names the port, and
       // the member a later SYN reaches is not known when the queue pair is parked.
       if (listener->group) conn->NoReuse();
-      bool queued = false;
-      {
-        std::lock_guard<std::mutex> lock(listener->mu);
-        try {
-          listener->pending.push_back(p);
-          queued = true;
-        } catch (...) {
-        }
-      }
-      if (queued && rdma_accept(id, &param) == 0) {
+      // Kept before the REP: the client's SYN follows it.
+      PendingRequests::Answer answer;
+      answer.ring_size = conn->ring_size();
+      conn->SetRequest(tuple);
+      table->Keep(&room, tuple, req.nonce, conn, answer, sys::MonotonicMs());
+      if (rdma_accept(id, &param) == 0) {
         SLIP_LOG(kDebug, "verbs: request from port %u pending", req.client.port);
         rdma_ack_cm_event(event);
         return;
       }
-      if (queued) {
-        std::lock_guard<std::mutex> lock(listener->mu);
-        for (size_t i = 0; i < listener->pending.size(); ++i) {
-          if (listener->pending[i].conn == conn) {
-            listener->pending.erase(listener->pending.begin() + long(i));
-            break;
-          }
-        }
-      }
       SLIP_LOG(kInfo, "verbs: cannot accept a connection request (%s)", strerror(errno));
+      if (!table->Withdraw(tuple, conn, Reason::kResources, sys::MonotonicMs())) {
+        // (A forger's SYN had accept() take it first: the connection is accept()'s, and
+        // settles plain, its client never having had our REP.)
+        rdma_ack_cm_event(event);
+        return;
+      }
     } else {
       if (err == -ENOBUFS)
         SLIP_LOG(kWarn,
@@ -238,8 +224,10 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
                  Device::PinnedBytes() / 1024);
       else
         SLIP_LOG(kInfo, "verbs: no resources for a connection request (%s)", strerror(-err));
+      table->RecordRefusal(tuple, Reason::kResources, sys::MonotonicMs());
     }
   }
+  if (table) table->Release(&room);
   Reject(id);
   rdma_ack_cm_event(event);
   // The id is ours to destroy (after the ack): with its Conn, or alone.
@@ -250,33 +238,13 @@ void VerbsModule::OnConnectRequest(rdma_cm_event* event) noexcept {
   }
 }
 
-void VerbsModule::DestroyPending(std::vector<Pending>* dropped) noexcept {
-  for (Pending& p : *dropped) delete p.conn;  // disconnects: the client learns
-  dropped->clear();
-}
-
-void VerbsModule::ExpirePending() noexcept {
-  std::vector<Pending> expired;
-  uint64_t now = sys::MonotonicMs();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (Listener* l : listeners_) {
-      std::lock_guard<std::mutex> llock(l->mu);
-      MoveOutIf(&l->pending, &expired, [now](const Pending& p) { return p.expires_ms <= now; });
-      // Withdrawn ones give their queue pair back now (their events were acknowledged:
-      // this runs after them), and keep only their record.
-      for (Pending& p : l->pending) {
-        if (!p.withdrawn || !p.conn) continue;
-        try {
-          expired.push_back(p);
-          p.conn = nullptr;
-        } catch (...) {
-        }
-      }
-    }
-  }
-  if (!expired.empty()) SLIP_LOG(kDebug, "verbs: %zu request(s) expired", expired.size());
-  DestroyPending(&expired);
+void VerbsModule::CheckRequests(uint64_t now_ms) noexcept {
+  // A request whose grace is over is kept only if the kernel shows its TCP connection at
+  // this host (in the handshake, queued, or accepted): what it is waiting for. (Its events
+  // were acknowledged: this runs after them.)
+  if (const size_t gone = requests_.CheckDue(now_ms))
+    SLIP_LOG(kDebug, "verbs: %zu requests dropped (no TCP connection after their grace) or expired",
+             gone);
 }
 
 }  // namespace slip::verbs

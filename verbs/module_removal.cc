@@ -46,10 +46,10 @@ void VerbsModule::ReapRemoved() noexcept {
 bool VerbsModule::ReapRemoval(Removal* r) noexcept {
   if (r->retired) return true;
   // Listener ids bound to the device (a wildcard listener has none: rdma_cm keeps its own
-  // per-device listeners): the TCP listener goes on serving, plain. Requests pending on
-  // the device are dropped (their clients failed over nothing yet: they go plain).
+  // per-device listeners): the TCP listener goes on serving, plain. Requests kept on the
+  // device are dropped, their records left: a client that confirms has its stream on TCP
+  // from byte 0 (core/stand_in_ring.h).
   std::vector<rdma_cm_id*> ids;
-  std::vector<Pending> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Listener* l : listeners_) {
@@ -62,17 +62,21 @@ bool VerbsModule::ReapRemoval(Removal* r) noexcept {
           return false;  // tried again on the next round
         }
       }
-      std::lock_guard<std::mutex> llock(l->mu);
-      MoveOutIf(&l->pending, &dropped, [r](const Pending& p) {
-        return r->device && p.conn && p.conn->device() == r->device;
-      });
     }
   }
   for (rdma_cm_id* id : ids) rdma_destroy_id(id);  // its events were acknowledged
-  if (!dropped.empty())
-    SLIP_LOG(kDebug, "verbs: dropping %zu request(s) pending on the removed device",
-             dropped.size());
-  DestroyPending(&dropped);
+  if (PendingRequests* table = requests_.table(); table && r->device) {
+    auto on_device = [](const RemoteRing* conn, const void* device) noexcept {
+      return static_cast<const Conn*>(conn)->device() == device;
+    };
+    size_t dropped = 0;
+    while (RemoteRing* conn = table->DropOneIf(on_device, r->device, sys::MonotonicMs())) {
+      DeleteRequest(conn);
+      ++dropped;
+    }
+    if (dropped)
+      SLIP_LOG(kDebug, "verbs: dropped %zu request(s) kept on the removed device", dropped);
+  }
   if (r->device) {
     // Parked queue pairs on it are deleted (their peers see them go); the connections
     // that failed over keep their rings and release the rest.
@@ -98,9 +102,9 @@ bool VerbsModule::ReapRemoval(Removal* r) noexcept {
 }
 
 void VerbsModule::ForkPrepare() noexcept {
-  // Lock order: module, listeners, connection registry (as the progress thread takes them).
+  // Lock order: module, connection registry (as the progress thread takes them). (The
+  // requests' table is never touched in the child: RequestKeeper::ForkChild.)
   mu_.lock();
-  for (Listener* l : listeners_) l->mu.lock();
   ConnRegistryLock();
   negative_.fork_mutex().ForkPrepare();  // (a leaf lock: taken last)
 }
@@ -108,17 +112,15 @@ void VerbsModule::ForkPrepare() noexcept {
 void VerbsModule::ForkParent() noexcept {
   negative_.fork_mutex().ForkParent();
   ConnRegistryUnlock();
-  for (Listener* l : listeners_) l->mu.unlock();
   mu_.unlock();
 }
 
 void VerbsModule::ForkChild() noexcept {
   forked_.store(true, std::memory_order_release);
   OrphanAllConns();
-  for (Listener* l : listeners_) l->pending.clear();  // the parent's requests, not ours
+  requests_.ForkChild();  // the parent's requests, not ours
   negative_.fork_mutex().ForkChild();
   ConnRegistryUnlock();
-  for (Listener* l : listeners_) l->mu.unlock();
   mu_.unlock();
 }
 

@@ -131,45 +131,39 @@ void VerbsModule::ServeClaims() noexcept {
 void VerbsModule::ServeClaim(Conn* conn, const LinkMsg& claim) noexcept {
   // The claim names ports only: the addresses are the queue pair's own, which rdma_cm
   // checked when it was made (OnConnectRequest).
-  Pending p;
-  bool ok = EndpointOf(rdma_get_peer_addr(conn->id()), &p.client) &&
-            EndpointOf(rdma_get_local_addr(conn->id()), &p.server) &&
+  Tuple tuple;
+  bool ok = EndpointOf(rdma_get_peer_addr(conn->id()), &tuple.client) &&
+            EndpointOf(rdma_get_local_addr(conn->id()), &tuple.server) &&
             (1u << claim.ring_log2) == conn->ring_size();
-  p.client.port = claim.client_port;
-  p.server.port = claim.server_port;
-  p.nonce = claim.nonce;
-  p.ring_log2 = claim.ring_log2;
-  p.conn = conn;
-  p.expires_ms = PendingExpiry();
-  bool queued = false;
-  if (ok) {
+  tuple.client.port = claim.client_port;
+  tuple.server.port = claim.server_port;
+  PendingRequests* const table = Requests();
+  PendingRequests::Room room;
+  PendingRequests::Answer unused;
+  bool kept = false;
+  if (ok && table && table->Find(tuple, claim.nonce, &unused) == PendingRequests::Found::kNone) {
     std::lock_guard<std::mutex> lock(mu_);
-    Listener* l = ListenerFor(p.server);
+    Listener* l = ListenerFor(tuple.server);
     // A group's listener answers requests only (the member check, the TAKEN): a queue pair
     // parked with a listener that was not a group's before cannot serve it.
-    if (l && !l->group) {
-      std::lock_guard<std::mutex> llock(l->mu);
-      if (l->Live() < kMaxPendingPerListener && l->RoomForOne(2 * kMaxPendingPerListener)) {
-        // Pending before the answer: the client's SYN follows the answer.
-        conn->BeginClaimed(claim);
-        try {
-          l->pending.push_back(p);
-          queued = true;
-        } catch (...) {
-        }
-      }
+    if (l && !l->group && ReserveRequest(l, tuple, conn->ring_size(), &room)) {
+      // Kept before the answer: the client's SYN follows the answer.
+      conn->BeginClaimed(claim);
+      conn->SetRequest(tuple);
+      PendingRequests::Answer answer;
+      answer.ring_size = conn->ring_size();
+      table->Keep(&room, tuple, claim.nonce, conn, answer, sys::MonotonicMs());
+      kept = true;
     }
   }
+  for (size_t i = 0; i < room.evicted_count; ++i) DeleteRequest(room.evicted[i]);
   SLIP_LOG(kDebug, "verbs: claim of queue pair %u for port %u: %s", conn->qp_num(),
-           claim.server_port, queued ? "pending" : "refused");
-  if (queued && conn->SendAnswer(claim.nonce, true)) return;
-  if (queued) {
-    // The answer could not go: the request is withdrawn before anyone waits for it.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (Listener* l = ListenerFor(p.server)) {
-      std::lock_guard<std::mutex> llock(l->mu);
-      std::erase_if(l->pending, [conn](const Pending& q) { return q.conn == conn; });
-    }
+           claim.server_port, kept ? "pending" : "refused");
+  if (kept && conn->SendAnswer(claim.nonce, true)) return;
+  if (kept) {
+    // The answer could not go: the request is withdrawn before anyone waits for it (a
+    // forger's SYN may have had accept() take it: then it is accept()'s).
+    if (!table->Withdraw(tuple, conn, Reason::kResources, sys::MonotonicMs())) return;
   } else {
     conn->SendAnswer(claim.nonce, false);
   }

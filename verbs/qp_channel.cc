@@ -29,13 +29,6 @@ namespace slip::verbs {
 
 using namespace qp_channel_internal;
 
-namespace {
-
-constexpr RemoteRing::Names kNames = {TransportKind::kVerbs, "verbs", "RDMA",
-                                      "the queue pair failed"};
-
-}  // namespace
-
 std::mutex qp_channel_internal::g_registry_mu;
 QpChannel* qp_channel_internal::g_registry_head = nullptr;
 

@@ -50,6 +50,8 @@ namespace slip::verbs {
 
 class QpChannel : public RemoteRing {
  public:
+  static constexpr Names kNames = {TransportKind::kVerbs, "verbs", "RDMA", "the queue pair failed"};
+
   // (Not after ReleaseRdma: the id is gone then.)
   rdma_cm_id* id() const noexcept { return id_; }
   Device* device() const noexcept { return device_; }

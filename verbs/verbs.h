@@ -26,7 +26,7 @@
 #include "core/channel.h"
 #include "core/config.h"
 #include "core/own_fds.h"
-#include "core/ring_module.h"
+#include "core/request_module.h"
 #include "core/stats.h"
 #include "core/wire.h"
 #include "verbs/options.h"
@@ -36,9 +36,9 @@ namespace slip::verbs {
 struct Listener;    // an rdma_cm listener paired with one TCP listener
 struct ClientConn;  // a client connection between REQ and the installed channel
 
-class Module : public RingModule<Listener, ClientConn> {
+class Module : public RequestModule<Listener, ClientConn> {
  public:
-  // --- listening side (the pending requests: core/ring_module.h) ---
+  // --- listening side (the pending requests: core/request_module.h) ---
   // Listens on rdma_cm at `local` (the TCP listener's bound address). Returns nullptr with
   // *why set when it cannot (no device on that address, port taken, ...).
   // `group_member`: the inode of a TCP listening socket with SO_REUSEPORT (0 for others).
@@ -57,6 +57,9 @@ class Module : public RingModule<Listener, ClientConn> {
   // a parked queue pair for the same listener resolves at once and its request is a CLAIM
   // (docs/DESIGN.md "Reusing queue pairs"). A listener whose port is shared makes the
   // client await its TAKEN (AwaitsTaken).
+
+ protected:
+  using RequestModule::RequestModule;
 };
 
 }  // namespace slip::verbs

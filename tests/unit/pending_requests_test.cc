@@ -215,6 +215,40 @@ TEST_F(PendingTest, RefusalsAreRememberedByTuple) {
   EXPECT_EQ(table_.Refused(TupleOf(2, 1), 1200), Reason::kNone);
 }
 
+// A client that disconnects before its connection came: its request goes without a record
+// (it is plain), and only if it is still that connection's; the refusal says why.
+TEST_F(PendingTest, AWithdrawnRequestGoesWithoutARecord) {
+  ASSERT_TRUE(Keep(TupleOf(2, 1), Uid(1), 1, 1000));
+  EXPECT_EQ(table_.Withdraw(TupleOf(2, 1), Conn(9), Reason::kConnectSlow, 1100), nullptr);
+  EXPECT_EQ(table_.Refused(TupleOf(2, 1), 1100), Reason::kNone);
+  EXPECT_EQ(table_.Withdraw(TupleOf(2, 1), Conn(1), Reason::kConnectSlow, 1100), Conn(1));
+  EXPECT_FALSE(table_.Has(TupleOf(2, 1), 1100));
+  EXPECT_EQ(table_.Refused(TupleOf(2, 1), 1100), Reason::kConnectSlow);
+  EXPECT_EQ(owner_.kept, 0u);
+  EXPECT_EQ(table_.charged(), 0u);
+  EXPECT_EQ(table_.Withdraw(TupleOf(2, 1), Conn(1), Reason::kConnectSlow, 1100), nullptr);
+}
+
+// A path that goes (a removed device) drops the requests on it, each leaving its record.
+TEST_F(PendingTest, DropOneIfDropsTheMatchingOnesWithTheirRecords) {
+  for (uint16_t i = 1; i <= 4; ++i) ASSERT_TRUE(Keep(TupleOf(2, i), Uid(1), i, 1000));
+  auto even = [](const RemoteRing* conn, const void* ctx) noexcept {
+    EXPECT_EQ(ctx, &kCharge);
+    return (reinterpret_cast<uintptr_t>(conn) >> 4) % 2 == 0;
+  };
+  std::set<RemoteRing*> dropped;
+  while (RemoteRing* conn = table_.DropOneIf(even, &kCharge, 1100)) dropped.insert(conn);
+  EXPECT_EQ(dropped, (std::set<RemoteRing*>{Conn(2), Conn(4)}));
+  EXPECT_EQ(owner_.kept, 2u);
+  PendingRequests::Taken taken;
+  ASSERT_TRUE(table_.Take(TupleOf(2, 2), 1100, &taken));
+  EXPECT_TRUE(taken.dropped);
+  EXPECT_EQ(taken.nonce, 2u);
+  ASSERT_TRUE(table_.Take(TupleOf(2, 3), 1100, &taken));
+  EXPECT_FALSE(taken.dropped);
+  EXPECT_EQ(taken.conn, Conn(3));
+}
+
 // The kernel is asked for real: a request whose TCP connection exists (a loopback pair)
 // stays after its grace, one for a 4-tuple nobody connected is released.
 std::vector<RemoteRing*>* g_released = nullptr;

@@ -141,7 +141,10 @@ def forged_nonce(t, variant):
     """A well-formed request for a real connection's 4-tuple but with a nonce nobody
     confirms: the listener accepts it at the rdma_cm level (it cannot know yet); the TCP
     connection from that port is a plain client whose first bytes are its own data, so the
-    server keeps them for the application, serves it on TCP, and drops the forged request."""
+    server keeps them for the application, serves it on TCP, and drops the forged request.
+    (Should the client's SYN come more than a second after the forged REP, as under
+    emulation it may, the listener has dropped the request for its grace already, and the
+    connection held for its record is plain as rendezvous_busy.)"""
     server = t.serve("server", py("bulk.py", "server", "--port", t.port, "--bind", LOOPBACK,
                                   "--seed", 1, "--total", BULK), slip=True)
     source_port = pick_port()
@@ -154,7 +157,7 @@ def forged_nonce(t, variant):
     s, c = server.json_output(), client.json_output()
     t.expect_same_stream("client -> server", c, s)
     t.expect_same_stream("server -> client", s, c)
-    t.expect_stats(server, "tcp", "peer_not_slipstream")
+    t.expect_stats(server, "tcp", ("peer_not_slipstream", "rendezvous_busy"))
     expect_dropped(t, forge)
 
 
@@ -280,13 +283,15 @@ def cross_write(t, variant):
 
 @case("flood", variants=("source", "budget", "fdlimit"))
 def flood(t, variant):
-    """Requests from one host held open together: at most 64 per source address wait on a
-    listener (source), or as many as the pinned-memory budget holds (budget: 8 MiB, three
-    1 MiB-ring connections; the server's VmPin stays within it, and 30 s after the flood
-    lets go, its idle slots deregistered, is back where it was); the rest are rejected.
-    fdlimit: 130 requests at a server whose descriptor limit is 128 (each pending request
-    once took a descriptor of the application's, which then failed accept() with EMFILE).
-    Once the flood lets go, a real connection is served over verbs with its bytes intact."""
+    """Requests from one host that no SYN follows: the listener holds at most 64 of one
+    source address at once (source), or as many as the pinned-memory budget holds (budget:
+    8 MiB, three 1 MiB-ring connections; the server's VmPin stays within it, and 30 s after
+    the flood, its idle slots deregistered, is back where it was), and rejects the rest;
+    each one it held it drops once its grace is over and the kernel shows no TCP
+    connection for it (all of them within the flood's hold). fdlimit: 130 requests at a
+    server whose descriptor limit is 128 (each pending request once took a descriptor of
+    the application's, which then failed accept() with EMFILE). Once the flood lets go, a
+    real connection is served over verbs with its bytes intact."""
     count, limit = {"source": (80, 64), "budget": (10, 3), "fdlimit": (130, 64)}[variant]
     env = {"SLIP_VERBS_PIN_MAX": "8M"} if variant == "budget" else None
     wrap = ["prlimit", "--nofile=128:128"] if variant == "fdlimit" else []
@@ -296,12 +301,13 @@ def flood(t, variant):
     if wrap:
         server.exe = os.path.realpath(PYTHON)  # what the stats record will name
     before = pinned_kib(server)
-    forge = t.start("flood", [forge_path(t), LOOPBACK, t.port, "flood", pick_port(), count, 3])
-    forge.wait_until(lambda: "established" in forge.stdout(), "the flood's requests answered",
+    forge = t.start("flood", [forge_path(t), LOOPBACK, t.port, "flood", pick_port(), count, 4])
+    forge.wait_until(lambda: "most" in forge.stdout(), "the flood's requests answered",
                      timeout=120)
-    said = forge.stdout().strip()
-    t.check(said == f"established {limit} rejected {count - limit}",
-            f"expected {limit} requests accepted and {count - limit} rejected, got {said!r}")
+    said = forge.stdout().split()
+    established, rejected, most = int(said[1]), int(said[3]), int(said[5])
+    t.check(established + rejected == count and 1 <= most <= limit,
+            f"expected at most {limit} of {count} requests held at once, got {' '.join(said)!r}")
     if variant == "budget":
         pinned = pinned_kib(server)
         t.check(pinned <= 8 * 1024, f"the server pins {pinned} KiB, over its 8 MiB budget")
@@ -311,7 +317,10 @@ def flood(t, variant):
         low = low_device_fds(server, 64)
         t.check(low <= 4, f"{low} descriptors of the RDMA device below the floor during the flood")
     t.check(forge.wait(timeout=60) == 0, "the flood program failed")
-    time.sleep(0.5)  # the flood's disconnects reach the listener
+    dropped = int(forge.stdout().split("dropped")[1].split()[0])
+    t.check(dropped == established,
+            f"the listener dropped {dropped} of the {established} requests it held, 4 s after "
+            "the flood (none had a TCP connection)")
     if variant == "budget":
         # The flood's slots went back to the pool, still registered; idle for 30 s they are
         # given back (deregistered): the server pins what it did before the flood, give or

@@ -32,8 +32,11 @@
 //             TCP connection from CLIENT_PORT is a plain client, and none of this may reach
 //             it or its server's application.
 //   flood CLIENT_PORT COUNT HOLD_S
-//             COUNT well-formed requests from this host (ports CLIENT_PORT and up), all
-//             kept open for HOLD_S seconds, then abandoned. Prints "established E rejected R".
+//             COUNT well-formed requests from this host (ports CLIENT_PORT and up), none
+//             followed by its SYN, each kept open until the listener drops it, then all
+//             abandoned HOLD_S seconds after the last. Prints "established E rejected R
+//             most M" (M: the most the listener held at once), then after HOLD_S "dropped
+//             D" (how many the listener had disconnected by then).
 // Exit 0 when the run got to its report (the caller judges it) and, for the single-request
 // modes, the listener behaved as required; 1 otherwise; 3 when the setup failed.
 #include <arpa/inet.h>
@@ -326,11 +329,23 @@ static int committed(struct peer* p, const uint8_t* req) {
   return await_disconnect(p, 20000);
 }
 
-// flood: COUNT requests held open together.
+// Takes the events that arrived for p without waiting: 1 once the listener disconnected it.
+static int peer_dropped(struct peer* p) {
+  struct rdma_cm_event* ev;
+  int dropped = 0;
+  while ((ev = next_event(p->ch, 0)) != NULL) {
+    dropped |= ev->event == RDMA_CM_EVENT_DISCONNECTED;
+    rdma_ack_cm_event(ev);
+  }
+  return dropped;
+}
+
+// flood: COUNT requests, each held until the listener drops it.
 static int flood(const struct sockaddr_in* dst, uint16_t client_port, int count, int hold_s) {
   struct peer* peers = calloc((size_t)count, sizeof(*peers));
-  if (!peers) return 3;
-  int established = 0, rejected = 0;
+  char* live = calloc((size_t)count, 1);
+  if (!peers || !live) return 3;
+  int established = 0, rejected = 0, held = 0, most = 0, dropped = 0;
   uint8_t pd[56];
   for (int i = 0; i < count; ++i) {
     if (peer_open(&peers[i], dst) != 0) return 3;
@@ -338,17 +353,38 @@ static int flood(const struct sockaddr_in* dst, uint16_t client_port, int count,
     enum rdma_cm_event_type got = peer_request(&peers[i], pd, len);
     if (got == RDMA_CM_EVENT_ESTABLISHED) {
       ++established;
+      live[i] = 1;
+      ++held;
     } else if (got == RDMA_CM_EVENT_REJECTED) {
       ++rejected;
     } else {
       printf("request %d: %s\n", i, rdma_event_str(got));
       return 1;
     }
+    // What the listener let go of before it answered this one (its disconnects were sent
+    // first) is not held any more.
+    for (int j = 0; j <= i; ++j) {
+      if (live[j] && peer_dropped(&peers[j])) {
+        live[j] = 0;
+        --held;
+        ++dropped;
+      }
+    }
+    if (held > most) most = held;
   }
-  printf("established %d rejected %d\n", established, rejected);
+  printf("established %d rejected %d most %d\n", established, rejected, most);
   fflush(stdout);
   sleep((unsigned)hold_s);
+  for (int j = 0; j < count; ++j) {
+    if (live[j] && peer_dropped(&peers[j])) {
+      live[j] = 0;
+      ++dropped;
+    }
+  }
+  printf("dropped %d\n", dropped);
+  fflush(stdout);
   for (int i = 0; i < count; ++i) peer_close(&peers[i]);
+  free(live);
   free(peers);
   return 0;
 }
