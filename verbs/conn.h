@@ -114,8 +114,9 @@ class Conn final : public QpChannel {
   bool SendLink(const LinkMsg& msg) noexcept;
   // A group's client (HoldForTaken): settles on the TAKEN, or goes plain.
   Settlement SettleClient(uint64_t now_ms, Reason* why) noexcept;
-  // The stream's state back to a new connection's (a claimed queue pair).
-  void ResetStream() noexcept;
+  // The stream's state back to a new connection's (a claimed queue pair; the listener's
+  // takes `claim` as its HELLO).
+  void ResetStream(const LinkMsg* claim = nullptr) noexcept;
 
   ConnOwner* owner_ = nullptr;
   Tuple request_{};  // (set and read by the progress thread)

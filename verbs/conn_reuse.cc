@@ -88,8 +88,8 @@ bool Conn::Claimable() const noexcept {
          peer_parked_.load(std::memory_order_acquire);
 }
 
-void Conn::ResetStream() noexcept {
-  ResetChannel();
+void Conn::ResetStream(const LinkMsg* claim) noexcept {
+  ResetChannel(claim);
   peer_parked_.store(false);
   parked_said_.store(false);
   stream_closed_ = false;
@@ -132,8 +132,7 @@ bool Conn::TakeClaim(LinkMsg* claim) noexcept {
 
 void Conn::BeginClaimed(const LinkMsg& claim) noexcept {
   parked_.store(false, std::memory_order_seq_cst);
-  ResetStream();
-  TakeHelloOf(claim.ring_log2, claim.nonce);
+  ResetStream(&claim);
 }
 
 bool Conn::SendAnswer(uint64_t nonce, bool accepted) noexcept {

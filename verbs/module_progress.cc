@@ -32,7 +32,7 @@ void VerbsModule::Run() noexcept {
         rdma_cm_event* event = nullptr;
         while (rdma_get_cm_event(cm_channel_, &event) == 0) HandleCmEvent(event);
       } else if (IsConnWatchKey(events[i].data.u64)) {
-        Conn::OnWatchEvent(events[i].data.u64);
+        OnConnWatchEvent(events[i].data.u64);
       } else if (IsDirectoryKey(events[i].data.u64)) {
         ServeDirectory(DirectoryFd(events[i].data.u64));
       } else {

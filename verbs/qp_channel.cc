@@ -76,26 +76,23 @@ int QpChannel::Init(bool send_notify) noexcept {
     remote_lkey_ = slot_.remote_mr->lkey;
     local_lkey_ = slot_.local_mr->lkey;
     failover_.SetRings(slot_.rx_ring(), slot_.tx_mirror());
-    cq_ =
-        ibv_create_cq(device_->context(), int(kSendDepth + kRecvDepth), this, SetUpOwnChannel(), 0);
+    // The connection's own completion channel, or the device's shared one.
+    ibv_comp_channel* channel = own_.Open(device_->context(), this);
+    cq_ = ibv_create_cq(device_->context(), int(kSendDepth + kRecvDepth), this,
+                        channel ? channel : device_->comp_channel(), 0);
     if (!cq_) return -(errno ? errno : ENOMEM);
     if (ibv_req_notify_cq(cq_, 0) != 0) return -(errno ? errno : EIO);
-    if (own_.channel) {
-      // The first event (armed above) goes to the progress thread, as with the device's channel.
-      epoll_event ev{};
-      ev.events = EPOLLIN | EPOLLONESHOT;
-      ev.data.u64 = uint64_t(uintptr_t(this)) | 1;
-      watched_.store(true, std::memory_order_relaxed);
-      if (sys::epoll_ctl(g_watch_epoll, EPOLL_CTL_ADD, own_.channel->fd, &ev) != 0)
-        return -(errno ? errno : EIO);
-    }
+    // The first event (armed above) goes to the progress thread, as with the device's channel.
+    if (channel && !own_.Watch()) return -(errno ? errno : EIO);
     QueuePairCaps caps;
     caps.send_depth = kSendDepth;
     caps.recv_depth = kRecvDepth;
     caps.inline_wanted = kInlineWanted;
     // In the slot's own protection domain: only this queue pair reaches the slot.
-    qp_ = CreateQueuePair(slot_.pd, cq_, caps, &max_inline_, &sq_depth_);
+    uint32_t depth = 0;
+    qp_ = CreateQueuePair(slot_.pd, cq_, caps, &max_inline_, &depth);
     if (!qp_) return -(errno ? errno : EINVAL);
+    sq_.Init(qp_, depth);
     qp_num_ = qp_->qp_num;
     // The queue pair is ours, not rdma_cm's (rdma_create_qp would move it through its states
     // itself): so that Connect can choose the source GID. INIT now, for the receives.
@@ -115,10 +112,8 @@ void QpChannel::Teardown() noexcept {
     // A forked child: these objects are the parent's. Only our own descriptors go.
     {
       std::lock_guard<std::mutex> lock(g_registry_mu);
-      if (own_.owner && g_watched) g_watched->erase(own_.owner);
-      own_.dropped = true;
+      own_.CloseLocked(/*orphan=*/true);
     }
-    if (own_.channel) sys::close(own_.channel->fd);
     if (const int b = proxy_b_.exchange(-1); b >= 0) sys::close(b);
     return;
   }
@@ -137,7 +132,7 @@ void QpChannel::Teardown() noexcept {
     if (cq_) ibv_destroy_cq(cq_);   // likewise for completion events
     {
       std::lock_guard<std::mutex> lock(g_registry_mu);
-      DropOwnChannelLocked();  // after the queue that reports to it
+      own_.CloseLocked(/*orphan=*/false);  // after the queue that reports to it
     }
     if (slot_.base) device_->PutSlot(slot_);
   }
@@ -154,21 +149,22 @@ bool QpChannel::ReleaseRdma(const char* why) noexcept {
   // A stream still on RDMA needs all of it (it has not failed over or failed yet).
   if (on_transport() && error_.load(std::memory_order_acquire) == 0) return false;
   {
-    // Pollers and posters check the flag under their lock before they touch the queues.
-    SpinGuard post(&post_busy_);
+    // Pollers check the flag under their lock before they touch the queues, and posters
+    // find the send queue closed.
+    sq_.Close();
     SpinGuard poll(&poll_busy_);
     rdma_released_.store(true, std::memory_order_seq_cst);
   }
   // A thread in TakeEvents or the watch got in before the flag: it acknowledges the event
   // it took (destroying the queue would wait for that) and lets go of the channel.
-  while (channel_users_.load(std::memory_order_seq_cst) != 0) sched_yield();
+  own_.Retire();
   // A reader asleep on the channel (BeginRxSleep) would not wake for it going away: a token
   // moves it to the proxy (BeginRxSleep refuses from now on), and its sleep no longer holds
   // the device's file.
   if (direct_readers_.load(std::memory_order_seq_cst) != 0) WakeReaderNow();
   if (qp_) ibv_destroy_qp(qp_);
   if (cq_) ibv_destroy_cq(cq_);
-  DropOwnChannelLocked();
+  own_.CloseLocked(/*orphan=*/false);
   Device::DeregisterSlot(&slot_);  // the memory stays: RxData, TxCopy and the TCP path
   // Every event of the id was acknowledged (the progress thread calls this after its
   // events), so this does not wait.
@@ -195,12 +191,6 @@ int ReleaseRemovedConns(const Device* device) noexcept {
   return holding;
 }
 
-QpChannel::ChannelUse::ChannelUse(const QpChannel* channel) noexcept : channel_(channel) {
-  channel->channel_users_.fetch_add(1, std::memory_order_seq_cst);
-  ok_ = channel->own_.channel && !channel->rdma_released_.load(std::memory_order_seq_cst) &&
-        !channel->orphaned_.load(std::memory_order_relaxed);
-}
-
 bool QpChannel::EndStream(bool may_keep) noexcept {
   stream_live_.store(false, std::memory_order_relaxed);
   closing_.store(true, std::memory_order_release);
@@ -216,7 +206,7 @@ bool QpChannel::EndStream(bool may_keep) noexcept {
   if (cq_ && qp_ && have_peer_) Poll();
   const bool peer_leaves = peer_closed_.load(std::memory_order_acquire) &&
                            !peer_lingers_.load(std::memory_order_acquire);
-  bool linger = may_keep && own_.channel && !closed_sent_.load() && !aborting_ && !peer_leaves &&
+  bool linger = may_keep && own_.get() && !closed_sent_.load() && !aborting_ && !peer_leaves &&
                 !peer_disconnected_.load(std::memory_order_acquire);
   bool orderly = false;
   if (on_transport() && id_ && qp_ && have_peer_ && streamed_ &&
@@ -299,13 +289,7 @@ bool QpChannel::SendHello(uint64_t nonce) noexcept {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
-  SpinGuard guard(&post_busy_);
-  if (rdma_released_.load(std::memory_order_relaxed)) return false;
-  ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
-  ++sq_posted_;
-  ++unsignaled_;
-  return true;
+  return sq_.PostNow(&wr) == SendQueue::Result::kPosted;
 }
 
 bool QpChannel::PostControl(size_t offset, size_t len) noexcept {
@@ -325,18 +309,7 @@ bool QpChannel::HelloReceived(Hello* hello) const noexcept {
   return true;
 }
 
-void QpChannel::TakeHelloOf(uint8_t ring_log2, uint64_t nonce) noexcept {
-  ResetChannel();
-  Hello hello;
-  hello.ring_log2 = ring_log2;
-  hello.nonce = nonce;
-  hello.ring_addr = peer_ring_addr_;
-  hello.rkey = peer_rkey_;
-  hello_ = hello;
-  hello_received_.store(true, std::memory_order_release);
-}
-
-void QpChannel::ResetChannel() noexcept {
+void QpChannel::ResetChannel(const LinkMsg* claim) noexcept {
   // Both ends' last writes of the old stream landed before the PARKED that preceded this
   // (the client's claim, or the listener's answer to it): nothing old arrives any more.
   ResetStreamState();
@@ -347,6 +320,14 @@ void QpChannel::ResetChannel() noexcept {
   deferred_wakes_.store(0);
   eof_sent_ = false;
   closed_sent_.store(false);
+  if (!claim) return;
+  Hello hello;
+  hello.ring_log2 = claim->ring_log2;
+  hello.nonce = claim->nonce;
+  hello.ring_addr = peer_ring_addr_;
+  hello.rkey = peer_rkey_;
+  hello_ = hello;
+  hello_received_.store(true, std::memory_order_release);
 }
 
 // ------------------------------------------------------------------------ settling

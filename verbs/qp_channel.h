@@ -44,7 +44,9 @@
 #include "core/remote_ring.h"
 #include "core/wire.h"
 #include "verbs/device.h"
+#include "verbs/own_channel.h"
 #include "verbs/private_data.h"
+#include "verbs/send_queue.h"
 
 namespace slip::verbs {
 
@@ -67,7 +69,7 @@ class QpChannel : public RemoteRing {
   // The client's first SEND: its ring for the server.
   bool SendHello(uint64_t nonce) noexcept;
   bool HelloReceived(Hello* hello) const noexcept;
-  int EventFd() const noexcept { return rdma_released() ? -1 : own_fd_; }
+  int EventFd() const noexcept { return rdma_released() ? -1 : own_.fd(); }
   bool orphaned() const noexcept { return orphaned_.load(std::memory_order_acquire); }
 
   // Progress thread: a completion event for this connection's CQ. Drains it and re-arms.
@@ -106,10 +108,6 @@ class QpChannel : public RemoteRing {
   int BeginRxSleep() noexcept override;
   void EndRxSleep(bool woken) noexcept override;
 
-  // Progress thread: a connection's own completion channel is readable (`key`: its address
-  // with bit 0 set). Looks the connection up among the live ones first.
-  static void OnWatchEvent(uint64_t key) noexcept;
-
   // --- liveness (docs/DESIGN.md "Failover": a queue pair that stops silently) ---
   // Progress thread, with the registry locked (CheckAllConns): a stream on RDMA whose
   // waiting thread saw no progress for kQuietMs has its queue pair looked at (a state other
@@ -138,10 +136,10 @@ class QpChannel : public RemoteRing {
   // A SEND of ours: `len` bytes at `offset` in the control block (kept there until it
   // completes). False (and the failover requested) when the queue pair refuses.
   bool PostControl(size_t offset, size_t len) noexcept;
-  // A claimed queue pair's new stream: its HELLO is the claim (the client's ring is the
-  // one already known), and the stream's state starts again from zero.
-  void TakeHelloOf(uint8_t ring_log2, uint64_t nonce) noexcept;
-  void ResetChannel() noexcept;
+  // A claimed queue pair's new stream: its state starts again from zero, and the
+  // listener's (`claim`) takes the claim as its HELLO (the client's ring is the one
+  // already known).
+  void ResetChannel(const LinkMsg* claim = nullptr) noexcept;
   // The application let go of the stream: the orderly close (a final credit, EOF and
   // CLOSED notes, then every write acknowledged) where a stream ran on the queue pair, or,
   // after failover, the rest on the anchor. `may_keep`: the CLOSED says the queue pair is
@@ -187,13 +185,10 @@ class QpChannel : public RemoteRing {
   bool PostCredit(uint64_t consumed) noexcept override;
   bool PostData(uint64_t from, uint64_t to) noexcept override;
   void PostEnd() noexcept override;
-  // Posts a chained list of n WRs (signalling one in kSignalEvery), waiting for send-queue
-  // space; false (and the channel failed) when the queue pair refuses.
+  // Posts a chained list of n WRs (verbs/send_queue.h), waiting for room while the stream
+  // is on the queue pair; false when it cannot, and the failover begun when the queue pair
+  // refuses.
   bool PostChain(ibv_send_wr* wrs, int n, bool signal = false) noexcept;
-  // The posting itself, with post_busy_ held and room for n in the send queue; false (the
-  // failover requested, for the caller to act on after the lock) when the queue pair refuses.
-  bool PostLocked(ibv_send_wr* wrs, int n, bool signal) noexcept;
-  bool WaitSendSpace(uint32_t needed) noexcept;
   bool PostRecv(uint32_t index) noexcept;
   bool FlushRdma(int timeout_ms, bool own_anchor) noexcept;
 
@@ -205,21 +200,15 @@ class QpChannel : public RemoteRing {
   void DrainLocked() const noexcept;
   void Handle(const ibv_wc& wc) const noexcept;
   void HandleNote(uint32_t note) const noexcept;
-  void WakeReader() const noexcept;
   bool SomebodyWaits() const noexcept;
-  void WakeWriter() const noexcept;
-  // Wake-ups found while draining under poll_busy_ are made after it is released: a
-  // woken thread that polls at once would otherwise spin on the lock of a preempted holder.
+  // Wakes the reader or the writer (kWakeReader, kWakeWriter): at once, or while draining
+  // under poll_busy_ after it is released (RunDeferredWakes), since a woken thread that
+  // polls at once would otherwise spin on the lock of a preempted holder.
+  void Wake(uint32_t which) const noexcept;
   void RunDeferredWakes() const noexcept;
   // The progress thread drains this queue pair: somebody sleeps through the proxy, or it
   // is parked.
   bool WantsProgress() const noexcept;
-  // The connection's own completion channel (see OwnChannel), or the device's.
-  ibv_comp_channel* SetUpOwnChannel() noexcept;
-  // Asks the progress thread (one shot) for the next event on the own channel: only while
-  // a thread waits through the proxy (epoll/poll/select, a blocking send).
-  void WatchFromProgress() const noexcept;
-  bool PostProbe(uint64_t* done_at) noexcept;
   static constexpr uint32_t kWakeReader = 1;
   static constexpr uint32_t kWakeWriter = 2;
 
@@ -233,9 +222,7 @@ class QpChannel : public RemoteRing {
   uint32_t remote_lkey_ = 0;
   uint32_t local_lkey_ = 0;
   uint32_t qp_num_ = 0;
-  int own_fd_ = -1;  // the own channel's descriptor (a number, still valid as one)
   uint32_t max_inline_ = 0;
-  uint32_t sq_depth_ = 0;
   bool send_notify_ = false;
   bool have_peer_ = false;
   uint64_t peer_ring_addr_ = 0;
@@ -254,11 +241,10 @@ class QpChannel : public RemoteRing {
   struct Liveness {
     uint64_t progress = 0;  // what the counters said at the last look
     uint64_t quiet_since_ms = 0;
-    uint64_t probe_done_at = 0;  // sq_completed_ value that acknowledges the probe, or 0
+    uint64_t probe_done_at = 0;  // sq_.completed() that acknowledges the probe, or 0
   };
   Liveness live_;
 
-  mutable std::atomic<uint64_t> sq_completed_{0};
   mutable std::atomic_flag poll_busy_ = ATOMIC_FLAG_INIT;
   mutable std::atomic<bool> armed_{true};  // under poll_busy_; Init arms the queue once
   mutable bool defer_wakes_ = false;       // under poll_busy_: its holder drains
@@ -268,33 +254,19 @@ class QpChannel : public RemoteRing {
   bool eof_sent_ = false;                 // CloseTx (sender side)
   std::atomic<bool> closed_sent_{false};  // CloseRx or close: we read no more
 
-  // Send queue, under post_busy_.
-  std::atomic_flag post_busy_ = ATOMIC_FLAG_INIT;
-  uint64_t sq_posted_ = 0;
-  uint32_t unsignaled_ = 0;
+  SendQueue sq_;
 
-  // (Direct sleepers, BeginRxSleep: RemoteRing's direct_readers_, on the own channel.)
-  mutable std::atomic<bool> watched_{false};  // the progress thread's one shot is armed
+  // A completion channel of the connection's own, so that a blocking reader can sleep on
+  // it (one wake-up per message, as rsocket's reader; RemoteRing's direct_readers_) while
+  // the progress thread serves proxy sleepers from the same channel.
+  OwnChannel own_;
 
-  // Device removal. rdma_released_ is set under both spin locks, so a poller or poster
-  // that holds one sees it before it touches the queues; the own channel is used outside
-  // them (TakeEvents, the watch), counted in channel_users_ (set, then checked: the
-  // release waits for those that got in before the flag).
+  // Device removal. rdma_released_ is set under the poller's spin lock (and the send
+  // queue closed under its own), so a poller or poster sees it before it touches the
+  // queues; the own channel, used outside them (TakeEvents, the watch), is retired first
+  // (OwnChannel::Retire).
   std::atomic<bool> device_removed_{false};
   std::atomic<bool> rdma_released_{false};
-  mutable std::atomic<int> channel_users_{0};
-  class ChannelUse {
-   public:
-    explicit ChannelUse(const QpChannel* channel) noexcept;
-    ~ChannelUse() { channel_->channel_users_.fetch_sub(1, std::memory_order_seq_cst); }
-    bool ok() const noexcept { return ok_; }
-
-   private:
-    const QpChannel* channel_;
-    bool ok_;
-  };
-  // The own channel goes (registry locked): out of the watch set and the epoll, destroyed.
-  void DropOwnChannelLocked() noexcept;
 
   // The registry's intrusive list.
   QpChannel* prev_ = nullptr;
@@ -304,25 +276,20 @@ class QpChannel : public RemoteRing {
   friend void FlushAllConns(int timeout_ms) noexcept;
   friend void CheckAllConns(uint64_t now_ms) noexcept;
   friend int ReleaseRemovedConns(const Device* device) noexcept;
-
-  // A completion channel of the connection's own, so that a blocking reader can sleep on
-  // it (one wake-up per message, as rsocket's reader) while the progress thread serves
-  // proxy sleepers from the same channel.
-  class OwnChannel {
-   public:
-    ibv_comp_channel* channel = nullptr;  // set once at Init, never changed
-    const QpChannel* owner = nullptr;     // listed among the watched ones
-    bool dropped = false;                 // DropOwnChannelLocked ran
-  };
-  OwnChannel own_;
+  friend void OnConnWatchEvent(uint64_t key) noexcept;
 };
 
 // The progress thread's epoll descriptor, where connections register their own channels.
-void SetConnWatchEpoll(int epoll_fd) noexcept;
-// True for an epoll key that a QpChannel registered (QpChannel::OnWatchEvent takes it).
-inline bool IsConnWatchKey(uint64_t key) noexcept {
-  return (key & 1) != 0;
+inline void SetConnWatchEpoll(int epoll_fd) noexcept {
+  OwnChannel::SetEpoll(epoll_fd);
 }
+// True for an epoll key that a QpChannel registered (OnConnWatchEvent takes it).
+inline bool IsConnWatchKey(uint64_t key) noexcept {
+  return OwnChannel::IsKey(key);
+}
+// Progress thread: a connection's own completion channel is readable (`key`). Looks the
+// connection up among the live ones first.
+void OnConnWatchEvent(uint64_t key) noexcept;
 
 // Every live connection of the process (for fork and exit).
 void ConnRegistryLock() noexcept;

@@ -38,8 +38,9 @@ bool QpChannel::Poll() const noexcept {
     defer_wakes_ = false;
   }
   RunDeferredWakes();
-  if (own_.channel && !watched_.load(std::memory_order_relaxed) && WantsProgress())
-    WatchFromProgress();
+  // The progress thread's one shot, while somebody waits through the proxy (epoll, poll,
+  // select, a blocking send) or the queue pair is parked.
+  if (own_.get() && !own_.armed() && WantsProgress()) own_.Rearm();
   const_cast<QpChannel*>(this)->MaybeFailover();
   return true;
 }
@@ -91,7 +92,8 @@ void QpChannel::OnCompletionEvent() noexcept {
   RunDeferredWakes();
   MaybeFailover();
   // Last: destroying the queue (Teardown) waits for this, and the channel may go then.
-  // (After ReleaseRdma too: it waits for this thread's ChannelUse before destroying cq_.)
+  // (After ReleaseRdma too: it retires the own channel, waiting for this thread's use of
+  // it, before destroying cq_.)
   ibv_ack_cq_events(cq_, 1);
 }
 
@@ -111,10 +113,7 @@ void QpChannel::Handle(const ibv_wc& wc) const noexcept {
   }
   if (!(wc.wr_id & kRecvTag)) {
     // A signalled send: everything posted up to it is done.
-    uint64_t done = wc.wr_id;
-    uint64_t prev = sq_completed_.load(std::memory_order_relaxed);
-    while (done > prev && !sq_completed_.compare_exchange_weak(prev, done)) {
-    }
+    sq_.Completed(wc.wr_id);
     return;
   }
   auto index = uint32_t(wc.wr_id & ~kRecvTag);
@@ -155,7 +154,7 @@ void QpChannel::HandleNote(uint32_t note) const noexcept {
   switch (NoteKind(note)) {
     case Note::kData: {
       const uint64_t produced = NoteCursor(note, rx_produced_.load(std::memory_order_relaxed));
-      if (self->TakeProduced(produced) == Took::kMoved) WakeReader();
+      if (self->TakeProduced(produced) == Took::kMoved) Wake(kWakeReader);
       break;
     }
     case Note::kCredit: {
@@ -165,7 +164,7 @@ void QpChannel::HandleNote(uint32_t note) const noexcept {
       // invent credit.
       const uint64_t credit =
           *reinterpret_cast<volatile uint64_t*>(slot_.control() + kCreditInOffset);
-      if (self->TakeCredit(credit) == Took::kMoved) WakeWriter();
+      if (self->TakeCredit(credit) == Took::kMoved) Wake(kWakeWriter);
       break;
     }
     case Note::kEof:
@@ -175,25 +174,18 @@ void QpChannel::HandleNote(uint32_t note) const noexcept {
     case Note::kClosed:
       peer_lingers_.store((note & kNoteValueMask) == kClosedLingers, std::memory_order_release);
       peer_closed_.store(true, std::memory_order_release);
-      WakeWriter();
+      Wake(kWakeWriter);
       break;
   }
 }
 
-void QpChannel::WakeReader() const noexcept {
+void QpChannel::Wake(uint32_t which) const noexcept {
   if (defer_wakes_) {
-    deferred_wakes_.fetch_or(kWakeReader, std::memory_order_release);
+    deferred_wakes_.fetch_or(which, std::memory_order_release);
     return;
   }
-  WakeReaderIfSettled();
-}
-
-void QpChannel::WakeWriter() const noexcept {
-  if (defer_wakes_) {
-    deferred_wakes_.fetch_or(kWakeWriter, std::memory_order_release);
-    return;
-  }
-  WakeWriterNow();
+  if (which & kWakeReader) WakeReaderIfSettled();
+  if (which & kWakeWriter) WakeWriterNow();
 }
 
 void QpChannel::OnDisconnect() noexcept {
@@ -263,16 +255,6 @@ void QpChannel::CloseRx() noexcept {
 
 // ------------------------------------------------------------------------ posting
 
-bool QpChannel::WaitSendSpace(uint32_t needed) noexcept {
-  // Called with post_busy_ held. Each signalled completion frees a batch of slots.
-  while (sq_posted_ + needed - sq_completed_.load(std::memory_order_acquire) > sq_depth_) {
-    if (error_.load(std::memory_order_acquire) != 0 || !on_transport()) return false;
-    Poll();
-    sched_yield();
-  }
-  return true;
-}
-
 bool QpChannel::PostNote(const Fragment* fragments, int count, Note note, uint64_t cursor,
                          bool signal) noexcept {
   if (!have_peer_ || error_.load(std::memory_order_acquire) != 0 || !on_transport()) return false;
@@ -316,32 +298,20 @@ bool QpChannel::PostNote(const Fragment* fragments, int count, Note note, uint64
 }
 
 bool QpChannel::PostChain(ibv_send_wr* wrs, int n, bool signal) noexcept {
-  bool posted = false;
-  {
-    SpinGuard guard(&post_busy_);
-    if (rdma_released_.load(std::memory_order_relaxed) || !WaitSendSpace(uint32_t(n))) return false;
-    posted = PostLocked(wrs, n, signal);
-  }
-  if (!posted) MaybeFailover();
-  return posted;
-}
-
-bool QpChannel::PostLocked(ibv_send_wr* wrs, int n, bool signal) noexcept {
-  unsignaled_ += uint32_t(n);
-  if (unsignaled_ >= kSignalEvery || signal) {
-    wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
-    wrs[n - 1].wr_id = sq_posted_ + uint64_t(n);
-    unsignaled_ = 0;
-  }
-  ibv_send_wr* bad = nullptr;
-  const int rc = ibv_post_send(qp_, wrs, &bad);
-  if (rc == 0) {
-    sq_posted_ += uint64_t(n);
+  // Each signalled completion frees a batch of slots: while there is no room, the
+  // completion queue is polled (with the send queue's lock held), as long as the stream is
+  // on the queue pair.
+  const SendQueue::Result result = sq_.Post(wrs, n, signal, [this]() noexcept {
+    if (error_.load(std::memory_order_acquire) != 0 || !on_transport()) return false;
+    Poll();
+    sched_yield();
     return true;
+  });
+  if (result == SendQueue::Result::kRefused) {
+    SLIP_LOG(kWarn, "verbs: queue pair %u: post_send failed (%s)", qp_num_, strerror(errno));
+    TransportFailed(wire::FailoverCause::kTransportError);
   }
-  SLIP_LOG(kWarn, "verbs: queue pair %u: post_send failed (%s)", qp_num_, strerror(rc));
-  RequestFailover(wire::FailoverCause::kTransportError);
-  return false;
+  return result == SendQueue::Result::kPosted;
 }
 
 bool QpChannel::PostCredit(uint64_t consumed) noexcept {

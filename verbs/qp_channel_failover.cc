@@ -65,25 +65,14 @@ bool QpChannel::Flush(int timeout_ms) noexcept {
 }
 
 bool QpChannel::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
-  {
-    SpinGuard guard(&post_busy_);
-    if (!on_transport() || rdma_released_.load(std::memory_order_relaxed)) return false;
-    if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
-    // Unsignalled writes complete silently: a signalled empty write behind them tells
-    // when they are all acknowledged.
-    if (unsignaled_ != 0) {
-      ibv_send_wr wr{};
-      wr.wr_id = sq_posted_ + 1;
-      wr.opcode = IBV_WR_RDMA_WRITE;
-      wr.send_flags = IBV_SEND_SIGNALED;
-      wr.wr.rdma.remote_addr = peer_ring_addr_;
-      wr.wr.rdma.rkey = peer_rkey_;
-      ibv_send_wr* bad = nullptr;
-      if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
-      ++sq_posted_;
-      unsignaled_ = 0;
-    }
-  }
+  if (!on_transport()) return false;
+  ibv_send_wr fence{};
+  fence.opcode = IBV_WR_RDMA_WRITE;  // zero length: nothing lands, only the acknowledgement
+  fence.wr.rdma.remote_addr = peer_ring_addr_;
+  fence.wr.rdma.rkey = peer_rkey_;
+  uint64_t done_at = 0;
+  if (!sq_.Fence(&fence, &done_at)) return false;
+  if (sq_.completed() >= done_at) return true;
   const uint64_t deadline = sys::MonotonicMs() + uint64_t(timeout_ms);
   for (;;) {
     Poll();
@@ -96,10 +85,7 @@ bool QpChannel::FlushRdma(int timeout_ms, bool own_anchor) noexcept {
     // arrive, or it would take our disconnect for a failing transport.
     if (peer_disconnected_.load(std::memory_order_acquire))
       return peer_closed_.load(std::memory_order_acquire);
-    {
-      SpinGuard guard(&post_busy_);
-      if (sq_completed_.load(std::memory_order_acquire) >= sq_posted_) return true;
-    }
+    if (sq_.completed() >= done_at) return true;
     if (sys::MonotonicMs() > deadline) return false;
     sched_yield();
   }
@@ -127,8 +113,7 @@ void QpChannel::CheckLiveness(uint64_t now_ms) noexcept {
   // Anything that moved: bytes in, credit back, sends acknowledged (each only grows, so
   // their sum changes whenever one does).
   const uint64_t progress = rx_produced_.load(std::memory_order_relaxed) +
-                            tx_credit_.load(std::memory_order_relaxed) +
-                            sq_completed_.load(std::memory_order_relaxed);
+                            tx_credit_.load(std::memory_order_relaxed) + sq_.completed();
   if (progress != live_.progress || live_.quiet_since_ms == 0 || !SomebodyWaits()) {
     // (Nobody waiting: nobody can hang on it; the first to wait starts the clock.)
     live_ = Liveness{progress, now_ms, 0};
@@ -152,34 +137,28 @@ void QpChannel::CheckLiveness(uint64_t now_ms) noexcept {
   if (live_.probe_done_at == 0) {
     // The peer's queue pair must acknowledge a write; one that died without telling (no
     // disconnect) lets it run into the transport's retry limit: a completion error.
+    // (Never waiting for the send queue: a writer holding it, or a full queue, already has
+    // writes in flight for the transport to judge.)
+    ibv_send_wr probe{};
+    probe.opcode = IBV_WR_RDMA_WRITE;  // zero length: nothing lands, only the acknowledgement
+    probe.wr.rdma.remote_addr = peer_ring_addr_;
+    probe.wr.rdma.rkey = peer_rkey_;
     uint64_t done_at = 0;
-    if (PostProbe(&done_at)) live_.probe_done_at = done_at;
+    switch (sq_.TryPost(&probe, 1, &done_at)) {
+      case SendQueue::Result::kPosted:
+        live_.probe_done_at = done_at;
+        break;
+      case SendQueue::Result::kRefused:
+        TransportFailed(wire::FailoverCause::kTransportError);
+        break;
+      case SendQueue::Result::kNoRoom:
+        break;
+    }
     return;
   }
-  if (sq_completed_.load(std::memory_order_acquire) >= live_.probe_done_at) {
+  if (sq_.completed() >= live_.probe_done_at) {
     live_ = Liveness{progress, now_ms, 0};  // the peer answered: alive, and quiet
   }
-}
-
-bool QpChannel::PostProbe(uint64_t* done_at) noexcept {
-  // Never wait for the send queue here (the progress thread serves every connection): a
-  // writer holding it, or a full queue, already has writes in flight for the transport to
-  // judge.
-  if (post_busy_.test_and_set(std::memory_order_acquire)) return false;
-  bool posted = false, refused = false;
-  if (!rdma_released_.load(std::memory_order_relaxed) &&
-      sq_posted_ + 1 - sq_completed_.load(std::memory_order_acquire) <= sq_depth_) {
-    ibv_send_wr wr{};
-    wr.opcode = IBV_WR_RDMA_WRITE;  // zero length: nothing lands, only the acknowledgement
-    wr.wr.rdma.remote_addr = peer_ring_addr_;
-    wr.wr.rdma.rkey = peer_rkey_;
-    posted = PostLocked(&wr, 1, /*signal=*/true);
-    refused = !posted;
-    if (posted) *done_at = sq_posted_;
-  }
-  post_busy_.clear(std::memory_order_release);
-  if (refused) MaybeFailover();
-  return posted;
 }
 
 }  // namespace slip::verbs

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
-#include <unordered_set>
 
 namespace slip::verbs {
 
@@ -35,11 +34,6 @@ class SpinGuard {
 // The registry (verbs/qp_channel.cc): a mutex-protected intrusive list of live channels.
 extern std::mutex g_registry_mu;
 extern QpChannel* g_registry_head;
-// Connections with an own completion channel watched by the progress thread, which may
-// hold an event for one that is being destroyed: it looks the key up here first (under
-// g_registry_mu, which it keeps while it handles the event). verbs/qp_channel_events.cc.
-extern std::unordered_set<const void*>* g_watched;
-extern int g_watch_epoll;
 
 }  // namespace qp_channel_internal
 }  // namespace slip::verbs
