@@ -10,8 +10,7 @@
 #include <system_error>
 
 #include "core/stream.h"
-#include "core/wire.h"
-#include "shm/shm.h"
+#include "shm/transport.h"
 #include "tools/slip-perf/codec.h"
 #include "tools/slip-perf/fd_passing.h"
 #include "tools/slip-perf/net.h"
@@ -115,53 +114,47 @@ void PeerWatch::Run() {
 }
 
 std::unique_ptr<Link> ShmConnector::Open() {
-  slip::shm::Offer offer;
-  if (const int rc = slip::shm::PrepareOffer(ring_size_, &offer); rc != 0) {
-    ThrowCode(rc, "shm: preparing a region");
-  }
-  const auto message = Writer<kOfferBytes>()
-                           .Put(kMagic)
-                           .Put(offer.ring_size)
-                           .Put(offer.nonce)
-                           .Put(static_cast<uint64_t>(offer.region_size))
-                           .bytes();
-  const int fds[kOfferFds] = {offer.memfd, offer.server_a, offer.server_b, offer.client_b};
-  SendWithFds(fd_, message.data(), message.size(), fds, kOfferFds);
+  slip::shm::NativeRegion region;
   int proxy_a = -1;
   int proxy_b = -1;
+  int error = 0;
   std::unique_ptr<slip::Channel> channel =
-      slip::shm::MakeClientChannel(&offer, /*rendezvous=*/-1, {}, {}, &proxy_a, &proxy_b);
-  if (!channel) throw std::runtime_error("shm: cannot build the client's channel");
+      slip::shm::OpenNative(ring_size_, &region, &proxy_a, &proxy_b, &error);
+  if (!channel) ThrowCode(error, "shm: preparing a region");
+  const auto message = Writer<kOfferBytes>()
+                           .Put(kMagic)
+                           .Put(region.ring_size)
+                           .Put(region.nonce)
+                           .Put(region.region_size)
+                           .bytes();
+  SendWithFds(fd_, message.data(), message.size(), region.fds, kOfferFds);
+  for (int fd : region.fds) close(fd);  // (the server has its own now)
   return std::make_unique<StreamLink>(std::move(channel), proxy_a, proxy_b, spin_us_, watch_);
 }
 
 std::unique_ptr<Link> ShmAcceptor::Accept(const std::function<bool()>&) {
   std::array<uint8_t, kOfferBytes> message;
-  int fds[kOfferFds] = {-1, -1, -1, -1};
-  const int count = RecvWithFds(fd_, message.data(), message.size(), fds);
+  slip::shm::NativeRegion region;
+  const int count = RecvWithFds(fd_, message.data(), message.size(), region.fds);
   if (count < 0) throw std::runtime_error("the client closed instead of sending a region");
   Reader in(message);
   if (in.Get<uint32_t>() != kMagic || count != kOfferFds) {
-    for (int fd : fds) {
+    for (int fd : region.fds) {
       if (fd >= 0) close(fd);
     }
     throw std::runtime_error("protocol error: expected a region and its descriptors");
   }
-  slip::wire::Register reg;
-  reg.ring_size = in.Get<uint32_t>();
-  reg.nonce = in.Get<uint64_t>();
-  reg.region_size = in.Get<uint64_t>();
-  reg.fd_count = kOfferFds;
+  region.ring_size = in.Get<uint32_t>();
+  region.nonce = in.Get<uint64_t>();
+  region.region_size = in.Get<uint64_t>();
   int proxy_a = -1;
   int proxy_b = -1;
-  slip::wire::DeclineReason reason = slip::wire::DeclineReason::kUnspecified;
-  // The region and proxies are checked as a listener checks a registration (no claim:
-  // the client's control socket stands for the proof).
+  int reason = 0;
+  // The region and proxies are checked as a listener checks a registration.
   std::unique_ptr<slip::Channel> channel =
-      slip::shm::AcceptRegistration(reg, fds, /*anchor=*/-1, &proxy_a, &proxy_b, nullptr, &reason);
+      slip::shm::AcceptNative(region, &proxy_a, &proxy_b, &reason);
   if (!channel) {
-    throw std::runtime_error("shm: the region is unusable (reason " +
-                             std::to_string(static_cast<int>(reason)) + ")");
+    throw std::runtime_error("shm: the region is unusable (reason " + std::to_string(reason) + ")");
   }
   return std::make_unique<StreamLink>(std::move(channel), proxy_a, proxy_b, spin_us_, watch_);
 }
