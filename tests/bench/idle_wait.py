@@ -1,6 +1,6 @@
 """What idle connections cost a wait: a 64-byte ping-pong through epoll_wait on one
 connection while N other connections between the same two processes sit idle, plain TCP
-and both ends under slip-run, in one run (docs/PERFORMANCE.md, issue 16).
+and both ends under slip-run, in one run (docs/PERFORMANCE.md).
 
   /usr/bin/python3 tests/bench/idle_wait.py [BUILD_DIR] [--idle 0,1000,2000] [--seconds 2]
 

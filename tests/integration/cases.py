@@ -1323,7 +1323,7 @@ def sendfile(t, pairing):
     t.expect_pairing(server, client)
 
 
-# --- socket corners (issue #3): progs/corners.py -----------------------------------------
+# --- socket corners: progs/corners.py -----------------------------------------
 
 
 def run_corners(t, pairing, mode, *extra, client_extra=()):

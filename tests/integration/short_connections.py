@@ -1,8 +1,8 @@
 """Short connections: a client that makes one connection per request and closes first, so
 that its own ports fill with TIME_WAIT, must stay accelerated (and as fast as plain TCP
-gets there), not collapse: before issue 16's fix the client bound a port before each SYN,
-and once the ports sat in TIME_WAIT bind()'s port search crawled (40-80x slower than
-connect()'s) or failed. Run in a network namespace of its own whose ephemeral range is 256
+gets there), not collapse: a client that bound a port before each SYN would find its
+ports in TIME_WAIT and bind()'s port search crawling (40-80x slower than connect()'s) or
+failing. Run in a network namespace of its own whose ephemeral range is 256
 ports, so that a few hundred connections reuse every port: bind() would fail there, while
 connect() takes a TIME_WAIT 4-tuple again as plain TCP does (tcp_tw_reuse, loopback).
 

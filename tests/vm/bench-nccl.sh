@@ -7,10 +7,10 @@
 #                  8 B latency (half the median round trip) and 4 MiB bandwidth with 8
 #                  messages in flight, driven as NCCL's proxy does; kernel TCP on the
 #                  guest's loopback in the same run for reference
-# and prints the ratios issue #17 sets targets for (bandwidth >= 90% of ib_write_bw,
+# and prints the ratios against their targets (bandwidth >= 90% of ib_write_bw,
 # latency <= 1.3x ib_write_lat). With SLIP_BENCH_NCCL_FABRIC=1 (make bench-fabric) the
 # plugin runs a second time over libfabric's verbs provider (verbs;ofi_rxm) on the same
-# rxe0, and the ratios of issue #18 are printed: fabric against the plugin over verbs
+# rxe0, and its ratios are printed: fabric against the plugin over verbs
 # (latency <= 1.2x, bandwidth >= 90%) and against perftest.
 #
 #   tests/vm/bench-nccl.sh [BUILD_DIR]     (host: boots the guest; make bench-nccl-rdma)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The RDMA benchmark (issue #4): over one Soft-RoCE link, in ONE guest run of tests/vm/rxe-run
+# The RDMA benchmark: over one Soft-RoCE link, in ONE guest run of tests/vm/rxe-run
 # (client and server both in the guest, both on rxe0's address 10.77.0.1), compares
 #   kernel TCP   slip-perf tcp_lat (64 B ping-pong) and tcp_bw (one stream of 64 KiB writes)
 #   rsocket      the same two, both ends under rsocket's preload (librspreload.so)
@@ -7,7 +7,7 @@
 #                transport its connections really used (slip-run's stats file) marks the column
 #   fabric       the same two, both ends under slip-run --transports=fabric,tcp
 #                --fabric-provider=verbs (the streams over libfabric's verbs provider,
-#                ofi_rxm: issue 18), the transport and provider from the stats again
+#                ofi_rxm), the transport and provider from the stats again
 #   perftest     the raw limits of the link: ib_write_lat -s 64, ib_write_bw -s 65536 (one QP)
 # Every figure is the median of a few runs. Then (the compat part) it runs unmodified
 # programs, plainly, under rsocket's preload and under slip-run: iperf3, sockperf ping-pong

@@ -1,4 +1,4 @@
-"""Socket corners that need more than one connection or process (issue #3).
+"""Socket corners that need more than one connection or process.
 
 Usage: corners.py ROLE MODE --port PORT [options]; ROLE is server or client; MODE:
   fork_own   both sides open two connections, then fork: the parent keeps using the first,
