@@ -126,7 +126,9 @@ drain() {
 
 # pair NAME MODE PORT LIMIT GRACE SERVER... :: CLIENT...
 #   MODE: plain, rsocket (both ends with LD_PRELOAD=$RS) or slip (both under slip-run
-#   --transports=verbs,tcp). The client may run LIMIT seconds; the server 30 s more (it
+#   --transports=verbs,tcp), fabric likewise; Slipstream's lanes carry every connection,
+#   however short (SLIP_SHORT_CONNS=accelerate: the default policy would keep the setup
+#   tests' one-request connections plain). The client may run LIMIT seconds; the server 30 s more (it
 #   starts first, and starting is slow in an emulated guest on a busy host); after the
 #   client, the server has GRACE seconds to end by itself, then gets SIGINT.
 #   Files: $RAW/NAME.{server.log,out,err,stats.jsonl}.
@@ -142,10 +144,13 @@ pair() {
   PRE=$RAW/$name
   case $mode in
     rsocket) wrap=(env "LD_PRELOAD=$RS") ;;
-    slip) wrap=("$SLIP_RUN" "--transports=verbs,tcp" --stats="$PRE.stats.jsonl" --) ;;
-    fabric)
-      wrap=(env FI_UNIVERSE_SIZE=64 "$SLIP_RUN" "--transports=fabric,tcp" --fabric-provider=verbs
+    slip)
+      wrap=(env SLIP_SHORT_CONNS=accelerate "$SLIP_RUN" "--transports=verbs,tcp"
         --stats="$PRE.stats.jsonl" --)
+      ;;
+    fabric)
+      wrap=(env SLIP_SHORT_CONNS=accelerate FI_UNIVERSE_SIZE=64 "$SLIP_RUN" "--transports=fabric,tcp"
+        --fabric-provider=verbs --stats="$PRE.stats.jsonl" --)
       ;;
   esac
   snap
