@@ -46,7 +46,7 @@ class RequestKeeper {
   RequestKeeper(const RemoteRing::Names& names, PendingRequests::Deleter release, int fd_floor,
                 uint32_t handshake_ms) noexcept
       : names_(names), release_(release), fd_floor_(fd_floor), handshake_ms_(handshake_ms) {}
-  ~RequestKeeper();  // deletes what is still kept (unless in a fork child)
+  ~RequestKeeper();  // deletes what is still kept (unless in a fork child): see ForgetOwner
   RequestKeeper(const RequestKeeper&) = delete;
   RequestKeeper& operator=(const RequestKeeper&) = delete;
 
@@ -73,7 +73,8 @@ class RequestKeeper {
   // The progress thread's: drops or expires what is due (PendingRequests::CheckDue).
   // Returns how many went.
   size_t CheckDue(uint64_t now_ms) noexcept;
-  // The listener `owner` goes: its requests too.
+  // The listener `owner` goes: its requests too (null: every request, which a module's
+  // destructor does first, while what its connections use is still there).
   void ForgetOwner(const RequestOwner* owner) noexcept;
   // fork(), in the child: the requests are the parent's, and so may be the table's mutex
   // (held at the fork): neither is touched again.

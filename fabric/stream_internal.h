@@ -61,6 +61,8 @@ class StreamModuleImpl final : public StreamModule {
         fabric_(std::move(fabric)) {
     fabric_->SetTurn(&StreamModuleImpl::Turn, this);
   }
+  // (The kept requests' connections go while fabric_ is there.)
+  ~StreamModuleImpl() override { requests_.ForgetOwner(nullptr); }
 
   const char* provider() const noexcept override { return fabric_->provider(); }
 
