@@ -19,22 +19,29 @@ std::unique_ptr<Channel> OpenNative(uint32_t ring_size, NativeRegion* region, in
   if (*error != 0) return nullptr;
   const int mine[4] = {offer.memfd, offer.server_a, offer.server_b, offer.client_b};
   *region = NativeRegion{};
+  auto drop_copies = [region]() noexcept {
+    for (int& fd : region->fds) {
+      if (fd >= 0) sys::close(fd);
+      fd = -1;
+    }
+  };
   for (int i = 0; i < 4; ++i) {
     region->fds[i] = sys::fcntl(mine[i], F_DUPFD_CLOEXEC, 0);
     if (region->fds[i] < 0) {
       *error = -errno;
-      for (int& fd : region->fds) {
-        if (fd >= 0) sys::close(fd);
-        fd = -1;
-      }
+      drop_copies();
       return nullptr;
     }
   }
   region->ring_size = offer.ring_size;
   region->nonce = offer.nonce;
   region->region_size = offer.region_size;
+  // (The copies first: building the channel closes the offer's memfd.)
   auto channel = MakeClientChannel(&offer, /*rendezvous=*/-1, {}, {}, proxy_a, proxy_b);
-  if (!channel) *error = -ENOMEM;
+  if (!channel) {
+    *error = -ENOMEM;
+    drop_copies();  // (the offer's own go with it)
+  }
   return channel;
 }
 

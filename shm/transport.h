@@ -30,7 +30,8 @@ struct NativeRegion {
   int fds[4] = {-1, -1, -1, -1};
 };
 // Client: a region with rings of `ring_size`, and its end's channel over it (*proxy_a,
-// *proxy_b: its proxy pair, the caller's). nullptr with *error (-errno) when it cannot.
+// *proxy_b: its proxy pair, the caller's). nullptr with *error (-errno) when it cannot,
+// and then *region holds no descriptor.
 std::unique_ptr<Channel> OpenNative(uint32_t ring_size, NativeRegion* region, int* proxy_a,
                                     int* proxy_b, int* error) noexcept;
 // Server: the channel over a client's region, which is checked as a listener checks a

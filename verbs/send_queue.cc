@@ -1,5 +1,7 @@
 #include "verbs/send_queue.h"
 
+#include <cerrno>
+
 namespace slip::verbs {
 
 using qp_channel_internal::kSignalEvery;
